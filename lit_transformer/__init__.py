@@ -1,0 +1,25 @@
+"""lit_transformer: every architectural switch of Attention Is All You Need and GPT-2 as a config field."""
+
+from typing import TYPE_CHECKING
+
+from lit_transformer.config import PRESETS, TransformerConfig
+
+__version__ = "0.1.0"
+__all__ = ["PRESETS", "LitTransformer", "Transformer", "TransformerConfig"]
+
+if TYPE_CHECKING:
+    from lit_transformer.model import Transformer
+    from lit_transformer.module import LitTransformer
+
+
+def __getattr__(name: str):
+    # Lazy: importing the model must not pull in Lightning, and `import lit_transformer` stays fast.
+    if name == "Transformer":
+        from lit_transformer.model import Transformer
+
+        return Transformer
+    if name == "LitTransformer":
+        from lit_transformer.module import LitTransformer
+
+        return LitTransformer
+    raise AttributeError(f"module 'lit_transformer' has no attribute {name!r}")

@@ -1,0 +1,4 @@
+from lit_transformer.cli import main
+
+if __name__ == "__main__":
+    main()

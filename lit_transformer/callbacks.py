@@ -1,0 +1,217 @@
+"""What Lightning lacks for watching a Transformer train: samples as text, attention maps as images, tokens/s and MFU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+
+def _tensorboard(trainer: L.Trainer):
+    """The TensorBoard SummaryWriter of the run, or None when another logger is in use."""
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger.experiment
+    return None
+
+
+def _first_validation_batch(trainer: L.Trainer) -> dict[str, Any] | None:
+    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is None:
+        return None
+    return next(iter(datamodule.val_dataloader()), None)
+
+
+class GenerateSamples(L.Callback):
+    """At every validation, generate from fixed prompts (LM) or translate validation sources, and log the text."""
+
+    def __init__(
+        self,
+        prompts: list[str] | None = None,
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int | None = 50,
+        num_translations: int = 4,
+        seed: int = 0,
+    ) -> None:
+        """
+        Args:
+            prompts: Prompts for a decoder-only model; None starts from a newline.
+            max_new_tokens: Tokens generated per prompt.
+            temperature: Sampling temperature (0 is greedy).
+            top_k: Sample among the k most likely tokens.
+            num_translations: Validation sources translated for an encoder-decoder model.
+            seed: Seed of the sampling generator, so successive samples differ only by what the model learned.
+        """
+        self.prompts = prompts or ["\n"]
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_k = top_k
+        self.num_translations = num_translations
+        self.seed = seed
+        self.last_samples: list[str] = []
+
+    @rank_zero_only
+    @torch.no_grad()
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or pl_module.tokenizer is None:
+            return
+        self.last_samples = self.samples(trainer, pl_module)
+        writer = _tensorboard(trainer)
+        if writer is not None:
+            for i, text in enumerate(self.last_samples):
+                # Two trailing spaces: TensorBoard renders text as markdown, where a newline alone is not a break.
+                writer.add_text(f"samples/{i}", text.replace("\n", "  \n"), trainer.global_step)
+
+    def samples(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        if pl_module.config.is_encoder_decoder:
+            batch = _first_validation_batch(trainer)
+            if batch is None or "src_text" not in batch:
+                return []
+            src = batch["src"][: self.num_translations].to(pl_module.device)
+            outputs = pl_module.translate_batch(src)
+            refs = batch.get("ref_text", [""] * len(outputs))
+            return [
+                f"source: {s}\n\nmodel: {o}\n\nreference: {r}" for s, o, r in zip(batch["src_text"], outputs, refs)
+            ]
+        generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        texts = []
+        for prompt in self.prompts:
+            ids = pl_module.tokenizer.encode(prompt).ids or [pl_module.config.bos_token_id]
+            tokens = torch.tensor([ids], device=pl_module.device)
+            out = pl_module.model.generate(
+                tokens,
+                max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_k=self.top_k,
+                generator=generator,
+            )
+            texts.append(prompt + pl_module.decode(out)[0])
+        return texts
+
+
+class AttentionMaps(L.Callback):
+    """At every validation, log each layer's attention (heads in a grid, tokens on the axes) as an image."""
+
+    def __init__(self, max_tokens: int = 24, max_layers: int = 6) -> None:
+        """
+        Args:
+            max_tokens: Tokens of the first validation sample shown on each axis.
+            max_layers: Layers drawn per attention kind (the first ones).
+        """
+        self.max_tokens = max_tokens
+        self.max_layers = max_layers
+
+    @rank_zero_only
+    @torch.no_grad()
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = _tensorboard(trainer)
+        if trainer.sanity_checking or writer is None or pl_module.tokenizer is None:
+            return
+        batch = _first_validation_batch(trainer)
+        if batch is None:
+            return
+        for name, figure in self.figures(pl_module, batch):
+            writer.add_figure(name, figure, trainer.global_step)
+
+    def figures(self, pl_module: L.LightningModule, batch: dict[str, Any]):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        model, n = pl_module.model, self.max_tokens
+        was_training = model.training
+        model.eval()
+        if pl_module.config.is_encoder_decoder:
+            src = _strip_padding(batch["src"][0], pl_module.config.pad_token_id)[:n]
+            tgt = _strip_padding(batch["tgt_in"][0], pl_module.config.pad_token_id)[:n]
+            _, attentions = model(src[None].to(pl_module.device), tgt[None].to(pl_module.device), return_attention=True)
+            src_tokens = _token_labels(pl_module.tokenizer, src)
+            tgt_tokens = _token_labels(pl_module.target_tokenizer, tgt)
+            axes = {"encoder": (src_tokens, src_tokens), "self": (tgt_tokens, tgt_tokens), "cross": (tgt_tokens, src_tokens)}
+        else:
+            tokens = batch["input_ids"][0][:n]
+            _, attentions = model(tokens[None].to(pl_module.device), return_attention=True)
+            labels = _token_labels(pl_module.tokenizer, tokens)
+            axes = {"self": (labels, labels)}
+        model.train(was_training)
+        for kind, layers in attentions.items():
+            queries, keys = axes[kind]
+            for layer, weights in enumerate(layers[: self.max_layers]):
+                yield f"attention/{kind}/layer_{layer}", _heads_figure(weights[0].float().cpu(), queries, keys)
+
+
+def _strip_padding(ids: torch.Tensor, pad: int | None) -> torch.Tensor:
+    return ids if pad is None else ids[ids != pad]
+
+
+def _token_labels(tokenizer, ids: torch.Tensor) -> list[str]:
+    # Byte-level BPE shows a leading space as "Ġ"; decoding each token alone gives what a reader recognises.
+    return [tokenizer.decode([i], skip_special_tokens=False).replace("\n", "\\n") or "·" for i in ids.tolist()]
+
+
+def _heads_figure(weights: torch.Tensor, queries: list[str], keys: list[str]):
+    """One heatmap per head (H, Tq, Tk) in a grid, with the tokens on the axes."""
+    import matplotlib.pyplot as plt
+
+    heads = weights.size(0)
+    cols = min(4, heads)
+    rows = (heads + cols - 1) // cols
+    size = 0.25 * max(len(keys), 8)
+    fig, grid = plt.subplots(rows, cols, figsize=(cols * size + 1, rows * size + 1), squeeze=False)
+    for h, ax in enumerate(grid.flat):
+        if h >= heads:
+            ax.axis("off")
+            continue
+        ax.imshow(weights[h].numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
+        ax.set_title(f"head {h}", fontsize=8)
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(queries)), queries, fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+class TokenThroughputMonitor(ThroughputMonitor):
+    """Lightning's ThroughputMonitor counting tokens, with MFU on any device and tokens/s in the progress bar.
+
+    Lightning knows the peak FLOP/s of datacenter GPUs only; elsewhere (a CPU) the peak is given or measured here
+    with a matmul, so that MFU is reported against what this machine can actually do.
+    """
+
+    def __init__(self, peak_flops: float | None = None, window_size: int = 20) -> None:
+        """
+        Args:
+            peak_flops: The device's peak FLOP/s for MFU; None uses Lightning's table, else measures a matmul.
+            window_size: Batches in the rolling average.
+        """
+        super().__init__(batch_size_fn=_batch_size, length_fn=_token_count, window_size=window_size)
+        self.peak_flops = peak_flops
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        peak = self.peak_flops or self.available_flops
+        if peak is None:
+            from lit_transformer.parallelize import matmul_peak_flops
+
+            peak = matmul_peak_flops(trainer.strategy.root_device)
+        self.available_flops = peak
+        for throughput in self._throughputs.values():
+            throughput.available_flops = peak
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, *args) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)
+        throughput = self._throughputs.get(trainer.state.stage)
+        if throughput is not None and len(throughput._time) > 1:
+            rate = (throughput._lengths[-1] - throughput._lengths[0]) / (throughput._time[-1] - throughput._time[0])
+            pl_module.log("tok/s", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+
+
+def _batch_size(batch: dict[str, torch.Tensor]) -> int:
+    return batch["labels"].size(0)
+
+
+def _token_count(batch: dict[str, torch.Tensor]) -> int:
+    return int((batch["labels"] != -100).sum())

@@ -1,0 +1,89 @@
+"""The command line: LightningCLI for fit/validate/test/predict, plus generate, translate and export.
+
+    python -m lit_transformer fit --config configs/base.yaml
+    python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
+    python -m lit_transformer generate --checkpoint runs/shakespeare/checkpoints/last.ckpt --prompt "ROMEO:"
+    python -m lit_transformer translate --checkpoint runs/en-es/checkpoints/last.ckpt --text "In the beginning"
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+import jsonargparse
+import lightning as L
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lit_transformer.callbacks import AttentionMaps, GenerateSamples, TokenThroughputMonitor
+from lit_transformer.module import LitTransformer
+
+# Field docstrings of TransformerConfig become --help text.
+jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+# What the tokenizer decides, the model config must follow: linked once the DataModule exists.
+TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")
+
+
+class TransformerCLI(LightningCLI):
+    """LightningCLI with the tokenizer linked into the model config and the run's standard callbacks."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for name in TOKENIZER_LINKS:
+            parser.link_arguments(f"data.{name}", f"model.config.{name}", apply_on="instantiate")
+        # Each callback gets its own group (--checkpoint.*, --samples.*, ...), so YAMLs and flags can tune it.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.dirpath": "checkpoints",
+                "checkpoint.filename": "step{step:06d}-val_loss{val/loss:.3f}",
+                "checkpoint.auto_insert_metric_name": False,
+                "checkpoint.monitor": "val/loss",
+                "checkpoint.save_last": True,
+                "checkpoint.save_top_k": 1,
+            }
+        )
+        parser.add_lightning_class_args(GenerateSamples, "samples")
+        parser.add_lightning_class_args(AttentionMaps, "attention")
+        parser.add_lightning_class_args(TokenThroughputMonitor, "throughput")
+
+
+def _trainer_defaults() -> dict:
+    return {"callbacks": [LearningRateMonitor(logging_interval="step")]}
+
+
+def run_cli(args: Sequence[str] | None = None) -> TransformerCLI:
+    return TransformerCLI(
+        LitTransformer,
+        L.LightningDataModule,
+        subclass_mode_data=True,
+        trainer_defaults=_trainer_defaults(),
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        auto_configure_optimizers=False,
+    )
+
+
+def _extra_commands() -> dict[str, Callable[[Sequence[str]], None]]:
+    from lit_transformer import inference
+
+    return {"generate": inference.generate_main, "translate": inference.translate_main, "export": _export_main}
+
+
+def _export_main(argv: Sequence[str]) -> None:
+    from lit_transformer.interop import export_main
+
+    export_main(argv)
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] in ("generate", "translate", "export"):
+        _extra_commands()[argv[0]](argv[1:])
+        return
+    run_cli(argv)
+
+
+if __name__ == "__main__":
+    main()

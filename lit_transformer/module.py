@@ -1,0 +1,281 @@
+"""LitTransformer: the LightningModule around the plain model: loss, metrics, optimizer and schedule, generation."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import SacreBLEUScore
+
+from lit_transformer.config import TransformerConfig
+from lit_transformer.model import Transformer
+from lit_transformer.schedules import ScheduleName, build_schedule
+
+IGNORE_INDEX = -100
+
+
+def smoothed_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(training loss, mean NLL, token count) over non-ignored labels; one log-softmax serves both losses.
+
+    The smoothed loss is the paper's: (1 - eps) * NLL + eps * mean over the vocabulary of -log p. Perplexity is
+    reported from the NLL, so label smoothing never inflates it.
+    """
+    logits = logits.reshape(-1, logits.size(-1))
+    labels = labels.reshape(-1)
+    nll = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+    count = (labels != IGNORE_INDEX).sum()
+    if smoothing == 0.0:
+        return nll, nll, count
+    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, label_smoothing=smoothing)
+    return loss, nll, count
+
+
+def weight_decay_groups(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """(decayed, not decayed): matrices of linear layers decay; biases, norms and embeddings do not.
+
+    Decided by module type, not by parameter name, and each tensor once (a tied output weight is the embedding).
+    """
+    no_decay_ids: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.LayerNorm)):
+            no_decay_ids.update(id(p) for p in module.parameters(recurse=False))
+    decay, no_decay, seen = [], [], set()
+    for param in model.parameters():
+        if id(param) in seen or not param.requires_grad:
+            continue
+        seen.add(id(param))
+        (no_decay if id(param) in no_decay_ids or param.dim() < 2 else decay).append(param)
+    return decay, no_decay
+
+
+class LitTransformer(L.LightningModule):
+    """Trains a `Transformer` as a causal language model or a translation model, by its config's topology."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        optimizer: Literal["adamw", "adam"] = "adamw",
+        lr: float = 3e-4,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
+        weight_decay: float = 0.1,
+        fused: bool | None = None,
+        schedule: ScheduleName = "cosine",
+        warmup_steps: int = 100,
+        schedule_steps: int | None = None,
+        min_lr_ratio: float = 0.1,
+        label_smoothing: float = 0.0,
+        activation_checkpointing: bool = False,
+        compile: bool = False,
+        bleu_num_beams: int = 4,
+        bleu_batches: int = 4,
+        length_penalty: float = 1.0,
+    ) -> None:
+        """
+        Args:
+            config: The architecture (see TransformerConfig; presets in configs/presets).
+            optimizer: adamw (decoupled weight decay, none on biases, norms and embeddings) or adam (the paper's).
+            lr: Peak learning rate; with schedule=noam, a multiplier of the paper's formula (1.0 is the paper's).
+            betas: Adam betas; None uses (0.9, 0.95) for adamw and the paper's (0.9, 0.98) for adam.
+            eps: Adam epsilon; None uses 1e-8 for adamw and the paper's 1e-9 for adam.
+            weight_decay: AdamW weight decay on matrices only.
+            fused: Use the fused optimizer kernel; None picks fused on CUDA and foreach elsewhere.
+            schedule: noam (the paper's), cosine (warmup + cosine decay), constant (warmup, then flat).
+            warmup_steps: Optimizer steps of linear warmup (noam: the paper's warmup_steps, 4000).
+            schedule_steps: Length of the cosine schedule in optimizer steps; None uses trainer.max_steps.
+            min_lr_ratio: Where the cosine schedule ends, as a fraction of lr.
+            label_smoothing: Label smoothing of the loss (the paper's 0.1); perplexity is always the unsmoothed one.
+            activation_checkpointing: Recompute each block's activations in backward (less memory, more time).
+            compile: torch.compile each block (a cold start of tens of seconds; pays off on GPUs).
+            bleu_num_beams: Beams for the translations scored by BLEU during validation and test.
+            bleu_batches: Validation batches translated for BLEU (test translates all).
+            length_penalty: Beam-search length penalty for those translations.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = config
+        self.model = Transformer(config)
+        self.tokenizer: Tokenizer | None = None
+        self.target_tokenizer: Tokenizer | None = None
+        vocab = config.tgt_vocab_size
+        self.val_nll = MeanMetric()
+        self.val_accuracy = MulticlassAccuracy(num_classes=vocab, average="micro", ignore_index=IGNORE_INDEX)
+        self.test_nll = MeanMetric()
+        self.test_accuracy = MulticlassAccuracy(num_classes=vocab, average="micro", ignore_index=IGNORE_INDEX)
+        self.val_bleu = SacreBLEUScore(tokenize="13a")
+        self.test_bleu = SacreBLEUScore(tokenize="13a")
+        self.flops_per_batch: float | None = None  # read by the ThroughputMonitor for MFU
+
+    # ---- wiring -------------------------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        """Applied from outside the model code, once, whatever the strategy."""
+        if getattr(self, "_parallelized", False):
+            return
+        from lit_transformer.parallelize import apply_activation_checkpointing, compile_blocks
+
+        strategy = type(self._trainer.strategy).__name__ if self._trainer is not None else ""
+        # FSDP applies checkpointing itself from its activation_checkpointing_policy.
+        if self.hparams.activation_checkpointing and "FSDP" not in strategy:
+            apply_activation_checkpointing(self.model)
+        if self.hparams.compile:
+            compile_blocks(self.model)
+        self._parallelized = True
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and self.tokenizer is None:
+            self.tokenizer = datamodule.tokenizer
+            self.target_tokenizer = getattr(datamodule, "target_tokenizer", None) or datamodule.tokenizer
+        self._check_tokenizer()
+
+    def _check_tokenizer(self) -> None:
+        for name, tok, size in (
+            ("tokenizer", self.tokenizer, self.config.vocab_size),
+            ("target tokenizer", self.target_tokenizer, self.config.tgt_vocab_size),
+        ):
+            if tok is not None and tok.get_vocab_size() > size:
+                raise ValueError(
+                    f"The {name} has {tok.get_vocab_size()} tokens but the model's vocabulary holds {size}: "
+                    "train with the tokenizer the model was built for, or set model.config.vocab_size to match"
+                )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The tokenizer travels inside the checkpoint, as a JSON string: generate/translate need nothing else.
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.to_str()
+        if self.target_tokenizer is not None and self.target_tokenizer is not self.tokenizer:
+            checkpoint["target_tokenizer"] = self.target_tokenizer.to_str()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "tokenizer" in checkpoint:
+            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
+            target = checkpoint.get("target_tokenizer")
+            self.target_tokenizer = Tokenizer.from_str(target) if target else self.tokenizer
+
+    # ---- steps --------------------------------------------------------------------------------------------------
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.config.is_encoder_decoder:
+            return self.model(batch["src"], batch["tgt_in"])
+        return self.model(batch["input_ids"])
+
+    def _tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["tgt_in"] if self.config.is_encoder_decoder else batch["input_ids"]
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.flops_per_batch is None:
+            tokens = self._tokens(batch)
+            self.flops_per_batch = self.model.flops_per_token(tokens.size(1)) * tokens.numel()
+        logits = self(batch)
+        loss, nll, _ = smoothed_cross_entropy(logits, batch["labels"], self.hparams.label_smoothing)
+        batch_size = batch["labels"].size(0)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        self.log("train/ppl", nll.detach().exp(), batch_size=batch_size)
+        return loss
+
+    def _evaluate(self, batch: dict[str, Any], stage: str, nll_metric: MeanMetric, acc_metric) -> None:
+        logits = self(batch)
+        labels = batch["labels"]
+        loss, nll, count = smoothed_cross_entropy(logits, labels, self.hparams.label_smoothing)
+        nll_metric.update(nll, weight=count)
+        acc_metric.update(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+        batch_size = labels.size(0)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", batch_size=batch_size, sync_dist=True)
+        self.log(f"{stage}/nll", nll_metric, batch_size=batch_size)
+        self.log(f"{stage}/accuracy", acc_metric, batch_size=batch_size)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_nll, self.val_accuracy)
+        if self.config.is_encoder_decoder and batch_idx < self.hparams.bleu_batches and "ref_text" in batch:
+            self.val_bleu.update(self.translate_batch(batch["src"]), [[r] for r in batch["ref_text"]])
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_nll, self.test_accuracy)
+        if self.config.is_encoder_decoder and "ref_text" in batch:
+            self.test_bleu.update(self.translate_batch(batch["src"]), [[r] for r in batch["ref_text"]])
+
+    def on_validation_epoch_end(self) -> None:
+        self._epoch_end("val", self.val_nll, self.val_bleu)
+
+    def on_test_epoch_end(self) -> None:
+        self._epoch_end("test", self.test_nll, self.test_bleu)
+
+    def _epoch_end(self, stage: str, nll_metric: MeanMetric, bleu: SacreBLEUScore) -> None:
+        if nll_metric.update_called:
+            self.log(f"{stage}/ppl", nll_metric.compute().exp(), prog_bar=stage == "val")
+        if self.config.is_encoder_decoder and bleu.update_called:
+            self.log(f"{stage}/bleu", bleu.compute() * 100, prog_bar=True)
+            bleu.reset()
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[str]:
+        if self.config.is_encoder_decoder:
+            return self.translate_batch(batch["src"])
+        prompt = batch["input_ids"][:, : max(1, batch["input_ids"].size(1) // 2)]
+        out = self.model.generate(prompt, max_new_tokens=prompt.size(1))
+        return self.decode(out)
+
+    # ---- generation helpers -------------------------------------------------------------------------------------
+
+    def decode(self, ids: torch.Tensor, target: bool = True) -> list[str]:
+        """Token ids to text, cut at the first EOS; special tokens dropped."""
+        tokenizer = self.target_tokenizer if target else self.tokenizer
+        if tokenizer is None:
+            raise RuntimeError("No tokenizer attached: train with a DataModule or load a checkpoint that holds one")
+        eos = self.config.eos_token_id
+        rows = []
+        for row in ids.tolist():
+            if eos is not None and eos in row:
+                row = row[: row.index(eos)]
+            rows.append(row)
+        return tokenizer.decode_batch(rows, skip_special_tokens=True)
+
+    @torch.no_grad()
+    def translate_batch(self, src: torch.Tensor) -> list[str]:
+        max_new = min(src.size(1) + 50, 2 * src.size(1) + 10)
+        out = self.model.generate(
+            src,
+            max_new_tokens=max_new,
+            num_beams=self.hparams.bleu_num_beams,
+            length_penalty=self.hparams.length_penalty,
+        )
+        return self.decode(out)
+
+    # ---- optimization -------------------------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        decay, no_decay = weight_decay_groups(self.model)
+        adam = hp.optimizer == "adam"
+        betas = hp.betas or ((0.9, 0.98) if adam else (0.9, 0.95))
+        eps = hp.eps or (1e-9 if adam else 1e-8)
+        on_cuda = self.device.type == "cuda"
+        fused = on_cuda if hp.fused is None else hp.fused
+        kwargs: dict[str, Any] = {"lr": hp.lr, "betas": tuple(betas), "eps": eps}
+        kwargs["fused" if fused else "foreach"] = True
+        if adam:
+            optimizer = torch.optim.Adam(decay + no_decay, **kwargs)
+        else:
+            groups = [
+                {"params": decay, "weight_decay": hp.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ]
+            optimizer = torch.optim.AdamW(groups, **kwargs)
+        max_steps = self.trainer.max_steps if self._trainer is not None else -1
+        total = hp.schedule_steps or (max_steps if max_steps and max_steps > 0 else None)
+        scheduler = build_schedule(
+            optimizer,
+            hp.schedule,
+            warmup_steps=hp.warmup_steps,
+            total_steps=total,
+            d_model=self.config.d_model,
+            min_lr_ratio=hp.min_lr_ratio,
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

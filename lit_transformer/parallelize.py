@@ -1,0 +1,57 @@
+"""Activation checkpointing and compilation, applied to the plain model from outside (torchtitan's way).
+
+The model code knows nothing of either: both act on the block classes by name, and both keep the parameter names,
+so a checkpoint written with them loads without them and the other way round.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lit_transformer.model import BLOCK_CLASSES
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """Every encoder and decoder block of the model, in order."""
+    return [m for m in model.modules() if isinstance(m, BLOCK_CLASSES)]
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each block's activations in the backward pass instead of storing them (non-reentrant)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing as _apply,
+        checkpoint_wrapper,
+    )
+
+    def wrapper(module: nn.Module) -> nn.Module:
+        return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+    # The wrapper's state-dict hooks strip its prefix, so parameter names stay those of the plain model.
+    _apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, BLOCK_CLASSES))
+
+
+def compile_blocks(model: nn.Module, **compile_kwargs) -> None:
+    """torch.compile each block in place: one graph serves every layer, and parameter names do not change."""
+    for block in blocks(model):
+        block.compile(**compile_kwargs)
+
+
+def matmul_peak_flops(device: torch.device | str = "cpu", size: int = 1024, repeats: int = 8) -> float:
+    """The fp32 matmul FLOP/s this device reaches now: the reference for an MFU figure where no spec sheet is known."""
+    import time
+
+    device = torch.device(device)
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best

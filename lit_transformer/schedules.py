@@ -1,0 +1,64 @@
+"""Learning-rate schedules as multipliers of the optimizer's base learning rate, stepped every optimizer step.
+
+Each is a pure function of the step, so a resumed run (whose scheduler state restores the step count) continues
+on exactly the same curve.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Literal
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+ScheduleName = Literal["noam", "cosine", "constant"]
+
+
+def noam(step: int, *, d_model: int, warmup: int) -> float:
+    """Vaswani et al. 2017, eq. 3: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), with steps counted from 1."""
+    step = step + 1
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def warmup_cosine(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to 1 over `warmup` steps, then half a cosine down to `min_ratio` at `total`, flat after."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_constant(step: int, *, warmup: int) -> float:
+    """Linear warmup to 1 over `warmup` steps, then constant."""
+    return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+
+
+def build_schedule(
+    optimizer: Optimizer,
+    name: ScheduleName,
+    *,
+    warmup_steps: int,
+    total_steps: int | None = None,
+    d_model: int | None = None,
+    min_lr_ratio: float = 0.1,
+) -> LambdaLR:
+    """The LambdaLR for a schedule name. With `noam` the base learning rate is a multiplier of the paper's formula."""
+    if name == "noam":
+        if d_model is None:
+            raise ValueError("The noam schedule needs d_model")
+        fn = partial(noam, d_model=d_model, warmup=max(1, warmup_steps))
+    elif name == "cosine":
+        if not total_steps or total_steps <= 0:
+            raise ValueError(
+                "The cosine schedule needs the number of optimizer steps: set --trainer.max_steps or "
+                "--model.schedule_steps (lit_transformer does not read trainer.estimated_stepping_batches, "
+                "which breaks mid-epoch resume: Lightning issue #20550)"
+            )
+        fn = partial(warmup_cosine, warmup=max(1, warmup_steps), total=total_steps, min_ratio=min_lr_ratio)
+    elif name == "constant":
+        fn = partial(warmup_constant, warmup=warmup_steps)
+    else:
+        raise ValueError(f"Unknown schedule {name!r}; choose one of 'noam', 'cosine', 'constant'")
+    return LambdaLR(optimizer, fn)
