@@ -75,9 +75,7 @@ class GenerateSamples(L.Callback):
             src = batch["src"][: self.num_translations].to(pl_module.device)
             outputs = pl_module.translate_batch(src)
             refs = batch.get("ref_text", [""] * len(outputs))
-            return [
-                f"source: {s}\n\nmodel: {o}\n\nreference: {r}" for s, o, r in zip(batch["src_text"], outputs, refs)
-            ]
+            return [f"source: {s}\n\nmodel: {o}\n\nreference: {r}" for s, o, r in zip(batch["src_text"], outputs, refs)]
         generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
         texts = []
         for prompt in self.prompts:
@@ -131,7 +129,11 @@ class AttentionMaps(L.Callback):
             _, attentions = model(src[None].to(pl_module.device), tgt[None].to(pl_module.device), return_attention=True)
             src_tokens = _token_labels(pl_module.tokenizer, src)
             tgt_tokens = _token_labels(pl_module.target_tokenizer, tgt)
-            axes = {"encoder": (src_tokens, src_tokens), "self": (tgt_tokens, tgt_tokens), "cross": (tgt_tokens, src_tokens)}
+            axes = {
+                "encoder": (src_tokens, src_tokens),
+                "self": (tgt_tokens, tgt_tokens),
+                "cross": (tgt_tokens, src_tokens),
+            }
         else:
             tokens = batch["input_ids"][0][:n]
             _, attentions = model(tokens[None].to(pl_module.device), return_attention=True)

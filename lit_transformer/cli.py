@@ -1,9 +1,9 @@
 """The command line: LightningCLI for fit/validate/test/predict, plus generate, translate and export.
 
-    python -m lit_transformer fit --config configs/base.yaml
-    python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
-    python -m lit_transformer generate --checkpoint runs/shakespeare/checkpoints/last.ckpt --prompt "ROMEO:"
-    python -m lit_transformer translate --checkpoint runs/en-es/checkpoints/last.ckpt --text "In the beginning"
+python -m lit_transformer fit --config configs/base.yaml
+python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
+python -m lit_transformer generate --checkpoint runs/shakespeare/checkpoints/last.ckpt --prompt "ROMEO:"
+python -m lit_transformer translate --checkpoint runs/en-es/checkpoints/last.ckpt --text "In the beginning"
 """
 
 from __future__ import annotations

@@ -45,22 +45,16 @@ def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
     return config if isinstance(config, TransformerConfig) else TransformerConfig(**dict(config))
 
 
-def model_state_dict(checkpoint: dict) -> dict[str, torch.Tensor]:
-    """The plain model's weights from a Lightning checkpoint (the LightningModule holds the model as `model`)."""
-    prefix = "model."
-    return {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-
-
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
     """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it."""
-    from lit_transformer.checkpointing import load_checkpoint, load_state_dict_checked
+    from lit_transformer.checkpointing import CheckpointError, load_checkpoint, load_model_state
 
     checkpoint = load_checkpoint(path, map_location="cpu")
     config = config_from_checkpoint(checkpoint)
     model = Transformer(config)
-    load_state_dict_checked(model, model_state_dict(checkpoint), checkpoint_config=config)
+    load_model_state(model, checkpoint, current=config, prefix="model.")
     if "tokenizer" not in checkpoint:
-        raise ValueError(f"{path} holds no tokenizer: it was saved without a DataModule; retrain with one")
+        raise CheckpointError(f"{path} holds no tokenizer: it was saved without a DataModule; retrain with one")
     tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
     target = checkpoint.get("target_tokenizer")
     target_tokenizer = Tokenizer.from_str(target) if target else tokenizer
@@ -127,7 +121,9 @@ def translate_main(argv: Sequence[str]) -> None:
         raise SystemExit("This checkpoint is a decoder-only model: use `python -m lit_transformer generate`")
     texts = [args.text] if isinstance(args.text, str) else list(args.text)
     pad = loaded.config.pad_token_id
-    encoded = [loaded.tokenizer.encode(t).ids for t in texts]
+    # Sources are encoded as in training: the text's tokens, then EOS.
+    eos = [] if loaded.config.eos_token_id is None else [loaded.config.eos_token_id]
+    encoded = [loaded.tokenizer.encode(t).ids + eos for t in texts]
     width = max(len(e) for e in encoded)
     device = next(loaded.model.parameters()).device
     src = torch.tensor([e + [pad] * (width - len(e)) for e in encoded], device=device)

@@ -75,8 +75,8 @@ class LitTransformer(L.LightningModule):
         activation_checkpointing: bool = False,
         compile: bool = False,
         bleu_num_beams: int = 4,
-        bleu_batches: int = 4,
         length_penalty: float = 1.0,
+        init_from: str | None = None,
     ) -> None:
         """
         Args:
@@ -95,13 +95,19 @@ class LitTransformer(L.LightningModule):
             activation_checkpointing: Recompute each block's activations in backward (less memory, more time).
             compile: torch.compile each block (a cold start of tens of seconds; pays off on GPUs).
             bleu_num_beams: Beams for the translations scored by BLEU during validation and test.
-            bleu_batches: Validation batches translated for BLEU (test translates all).
             length_penalty: Beam-search length penalty for those translations.
+            init_from: A Hugging Face GPT-2 folder (or hub name) to fine-tune: its config.json sets the architecture
+                and special token ids (recorded in the hyperparameters), its weights the parameters.
         """
+        if init_from:
+            from lit_transformer.interop import load_hf_gpt2
+
+            pretrained = load_hf_gpt2(init_from, base=config).train()
+            config = pretrained.config  # before save_hyperparameters, so checkpoints record the real architecture
         super().__init__()
         self.save_hyperparameters()
         self.config = config
-        self.model = Transformer(config)
+        self.model = pretrained if init_from else Transformer(config)
         self.tokenizer: Tokenizer | None = None
         self.target_tokenizer: Tokenizer | None = None
         vocab = config.tgt_vocab_size
@@ -112,6 +118,7 @@ class LitTransformer(L.LightningModule):
         self.val_bleu = SacreBLEUScore(tokenize="13a")
         self.test_bleu = SacreBLEUScore(tokenize="13a")
         self.flops_per_batch: float | None = None  # read by the ThroughputMonitor for MFU
+        self._bleu_budget: int | None = None
 
     # ---- wiring -------------------------------------------------------------------------------------------------
 
@@ -192,10 +199,19 @@ class LitTransformer(L.LightningModule):
         self.log(f"{stage}/nll", nll_metric, batch_size=batch_size)
         self.log(f"{stage}/accuracy", acc_metric, batch_size=batch_size)
 
+    def on_validation_epoch_start(self) -> None:
+        self._bleu_budget = getattr(getattr(self.trainer, "datamodule", None), "bleu_samples", None)
+
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_nll, self.val_accuracy)
-        if self.config.is_encoder_decoder and batch_idx < self.hparams.bleu_batches and "ref_text" in batch:
-            self.val_bleu.update(self.translate_batch(batch["src"]), [[r] for r in batch["ref_text"]])
+        if self.config.is_encoder_decoder and "ref_text" in batch and self._bleu_budget != 0:
+            # BLEU on the first bleu_samples validation pairs (the DataModule's setting): beam search is slow.
+            rows = (
+                len(batch["ref_text"]) if self._bleu_budget is None else min(self._bleu_budget, len(batch["ref_text"]))
+            )
+            self.val_bleu.update(self.translate_batch(batch["src"][:rows]), [[r] for r in batch["ref_text"][:rows]])
+            if self._bleu_budget is not None:
+                self._bleu_budget -= rows
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._evaluate(batch, "test", self.test_nll, self.test_accuracy)

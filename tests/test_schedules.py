@@ -31,7 +31,9 @@ def test_noam_is_the_papers_formula():
 
 
 def test_noam_scales_with_base_lr():
-    assert _lrs("noam", 5, base_lr=2.0, warmup_steps=10, d_model=64)[-1] == pytest.approx(2 * noam(4, d_model=64, warmup=10))
+    assert _lrs("noam", 5, base_lr=2.0, warmup_steps=10, d_model=64)[-1] == pytest.approx(
+        2 * noam(4, d_model=64, warmup=10)
+    )
 
 
 def test_warmup_cosine_shape():
@@ -63,4 +65,6 @@ def test_unknown_schedule():
 
 def test_schedule_is_a_pure_function_of_the_step():
     # A resumed run restores only the step count; the curve must continue exactly.
-    assert warmup_cosine(57, warmup=10, total=100, min_ratio=0.0) == warmup_cosine(57, warmup=10, total=100, min_ratio=0.0)
+    assert warmup_cosine(57, warmup=10, total=100, min_ratio=0.0) == warmup_cosine(
+        57, warmup=10, total=100, min_ratio=0.0
+    )

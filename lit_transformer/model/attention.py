@@ -1,0 +1,131 @@
+"""Multi-head attention: fused projections, F.scaled_dot_product_attention, optional weights, KV cache.
+
+Masks are boolean and broadcast to (B, H, T_q, T_k); True means "may attend" (the convention of
+F.scaled_dot_product_attention). No mask is built when ``is_causal`` alone describes the pattern.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lit_transformer.config import TransformerConfig
+
+
+class KVCache:
+    """Keys and values of one attention layer, kept across decoding steps.
+
+    With ``max_len`` the buffers are preallocated on the first append (B, H, max_len, head_dim) and filled step by step
+    (self-attention). With ``max_len=None`` the first keys and values are stored as they are and reused (cross-attention,
+    whose memory never changes).
+    """
+
+    def __init__(self, max_len: int | None = None) -> None:
+        self.max_len = max_len
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.length = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store (B, H, t, D) new keys and values; return all keys and values so far."""
+        if self.max_len is None:  # static: stored once
+            self.k, self.v, self.length = k, v, k.shape[2]
+            return k, v
+        if self.k is None:
+            batch, heads, _, dim = k.shape
+            self.k = k.new_empty(batch, heads, self.max_len, dim)
+            self.v = v.new_empty(batch, heads, self.max_len, dim)
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} positions, preallocated {self.max_len}")
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search keeps the histories of the surviving beams)."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float, need_weights: bool
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(d)) v over (B, H, T, D) tensors; the weights (B, H, T_q, T_k) only when asked."""
+    if not need_weights:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal), None
+    # The explicit path, for visualisation: same mathematics, weights materialised.
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if is_causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return F.dropout(weights, dropout_p) @ v, weights
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.attn_dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        B, T, C = x.shape
+        # (B, T, 3C) -> (3, B, H, T, D): one matmul, views only.
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        p = self.dropout if self.training else 0.0
+        y, weights = attend(q, k, v, mask, is_causal, p, need_weights)
+        return self.out(y.transpose(1, 2).reshape(B, T, C)), weights
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from the decoder to the encoder's memory: a Q projection and one fused KV projection."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.attn_dropout
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=cfg.bias)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        B, T, C = x.shape
+        D = C // self.n_heads
+        q = self.q(x).view(B, T, self.n_heads, D).transpose(1, 2)
+        if cache is not None and cache.length:  # the memory's keys and values are computed once per generation
+            k, v = cache.k, cache.v
+        else:
+            S = memory.shape[1]
+            k, v = self.kv(memory).view(B, S, 2, self.n_heads, D).permute(2, 0, 3, 1, 4).unbind(0)
+            if cache is not None:
+                cache.append(k, v)
+        p = self.dropout if self.training else 0.0
+        y, weights = attend(q, k, v, mask, False, p, need_weights)
+        return self.out(y.transpose(1, 2).reshape(B, T, C)), weights

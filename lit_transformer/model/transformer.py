@@ -1,0 +1,289 @@
+"""The assembled model: decoder-only (GPT-2) or encoder-decoder (the paper), embeddings, tying, initialisation.
+
+Padding masks are (B, T) with True (or 1) for real tokens and False (0) for padding, as in Hugging Face; when none is
+given they are derived from ``cfg.pad_token_id``. Padding may be on either side: position ids count real tokens only,
+so a padded row gives exactly what it gives alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from lit_transformer.config import TransformerConfig
+from lit_transformer.model.attention import KVCache
+from lit_transformer.model.blocks import DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
+from lit_transformer.model.positions import LearnedPositions, build_positions
+
+Attentions = dict[str, list[Tensor]]
+
+
+def position_ids(keep: Tensor | None) -> Tensor | None:
+    """(B, T) positions that count real tokens only, so left padding does not shift a row; None without padding."""
+    return None if keep is None else (keep.cumsum(-1) - 1).clamp(min=0)
+
+
+def causal_self_mask(t: int, total: int, keep: Tensor | None, device: torch.device) -> tuple[Tensor | None, bool]:
+    """Mask and is_causal for t queries that end a sequence of `total` keys (earlier ones cached).
+
+    No tensor is built when is_causal or nothing at all describes the pattern (no padding).
+    """
+    if keep is None:
+        if t == 1:
+            return None, False
+        if t == total:
+            return None, True
+    causal = torch.ones(t, total, dtype=torch.bool, device=device).tril(total - t)
+    if keep is None:
+        return causal, False
+    # A query on left padding has no real key at or before it; letting it see itself keeps the softmax finite.
+    # Its output is never used, and real queries are unaffected (their own key is real).
+    itself = causal & ~torch.ones_like(causal).tril(total - t - 1)
+    return (causal & keep[:, None, None, :]) | itself, False
+
+
+class Transformer(nn.Module):
+    """A Transformer described by a TransformerConfig: GPT-2 and every variant of Vaswani et al. (2017)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        d = cfg.d_model
+        pre = cfg.norm_position == "pre"
+        self.embed_scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
+        self.embed_dropout = dropout(cfg.dropout)
+        if cfg.is_encoder_decoder:
+            self.src_embed = nn.Embedding(cfg.vocab_size, d)
+            self.src_positions = build_positions(cfg)
+            self.encoder_blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.encoder_layers))
+            # Pre-LN leaves the residual stream unnormalised: a final LayerNorm, as torch.nn.Transformer does.
+            self.encoder_norm = layer_norm(cfg) if pre else None
+        # The paper's three-way tying: one matrix for source, target and output when the vocabulary is shared.
+        self.tgt_embed = self.src_embed if cfg.shares_embeddings else nn.Embedding(cfg.tgt_vocab_size, d)
+        self.tgt_positions = build_positions(cfg)
+        self.decoder_blocks = nn.ModuleList(
+            DecoderBlock(cfg, cross_attention=cfg.is_encoder_decoder) for _ in range(cfg.decoder_layers)
+        )
+        self.decoder_norm = layer_norm(cfg) if pre else None
+        self.lm_head = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tgt_embed.weight
+        self.reset_parameters()
+
+    # ---------------------------------------------------------------- initialisation
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """gpt2: normal(0, init_std), residual out-projections scaled by 1/sqrt(residual sublayers in the stack), zero
+        biases. xavier (the paper, as fairseq does it): Xavier uniform per projection matrix (a fused QKV is three
+        matrices), embeddings and an untied output projection normal(0, d_model**-0.5)."""
+        cfg = self.config
+        gpt2 = cfg.init == "gpt2"
+        embed_std = cfg.init_std if gpt2 else cfg.d_model**-0.5
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and module is not self.lm_head:
+                if gpt2:
+                    nn.init.normal_(module.weight, 0.0, cfg.init_std)
+                else:
+                    parts = 3 if name.endswith(".qkv") else 2 if name.endswith(".kv") else 1
+                    for matrix in module.weight.chunk(parts):
+                        nn.init.xavier_uniform_(matrix)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.Embedding, LearnedPositions)):
+                nn.init.normal_(module.weight, 0.0, embed_std)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        if not cfg.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, 0.0, embed_std)
+        if gpt2:  # GPT-2: keep the residual stream's variance independent of depth
+            for stack in (getattr(self, "encoder_blocks", []), self.decoder_blocks):
+                outs = [m.out for b in stack for m in (b.self_attn, getattr(b, "cross_attn", None)) if m is not None]
+                outs += [b.ff.down for b in stack]
+                for linear in outs:
+                    nn.init.normal_(linear.weight, 0.0, cfg.init_std / math.sqrt(len(outs)))
+
+    # ---------------------------------------------------------------- forward
+    def forward(
+        self,
+        x: Tensor,
+        tgt: Tensor | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Attentions]:
+        """Logits (B, T, V).
+
+        decoder_only: ``model(tokens, attention_mask=None)``; encoder_decoder: ``model(src, tgt, src_mask=None,
+        tgt_mask=None)``. With return_attention, ``(logits, attentions)``: attentions["self"] (decoder self-attention),
+        and for encoder-decoder also ["encoder"] and ["cross"], each a list per layer of (B, H, T_q, T_k) weights.
+        """
+        if self.config.is_encoder_decoder:
+            if tgt is None or attention_mask is not None:
+                raise TypeError("encoder_decoder: call model(src, tgt, src_mask=..., tgt_mask=...)")
+            src_keep = self.key_mask(x, src_mask)
+            memory, encoder_weights = self._encode(x, src_keep, return_attention)
+            out = self.decode(
+                tgt,
+                memory,
+                tgt_mask=self.key_mask(tgt, tgt_mask),
+                memory_mask=src_keep,
+                return_attention=return_attention,
+            )
+            if return_attention:
+                out[1]["encoder"] = encoder_weights
+            return out
+        if tgt is not None or src_mask is not None or tgt_mask is not None:
+            raise TypeError("decoder_only: call model(tokens, attention_mask=...)")
+        return self.decode(x, tgt_mask=self.key_mask(x, attention_mask), return_attention=return_attention)
+
+    def key_mask(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor | None:
+        """The (B, T) boolean mask of real tokens, from `mask` or else from pad_token_id; None when nothing is padded."""
+        if mask is None:
+            if self.config.pad_token_id is None:
+                return None
+            mask = tokens != self.config.pad_token_id
+        mask = mask.bool()
+        return None if bool(mask.all()) else mask
+
+    def _embed(
+        self, tokens: Tensor, embed: nn.Embedding, positions: nn.Module, start: int, ids: Tensor | None
+    ) -> Tensor:
+        x = embed(tokens)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        return self.embed_dropout(x + positions(start, tokens.shape[1], ids))
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """The encoder's memory (B, S, d_model) for a source (B, S); src_mask is derived from padding when None."""
+        return self._encode(src, self.key_mask(src, src_mask))[0]
+
+    def _encode(self, src: Tensor, keep: Tensor | None, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        x = self._embed(src, self.src_embed, self.src_positions, 0, position_ids(keep))
+        mask = None if keep is None else keep[:, None, None, :]
+        weights = []
+        for block in self.encoder_blocks:
+            x, w = block(x, mask, need_weights)
+            weights.append(w)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x, weights
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None = None,
+        *,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: list[LayerCache] | None = None,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Attentions]:
+        """The decoder stack and output projection: logits (B, t, V) for tokens tgt (B, t).
+
+        Masks are taken as given (None means no padding): tgt_mask (B, past + t) covers cached and new tokens,
+        memory_mask (B, S). With a cache (see new_cache), tgt continues the tokens already cached.
+        """
+        t = tgt.shape[1]
+        past = cache[0].self_attn.length if cache else 0
+        ids = position_ids(tgt_mask)
+        x = self._embed(tgt, self.tgt_embed, self.tgt_positions, past, None if ids is None else ids[:, past:])
+        mask, is_causal = causal_self_mask(t, past + t, tgt_mask, tgt.device)
+        memory_mask = None if memory_mask is None else memory_mask[:, None, None, :]
+        self_weights, cross_weights = [], []
+        for i, block in enumerate(self.decoder_blocks):
+            layer_cache = cache[i] if cache else None
+            x, w_self, w_cross = block(x, mask, is_causal, memory, memory_mask, layer_cache, return_attention)
+            self_weights.append(w_self)
+            cross_weights.append(w_cross)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        logits = self.lm_head(x)
+        if not return_attention:
+            return logits
+        attentions = {"self": self_weights}
+        if self.config.is_encoder_decoder:
+            attentions["cross"] = cross_weights
+        return logits, attentions
+
+    def new_cache(self, max_len: int) -> list[LayerCache]:
+        """Empty KV caches for decoding up to max_len target tokens (buffers are allocated on first use)."""
+        cross = self.config.is_encoder_decoder
+        return [LayerCache(KVCache(max_len), KVCache() if cross else None) for _ in self.decoder_blocks]
+
+    # ---------------------------------------------------------------- generation
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        eos_token_id: int | None = None,
+        attention_mask: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """Only the new tokens, (B, <= max_new_tokens); after a row's EOS (kept) the row holds pad_token_id.
+
+        decoder_only: input_ids is the prompt, padded on the left or the right with pad_token_id (or described by
+        attention_mask); each row gives what it gives alone. encoder_decoder: input_ids is the source; decoding starts
+        from bos_token_id. temperature 0 is greedy, > 0 samples (top_k, top_p); num_beams > 1 is beam search.
+        Always with a KV cache; use_cache=False recomputes everything each step (to test the cache).
+        See lit_transformer.model.generation.generate.
+        """
+        from lit_transformer.model.generation import generate
+
+        return generate(
+            self,
+            input_ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            eos_token_id=eos_token_id,
+            attention_mask=attention_mask,
+            generator=generator,
+            use_cache=use_cache,
+        )
+
+    # ---------------------------------------------------------------- accounting
+    def _embedding_parameters(self) -> list[nn.Parameter]:
+        tables = [self.tgt_embed.weight, self.tgt_positions, getattr(self, "src_embed", None)]
+        tables.append(getattr(self, "src_positions", None))
+        params = {}
+        for table in tables:
+            for p in [table] if isinstance(table, nn.Parameter) else (table.parameters() if table is not None else []):
+                params[id(p)] = p
+        return list(params.values())
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Unique parameters (tied matrices count once); non_embedding leaves out token and position tables (a tied
+        output projection with them; an untied one stays)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= sum(p.numel() for p in self._embedding_parameters())
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward + backward) per target token at context seq_len, PaLM/nanoGPT style.
+
+        6 per parameter used in a matmul (all but the embedding lookups; the output projection counts even when
+        tied) plus 12 * d_model * seq_len per attention layer (QK^T and AV, forward and backward, unmasked count).
+        Encoder-decoder assumes a source as long as the target: per target token it includes one source token's
+        encoder work, and the decoder's self- and cross-attention each attend seq_len keys.
+        """
+        cfg = self.config
+        matmul_params = self.num_parameters(non_embedding=True)
+        if cfg.tie_embeddings:
+            matmul_params += self.lm_head.weight.numel()
+        attention_layers = cfg.decoder_layers + (cfg.encoder_layers + cfg.decoder_layers) * cfg.is_encoder_decoder
+        return 6.0 * matmul_params + 12.0 * attention_layers * cfg.d_model * seq_len

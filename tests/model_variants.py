@@ -1,0 +1,58 @@
+"""The variant matrix the model tests run over: every architectural switch, on the 'tiny' preset."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from lit_transformer.config import TransformerConfig
+from lit_transformer.model import Transformer
+
+SWITCHES = {
+    "topology": ("decoder_only", "encoder_decoder"),
+    "norm_position": ("pre", "post"),
+    "positions": ("sinusoidal", "learned"),
+    "activation": ("relu", "gelu", "gelu_tanh"),
+    "tie_embeddings": (True, False),
+    "scale_embeddings": (True, False),
+}
+VARIANTS = [dict(zip(SWITCHES, values, strict=True)) for values in itertools.product(*SWITCHES.values())]
+# The switches that change decoding paths (activation, tying and scaling do not): enough for slower generation tests.
+DECODING_VARIANTS = [
+    v for v in VARIANTS if v["activation"] == "gelu_tanh" and v["tie_embeddings"] == v["scale_embeddings"]
+]
+FIRST_TOKEN = 3  # tiny's pad, bos, eos are 0, 1, 2: random inputs avoid them
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny models on a shared 2-core machine: one thread avoids oversubscription (two can be 100x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def variant_id(v: dict) -> str:
+    return "-".join(
+        [v["topology"][:3], v["norm_position"], v["positions"][:4], v["activation"]]
+        + ["tie" * v["tie_embeddings"] or "untied", "scale" * v["scale_embeddings"] or "noscale"]
+    )
+
+
+def build(variant: dict, seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig.preset("tiny", **variant, **overrides)).eval()
+
+
+def tokens(batch: int, length: int, seed: int = 1, vocab: int = 128) -> torch.Tensor:
+    return torch.randint(FIRST_TOKEN, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def run(model: Transformer, x: torch.Tensor, tgt: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """Logits of either topology: decoder-only reads x; encoder-decoder translates x into tgt (default: x itself)."""
+    if model.config.is_encoder_decoder:
+        return model(x, x if tgt is None else tgt, **kwargs)
+    return model(x, **kwargs)

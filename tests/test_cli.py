@@ -1,0 +1,183 @@
+"""The command line end to end: every YAML parses, a tiny run trains, logs, checkpoints, and its checkpoint generates."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lit_transformer.cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+FRAGMENTS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name in ("variants", "trainer"))
+STANDALONE = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("variants", "trainer"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _print_config(*args: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", *args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("path", STANDALONE, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_standalone_config_parses(path: Path):
+    assert "model:" in _print_config("--config", str(path))
+
+
+@pytest.mark.parametrize("path", FRAGMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_fragment_composes_with_the_base(path: Path):
+    printed = _print_config("--config", str(CONFIGS / "base.yaml"), "--config", str(path))
+    # The fragment's values win over the base's.
+    import yaml
+
+    fragment = yaml.safe_load(path.read_text())
+    merged = yaml.safe_load(printed)
+
+    def check(expected: dict, actual: dict, where: str) -> None:
+        for key, value in expected.items():
+            if isinstance(value, dict) and "class_path" not in value:
+                check(value, actual[key], f"{where}.{key}")
+            elif not isinstance(value, dict):
+                assert actual[key] == value, f"{where}.{key}"
+
+    check(fragment, merged, "")
+
+
+def test_a_variant_is_one_flag_too():
+    printed = _print_config("--config", str(CONFIGS / "base.yaml"), "--model.config.norm_position", "post")
+    assert "norm_position: post" in printed
+
+
+def _error_of(*args: str) -> str:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--config", str(CONFIGS / "presets" / "tiny.yaml"), *args, "--print_config"])
+    assert exit_info.value.code != 0
+    return err.getvalue()
+
+
+def test_a_typo_in_a_key_is_named(tmp_path: Path):
+    assert "--model.config.d_modle" in _error_of("--model.config.d_modle", "64")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model:\n  config:\n    norm_positon: post\n")
+    assert "norm_positon" in _error_of("--config", str(typo))
+
+
+def test_a_value_outside_the_choices_names_them():
+    message = _error_of("--model.config.norm_position", "middle")
+    assert "norm_position" in message and "'pre'" in message and "'post'" in message
+
+
+# ---- one real run, shared by the tests below --------------------------------------------------------------------
+
+
+def _cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", "lit_transformer", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("tiny")
+    _cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "presets" / "tiny.yaml"),
+        "--trainer.default_root_dir",
+        str(run),
+        "--trainer.logger.init_args.save_dir",
+        str(run),
+        "--checkpoint.dirpath",
+        str(run / "checkpoints"),
+        "--data.init_args.cache_dir",
+        str(run / "cache"),
+        cwd=ROOT,
+    )
+    return run
+
+
+def test_fit_writes_a_last_checkpoint_with_the_tokenizer(tiny_run: Path):
+    from lit_transformer.checkpointing import load_checkpoint
+
+    checkpoint = load_checkpoint(tiny_run / "checkpoints" / "last.ckpt")
+    assert checkpoint["global_step"] == 20
+    assert "tokenizer" in checkpoint
+    assert checkpoint["hyper_parameters"]["config"]["d_model"] == 32
+
+
+def test_tensorboard_shows_curves_samples_attention_and_hparams(tiny_run: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = {p.parent for p in tiny_run.rglob("events.out.tfevents.*")}
+    acc = EventAccumulator(str(events), size_guidance={"tensors": 0, "images": 0, "scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    scalars = set(tags["scalars"])
+    for expected in ("train/loss", "train/ppl", "val/loss", "val/ppl", "lr-AdamW", "train/device/items_per_sec"):
+        assert expected in scalars, (expected, sorted(scalars))
+    assert any("mfu" in s for s in scalars), sorted(scalars)
+    assert any(t.startswith("samples/") for t in tags["tensors"]), tags["tensors"]
+    assert any(t.startswith("attention/self/layer_0") for t in tags["images"]), tags["images"]
+    assert (events / "hparams.yaml").exists()
+
+
+def test_validate_test_and_predict_run_from_the_checkpoint(tiny_run: Path):
+    common = [
+        "--config",
+        str(CONFIGS / "presets" / "tiny.yaml"),
+        "--trainer.logger",
+        "false",
+        "--data.init_args.cache_dir",
+        str(tiny_run / "cache"),
+        "--ckpt_path",
+        str(tiny_run / "checkpoints" / "last.ckpt"),
+    ]
+    for command in ("validate", "test"):
+        out = _cli(command, *common, cwd=tiny_run).stdout
+        assert f"{'val' if command == 'validate' else 'test'}/ppl" in out
+    _cli("predict", *common, cwd=tiny_run)
+
+
+def test_generate_prints_a_continuation(tiny_run: Path):
+    out = _cli(
+        "generate",
+        "--checkpoint",
+        str(tiny_run / "checkpoints" / "last.ckpt"),
+        "--prompt",
+        "ROMEO:",
+        "--max_new_tokens",
+        "20",
+        "--temperature",
+        "0",
+        cwd=tiny_run,
+    ).stdout
+    assert out.startswith("ROMEO:") and len(out.strip()) > len("ROMEO:")
+
+
+def test_generate_refuses_a_missing_checkpoint(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, "-m", "lit_transformer", "generate", "--checkpoint", str(tmp_path / "nope.ckpt")],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "nope.ckpt" in result.stderr

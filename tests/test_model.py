@@ -1,0 +1,241 @@
+"""The model's behaviour over every variant: shapes, causality, padding, positions, norms, attention weights, presets."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from model_variants import VARIANTS, build, run, single_thread, tokens, variant_id  # noqa: F401 (autouse fixture)
+
+from lit_transformer.config import TransformerConfig
+from lit_transformer.model import BLOCK_CLASSES, DecoderBlock, EncoderBlock, Transformer
+from lit_transformer.model.positions import sinusoids
+
+variants = pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+ATOL = 1e-5
+
+
+@variants
+def test_shapes_and_gradients(variant):
+    model = build(variant).train()
+    x = tokens(2, 9)
+    if model.config.is_encoder_decoder:
+        logits = model(x, x[:, :5])
+        assert model.encode(x).shape == (2, 9, 32)
+    else:
+        logits = model(x)
+    assert logits.shape == (2, 5 if model.config.is_encoder_decoder else 9, 128)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@variants
+def test_causality(variant):
+    """Changing later target tokens never changes an earlier output."""
+    model = build(variant)
+    x = tokens(2, 10)
+    changed = x.clone()
+    changed[:, 6:] = tokens(2, 4, seed=2)
+    src = tokens(2, 7, seed=3)
+    a, b = (run(model, src, t) if model.config.is_encoder_decoder else model(t) for t in (x, changed))
+    torch.testing.assert_close(a[:, :6], b[:, :6], atol=ATOL, rtol=0)
+    assert not torch.allclose(a[:, 6:], b[:, 6:], atol=ATOL)
+
+
+@variants
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_never_changes_a_result(variant, side):
+    """A row padded in a batch gives what it gives alone, padding on either side (left padding needs the shifted
+    position ids), for the decoder input and for the encoder's source."""
+    model = build(variant)
+    long, short = tokens(1, 9), tokens(1, 5, seed=2)
+    pad = torch.zeros(1, 4, dtype=torch.long)
+    padded = torch.cat([pad, short] if side == "left" else [short, pad], dim=1)
+    real = slice(4, None) if side == "left" else slice(0, 5)
+    batch = torch.cat([long, padded])
+    if model.config.is_encoder_decoder:
+        tgt = tokens(2, 6, seed=4)
+        torch.testing.assert_close(model(batch, tgt)[1], model(short, tgt[1:])[0], atol=ATOL, rtol=0)  # source
+        batch_tgt = torch.cat([tokens(1, 9, seed=5), padded])
+        alone = model(long, short)[0]
+        torch.testing.assert_close(model(torch.cat([long, long]), batch_tgt)[1, real], alone, atol=ATOL, rtol=0)
+    else:
+        torch.testing.assert_close(model(batch)[1, real], model(short)[0], atol=ATOL, rtol=0)
+        # an explicit attention_mask works as well as pad_token_id
+        explicit = model(batch, attention_mask=batch != 0)
+        torch.testing.assert_close(explicit[1, real], model(short)[0], atol=ATOL, rtol=0)
+
+
+@variants
+def test_positions_are_applied(variant):
+    """Attention alone is blind to order: permuting the earlier tokens would leave the last output unchanged."""
+    model = build(variant, init_std=0.3)  # weights large enough that attention is far from uniform
+    x = tokens(1, 8)
+    permuted = torch.cat([x[:, :7].flip(1), x[:, 7:]], dim=1)
+    if model.config.is_encoder_decoder:
+        assert not torch.allclose(model(x, x)[:, -1], model(x, permuted)[:, -1], atol=1e-3)
+        assert not torch.allclose(model(x, x), model(permuted, x), atol=1e-3)  # the encoder's too
+    else:
+        assert not torch.allclose(model(x)[:, -1], model(permuted)[:, -1], atol=1e-3)
+
+
+@pytest.mark.parametrize("topology", ["decoder_only", "encoder_decoder"])
+def test_pre_ln_differs_from_post_ln(topology):
+    x = tokens(2, 8)
+    pre, post = (build({"topology": topology, "norm_position": n}) for n in ("pre", "post"))
+    post.load_state_dict(pre.state_dict(), strict=False)  # same weights; pre has final norms besides
+    assert not torch.allclose(run(pre, x), run(post, x), atol=1e-3)
+
+
+@variants
+def test_attention_weights_on_request(variant):
+    """return_attention takes the explicit softmax path: same logits, weights that are causal, mask padding and sum to 1."""
+    model = build(variant)
+    x = torch.cat([tokens(1, 6), torch.cat([tokens(1, 4, seed=2), torch.zeros(1, 2, dtype=torch.long)], 1)])
+    logits, attentions = run(model, x, return_attention=True)
+    torch.testing.assert_close(logits, run(model, x), atol=ATOL, rtol=0)
+    expected = {"self", "encoder", "cross"} if model.config.is_encoder_decoder else {"self"}
+    assert set(attentions) == expected
+    for kind, weights in attentions.items():
+        assert len(weights) == 2
+        for w in weights:
+            assert w.shape == (2, 4, 6, 6)
+            torch.testing.assert_close(w.sum(-1)[0], torch.ones(4, 6))
+            assert (w[1, :, :4, 4:] == 0).all()  # real queries never see padded keys
+            if kind == "self":
+                assert (w.triu(1) == 0).all()
+
+
+def test_sinusoidal_positions_follow_the_paper_and_extend_past_max_seq_len():
+    table = sinusoids(100, 32)
+    pos, i = 37, 5
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 32)), abs=1e-5)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 32)), abs=1e-5)
+    model = build({"positions": "sinusoidal"})
+    assert model.config.max_seq_len == 64
+    assert model(tokens(1, 80)).shape == (1, 80, 128)
+    torch.testing.assert_close(model.tgt_positions(60, 20), table[60:80])
+
+
+@pytest.mark.parametrize("topology", ["decoder_only", "encoder_decoder"])
+def test_learned_positions_refuse_longer_input(topology):
+    model = build({"positions": "learned", "topology": topology})
+    with pytest.raises(ValueError, match="max_seq_len=64"):
+        run(model, tokens(1, 65))
+
+
+def test_wrong_call_for_topology_is_refused():
+    with pytest.raises(TypeError, match="model\\(src, tgt"):
+        build({"topology": "encoder_decoder"})(tokens(1, 4))
+    with pytest.raises(TypeError, match="attention_mask"):
+        build({"topology": "decoder_only"})(tokens(1, 4), tokens(1, 4))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"d_model": 30, "n_heads": 4}, "d_model=30 is not divisible by n_heads=4"),
+        ({"topology": "encoder_decoder", "target_vocab_size": 64, "share_embeddings": True}, "share_embeddings=True"),
+        ({"topology": "decoder_only", "n_encoder_layers": 2}, "n_encoder_layers applies to topology='encoder_decoder'"),
+        ({"norm_position": "middle"}, "norm_position='middle' is not one of 'pre', 'post'"),
+        ({"dropout": 1.5}, "dropout=1.5 must lie in"),
+        ({"eos_token_id": 500}, "eos_token_id=500 lies outside the vocabulary"),
+    ],
+)
+def test_invalid_configs_are_refused_with_a_message_naming_the_fields(changes, message):
+    with pytest.raises(ValueError, match=message.replace("(", "\\(")):
+        TransformerConfig.preset("tiny", **changes)
+
+
+def test_separate_target_vocabulary():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("tiny", topology="encoder_decoder", target_vocab_size=96))
+    assert model.src_embed is not model.tgt_embed
+    assert model(tokens(2, 5), tokens(2, 4, vocab=96)).shape == (2, 4, 96)
+
+
+def test_tying():
+    three_way = build({"topology": "encoder_decoder", "tie_embeddings": True})
+    assert three_way.src_embed.weight is three_way.tgt_embed.weight is three_way.lm_head.weight
+    untied = build({"topology": "decoder_only", "tie_embeddings": False})
+    assert untied.lm_head.weight is not untied.tgt_embed.weight
+
+
+@pytest.mark.parametrize("topology", ["decoder_only", "encoder_decoder"])
+def test_gpt2_initialisation(topology):
+    torch.manual_seed(0)
+    cfg = TransformerConfig.preset("tiny", topology=topology, d_model=128, d_ff=512, init="gpt2")
+    model = Transformer(cfg)
+    block = model.decoder_blocks[0]
+    residual_sublayers = 2 * cfg.n_layers + (cfg.n_layers if topology == "encoder_decoder" else 0)
+    assert block.self_attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert block.ff.down.weight.std().item() == pytest.approx(0.02 / math.sqrt(residual_sublayers), rel=0.05)
+    assert model.tgt_embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert (block.self_attn.qkv.bias == 0).all() and (block.ff.up.bias == 0).all()
+
+
+def test_xavier_initialisation():
+    """Xavier uniform per projection matrix: a fused QKV is initialised as three d x d matrices, as the paper's."""
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.preset("paper-base", vocab_size=1000, n_layers=1))
+    d = 512
+    qkv = model.decoder_blocks[0].self_attn.qkv.weight
+    bound = math.sqrt(6 / (d + d))
+    assert qkv.abs().max().item() <= bound and qkv.abs().max().item() > 0.95 * bound
+    up = model.encoder_blocks[0].ff.up.weight
+    assert up.abs().max().item() <= math.sqrt(6 / (d + 2048))
+    assert model.tgt_embed.weight.std().item() == pytest.approx(d**-0.5, rel=0.05)
+
+
+def _count(name: str) -> Transformer:
+    with torch.device("meta"):
+        return Transformer(TransformerConfig.preset(name))
+
+
+def test_gpt2_small_has_exactly_the_released_parameter_count():
+    model = _count("gpt2-small")
+    assert model.num_parameters() == 124_439_808
+    # nanoGPT's MFU count: 6 N (N without the position table; the tied output matrix counts) + 12 L d T
+    n = 124_439_808 - 1024 * 768
+    assert model.flops_per_token(1024) == 6 * n + 12 * 12 * 768 * 1024
+
+
+@pytest.mark.parametrize(("name", "paper_count"), [("paper-base", 65e6), ("paper-big", 213e6)])
+def test_paper_presets_match_table_3(name, paper_count):
+    # With the stated 37,000-token shared vocabulary and three-way tying: base 63.08M (-2.95%), big 214.25M (+0.6%).
+    # The paper does not say how it counted; sinusoids have no parameters, and an untied output matrix (+18.9M for
+    # base) would overshoot by far, so tying is what the paper counted.
+    model = _count(name)
+    assert abs(model.num_parameters() - paper_count) / paper_count < 0.03
+
+
+def test_flops_per_token_counts_both_stacks():
+    model = _count("paper-base")
+    cfg = model.config
+    n_matmul = model.num_parameters(non_embedding=True) + 37000 * 512  # the tied output projection is a matmul
+    attention_layers = cfg.encoder_layers + 2 * cfg.decoder_layers  # encoder self, decoder self and cross
+    assert model.flops_per_token(128) == 6 * n_matmul + 12 * attention_layers * 512 * 128
+    assert model.num_parameters(non_embedding=True) == model.num_parameters() - 37000 * 512
+
+
+def test_block_classes_are_exported_for_wrapping():
+    model = build({"topology": "encoder_decoder"})
+    kinds = {type(m) for m in model.modules() if isinstance(m, BLOCK_CLASSES)}
+    assert kinds == {EncoderBlock, DecoderBlock}
+
+
+def test_model_package_does_not_import_lightning():
+    code = "import sys, lit_transformer.model; assert not any(m.startswith(('lightning', 'pytorch_lightning')) for m in sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("topology", ["decoder_only", "encoder_decoder"])
+def test_dropout_acts_in_training_only(topology):
+    model = build({"topology": topology}, dropout=0.3)
+    x = tokens(2, 8)
+    torch.testing.assert_close(run(model, x), run(model, x))
+    model.train()
+    assert not torch.allclose(run(model, x), run(model, x))
