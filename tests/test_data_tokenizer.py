@@ -1,0 +1,69 @@
+"""Tokenizers: special tokens first, lossless round trips, a cache keyed by content and settings."""
+
+import threading
+
+import pytest
+
+from lit_transformer.data.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, special_token_id, train_tokenizer
+
+TEXTS = ["To be, or not to be: that is the question.\n", "Whether 'tis nobler in the mind to suffer\n"] * 20
+TEXT = "To be, or not to suffer: the question.\nWhether 'tis"
+
+
+@pytest.mark.parametrize("kind", ["byte_bpe", "bpe", "char"])
+def test_special_tokens_are_the_first_ids(kind):
+    tokenizer = train_tokenizer(TEXTS, kind, vocab_size=300)
+    assert [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+    assert [special_token_id(tokenizer, r) for r in ("pad", "bos", "eos")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("kind", ["byte_bpe", "bpe", "char"])
+def test_round_trip(kind):
+    tokenizer = train_tokenizer(TEXTS, kind, vocab_size=300)
+    ids = tokenizer.encode(TEXT, add_special_tokens=False).ids
+    assert tokenizer.decode(ids) == TEXT
+    assert tokenizer.token_to_id("<unk>") not in ids
+
+
+def test_char_vocabulary_is_the_characters():
+    tokenizer = train_tokenizer(["abca\n"], "char", vocab_size=100)
+    assert tokenizer.get_vocab_size() == len(SPECIAL_TOKENS) + 4  # a b c \n
+
+
+def test_cache_reuses_and_invalidates(tmp_path):
+    first, key = load_or_train_tokenizer("byte_bpe", lambda: TEXTS, 300, tmp_path)
+    files = sorted((tmp_path / "tokenizers").glob("*.json"))
+    again, same_key = load_or_train_tokenizer("byte_bpe", lambda: TEXTS, 300, tmp_path)
+    assert key == same_key and again.to_str() == first.to_str()
+    assert sorted((tmp_path / "tokenizers").glob("*.json")) == files
+    _, changed_text = load_or_train_tokenizer("byte_bpe", lambda: TEXTS + ["new"], 300, tmp_path)
+    _, changed_size = load_or_train_tokenizer("byte_bpe", lambda: TEXTS, 310, tmp_path)
+    assert len({key, changed_text, changed_size}) == 3
+
+
+def test_racing_builders_agree(tmp_path):
+    results = []
+
+    def build():
+        results.append(load_or_train_tokenizer("bpe", lambda: TEXTS, 200, tmp_path)[0].to_str())
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 3 and len(set(results)) == 1
+    assert not list((tmp_path / "tokenizers").glob("*.tmp"))
+
+
+def test_tokenizer_file_is_loaded(tmp_path):
+    path = tmp_path / "tok.json"
+    train_tokenizer(TEXTS, "char", 100).save(str(path))
+    tokenizer, _ = load_or_train_tokenizer(str(path), lambda: pytest.fail("must not train"), 0, tmp_path)
+    assert tokenizer.get_vocab_size() == train_tokenizer(TEXTS, "char", 100).get_vocab_size()
+
+
+def test_unknown_kind_offline_fails_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConnectionError, match="offline"):
+        load_or_train_tokenizer("gpt2", lambda: TEXTS, 0, tmp_path)
