@@ -1,0 +1,285 @@
+"""Checkpoints that never tear and never run code: atomic saving, safe loading, and clear errors.
+
+- ``AtomicCheckpointIO`` writes each checkpoint to a temporary file in the same folder, fsyncs it, renames it over
+  the target and fsyncs the folder, so a crash at any moment leaves the previous file whole.
+- ``load_checkpoint`` reads with ``torch.load(weights_only=True)``: a file can hold tensors and plain data, never code.
+  Our own plain types (``TransformerConfig``, paths) are allowlisted by name; nothing else is.
+- ``check_architecture`` turns a ``load_state_dict`` mismatch into a message that names the parameters and the config
+  fields that differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import pickle
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from lit_transformer.config import TransformerConfig
+
+# Plain data types that Lightning checkpoints of this package may hold in ``hyper_parameters``: each is rebuilt from
+# its fields or its string parts and runs no code of the file's choosing. Add a type here only if that holds for it.
+SAFE_GLOBALS: list[type] = [
+    TransformerConfig,
+    pathlib.Path,
+    pathlib.PosixPath,
+    pathlib.PurePosixPath,
+    pathlib.WindowsPath,
+    pathlib.PureWindowsPath,
+]
+
+
+# Registered process-wide as well, so Lightning's own weights_only loads (LightningCLI reading hyper_parameters from
+# --ckpt_path, load_from_checkpoint) accept our configs too. The allowlist stays exactly SAFE_GLOBALS.
+torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, torn, hostile, or belongs to another architecture; the message says which and what to do."""
+
+
+@contextmanager
+def safe_globals() -> Iterator[None]:
+    """Allow our own plain types (``SAFE_GLOBALS``) during a ``weights_only`` load, and nothing more."""
+    with torch.serialization.safe_globals(SAFE_GLOBALS):
+        yield
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a checkpoint without ever executing code from it; raise ``CheckpointError`` with a clear message."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise CheckpointError(_missing_message(path))
+    try:
+        with safe_globals():
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, ValueError, OSError, AttributeError) as error:
+        offenders = _disallowed_globals(path, error)
+        if offenders:
+            raise CheckpointError(_refused_message(path, offenders)) from error
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else "(no detail)"
+        raise CheckpointError(
+            f"Checkpoint {path} ({path.stat().st_size:,} bytes) is truncated or corrupt and cannot be read: "
+            f"{type(error).__name__}: {detail}\n"
+            "It was probably cut short by a crash, a full disk or an incomplete copy. Checkpoints written by this "
+            "package are renamed into place only once complete, so an older checkpoint in the same folder should be "
+            f"whole: {_nearby_checkpoints(path)}"
+        ) from error
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"Checkpoint {path} holds a {type(checkpoint).__name__}, not a checkpoint dictionary.")
+    return checkpoint
+
+
+def _nearby_checkpoints(path: pathlib.Path) -> str:
+    folder = path.parent if path.parent.is_dir() else None
+    found = sorted(p.name for p in folder.glob("*.ckpt") if p != path) if folder else []
+    if not found:
+        return f"no other .ckpt files in {path.parent}"
+    return f".ckpt files in {folder}: " + ", ".join(found[:20]) + (" …" if len(found) > 20 else "")
+
+
+def _missing_message(path: pathlib.Path) -> str:
+    kind = "is a folder, not a checkpoint file" if path.is_dir() else "does not exist"
+    where = path if path.is_dir() else path.parent
+    listing = sorted(p.name for p in where.glob("*.ckpt")) if where.is_dir() else []
+    hint = (
+        f"Checkpoints found in {where}: {', '.join(listing[:20])}"
+        if listing
+        else f"No .ckpt files in {where}" + ("" if where.is_dir() else " (the folder does not exist either)")
+    )
+    return f"Checkpoint {path} {kind} (looked for {path.resolve()}). {hint}."
+
+
+def _disallowed_globals(path: pathlib.Path, error: Exception) -> list[str]:
+    """The globals (importable names) a file asked for that the weights_only unpickler refused; [] if none."""
+    if not isinstance(error, pickle.UnpicklingError):
+        return []
+    allowed = {_qualname(t) for t in SAFE_GLOBALS}
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a zip checkpoint: read the names from torch's message
+        names = re.findall(r"GLOBAL ([\w.]+)", str(error))
+    return [name for name in names if name not in allowed]
+
+
+def _refused_message(path: pathlib.Path, offenders: list[str]) -> str:
+    return (
+        f"Refused to load {path}: it asks the unpickler to import or call {', '.join(offenders)}, which is not an "
+        "allowed type. Checkpoints are read with torch.load(weights_only=True), which accepts tensors and plain data "
+        "only, so that a checkpoint can never run code on this machine; this refusal is that protection working. "
+        "A file from an untrusted source may be an attack. If you wrote this file yourself and trust it, convert it "
+        "once in a separate, trusted step (torch.load(weights_only=False) and save its state_dict again)."
+    )
+
+
+def _qualname(t: type) -> str:
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` that replaces ``path`` only with a complete, fsynced file (same-folder temp file + rename)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The temporary name does not end in .ckpt, so neither `ckpt_path=last` nor a glob ever picks up a torn file.
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        with _ignore_os_errors():
+            os.unlink(temp_name)
+        raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: pathlib.Path) -> None:
+    # Makes the rename itself durable across a power loss; not possible (nor needed) on every platform.
+    with _ignore_os_errors():
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+@contextmanager
+def _ignore_os_errors() -> Iterator[None]:
+    try:
+        yield
+    except OSError:
+        pass
+
+
+def non_finite_tensors(state_dict: Mapping[str, Any]) -> list[str]:
+    """Names of floating-point tensors holding NaN or infinity."""
+    return [
+        name
+        for name, value in state_dict.items()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all()
+    ]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint IO that never leaves a torn file and never runs code when loading.
+
+    Use with ``ModelCheckpoint(save_last=True)`` (a full copy written atomically); ``save_last="link"`` deletes
+    ``last.ckpt`` before re-creating the symlink, so a crash in between leaves no ``last`` at all.
+    """
+
+    def __init__(self, refuse_non_finite: bool = True) -> None:
+        super().__init__()
+        self.refuse_non_finite = refuse_non_finite
+        """Refuse to write weights holding NaN/inf, so the last good checkpoint stays the newest one."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} does not take storage_options")
+        if self.refuse_non_finite:
+            bad = non_finite_tensors(checkpoint.get("state_dict", {}))
+            if bad:
+                raise CheckpointError(
+                    f"Refused to save {path}: weights hold NaN or infinity ({', '.join(bad[:5])}"
+                    f"{' …' if len(bad) > 5 else ''}); the previous checkpoint is kept as the last good one."
+                )
+        atomic_save(checkpoint, path)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        # weights_only=False is not honoured on purpose: resuming must never execute code from a file.
+        return load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
+
+
+def config_differences(saved: Any, current: Any) -> list[str]:
+    """``field: saved -> current`` for each config field that differs (configs as dataclasses or dicts)."""
+    saved_fields, current_fields = _as_dict(saved), _as_dict(current)
+    return [
+        f"{name}: checkpoint {saved_fields.get(name)!r} vs now {current_fields.get(name)!r}"
+        for name in sorted(set(saved_fields) | set(current_fields))
+        if saved_fields.get(name) != current_fields.get(name)
+    ]
+
+
+def _as_dict(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return dict(config)
+
+
+def saved_config(checkpoint: Mapping[str, Any], key: str = "config") -> Any:
+    """The model config stored in a Lightning checkpoint's ``hyper_parameters`` (or None)."""
+    return (checkpoint.get("hyper_parameters") or {}).get(key)
+
+
+def check_architecture(
+    state_dict: Mapping[str, torch.Tensor],
+    model: torch.nn.Module,
+    saved: Any = None,
+    current: Any = None,
+    source: str = "checkpoint",
+) -> None:
+    """Raise ``CheckpointError`` naming mismatched parameters (with shapes) and differing config fields, if any."""
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in state_dict]
+    unexpected = [name for name in state_dict if name not in expected]
+    reshaped = [
+        f"{name}: {source} {tuple(state_dict[name].shape)} vs model {tuple(expected[name].shape)}"
+        for name in expected
+        if name in state_dict
+        and isinstance(state_dict[name], torch.Tensor)
+        and tuple(state_dict[name].shape) != tuple(expected[name].shape)
+    ]
+    if not (missing or unexpected or reshaped):
+        return
+    lines = [f"The {source} was saved by a different architecture than the model built now."]
+    differences = config_differences(saved, current) if saved is not None and current is not None else []
+    if differences:
+        lines.append("Config fields that differ:\n    " + "\n    ".join(differences))
+    for title, names in (
+        ("Shape mismatches", reshaped),
+        ("Missing in the " + source, missing),
+        ("Unexpected in the " + source, unexpected),
+    ):
+        if names:
+            lines.append(
+                f"{title} ({len(names)}):\n    " + "\n    ".join(names[:10]) + ("\n    …" if len(names) > 10 else "")
+            )
+    lines.append(
+        "Build the model with the checkpoint's config (it is stored under hyper_parameters), or start a new run."
+    )
+    raise CheckpointError("\n".join(lines))
+
+
+def load_model_state(
+    model: torch.nn.Module, checkpoint: Mapping[str, Any], current: Any = None, prefix: str = ""
+) -> None:
+    """Load ``checkpoint["state_dict"]`` into ``model``; a mismatch raises ``CheckpointError`` that explains it.
+
+    ``prefix`` strips a key prefix (``"model."`` when ``model`` is the bare Transformer inside LitTransformer).
+    """
+    state_dict = checkpoint.get("state_dict", checkpoint)
+    if prefix:
+        state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    check_architecture(state_dict, model, saved_config(checkpoint), current)
+    model.load_state_dict(state_dict)
+
+
+def check_tokenizer_vocabulary(tokenizer_vocab_size: int, config: TransformerConfig, what: str = "tokenizer") -> None:
+    """Refuse a tokenizer whose ids do not fit the model's embedding table."""
+    if tokenizer_vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"The {what} has {tokenizer_vocab_size} tokens but the model's vocabulary holds {config.vocab_size} "
+            f"(config.vocab_size): token ids {config.vocab_size}..{tokenizer_vocab_size - 1} have no embedding. "
+            "Use the tokenizer saved with the checkpoint (checkpoint['tokenizer']) or build the model from this tokenizer."
+        )

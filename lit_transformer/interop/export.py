@@ -1,0 +1,45 @@
+"""`python -m lit_transformer export --checkpoint PATH --format hf|onnx|safetensors --out DIR`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from jsonargparse import ArgumentParser
+
+from lit_transformer.inference import LoadedModel, load_model
+
+Format = Literal["hf", "onnx", "safetensors"]
+
+
+def export(loaded: LoadedModel, fmt: Format, out: str | Path) -> Path:
+    """Write `loaded` to the folder `out`; returns the main file or folder written."""
+    from lit_transformer import interop
+
+    out = Path(out)
+    model, source, target = loaded.model.cpu().eval(), loaded.tokenizer, loaded.target_tokenizer
+    if fmt == "safetensors":
+        return interop.save_safetensors(model, out, source, target)
+    if fmt == "hf":
+        if model.config.is_encoder_decoder:
+            return interop.save_hf_marian(model, out, source, target)
+        return interop.save_hf_gpt2(model, out, source)
+    path = interop.export_onnx(model, out / "model.onnx")
+    source.save(str(out / "tokenizer.json"))
+    return path
+
+
+def export_main(argv: Sequence[str]) -> None:
+    """Parse the arguments of `export` and write the export."""
+    parser = ArgumentParser(
+        prog="python -m lit_transformer export",
+        description="Export a checkpoint: hf (GPT2LMHeadModel or MarianMTModel folder), onnx (decoder-only logits "
+        "graph, dynamic batch and sequence), safetensors (our weights + config.json + tokenizer.json).",
+    )
+    parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
+    parser.add_argument("--format", type=Format, required=True, help="hf, onnx or safetensors.")
+    parser.add_argument("--out", type=str, required=True, help="Output folder (created if missing).")
+    args = parser.parse_args(list(argv))
+    path = export(load_model(args.checkpoint), args.format, args.out)
+    print(f"Wrote {path}")

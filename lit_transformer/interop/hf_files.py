@@ -1,0 +1,93 @@
+"""The files of a Hugging Face model folder: weights (safetensors, sharded or not), tokenizer files, hub downloads."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+from tokenizers.processors import TemplateProcessing
+
+from lit_transformer.config import TransformerConfig
+
+WEIGHT_PATTERNS = [
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+]
+
+
+def resolve_folder(name: str, what: str) -> Path:
+    """A local folder as it is; otherwise a hub name, downloaded (config, safetensors, tokenizer) when online.
+
+    Offline, a hub name fails at once with a message that says what was asked and how to pass a local folder.
+    """
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"{what} folder {name!r} does not exist (looked for {path.resolve()})")
+    from lit_transformer.data.sources import ensure_online
+
+    ensure_online(
+        f"{what} {name!r}",
+        hint="Download it elsewhere (e.g. `hf download NAME --local-dir DIR`) and pass the local folder DIR instead.",
+    )
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name, allow_patterns=WEIGHT_PATTERNS))
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of model.safetensors, of its shards (model.safetensors.index.json), or of pytorch_model.bin."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(single)
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(folder / shard).items()}
+    legacy = folder / "pytorch_model.bin"
+    if legacy.is_file():  # weights_only: a pickle from the internet never runs code here
+        return torch.load(legacy, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"No model.safetensors, sharded safetensors or pytorch_model.bin in {folder}")
+
+
+def write_state_dict(state: Mapping[str, torch.Tensor], folder: Path) -> Path:
+    """model.safetensors with the metadata transformers expects."""
+    path = folder / "model.safetensors"
+    save_file(dict(state), path, metadata={"format": "pt"})
+    return path
+
+
+def special_tokens(tokenizer: Tokenizer, cfg: TransformerConfig) -> dict[str, str]:
+    """bos/eos/pad token strings for transformers, from the model's special token ids."""
+    roles = {"bos_token": cfg.bos_token_id, "eos_token": cfg.eos_token_id, "pad_token": cfg.pad_token_id}
+    tokens = {role: tokenizer.id_to_token(i) for role, i in roles.items() if i is not None}
+    for unk in ("<unk>", "[UNK]", "<|unk|>"):
+        if tokenizer.token_to_id(unk) is not None:
+            tokens["unk_token"] = unk
+            break
+    return {role: token for role, token in tokens.items() if token is not None}
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, cfg: TransformerConfig, append_eos: bool = False) -> None:
+    """tokenizer.json and tokenizer_config.json via PreTrainedTokenizerFast, so AutoTokenizer loads them.
+
+    append_eos: end every encoded text with EOS, as our translation sources are (the tokenizer is copied first).
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer.from_str(tokenizer.to_str())
+    if append_eos and cfg.eos_token_id is not None:
+        eos = tokenizer.id_to_token(cfg.eos_token_id)
+        tokenizer.post_processor = TemplateProcessing(
+            single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, cfg.eos_token_id)]
+        )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special_tokens(tokenizer, cfg))
+    fast.save_pretrained(os.fspath(directory))

@@ -1,0 +1,46 @@
+"""Our own portable format: a folder with model.safetensors (our parameter names), config.json (TransformerConfig)
+and tokenizer.json (plus target_tokenizer.json for a separate target vocabulary). No pickle anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from safetensors.torch import load_model, save_model
+from tokenizers import Tokenizer
+
+from lit_transformer.config import TransformerConfig
+from lit_transformer.model import Transformer
+
+FORMAT = "lit_transformer"
+
+
+def save_safetensors(
+    model: Transformer,
+    directory: str | os.PathLike,
+    tokenizer: Tokenizer | None = None,
+    target_tokenizer: Tokenizer | None = None,
+) -> Path:
+    """Write the folder; tied matrices are stored once (safetensors refuses aliased tensors)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_model(model, os.fspath(directory / "model.safetensors"), metadata={"format": "pt", "library": FORMAT})
+    config = {"format": FORMAT, **model.config.to_dict()}
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save(os.fspath(directory / "tokenizer.json"))
+    if target_tokenizer is not None and target_tokenizer is not tokenizer:
+        target_tokenizer.save(os.fspath(directory / "target_tokenizer.json"))
+    return directory
+
+
+def load_safetensors(directory: str | os.PathLike) -> Transformer:
+    """The Transformer (eval mode) saved by save_safetensors; tokenizers are plain files beside it."""
+    directory = Path(directory)
+    config = json.loads((directory / "config.json").read_text())
+    if config.pop("format", None) != FORMAT:
+        raise ValueError(f"{directory}/config.json was not written by lit_transformer's safetensors export")
+    model = Transformer(TransformerConfig(**config))
+    load_model(model, os.fspath(directory / "model.safetensors"))
+    return model.eval()

@@ -1,0 +1,185 @@
+"""Checkpoints never tear, never run code when loaded, and every failure says what went wrong and what to do."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_transformer.checkpointing import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    atomic_save,
+    check_architecture,
+    check_tokenizer_vocabulary,
+    load_checkpoint,
+    load_model_state,
+)
+from lit_transformer.config import TransformerConfig
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+import _boring  # noqa: E402
+
+
+def test_atomic_save_round_trip_leaves_no_temporary_files(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "a.ckpt"
+    atomic_save({"state_dict": {"w": torch.arange(3.0)}}, path)
+    atomic_save({"state_dict": {"w": torch.arange(4.0)}}, path)
+    assert torch.equal(load_checkpoint(path)["state_dict"]["w"], torch.arange(4.0))
+    assert [p.name for p in path.parent.iterdir()] == ["a.ckpt"]
+
+
+def test_our_plain_types_load_with_weights_only(tmp_path: Path) -> None:
+    config = TransformerConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=32)
+    hparams = {"config": config, "data_dir": pathlib.Path("/data/x"), "tokenizer": '{"model": {}}'}
+    atomic_save({"state_dict": {}, "hyper_parameters": hparams}, tmp_path / "a.ckpt")
+    loaded = load_checkpoint(tmp_path / "a.ckpt")["hyper_parameters"]
+    assert loaded == hparams and isinstance(loaded["config"], TransformerConfig)
+
+
+class _Hostile:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_hostile_pickle_is_refused_and_never_runs(tmp_path: Path, zip_format: bool) -> None:
+    marker = tmp_path / "pwned"
+    payload = {"state_dict": {}, "payload": _Hostile(marker)}
+    torch.save(payload, tmp_path / "evil.ckpt", _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path / "evil.ckpt")
+    message = str(error.value)
+    assert "weights_only=True" in message and "system" in message and "never run code" in message
+    assert not marker.exists()
+
+
+def _write_good(path: Path) -> bytes:
+    atomic_save({"state_dict": {"w": torch.randn(64, 64)}}, path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda data: data[: len(data) // 2], "truncated or corrupt"),
+        (lambda data: b"", "truncated or corrupt"),
+        (lambda data: b"not a checkpoint at all" * 10, "truncated or corrupt"),
+        (lambda data: data[:100] + bytes(len(data) - 100), "truncated or corrupt"),
+    ],
+    ids=["half", "empty", "junk", "zeroed"],
+)
+def test_torn_or_corrupt_file_gets_a_clear_error(tmp_path: Path, damage, expected: str) -> None:
+    data = _write_good(tmp_path / "good.ckpt")
+    (tmp_path / "bad.ckpt").write_bytes(damage(data))
+    with pytest.raises(CheckpointError, match=expected) as error:
+        load_checkpoint(tmp_path / "bad.ckpt")
+    assert "good.ckpt" in str(error.value)  # points at the whole checkpoint next to it
+
+
+def test_missing_file_names_what_was_looked_for_and_lists_neighbours(tmp_path: Path) -> None:
+    _write_good(tmp_path / "epoch=1.ckpt")
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path / "last.ckpt")
+    assert "last.ckpt does not exist" in str(error.value) and "epoch=1.ckpt" in str(error.value)
+    with pytest.raises(CheckpointError, match="folder does not exist"):
+        load_checkpoint(tmp_path / "nowhere" / "last.ckpt")
+
+
+def test_checkpoint_io_refuses_non_finite_weights_and_keeps_the_previous_file(tmp_path: Path) -> None:
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(2)}}, path)
+    with pytest.raises(CheckpointError, match="NaN"):
+        io.save_checkpoint({"state_dict": {"w": torch.tensor([1.0, float("nan")])}}, path)
+    assert torch.equal(io.load_checkpoint(path)["state_dict"]["w"], torch.ones(2))
+
+
+class _TinyLM(torch.nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Linear(config.d_model, config.d_model) for _ in range(config.n_layers)
+        )
+
+
+def test_architecture_mismatch_names_parameters_shapes_and_config_fields() -> None:
+    saved = TransformerConfig(d_model=16, n_heads=2, n_layers=2, vocab_size=32)
+    current = TransformerConfig(d_model=24, n_heads=2, n_layers=1, vocab_size=32)
+    checkpoint = {"state_dict": _TinyLM(saved).state_dict(), "hyper_parameters": {"config": saved}}
+    with pytest.raises(CheckpointError) as error:
+        load_model_state(_TinyLM(current), checkpoint, current)
+    message = str(error.value)
+    assert "embed.weight: checkpoint (32, 16) vs model (32, 24)" in message
+    assert "blocks.1.weight" in message  # unexpected in the model built now
+    assert "d_model: checkpoint 16 vs now 24" in message and "n_layers: checkpoint 2 vs now 1" in message
+    assert "vocab_size" not in message
+
+
+def test_matching_architecture_loads() -> None:
+    config = TransformerConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=32)
+    source, target = _TinyLM(config), _TinyLM(config)
+    load_model_state(target, {"state_dict": source.state_dict()}, config)
+    check_architecture(source.state_dict(), target)
+    assert torch.equal(target.embed.weight, source.embed.weight)
+
+
+def test_tokenizer_larger_than_the_vocabulary_is_refused() -> None:
+    config = TransformerConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=32)
+    check_tokenizer_vocabulary(32, config)
+    with pytest.raises(CheckpointError, match="40 tokens but the model's vocabulary holds 32"):
+        check_tokenizer_vocabulary(40, config)
+
+
+def _run_until(args: list[str], marker: str, timeout: float = 60) -> subprocess.Popen:
+    """Start the tiny training script and return once it prints ``marker`` (the process keeps running)."""
+    process = subprocess.Popen(
+        [sys.executable, str(TESTS / "_boring.py"), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    for line in process.stdout:
+        if line.strip() == marker:
+            return process
+    process.wait(timeout)
+    raise AssertionError(f"the script ended (status {process.returncode}) before printing {marker!r}")
+
+
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    # Saves 1..3 are normal (steps 1..3); the 4th writes half of its bytes and hangs; then SIGKILL.
+    process = _run_until([str(tmp_path), "--max-steps", "10", "--slow-save-from", "4"], "SAVING")
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    checkpoint = load_checkpoint(last)
+    assert checkpoint["global_step"] == 3
+    assert not any(p.suffix == ".ckpt" for p in last.parent.iterdir() if p != last)  # the torn file is no .ckpt
+
+    # And training resumes from it.
+    trainer = _boring.make_trainer(tmp_path, max_steps=5)
+    trainer.fit(_boring.TinyModule(), ckpt_path="last")
+    assert load_checkpoint(last)["global_step"] == 5
+
+
+def test_fit_refuses_a_hostile_checkpoint(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"state_dict": {}, "payload": _Hostile(marker)}, tmp_path / "checkpoints" / "last.ckpt")
+    trainer = _boring.make_trainer(tmp_path, max_steps=2)
+    with pytest.raises(CheckpointError, match="Refused to load"):
+        trainer.fit(_boring.TinyModule(), ckpt_path="last")
+    assert not marker.exists()

@@ -1,0 +1,296 @@
+"""Interop with the ecosystem: Hugging Face GPT-2 and Marian folders, our safetensors folder, ONNX, `export`, and
+fine-tuning from a GPT-2 folder. Tiny random models, saved and loaded in tmp_path; logits compared to 1e-5."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
+
+from lit_transformer.config import TransformerConfig
+from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.interop import (
+    export_main,
+    gpt2_problems,
+    load_hf_gpt2,
+    load_safetensors,
+    marian_problems,
+    save_hf_gpt2,
+    save_hf_marian,
+    save_safetensors,
+)
+from lit_transformer.model import Transformer
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+
+GPT2 = {"topology": "decoder_only", "norm_position": "pre", "positions": "learned"}
+PAPER = {"topology": "encoder_decoder", "norm_position": "post", "positions": "sinusoidal", "activation": "relu"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A character tokenizer over printable ASCII: <pad>, <bos>, <eos>, <unk> are ids 0-3, 104 tokens in all."""
+    return train_tokenizer([string.printable * 3], kind="char", vocab_size=128)
+
+
+def large(model: Transformer, std: float = 0.5) -> Transformer:
+    """Every parameter random and large: feed-forward pre-activations of several units, where the tanh GELU and the
+    exact GELU differ by ~1e-3, and LayerNorm gains and biases far from 1 and 0."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+    return model
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+# ---- GPT-2 -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu"])
+def test_gpt2_folder_loads_in_transformers_with_our_logits(tmp_path, tokenizer, activation):
+    model = large(build({**GPT2, "activation": activation}, pad_token_id=None))
+    save_hf_gpt2(model, tmp_path, tokenizer)
+    hf, info = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched weights
+    x = tokens(2, 24)
+    with torch.no_grad():
+        ours, theirs = model(x), hf.eval()(x).logits
+        close(ours, theirs)
+        close(load_hf_gpt2(tmp_path)(x), ours)
+    assert ours.abs().max() > 3  # logits of several units, not the near-zero ones of a fresh init
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert hf_tok("To be, or not")["input_ids"] == tokenizer.encode("To be, or not").ids
+    assert (hf_tok.bos_token, hf_tok.eos_token) == ("<bos>", "<eos>")
+
+
+def test_gpt2_activation_names_are_not_interchangeable(tmp_path):
+    """The test above could fail: at these activations exact and tanh GELU differ by far more than its 1e-5."""
+    model = large(build({**GPT2, "activation": "gelu_tanh"}, pad_token_id=None))
+    exact = Transformer(model.config.replace(activation="gelu")).eval()
+    exact.load_state_dict(model.state_dict())
+    x = tokens(2, 24)
+    with torch.no_grad():
+        assert (model(x) - exact(x)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu", "relu"])
+def test_a_transformers_gpt2_loads_with_its_logits(tmp_path, activation):
+    config = transformers.GPT2Config(
+        vocab_size=96, n_positions=40, n_embd=24, n_layer=2, n_head=3, activation_function=activation,
+        bos_token_id=5, eos_token_id=5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = large(transformers.GPT2LMHeadModel(config)).eval()
+    hf.save_pretrained(tmp_path)
+    model = load_hf_gpt2(tmp_path)
+    assert model.config.activation == {"gelu_new": "gelu_tanh"}.get(activation, activation)
+    assert (model.config.pad_token_id, model.config.eos_token_id, model.config.ff_dim) == (None, 5, 96)
+    x = tokens(3, 40, vocab=96)
+    with torch.no_grad():
+        close(model(x), hf(x).logits)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("norm_position", "post"),
+        ("positions", "sinusoidal"),
+        ("topology", "encoder_decoder"),
+        ("scale_embeddings", True),
+        ("bias", False),
+        ("tie_embeddings", False),
+    ],
+)
+def test_gpt2_refuses_what_it_cannot_express(tmp_path, field, value):
+    cfg = TransformerConfig.preset("tiny", **{field: value})
+    assert any(p.startswith(f"{field}=") for p in gpt2_problems(cfg))
+    with pytest.raises(ValueError, match=f"{field}={value!r}: GPT-2 can only express"):
+        save_hf_gpt2(Transformer(cfg), tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("activation_function", "silu"), ("scale_attn_by_inverse_layer_idx", True), ("tie_word_embeddings", False)],
+)
+def test_load_refuses_gpt2_options_we_lack(tmp_path, option, value):
+    save_hf_gpt2(build(GPT2, pad_token_id=None), tmp_path)
+    config = transformers.GPT2Config.from_pretrained(tmp_path)
+    setattr(config, option, value)
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=option):
+        load_hf_gpt2(tmp_path)
+
+
+def test_a_hub_name_offline_fails_at_once(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConnectionError, match="'gpt2'.*offline.*local folder"):
+        load_hf_gpt2("gpt2")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_hf_gpt2("./no/such/folder")
+
+
+# ---- the paper's encoder-decoder as Marian ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {**PAPER, "scale_embeddings": True, "tie_embeddings": True},  # the paper: three-way tying
+        {**PAPER, "scale_embeddings": True, "tie_embeddings": False, "activation": "gelu_tanh"},
+        {**PAPER, "scale_embeddings": False, "target_vocab_size": 100, "activation": "gelu"},
+    ],
+    ids=["paper", "untied-gelu_tanh", "two-vocabularies-gelu"],
+)
+def test_the_paper_model_is_a_marian_with_our_logits(tmp_path, variant):
+    model = large(build(variant, init="xavier"), std=0.3)
+    save_hf_marian(model, tmp_path)
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert type(hf).__name__ == "MarianMTModel"
+    src = tokens(2, 11)
+    src[1, 7:] = 0  # right padding, masked on both sides
+    tgt = tokens(2, 9, seed=2, vocab=100)
+    tgt[:, 0] = 1  # BOS
+    with torch.no_grad():
+        ours = model(src, tgt)
+        theirs = hf(input_ids=src, attention_mask=src.ne(0), decoder_input_ids=tgt).logits
+    close(ours, theirs)
+    assert ours.abs().max() > 1
+
+
+def test_marian_generates_our_translations(tmp_path, tokenizer):
+    model = build({**PAPER, "scale_embeddings": True}, vocab_size=tokenizer.get_vocab_size(), init="xavier")
+    save_hf_marian(model, tmp_path, tokenizer)
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    texts = ["In the beginning", "God created the heaven and the earth."]
+    batch = hf_tok(texts, return_tensors="pt", padding=True)
+    eos = model.config.eos_token_id
+    assert batch["input_ids"][0].tolist()[: len(texts[0]) + 1] == tokenizer.encode(texts[0]).ids + [eos]
+    with torch.no_grad():
+        for beams in (1, 3):
+            theirs = hf.generate(**batch, max_new_tokens=12, num_beams=beams, do_sample=False)
+            ours = model.generate(batch["input_ids"], max_new_tokens=12, num_beams=beams)
+            # transformers returns the start token first and pads finished rows; compare up to each row's EOS.
+            assert _until_eos(theirs[:, 1:], eos) == _until_eos(ours, eos)
+    decoded = hf_tok.batch_decode(theirs, skip_special_tokens=True)
+    assert decoded == tokenizer.decode_batch(_until_eos(ours, eos), skip_special_tokens=True)
+
+
+def _until_eos(ids: torch.Tensor, eos: int) -> list[list[int]]:
+    return [row[: row.index(eos) + 1] if eos in row else row for row in ids.tolist()]
+
+
+@pytest.mark.parametrize(
+    "field, value", [("norm_position", "pre"), ("positions", "learned"), ("topology", "decoder_only")]
+)
+def test_marian_refuses_what_it_cannot_express(tmp_path, field, value):
+    cfg = TransformerConfig.preset("tiny", **{**PAPER, field: value})
+    assert any(p.startswith(f"{field}=") for p in marian_problems(cfg))
+    with pytest.raises(ValueError, match=f"{field}={value!r}: Marian can only express"):
+        save_hf_marian(Transformer(cfg), tmp_path)
+
+
+# ---- safetensors, ONNX and the export command ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", [{**GPT2, "tie_embeddings": True}, {**PAPER, "scale_embeddings": True}])
+def test_safetensors_folder_round_trips(tmp_path, tokenizer, variant):
+    model = large(build(variant))
+    save_safetensors(model, tmp_path, tokenizer)
+    assert {p.name for p in tmp_path.iterdir()} == {"model.safetensors", "config.json", "tokenizer.json"}
+    back = load_safetensors(tmp_path)
+    assert back.config == model.config
+    x = tokens(2, 10)
+    with torch.no_grad():
+        y, z = (model(x, x), back(x, x)) if model.config.is_encoder_decoder else (model(x), back(x))
+    torch.testing.assert_close(y, z, atol=0, rtol=0)
+
+
+def _checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
+    """A checkpoint as LitTransformer writes it: the model under "model.", the config and the tokenizer."""
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save(
+        {"state_dict": state, "hyper_parameters": {"config": model.config}, "tokenizer": tokenizer.to_str()}, path
+    )
+    return path
+
+
+def test_export_command_writes_every_format(tmp_path, tokenizer, capsys):
+    ort = pytest.importorskip("onnxruntime")
+    model = large(build(GPT2, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None))
+    ckpt = _checkpoint(tmp_path / "last.ckpt", model, tokenizer)
+    for fmt in ("hf", "safetensors", "onnx"):
+        export_main(["--checkpoint", str(ckpt), "--format", fmt, "--out", str(tmp_path / fmt)])
+        assert "Wrote" in capsys.readouterr().out
+    x = tokens(2, 16, vocab=tokenizer.get_vocab_size())
+    with torch.no_grad():
+        expected = model(x)
+        close(transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")(x).logits, expected)
+        close(load_safetensors(tmp_path / "safetensors")(x), expected)
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    for batch, length in ((1, 1), (2, 16), (3, model.config.max_seq_len)):  # dynamic batch and sequence axes
+        x = tokens(batch, length, vocab=tokenizer.get_vocab_size())
+        (logits,) = session.run(["logits"], {"input_ids": x.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(logits), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_export_command_sends_the_encoder_decoder_to_marian(tmp_path, tokenizer):
+    model = build({**PAPER, "scale_embeddings": True}, vocab_size=tokenizer.get_vocab_size())
+    ckpt = _checkpoint(tmp_path / "last.ckpt", model, tokenizer)
+    export_main(["--checkpoint", str(ckpt), "--format", "hf", "--out", str(tmp_path / "hf")])
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "hf").model_type == "marian"
+    with pytest.raises(ValueError, match="decoder-only"):
+        export_main(["--checkpoint", str(ckpt), "--format", "onnx", "--out", str(tmp_path / "onnx")])
+
+
+# ---- fine-tuning from a GPT-2 folder ---------------------------------------------------------------------------
+
+
+def test_init_from_takes_architecture_weights_and_records_them(tmp_path, tokenizer):
+    from lit_transformer.module import LitTransformer
+
+    pretrained = large(build({**GPT2, "activation": "gelu_tanh"}, n_layers=3, d_model=48, pad_token_id=None))
+    save_hf_gpt2(pretrained, tmp_path, tokenizer)
+    lit = LitTransformer(TransformerConfig.preset("tiny", dropout=0.2), init_from=str(tmp_path))
+    assert lit.config.n_layers == 3 and lit.config.d_model == 48 and lit.config.pad_token_id is None
+    assert lit.config.dropout == 0.2  # training choices stay the user's
+    assert lit.hparams.config == lit.config  # a checkpoint rebuilds the pretrained architecture
+    x = tokens(2, 12)
+    with torch.no_grad():
+        close(lit.model.eval()(x), pretrained(x))
+
+
+def test_fit_init_from_a_gpt2_folder(tmp_path, tokenizer):
+    from lit_transformer.cli import run_cli
+
+    pretrained = large(build(GPT2, pad_token_id=None))
+    folder = save_hf_gpt2(pretrained, tmp_path / "gpt2", tokenizer)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 200)
+    cli = run_cli(
+        [
+            "fit",
+            "--config", str(Path(__file__).parents[1] / "configs" / "presets" / "tiny.yaml"),
+            "--model.init_from", str(folder),
+            "--model.lr", "0",  # the weights stay the pretrained ones, so the logits can be checked
+            "--data.init_args.dataset", str(corpus),
+            "--data.init_args.tokenizer", str(folder / "tokenizer.json"),
+            "--data.init_args.cache_dir", str(tmp_path / "cache"),
+            "--trainer.fast_dev_run", "1",
+            "--trainer.default_root_dir", str(tmp_path / "run"),
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "run"),
+        ]
+    )  # fmt: skip
+    assert cli.model.tokenizer.to_str() == transformers.AutoTokenizer.from_pretrained(folder).backend_tokenizer.to_str()
+    x = tokens(2, 12)
+    with torch.no_grad():
+        close(cli.model.model.eval()(x), pretrained(x))

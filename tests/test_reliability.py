@@ -1,0 +1,148 @@
+"""Non-finite steps are skipped and bounded, preemption saves and exits cleanly, resume draws the same randomness."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lit_transformer.checkpointing import load_checkpoint, non_finite_tensors
+from lit_transformer.reliability import (
+    DeviceOptionError,
+    NonFiniteLossError,
+    NonFiniteLossGuard,
+    StepSeed,
+    check_device_options,
+    step_seed,
+)
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+import _boring  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def _records(root: Path) -> dict[int, dict]:
+    import json
+
+    return {entry["step"]: entry for entry in map(json.loads, (root / "losses.jsonl").read_text().splitlines())}
+
+
+def _fit(root: Path, max_steps: int, module: pl.LightningModule | None = None, ckpt_path=None, **kwargs) -> pl.Trainer:
+    pl.seed_everything(7, verbose=False)
+    trainer = _boring.make_trainer(root, max_steps, **kwargs)
+    trainer.fit(module or _boring.TinyModule(), ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_non_finite_step_is_skipped_counted_and_training_goes_on(tmp_path: Path, accumulate: int) -> None:
+    trainer = _fit(tmp_path, 6, _boring.TinyModule(nan_at=(3,)), accumulate_grad_batches=accumulate)
+    guard = next(cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLossGuard))
+    records = _records(tmp_path)
+    assert guard.skipped == 1 and guard.consecutive == 0
+    assert records[4]["weights"] == records[3]["weights"]  # the step from 3 to 4 changed nothing
+    assert records[5]["weights"] != records[4]["weights"] and math.isfinite(records[6]["weights"])
+    assert trainer.global_step == 6
+
+
+def test_too_many_non_finite_steps_stop_with_a_clear_error_and_keep_good_weights(tmp_path: Path) -> None:
+    with pytest.raises(NonFiniteLossError, match="NaN/inf for 3 optimizer steps in a row") as error:
+        _fit(tmp_path, 20, _boring.TinyModule(nan_from=4), max_consecutive=3)
+    assert "steps 4..6" in str(error.value)
+    checkpoint = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert not non_finite_tensors(checkpoint["state_dict"])
+    assert _records(tmp_path)[checkpoint["global_step"]]["weights"] == _records(tmp_path)[4]["weights"]
+
+
+@pytest.mark.parametrize("stop_at", [5, 16, 21])  # mid-epoch, on the last batch of an epoch, mid second epoch
+def test_resume_reproduces_every_loss_with_step_seeding(tmp_path: Path, stop_at: int) -> None:
+    _fit(tmp_path / "full", 24)
+    _fit(tmp_path / "cut", stop_at)
+    _fit(tmp_path / "cut", 24, ckpt_path="last")
+    full, resumed = _boring.read_losses(tmp_path / "full"), _boring.read_losses(tmp_path / "cut")
+    assert sorted(resumed) == sorted(full) == list(range(1, 25))
+    assert max(abs(full[s] - resumed[s]) for s in full) <= 1e-6
+
+
+def test_without_step_seeding_dropout_diverges_after_resume(tmp_path: Path, monkeypatch) -> None:
+    # The control for the test above: Lightning checkpoints hold no RNG state, so dropout masks differ on resume.
+    monkeypatch.setattr(StepSeed, "on_train_batch_start", lambda *args: None)
+    _fit(tmp_path / "full", 10)
+    _fit(tmp_path / "cut", 5)
+    _fit(tmp_path / "cut", 10, ckpt_path="last")
+    full, resumed = _boring.read_losses(tmp_path / "full"), _boring.read_losses(tmp_path / "cut")
+    assert max(abs(full[s] - resumed[s]) for s in range(6, 11)) > 1e-4
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(TESTS / "_boring.py"), *args],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(process: subprocess.Popen, marker: str) -> None:
+    for line in process.stdout:
+        if line.strip() == marker:
+            return
+    raise AssertionError(f"ended before {marker!r}: {process.wait()} {process.stderr.read()[-2000:]}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_preemption_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path, signum: int) -> None:
+    process = _start([str(tmp_path / "cut"), "--max-steps", "200", "--sleep", "0.1"])
+    _wait_for(process, "STEP 3")
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err[-2000:]
+    assert "DONE" not in out  # fit did not run to max_steps
+    checkpoint = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.ckpt")
+    recorded = _boring.read_losses(tmp_path / "cut")
+    assert checkpoint["global_step"] == max(recorded) >= 3  # saved after the last step it ran
+
+    # Resuming continues with exactly the losses of an uninterrupted run.
+    _fit(tmp_path / "cut", 12, ckpt_path="last")
+    _fit(tmp_path / "full", 12)
+    full, resumed = _boring.read_losses(tmp_path / "full"), _boring.read_losses(tmp_path / "cut")
+    assert sorted(resumed) == sorted(full) and max(abs(full[s] - resumed[s]) for s in full) <= 1e-6
+
+
+def test_step_seeds_differ_by_every_coordinate() -> None:
+    seeds = {step_seed(s, e, b, r) for s in (0, 1) for e in (0, 1) for b in (0, 1, 2) for r in (0, 1)}
+    assert len(seeds) == 24 and all(0 <= s < 2**63 for s in seeds)
+    assert step_seed(3, 1, 2, 0) == step_seed(3, 1, 2, 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+class TestDeviceOptions:
+    @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_2", "FSDPStrategy"])
+    def test_gpu_only_strategy_on_cpu_names_the_option_and_the_fix(self, strategy: str) -> None:
+        with pytest.raises(DeviceOptionError, match=rf"trainer.strategy='{strategy}'.*--trainer.strategy=ddp"):
+            check_device_options(strategy=strategy)
+
+    def test_gpu_accelerator_without_a_gpu(self) -> None:
+        with pytest.raises(DeviceOptionError, match="trainer.accelerator='gpu' needs a CUDA GPU"):
+            check_device_options(accelerator="gpu")
+
+    def test_half_precision_on_cpu_warns_but_runs(self) -> None:
+        with pytest.warns(UserWarning, match="far slower than fp32"):
+            check_device_options(precision="bf16-mixed")
+
+    @pytest.mark.parametrize("strategy", ["auto", "ddp", "ddp_spawn"])
+    def test_cpu_options_pass(self, strategy: str, recwarn) -> None:
+        check_device_options(accelerator="cpu", strategy=strategy, precision="32-true")
+        assert not [w for w in recwarn if "slower" in str(w.message)]
