@@ -17,7 +17,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_transformer.callbacks import AttentionMaps, GenerateSamples, TokenThroughputMonitor
+from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
 from lit_transformer.module import LitTransformer
+from lit_transformer.reliability import NonFiniteLossGuard, PreemptionCheckpoint, StepSeed, check_device_options
 
 # Field docstrings of TransformerConfig become --help text.
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -44,13 +46,38 @@ class TransformerCLI(LightningCLI):
                 "checkpoint.save_top_k": 1,
             }
         )
+        # Reliability: exact resume (per-step seeding), skipped non-finite steps, a checkpoint on SIGTERM/SIGINT.
+        parser.add_lightning_class_args(StepSeed, "step_seed")
+        parser.add_lightning_class_args(NonFiniteLossGuard, "nonfinite")
+        parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+        parser.link_arguments("checkpoint.dirpath", "preemption.dirpath")
         parser.add_lightning_class_args(GenerateSamples, "samples")
         parser.add_lightning_class_args(AttentionMaps, "attention")
         parser.add_lightning_class_args(TokenThroughputMonitor, "throughput")
 
+    def before_instantiate_classes(self) -> None:
+        trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
+        strategy = trainer.strategy
+        if not isinstance(strategy, str):  # a {class_path, init_args} mapping
+            strategy = getattr(strategy, "class_path", None) or str(strategy)
+        check_device_options(trainer.accelerator, strategy, trainer.precision)
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI torch.loads --ckpt_path itself; load it safely first, so a corrupt, truncated or hostile
+        # file fails with a message that says what is wrong and nothing in it ever runs.
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path and path not in ("last", "best", "hpc", "registry") and not str(path).startswith("registry:"):
+            load_checkpoint(path)
+        super()._parse_ckpt_path()
+
 
 def _trainer_defaults() -> dict:
-    return {"callbacks": [LearningRateMonitor(logging_interval="step")]}
+    # Every checkpoint is written atomically: a crash at any moment leaves the previous one loadable.
+    return {
+        "callbacks": [LearningRateMonitor(logging_interval="step")],
+        "plugins": [AtomicCheckpointIO()],
+    }
 
 
 def run_cli(args: Sequence[str] | None = None) -> TransformerCLI:

@@ -112,14 +112,17 @@ def generate_main(argv: Sequence[str]) -> None:
 def translate_main(argv: Sequence[str]) -> None:
     """`translate`: beam-search translation with an encoder-decoder model."""
     parser = _common_parser("translate", "Translate text with a trained encoder-decoder model (beam search).")
-    parser.add_argument("--text", type=list[str], required=True, help="Sentence(s) to translate.")
+    parser.add_argument("--text", type=str | None, default=None, help="A sentence to translate.")
+    parser.add_argument("--input", type=str | None, default=None, help="A file of sentences, one per line.")
     parser.add_argument("--num_beams", type=int, default=4, help="Beam width (1 is greedy).")
     parser.add_argument("--length_penalty", type=float, default=1.0, help="Beam-search length penalty.")
     args = parser.parse_args(list(argv))
     loaded = load_model(args.checkpoint, _device(args.device))
     if not loaded.config.is_encoder_decoder:
         raise SystemExit("This checkpoint is a decoder-only model: use `python -m lit_transformer generate`")
-    texts = [args.text] if isinstance(args.text, str) else list(args.text)
+    if (args.text is None) == (args.input is None):
+        raise SystemExit("translate needs exactly one of --text SENTENCE or --input FILE")
+    texts = [args.text] if args.text is not None else Path(args.input).read_text().splitlines()
     pad = loaded.config.pad_token_id
     # Sources are encoded as in training: the text's tokens, then EOS.
     eos = [] if loaded.config.eos_token_id is None else [loaded.config.eos_token_id]

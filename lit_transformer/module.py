@@ -143,6 +143,12 @@ class LitTransformer(L.LightningModule):
             self.target_tokenizer = getattr(datamodule, "target_tokenizer", None) or datamodule.tokenizer
         self._check_tokenizer()
 
+    def on_fit_start(self) -> None:
+        # The tokenizer beside the TensorBoard logs too, for tools that read the run folder rather than checkpoints.
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self.trainer.is_global_zero and self.trainer.log_dir and hasattr(datamodule, "save_tokenizer"):
+            datamodule.save_tokenizer(self.trainer.log_dir)
+
     def _check_tokenizer(self) -> None:
         for name, tok, size in (
             ("tokenizer", self.tokenizer, self.config.vocab_size),
