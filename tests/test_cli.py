@@ -17,7 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 FRAGMENTS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name in ("variants", "trainer"))
 # configs/ablations holds grids for scripts/ablate.py, not CLI configs (tests/test_ablate.py covers them).
-STANDALONE = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("variants", "trainer", "ablations"))
+STANDALONE = sorted(
+    p
+    for p in CONFIGS.rglob("*.yaml")
+    if p.parent.name not in ("variants", "trainer") and "ablations" not in p.relative_to(CONFIGS).parts
+)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 

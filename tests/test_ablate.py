@@ -1,0 +1,130 @@
+"""scripts/ablate.py: every shipped grid expands to valid commands, and a tiny grid runs end to end, resumably."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GRIDS = sorted((ROOT / "configs" / "ablations").glob("*.yaml"))
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("ablate", ROOT / "scripts" / "ablate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ablate"] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+ablate = _load_script()
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.name)
+def test_every_grid_expands_to_fit_commands_on_existing_configs(path: Path, tmp_path: Path):
+    grid = ablate.Grid.load(path)
+    runs = grid.runs(tmp_path, extra=[])
+    assert len(runs) == len(grid.cells) * len(grid.seeds) > 0
+    for run in runs:
+        argv = run.command("fit")
+        assert argv[1:4] == ["-m", "lit_transformer", "fit"]
+        configs = [argv[i + 1] for i, token in enumerate(argv) if token == "--config"]
+        assert configs and all((ROOT / c).exists() or Path(c).exists() for c in configs), configs
+        assert f"--seed_everything {run.seed}" in " ".join(argv)
+        assert str(run.folder / "checkpoints") in argv
+    # Two cells that ran the same flags would be a wasted (or mislabelled) row.
+    assert len({tuple(flags) for flags in grid.cells.values()}) == len(grid.cells)
+
+
+@pytest.mark.parametrize(
+    ("spec", "flags"),
+    [
+        ({"model.config.n_heads": 1}, ["--model.config.n_heads", "1"]),
+        (
+            {"model.schedule": "constant", "trainer.logger": False},
+            ["--model.schedule", "constant", "--trainer.logger", "false"],
+        ),
+        (["--model.lr 1e-3", "--seed_everything=2"], ["--model.lr", "1e-3", "--seed_everything=2"]),
+        (None, []),
+    ],
+)
+def test_cells_accept_a_mapping_or_flag_strings(spec, flags):
+    assert ablate.to_flags(spec) == flags
+
+
+def test_a_file_without_cells_is_refused(tmp_path: Path):
+    path = tmp_path / "fragment.yaml"
+    path.write_text("model:\n  lr: 1.0\n")
+    with pytest.raises(ValueError, match="cells"):
+        ablate.Grid.load(path)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([1.0, 3.0], "2.00 ± 1.41"),
+        ([2.0], "2.00"),
+        ([None], "–"),
+        ([math.nan, 4.0], "4.00 (1/2 diverged)"),
+        ([math.inf], "diverged"),
+    ],
+)
+def test_summary_is_mean_and_spread_and_counts_divergence(values, expected):
+    assert ablate.summarize(values, 2) == expected
+
+
+def test_dry_run_prints_commands_and_runs_nothing(tmp_path: Path, capsys):
+    assert (
+        ablate.main([str(ROOT / "configs/ablations/smoke.yaml"), "--out", str(tmp_path), "--dry-run", "--jobs", "2"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.count("-m lit_transformer fit") == 2 and "OMP_NUM_THREADS=1" in out
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_tiny_grid_runs_tabulates_plots_and_skips_finished_cells(tmp_path: Path, capsys):
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    assert ablate.main([grid, "--out", str(tmp_path), "--jobs", "2"]) == 0
+    table = (tmp_path / "results.md").read_text()
+    for cell in ("post-ln", "pre-ln"):
+        (row,) = [line for line in table.splitlines() if line.startswith(f"| {cell} |")]
+        assert row.split("|")[2].strip() == "1"  # one seed read back from the event files
+        assert (tmp_path / cell / "seed-1" / "fit.done").exists()
+    assert (tmp_path / "val_loss.png").read_bytes().startswith(b"\x89PNG")
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert {r["cell"] for r in rows} == {"post-ln", "pre-ln"}
+    for row in rows:  # two validations (every 5 of 10 steps), the table's number being the last
+        assert len(row["curves"]["val/loss"]) == 2 and row["val/loss"] == row["curves"]["val/loss"][-1][1]
+        assert math.isfinite(row["val/loss"]) and row["wall_s"] > 0
+
+    capsys.readouterr()
+    assert ablate.main([grid, "--out", str(tmp_path), "--jobs", "2"]) == 0
+    assert "2 of 2 runs already finished; running 0" in capsys.readouterr().out
+    for cell in ("post-ln", "pre-ln"):
+        timings = (tmp_path / cell / "seed-1" / "timings.jsonl").read_text().splitlines()
+        assert len(timings) == 1  # the second invocation started no process
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.name)
+def test_every_cell_parses_as_a_fit_config(path: Path, capsys):
+    """Every key a grid sets exists and every value lies inside its choices: all cells' flags parsed in one go."""
+    import yaml
+
+    from lit_transformer.cli import run_cli
+
+    grid = ablate.Grid.load(path)
+    args = ablate.Grid.runs(grid, Path("/tmp/ablate-parse"), extra=[])[0].command("fit")[4:]
+    args += [token for flags in grid.cells.values() for token in flags]
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", *args, "--print_config"])
+    assert exit_info.value.code in (0, None), capsys.readouterr().err[-2000:]
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["checkpoint"]["dirpath"].endswith("checkpoints")
+    if "ablations/base/en-es-cpu.yaml" in " ".join(args):  # the CPU budget wins over the preset it follows
+        assert config["data"]["init_args"]["vocab_size"] == 4000
