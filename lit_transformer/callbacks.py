@@ -6,7 +6,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -217,3 +217,22 @@ def _batch_size(batch: dict[str, torch.Tensor]) -> int:
 
 def _token_count(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["labels"] != -100).sum())
+
+
+class LearningRateLogger(LearningRateMonitor):
+    """Lightning's LearningRateMonitor, per step, that stands aside when a run has no logger (`--trainer.logger false`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging_interval="step")
+
+    def on_train_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        if trainer.loggers:
+            super().on_train_start(trainer, *args, **kwargs)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        if trainer.loggers:
+            super().on_train_batch_start(trainer, *args, **kwargs)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        if trainer.loggers:
+            super().on_train_epoch_start(trainer, *args, **kwargs)

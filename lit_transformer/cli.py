@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 import jsonargparse
 import lightning as L
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_transformer.callbacks import AttentionMaps, GenerateSamples, TokenThroughputMonitor
+from lit_transformer.callbacks import AttentionMaps, GenerateSamples, LearningRateLogger, TokenThroughputMonitor
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import NonFiniteLossGuard, PreemptionCheckpoint, StepSeed, check_device_options
@@ -75,7 +75,7 @@ class TransformerCLI(LightningCLI):
 def _trainer_defaults() -> dict:
     # Every checkpoint is written atomically: a crash at any moment leaves the previous one loadable.
     return {
-        "callbacks": [LearningRateMonitor(logging_interval="step")],
+        "callbacks": [LearningRateLogger()],
         "plugins": [AtomicCheckpointIO()],
     }
 
