@@ -178,45 +178,45 @@ def beam_search(
     V = decoder.logits.shape[-1]
     scores = torch.zeros(B, K, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first
+    first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1): row of each batch entry's first beam
     generated = input_ids.new_empty(B * K, 0)
     hypotheses: list[list[tuple[float, Tensor]]] = [[] for _ in range(B)]
-    done = [False] * B
+    # The worst kept hypothesis score of each row once it holds K of them (NaN before: compares False).
+    worst = torch.full((B,), float("nan"), device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
     logits = decoder.logits
     for step in range(max_new_tokens):
         length = step + 1
         candidates = (scores[..., None] + logits.log_softmax(dim=-1).view(B, K, V)).view(B, K * V)
         top_scores, top_ids = candidates.topk(2 * K, dim=1)  # enough that K live beams survive any EOS among them
-        rows = torch.arange(B * K, device=device).view(B, K).clone()
-        tokens = torch.full((B, K), fill, dtype=torch.long, device=device)
-        scores = torch.full((B, K), float("-inf"), device=device)
-        for b in range(B):
-            if done[b]:
-                continue
-            kept = 0
-            for rank, (score, idx) in enumerate(zip(top_scores[b].tolist(), top_ids[b].tolist(), strict=True)):
-                beam, token = divmod(idx, V)
-                if eos is not None and token == eos:
-                    if rank < K:  # an EOS below the K best is not a hypothesis
-                        history = torch.cat([generated[b * K + beam], generated.new_tensor([eos])])
-                        _add_hypothesis(hypotheses[b], score / length**length_penalty, history, K)
-                    continue
-                rows[b, kept], tokens[b, kept], scores[b, kept] = b * K + beam, token, score
-                kept += 1
-                if kept == K:
-                    break
-            best_live = scores[b, 0].item() / length**length_penalty
-            done[b] = len(hypotheses[b]) == K and hypotheses[b][-1][0] >= best_live
-        if all(done) or step == max_new_tokens - 1:
-            generated = torch.cat([generated.index_select(0, rows.view(-1)), tokens.view(-1, 1)], dim=1)
-            break
+        top_beams, top_tokens = top_ids // V, top_ids % V
+        is_eos = top_tokens == eos if eos is not None else torch.zeros_like(top_tokens, dtype=torch.bool)
+        # EOS among the K best ends a hypothesis (rare: a short Python loop over those only).
+        ends = (is_eos[:, :K] & ~done[:, None]).nonzero().tolist()
+        for b, rank in ends:
+            history = torch.cat([generated[b * K + top_beams[b, rank]], generated.new_tensor([eos])])
+            _add_hypothesis(hypotheses[b], top_scores[b, rank].item() / length**length_penalty, history, K)
+            if len(hypotheses[b]) == K:
+                worst[b] = hypotheses[b][-1][0]
+        # The K best non-EOS candidates live on, in rank order (a stable sort moves EOS candidates last).
+        live = is_eos.int().sort(dim=1, stable=True).indices[:, :K]
+        rows = first_row + top_beams.gather(1, live)
+        tokens = top_tokens.gather(1, live)
+        scores = top_scores.gather(1, live)
+        # Finished rows keep their beams in place, emit padding and score -inf.
+        rows = torch.where(done[:, None], first_row + torch.arange(K, device=device), rows)
+        tokens = tokens.masked_fill(done[:, None], fill)
+        scores = scores.masked_fill(done[:, None], float("-inf"))
+        done |= worst >= scores[:, 0] / length**length_penalty
         generated = torch.cat([generated.index_select(0, rows.view(-1)), tokens.view(-1, 1)], dim=1)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
         logits = decoder.step(tokens.view(-1), rows.view(-1))
-    for b in range(B):  # rows that ran out of steps: their live beams compete too
-        if not done[b]:
-            for k in range(K):
-                score = scores[b, k].item()
-                if score > float("-inf"):
-                    _add_hypothesis(hypotheses[b], score / max_new_tokens**length_penalty, generated[b * K + k], K)
+    for b in (~done).nonzero().view(-1).tolist():  # rows that ran out of steps: their live beams compete too
+        for k in range(K):
+            score = scores[b, k].item()
+            if score > float("-inf"):
+                _add_hypothesis(hypotheses[b], score / max_new_tokens**length_penalty, generated[b * K + k], K)
     best = [hypotheses[b][0][1] for b in range(B)]
     out = torch.full((B, max(len(h) for h in best)), fill, dtype=torch.long, device=device)
     for b, h in enumerate(best):

@@ -1,0 +1,553 @@
+"""Speed and memory of lit_transformer against peers at equal dimensions, side by side in one run.
+
+    .venv/bin/python scripts/benchmark.py                       # everything, CPU, 2 threads (~15 min)
+    .venv/bin/python scripts/benchmark.py --quick               # smaller sizes, few repetitions (~3 min)
+    .venv/bin/python scripts/benchmark.py --only decoder beam   # some sections
+    .venv/bin/python scripts/benchmark.py --device cuda         # GPT-2 small MFU on a GPU (bf16, compile)
+
+Every contender of a section runs once per repetition, in alternating order, so drifting load on a shared machine
+touches all alike. Reported: the median time of each, and the median of the paired per-repetition ratios
+(peer time / our time: above 1 means ours is faster). A markdown table goes to stdout, the figures to --json.
+Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import benchmark_peers as peers  # noqa: E402
+
+from lit_transformer.config import TransformerConfig  # noqa: E402
+from lit_transformer.model import Transformer  # noqa: E402
+from lit_transformer.parallelize import apply_activation_checkpointing, matmul_peak_flops  # noqa: E402
+
+OURS = "lit_transformer"
+Row = dict[str, object]
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+def alternate(contenders: dict[str, Callable[[], object]], reps: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of each contender, `reps` times, in an order that reverses every repetition."""
+    for _ in range(warmup):
+        for fn in contenders.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for rep in range(reps):
+        for name in names if rep % 2 == 0 else reversed(names):
+            gc.collect()
+            start = time.perf_counter()
+            contenders[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.2f}] {message}", file=sys.stderr, flush=True)
+
+
+def summarize(section: str, times: dict[str, list[float]], reference: str = OURS, **extra: object) -> list[Row]:
+    """A row per contender: median seconds and the median paired ratio (its time / the reference's time)."""
+    rows = []
+    progress(f"{section}: done")
+    for name, ts in times.items():
+        ratios = [t / r for t, r in zip(ts, times[reference], strict=True)]
+        rows.append(
+            {
+                "section": section,
+                "contender": name,
+                "median_s": statistics.median(ts),
+                "ratio": statistics.median(ratios),  # > 1: the reference is faster
+                "reps": len(ts),
+                **extra,
+            }
+        )
+    return rows
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, forward: Callable[[], Tensor], targets: Tensor):
+    """fwd + cross-entropy + bwd + optimizer step, the same for every contender."""
+
+    def step() -> None:
+        logits = forward()
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def adamw(model: nn.Module, device: str) -> torch.optim.Optimizer:
+    flag = {"fused": True} if device == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **flag)
+
+
+# ---------------------------------------------------------------------------------------------- sizes
+
+
+def sizes(quick: bool) -> dict[str, dict[str, int]]:
+    if quick:
+        return {
+            "decoder": dict(vocab=4096, d=256, heads=4, layers=4, d_ff=1024, ctx=128, batch=4),
+            "seq2seq": dict(vocab=4096, d=128, heads=4, layers=2, d_ff=512, ctx=32, batch=16),
+            "greedy": dict(prompt=16, new=32),
+            "beam": dict(batch=4, src=32, new=16, beams=4),
+            "memory": dict(layers=6, ctx=256, batch=4),
+            "lightning": dict(steps=6),
+        }
+    return {
+        "decoder": dict(vocab=8192, d=384, heads=6, layers=6, d_ff=1536, ctx=256, batch=8),
+        "seq2seq": dict(vocab=8192, d=256, heads=4, layers=3, d_ff=1024, ctx=64, batch=32),
+        "greedy": dict(prompt=32, new=128),
+        "beam": dict(batch=8, src=64, new=64, beams=4),
+        "memory": dict(layers=12, ctx=512, batch=8),
+        "lightning": dict(steps=12),
+    }
+
+
+def decoder_config(s: dict[str, int], **overrides) -> TransformerConfig:
+    return TransformerConfig(
+        topology="decoder_only",
+        norm_position="pre",
+        positions="learned",
+        vocab_size=s["vocab"],
+        d_model=s["d"],
+        n_heads=s["heads"],
+        n_layers=s["layers"],
+        d_ff=s["d_ff"],
+        max_seq_len=s["ctx"],
+        dropout=0.0,
+        activation="gelu_tanh",
+        pad_token_id=None,
+        **overrides,
+    )
+
+
+def seq2seq_config(s: dict[str, int], norm: str = "post", **overrides) -> TransformerConfig:
+    return TransformerConfig(
+        topology="encoder_decoder",
+        norm_position=norm,
+        positions="sinusoidal",
+        vocab_size=s["vocab"],
+        d_model=s["d"],
+        n_heads=s["heads"],
+        n_layers=s["layers"],
+        d_ff=s["d_ff"],
+        max_seq_len=max(s["ctx"], 256),
+        dropout=0.0,
+        activation="relu",
+        scale_embeddings=True,
+        init="xavier",
+        **overrides,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- sections
+
+
+def bench_decoder(s: dict[str, int], reps: int, device: str, flops_per_step: dict) -> list[Row]:
+    """Decoder-only training step against HF GPT-2 (sdpa), x-transformers and litgpt."""
+    dims = {k: s[k] for k in ("vocab", "d", "heads", "layers", "d_ff", "ctx")}
+    torch.manual_seed(0)
+    ids = torch.randint(3, s["vocab"], (s["batch"], s["ctx"] + 1), device=device)
+    x, y = ids[:, :-1], ids[:, 1:]
+    ours = Transformer(decoder_config(s)).to(device)
+    flops_per_step["decoder"] = ours.flops_per_token(s["ctx"]) * x.numel()
+    models: dict[str, nn.Module] = {OURS: ours, "HF GPT2LMHeadModel (sdpa)": peers.hf_gpt2(**dims)}
+    models["x-transformers"] = peers.x_transformers_decoder(**dims)
+    try:
+        models["litgpt"] = peers.litgpt_gpt(**dims)
+    except ImportError:
+        print("litgpt not installed: skipped", file=sys.stderr)
+    steps = {}
+    for name, model in models.items():
+        model.to(device).train()
+        steps[name] = train_step(model, adamw(model, device), lambda m=model: m(x), y)
+    times = alternate(steps, reps)
+    params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    rows = summarize("decoder-only train step", times)
+    for row in rows:
+        row["params"] = params[row["contender"]]
+    return rows
+
+
+def bench_seq2seq(s: dict[str, int], reps: int, device: str) -> list[Row]:
+    """Encoder-decoder training step against torch.nn.Transformer (post, pre), x-transformers, HF BART and Marian."""
+    dims = {k: s[k] for k in ("vocab", "d", "heads", "layers", "d_ff", "ctx")}
+    torch.manual_seed(0)
+    src = torch.randint(3, s["vocab"], (s["batch"], s["ctx"]), device=device)
+    tgt = torch.randint(3, s["vocab"], (s["batch"], s["ctx"] + 1), device=device)
+    tgt_in, y = tgt[:, :-1], tgt[:, 1:]
+    # Ours without padding masks: the peers are given none either.
+    models: dict[str, nn.Module] = {
+        OURS: Transformer(seq2seq_config(s, "post", pad_token_id=None)),
+        f"{OURS} (pre-LN)": Transformer(seq2seq_config(s, "pre", pad_token_id=None)),
+        "torch.nn.Transformer (post-LN)": peers.TorchTransformer(**dims, norm_first=False),
+        "torch.nn.Transformer (pre-LN)": peers.TorchTransformer(**dims, norm_first=True),
+        "x-transformers XTransformer": peers.XTransformerLogits(**dims),
+        "HF BART (sdpa)": peers._LogitsOf(peers.hf_seq2seq("bart", **dims)),
+        "HF Marian (sdpa)": peers._LogitsOf(peers.hf_seq2seq("marian", **dims)),
+    }
+    steps = {}
+    for name, model in models.items():
+        model.to(device).train()
+        steps[name] = train_step(model, adamw(model, device), lambda m=model: m(src, tgt_in), y)
+    times = alternate(steps, reps)
+    rows = summarize("encoder-decoder train step", times)
+    torch_post = times["torch.nn.Transformer (post-LN)"]
+    for row in rows:  # the issue's reference for this section is torch.nn.Transformer
+        ts = times[row["contender"]]
+        row["speedup_vs_torch_nn"] = statistics.median([t / r for t, r in zip(torch_post, ts, strict=True)])
+    return rows
+
+
+def bench_greedy(s: dict[str, int], g: dict[str, int], reps: int, device: str) -> list[Row]:
+    """Cached greedy generation, batch 1, against HF generate(use_cache=True) on GPT-2 at the same sizes."""
+    dims = {k: s[k] for k in ("vocab", "d", "heads", "layers", "d_ff", "ctx")}
+    torch.manual_seed(0)
+    prompt = torch.randint(3, s["vocab"], (1, g["prompt"]), device=device)
+    ours = Transformer(decoder_config(s, eos_token_id=None)).to(device).eval()
+    hf = peers.hf_gpt2(**dims).model.to(device).eval()
+    hf.generation_config.pad_token_id = 0
+    n = g["new"]
+    contenders = {
+        OURS: lambda: ours.generate(prompt, max_new_tokens=n),
+        "HF generate (use_cache=True)": lambda: hf.generate(
+            prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, eos_token_id=None
+        ),
+    }
+    with torch.inference_mode():
+        times = alternate(contenders, reps)
+    return summarize("greedy generation", times, new_tokens=n, prompt=g["prompt"])
+
+
+def bench_beam(s: dict[str, int], b: dict[str, int], reps: int, device: str) -> list[Row]:
+    """Beam search for the encoder-decoder against HF BART's generate(num_beams=...), every hypothesis full length."""
+    dims = {k: s[k] for k in ("vocab", "d", "heads", "layers", "d_ff", "ctx")}
+    torch.manual_seed(0)
+    src = torch.randint(3, s["vocab"], (b["batch"], b["src"]), device=device)
+    ours = Transformer(seq2seq_config(s, "post", eos_token_id=None)).to(device).eval()
+    bart = peers.hf_seq2seq("bart", **dims).to(device).eval()
+    n, k = b["new"], b["beams"]
+    contenders = {
+        OURS: lambda: ours.generate(src, max_new_tokens=n, num_beams=k),
+        "HF BART generate": lambda: bart.generate(
+            src, max_new_tokens=n, min_new_tokens=n, num_beams=k, do_sample=False, early_stopping=False
+        ),
+    }
+    with torch.inference_mode():
+        times = alternate(contenders, reps)
+    return summarize(f"beam search ({k} beams)", times, batch=b["batch"], new_tokens=n)
+
+
+def checkpointed_step(mode: str, m: dict[str, int], quick: bool) -> Callable[[], None]:
+    """A training step of the decoder-only model at the memory section's depth and context, `mode` checkpointing."""
+    s = {**sizes(quick)["decoder"], "layers": m["layers"], "ctx": m["ctx"]}
+    torch.manual_seed(0)
+    model = Transformer(decoder_config(s))
+    if mode != "none":
+        apply_activation_checkpointing(model, mode)
+    ids = torch.randint(3, s["vocab"], (m["batch"], m["ctx"] + 1))
+    return train_step(model, adamw(model, "cpu"), lambda: model(ids[:, :-1]), ids[:, 1:])
+
+
+def memory_child(mode: str, m: dict[str, int], quick: bool) -> dict[str, float]:
+    """In a fresh process: peak RSS of training steps with `mode` checkpointing, and what the activations took."""
+    step = checkpointed_step(mode, m, quick)
+    step()  # allocates gradients and optimizer state
+    # resident now: weights and optimizer state (gradients are freed); peak - resident: the activations' share
+    resident = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    step()
+    # VmHWM, this address space's high-water mark: ru_maxrss would carry over the parent's peak across fork + exec.
+    status = Path("/proc/self/status").read_text().split("VmHWM:")[1]
+    peak = int(status.split()[0]) / 1024
+    return {"peak_rss_mb": peak, "activations_mb": peak - resident}
+
+
+def bench_memory(m: dict[str, int], reps: int, quick: bool, threads: int) -> list[Row]:
+    """Activation checkpointing: peak memory in fresh subprocesses (VmHWM, the high-water mark), step time in
+    this process with the three variants alternating.
+
+    glibc's malloc keeps freed blocks below a threshold it raises by itself (up to 32 MB), so RSS grows step after
+    step with fragments of tensors long dead; a fixed threshold returns every large tensor to the system when freed,
+    and RSS then follows the live tensors. All modes are measured under the same setting.
+    """
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    modes = ["none", "block", "selective"]
+    memory = {}
+    for mode in modes:
+        cmd = [sys.executable, __file__, "--memory-child", mode, "--threads", str(threads)]
+        cmd += ["--quick"] if quick else []
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+        memory[mode] = json.loads(out.strip().splitlines()[-1])
+    times = alternate({mode: checkpointed_step(mode, m, quick) for mode in modes}, reps)
+    section = f"activation checkpointing ({m['layers']} layers, context {m['ctx']}, batch {m['batch']})"
+    rows = summarize(section, times, reference="none")
+    for row in rows:
+        mode = row["contender"]
+        row["contender"] = f"{OURS} checkpointing={mode}"
+        row.update(memory[mode])
+        row["memory_ratio"] = memory[mode]["peak_rss_mb"] / memory["none"]["peak_rss_mb"]
+        row["activation_ratio"] = memory[mode]["activations_mb"] / memory["none"]["activations_mb"]
+    return rows
+
+
+def bench_lightning(s: dict[str, int], steps: int, reps: int) -> list[Row]:
+    """Lightning's fit loop against a hand-written loop: same model, data, DataLoader, optimizer and schedule.
+
+    Step time is the interval between consecutive step ends (data loading, logging and hooks included), median over
+    the steady state; the one-time cost of starting fit is reported apart.
+    """
+    import lightning as L
+
+    from lit_transformer.module import LitTransformer, smoothed_cross_entropy
+
+    torch.manual_seed(0)
+    data = torch.randint(3, s["vocab"], (s["batch"] * steps, s["ctx"] + 1))
+    dataset = [{"input_ids": row[:-1], "labels": row[1:]} for row in data]
+
+    def loader():
+        return torch.utils.data.DataLoader(dataset, batch_size=s["batch"], shuffle=True)
+
+    def module() -> LitTransformer:
+        torch.manual_seed(0)
+        return LitTransformer(decoder_config(s), schedule="constant", warmup_steps=10)
+
+    class StepClock(L.Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_batch_end(self, *args) -> None:
+            self.ends.append(time.perf_counter())
+
+    def lightning_fit() -> tuple[list[float], float]:
+        clock = StepClock()
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            callbacks=[clock],
+        )
+        start = time.perf_counter()
+        trainer.fit(module(), loader())
+        return clock.ends, start
+
+    def hand_loop() -> tuple[list[float], float]:
+        lit = module()
+        opt = lit.configure_optimizers()
+        optimizer, scheduler = opt["optimizer"], opt["lr_scheduler"]["scheduler"]
+        lit.train()
+        ends, start = [], time.perf_counter()
+        for batch in loader():
+            loss, _, _ = smoothed_cross_entropy(lit.model(batch["input_ids"]), batch["labels"], 0.0)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            ends.append(time.perf_counter())
+        return ends, start
+
+    runs: dict[str, list[tuple[list[float], float]]] = {"Lightning Trainer.fit": [], "hand-written loop": []}
+    fns = {"Lightning Trainer.fit": lightning_fit, "hand-written loop": hand_loop}
+    for rep in range(reps):
+        for name in fns if rep % 2 == 0 else reversed(list(fns)):
+            gc.collect()
+            runs[name].append(fns[name]())
+    times = {}
+    startup = {}
+    for name, rs in runs.items():
+        # steady state: intervals between step ends, the first two steps (warm-up) left out
+        times[name] = [statistics.median(b - a for a, b in zip(ends[2:], ends[3:])) for ends, _ in rs]
+        startup[name] = statistics.median(ends[0] - start for ends, start in rs)
+    rows = summarize("Lightning loop overhead (per step)", times, reference="hand-written loop", steps=steps)
+    for row in rows:
+        row["first_step_s"] = startup[row["contender"]]
+    return rows
+
+
+def bench_cuda(reps: int) -> list[Row]:
+    """GPT-2 small, context 1024, bf16 autocast, fused AdamW, flash SDPA, torch.compile: MFU on one GPU.
+
+    The peak is the measured bf16 matmul rate and, where known, the spec sheet's dense bf16 figure.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    cfg = TransformerConfig.preset("gpt2-small", dropout=0.0)
+    model = Transformer(cfg).cuda()
+    flops = model.flops_per_token(1024)
+    model = torch.compile(model)
+    optimizer = adamw(model, "cuda")
+    batch = 16
+    ids = torch.randint(0, cfg.vocab_size, (batch, 1025), device="cuda")
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            logits = model(ids[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+
+    for _ in range(3):  # compile and warm up
+        step()
+    times = alternate({f"{OURS} gpt2-small": step}, reps * 4, warmup=0)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(10):
+        start = time.perf_counter()
+        a @ a
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    measured_peak = 2 * 8192**3 / best
+    spec = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+    name = torch.cuda.get_device_name()
+    spec_peak = next((v for k, v in spec.items() if k in name), None)
+    t = statistics.median(times[f"{OURS} gpt2-small"])
+    achieved = flops * batch * 1024 / t
+    return [
+        {
+            "section": f"GPU MFU ({name}, bf16-mixed, compile, flash SDPA, fused AdamW)",
+            "contender": f"{OURS} gpt2-small ctx 1024 batch {batch}",
+            "median_s": t,
+            "ratio": 1.0,
+            "tokens_per_s": batch * 1024 / t,
+            "achieved_tflops": achieved / 1e12,
+            "mfu_vs_measured_bf16_matmul": achieved / measured_peak,
+            "mfu_vs_spec": achieved / spec_peak if spec_peak else None,
+            "reps": len(times[f"{OURS} gpt2-small"]),
+        }
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+NOTES = {  # key in a row -> how the table shows it
+    "speedup_vs_torch_nn": "{:.2f}x vs torch.nn.Transformer (post-LN)",
+    "peak_rss_mb": "peak {:.0f} MB",
+    "memory_ratio": "({:.2f}x)",
+    "activations_mb": "activations {:.0f} MB",
+    "activation_ratio": "({:.2f}x)",
+    "first_step_s": "first step {:.2f} s after fit starts",
+    "params": "{:,} params",
+    "mfu": "MFU {:.0%}",
+    "achieved_tflops": "{:.0f} TFLOP/s",
+    "mfu_vs_measured_bf16_matmul": "MFU {:.0%} of measured bf16 matmul",
+    "mfu_vs_spec": "MFU {:.0%} of spec",
+}
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = []
+    section = None
+    for row in rows:
+        if row["section"] != section:
+            section = row["section"]
+            ref = (
+                "hand loop" if "Lightning" in section else "checkpointing=none" if "checkpointing" in section else OURS
+            )
+            lines += ["", f"**{section}**", "", f"| contender | median | time / {ref} | notes |", "|---|---:|---:|---|"]
+        notes = [fmt.format(row[key]) for key, fmt in NOTES.items() if row.get(key) is not None]
+        lines.append(
+            f"| {row['contender']} | {row['median_s'] * 1e3:.0f} ms | {row['ratio']:.3f} | {' '.join(notes)} |"
+        )
+    return "\n".join(lines)
+
+
+def render(path: Path) -> None:
+    """Print the markdown table of a --json file written earlier."""
+    report = json.loads(path.read_text())
+    print(markdown(report["rows"]))
+
+
+def main() -> None:
+    sections = ["decoder", "seq2seq", "greedy", "beam", "memory", "lightning"]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions: a smoke run")
+    parser.add_argument("--only", nargs="+", choices=sections, default=sections, help="sections to run")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions per contender (default 5, quick 3)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the GPU MFU run only")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows and machine facts here")
+    parser.add_argument("--render", type=Path, default=None, help="print the table of an earlier --json file")
+    parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.render:
+        return render(args.render)
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child, sizes(args.quick)["memory"], args.quick)))
+        return
+    reps = args.reps or (3 if args.quick else 5)
+    s = sizes(args.quick)
+    machine = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "load_average_start": os.getloadavg(),
+        "command": " ".join(sys.argv),
+    }
+    rows: list[Row] = []
+    if args.device == "cuda":
+        rows += bench_cuda(reps)
+    else:
+        peak = matmul_peak_flops("cpu")
+        flops_per_step: dict[str, float] = {}
+        if "decoder" in args.only:
+            rows += bench_decoder(s["decoder"], reps, "cpu", flops_per_step)
+        if "seq2seq" in args.only:
+            rows += bench_seq2seq(s["seq2seq"], reps, "cpu")
+        if "greedy" in args.only:
+            rows += bench_greedy(s["decoder"], s["greedy"], reps, "cpu")
+        if "beam" in args.only:
+            rows += bench_beam(s["seq2seq"], s["beam"], reps, "cpu")
+        if "memory" in args.only:
+            rows += bench_memory(s["memory"], reps, args.quick, args.threads)
+        if "lightning" in args.only:
+            rows += bench_lightning(s["decoder"], s["lightning"]["steps"], max(2, reps // 2))
+        peak = max(peak, matmul_peak_flops("cpu"))
+        machine["fp32_matmul_peak_gflops"] = peak / 1e9
+        for row in rows:
+            if row["section"] == "decoder-only train step":
+                row["mfu"] = flops_per_step["decoder"] / row["median_s"] / peak
+    machine["load_average_end"] = os.getloadavg()
+    print(f"torch {machine['torch']}, {args.threads} threads, load average {machine['load_average_start']} at start, ")
+    print(
+        f"{machine['load_average_end']} at end; fp32 matmul peak {machine.get('fp32_matmul_peak_gflops', 0):.0f} GFLOP/s"
+    )
+    print(markdown(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
