@@ -35,15 +35,25 @@ class TransformerCLI(LightningCLI):
         for name in TOKENIZER_LINKS:
             parser.link_arguments(f"data.{name}", f"model.config.{name}", apply_on="instantiate")
         # Each callback gets its own group (--checkpoint.*, --samples.*, ...), so YAMLs and flags can tune it.
+        # Two checkpointers in one folder. `checkpoint` writes last.ckpt every N steps whatever the metrics (a
+        # ModelCheckpoint that monitors a validation metric defers even last.ckpt until the first validation, which
+        # loses work); `best_checkpoint` keeps the best by validation loss.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(ModelCheckpoint, "best_checkpoint")
+        parser.link_arguments("checkpoint.dirpath", "best_checkpoint.dirpath")
         parser.set_defaults(
             {
                 "checkpoint.dirpath": "checkpoints",
-                "checkpoint.filename": "step{step:06d}-val_loss{val/loss:.3f}",
-                "checkpoint.auto_insert_metric_name": False,
-                "checkpoint.monitor": "val/loss",
+                "checkpoint.monitor": None,
                 "checkpoint.save_last": True,
-                "checkpoint.save_top_k": 1,
+                "checkpoint.save_top_k": 0,
+                "checkpoint.every_n_train_steps": 100,
+                "best_checkpoint.filename": "best-step{step:06d}-val_loss{val/loss:.3f}",
+                "best_checkpoint.auto_insert_metric_name": False,
+                "best_checkpoint.monitor": "val/loss",
+                "best_checkpoint.mode": "min",
+                "best_checkpoint.save_top_k": 1,
+                "best_checkpoint.save_last": False,
             }
         )
         # Reliability: exact resume (per-step seeding), skipped non-finite steps, a checkpoint on SIGTERM/SIGINT.

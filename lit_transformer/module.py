@@ -146,8 +146,9 @@ class LitTransformer(L.LightningModule):
     def on_fit_start(self) -> None:
         # The tokenizer beside the TensorBoard logs too, for tools that read the run folder rather than checkpoints.
         datamodule = getattr(self.trainer, "datamodule", None)
-        if self.trainer.is_global_zero and self.trainer.log_dir and hasattr(datamodule, "save_tokenizer"):
-            datamodule.save_tokenizer(self.trainer.log_dir)
+        log_dir = self.trainer.log_dir  # a broadcast under DDP: every rank must ask
+        if self.trainer.is_global_zero and log_dir and hasattr(datamodule, "save_tokenizer"):
+            datamodule.save_tokenizer(log_dir)
 
     def _check_tokenizer(self) -> None:
         for name, tok, size in (
