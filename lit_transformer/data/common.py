@@ -88,3 +88,22 @@ def cached_stream(
 ) -> np.ndarray:
     key = fingerprint("lm-stream", 1, tokenizer_key, hash_texts(texts), eos_id)
     return cached_array(cache_dir / "tokens" / f"stream-{key}.npy", lambda: encode_stream(tokenizer, texts, eos_id))
+
+
+class SplitLoaders:
+    """The four Lightning loader hooks of a DataModule, from its `_loader(split, shuffle)`; predict reads the test split."""
+
+    def _loader(self, split: str, shuffle: bool):
+        raise NotImplementedError
+
+    def train_dataloader(self):
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("validation", shuffle=False)
+
+    def test_dataloader(self):
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self):
+        return self._loader("test", shuffle=False)

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from . import corpora
 from .cache import resolve_cache_dir
-from .common import SPLITS, cached_stream, hash_bucket, normalise_splits, require_columns
+from .common import SPLITS, SplitLoaders, cached_stream, hash_bucket, normalise_splits, require_columns
 from .loaders import BlockDataset, ResumableLoader, fixed_size_batches
 from .sources import load_any
 from .tokenizer import load_or_train_tokenizer, special_token_id
@@ -20,7 +20,7 @@ from .tokenizer import load_or_train_tokenizer, special_token_id
 HELD_OUT = 0.05  # validation and test fractions carved from train when the source has no such split
 
 
-class LanguageModelingDataModule(L.LightningDataModule):
+class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
     """Next-token prediction batches {"input_ids", "labels"} of shape (batch_size, block_size), packed without padding.
 
     The tokenizer is ready right after construction (trained and cached on first access), so the CLI can link its
@@ -192,18 +192,6 @@ class LanguageModelingDataModule(L.LightningDataModule):
         return ResumableLoader(
             blocks, batches, shuffle=shuffle, seed=self.seed, num_workers=self.num_workers, start_epoch=epoch
         )
-
-    def train_dataloader(self) -> ResumableLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> ResumableLoader:
-        return self._loader("validation", shuffle=False)
-
-    def test_dataloader(self) -> ResumableLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> ResumableLoader:
-        return self._loader("test", shuffle=False)
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the tokenizer, so a checkpoint can always be decoded."""

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from . import corpora
 from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
-from .common import SPLITS, encode_ragged, normalise_splits, require_columns
+from .common import SPLITS, SplitLoaders, encode_ragged, normalise_splits, require_columns
 from .loaders import ResumableLoader, token_budget_batches
 from .sources import load_any
 from .tokenizer import load_or_train_tokenizer, special_token_id
@@ -88,7 +88,7 @@ def _collate(batch: dict) -> dict:
     return batch
 
 
-class TranslationDataModule(L.LightningDataModule):
+class TranslationDataModule(SplitLoaders, L.LightningDataModule):
     """Sentence pairs for an encoder-decoder, batched by a token budget from length-sorted buckets.
 
     The tokenizer(s) are ready right after construction (trained and cached on first access), so the CLI can link
@@ -340,18 +340,6 @@ class TranslationDataModule(L.LightningDataModule):
         return ResumableLoader(
             data, batches, _collate, shuffle=shuffle, seed=self.seed, num_workers=self.num_workers, start_epoch=epoch
         )
-
-    def train_dataloader(self) -> ResumableLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> ResumableLoader:
-        return self._loader("validation", shuffle=False)
-
-    def test_dataloader(self) -> ResumableLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> ResumableLoader:
-        return self._loader("test", shuffle=False)
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the tokenizer(s), so a checkpoint can always be decoded."""
