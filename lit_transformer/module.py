@@ -237,6 +237,25 @@ class LitTransformer(L.LightningModule):
         if self.config.is_encoder_decoder and bleu.update_called:
             self.log(f"{stage}/bleu", bleu.compute() * 100, prog_bar=True)
             bleu.reset()
+            self._log_bleu_signature(stage)
+
+    def _log_bleu_signature(self, stage: str) -> None:
+        """sacreBLEU's signature beside the score, so a reported BLEU says how it was computed."""
+        import sacrebleu
+
+        scorer = sacrebleu.BLEU(tokenize="13a")
+        scorer.corpus_score(["a"], [["a"]])  # the signature is known once the number of references is
+        signature = str(scorer.get_signature())
+        for logger in self.loggers:
+            if self.trainer.is_global_zero and hasattr(logger.experiment, "add_text"):
+                logger.experiment.add_text(f"{stage}/bleu_signature", signature, self.global_step)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # The gradient norm before clipping, at the logging interval only (it costs one pass over the gradients).
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            grads = [p.grad.detach() for p in self.parameters() if p.grad is not None]
+            if grads:
+                self.log("train/grad_norm", torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[str]:
         if self.config.is_encoder_decoder:

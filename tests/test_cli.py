@@ -135,7 +135,7 @@ def test_tensorboard_shows_curves_samples_attention_and_hparams(tiny_run: Path):
     acc.Reload()
     tags = acc.Tags()
     scalars = set(tags["scalars"])
-    for expected in ("train/loss", "train/ppl", "val/loss", "val/ppl", "train/device/items_per_sec"):
+    for expected in ("train/loss", "train/ppl", "train/grad_norm", "val/loss", "val/ppl", "train/device/items_per_sec"):
         assert expected in scalars, (expected, sorted(scalars))
     assert any(s.startswith("lr-AdamW") for s in scalars), sorted(scalars)
     assert any("mfu" in s for s in scalars), sorted(scalars)
@@ -211,6 +211,7 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
     acc = EventAccumulator(str(events), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()
     assert "val/bleu" in acc.Tags()["scalars"]
+    assert any(t.startswith("val/bleu_signature") for t in acc.Tags()["tensors"]), acc.Tags()["tensors"]
     assert {"attention/encoder/layer_0", "attention/cross/layer_0"} <= set(acc.Tags()["images"])
     out = _cli(
         "translate",
