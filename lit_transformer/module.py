@@ -185,9 +185,9 @@ class LitTransformer(L.LightningModule):
         return batch["tgt_in"] if self.config.is_encoder_decoder else batch["input_ids"]
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        if self.flops_per_batch is None:
-            tokens = self._tokens(batch)
-            self.flops_per_batch = self.model.flops_per_token(tokens.size(1)) * tokens.numel()
+        # Per batch: translation batches vary in shape (token budget), and MFU must follow them.
+        tokens = self._tokens(batch)
+        self.flops_per_batch = self.model.flops_per_token(tokens.size(1)) * tokens.numel()
         logits = self(batch)
         loss, nll, _ = smoothed_cross_entropy(logits, batch["labels"], self.hparams.label_smoothing)
         batch_size = batch["labels"].size(0)
