@@ -151,15 +151,18 @@ class LitTransformer(L.LightningModule):
             datamodule.save_tokenizer(log_dir)
 
     def _check_tokenizer(self) -> None:
-        for name, tok, size in (
-            ("tokenizer", self.tokenizer, self.config.vocab_size),
-            ("target tokenizer", self.target_tokenizer, self.config.tgt_vocab_size),
-        ):
-            if tok is not None and tok.get_vocab_size() > size:
-                raise ValueError(
-                    f"The {name} has {tok.get_vocab_size()} tokens but the model's vocabulary holds {size}: "
-                    "train with the tokenizer the model was built for, or set model.config.vocab_size to match"
-                )
+        from lit_transformer.checkpointing import check_tokenizer_vocabulary
+
+        if self.tokenizer is not None:
+            check_tokenizer_vocabulary(self.tokenizer.get_vocab_size(), self.config)
+        if self.target_tokenizer is not None and self.config.target_vocab_size is not None:
+            check_tokenizer_vocabulary(
+                self.target_tokenizer.get_vocab_size(),
+                self.config.replace(
+                    vocab_size=self.config.tgt_vocab_size, target_vocab_size=None, share_embeddings=None
+                ),
+                what="target tokenizer",
+            )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The tokenizer travels inside the checkpoint, as a JSON string: generate/translate need nothing else.

@@ -63,8 +63,21 @@ def test_unknown_schedule():
         _lrs("linear", 1, warmup_steps=1)
 
 
-def test_schedule_is_a_pure_function_of_the_step():
-    # A resumed run restores only the step count; the curve must continue exactly.
-    assert warmup_cosine(57, warmup=10, total=100, min_ratio=0.0) == warmup_cosine(
-        57, warmup=10, total=100, min_ratio=0.0
-    )
+def test_a_restored_scheduler_continues_on_the_same_curve():
+    # A resumed run restores the scheduler's state dict into a fresh scheduler: the curve must continue exactly.
+    def make():
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        return optimizer, build_schedule(optimizer, "cosine", warmup_steps=10, total_steps=100)
+
+    optimizer, scheduler = make()
+    for _ in range(57):
+        optimizer.step()
+        scheduler.step()
+    state = scheduler.state_dict()
+    expected = [group["lr"] for group in optimizer.param_groups]
+    optimizer2, scheduler2 = make()
+    scheduler2.load_state_dict(state)
+    optimizer2.param_groups[0]["lr"] = scheduler2.get_last_lr()[0]
+    assert scheduler2.last_epoch == 57
+    assert optimizer2.param_groups[0]["lr"] == pytest.approx(expected[0])
+    assert expected[0] == pytest.approx(1e-3 * warmup_cosine(57, warmup=10, total=100, min_ratio=0.1))
