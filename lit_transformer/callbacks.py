@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 
 def _tensorboard(trainer: L.Trainer):
@@ -58,9 +58,10 @@ class GenerateSamples(L.Callback):
     @rank_zero_only
     @torch.no_grad()
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or pl_module.tokenizer is None:
+        if trainer.sanity_checking or pl_module.tokenizer is None or _sharded_across_ranks(trainer, self):
             return
-        self.last_samples = self.samples(trainer, pl_module)
+        with trainer.precision_plugin.forward_context():
+            self.last_samples = self.samples(trainer, pl_module)
         writer = _tensorboard(trainer)
         if writer is not None:
             for i, text in enumerate(self.last_samples):
@@ -111,10 +112,11 @@ class AttentionMaps(L.Callback):
         if trainer.sanity_checking or writer is None or pl_module.tokenizer is None:
             return
         batch = _first_validation_batch(trainer)
-        if batch is None:
+        if batch is None or _sharded_across_ranks(trainer, self):
             return
-        for name, figure in self.figures(pl_module, batch):
-            writer.add_figure(name, figure, trainer.global_step)
+        with trainer.precision_plugin.forward_context():
+            for name, figure in self.figures(pl_module, batch):
+                writer.add_figure(name, figure, trainer.global_step)
 
     def figures(self, pl_module: L.LightningModule, batch: dict[str, Any]):
         import matplotlib
@@ -198,7 +200,9 @@ class TokenThroughputMonitor(ThroughputMonitor):
         if peak is None:
             from lit_transformer.parallelize import matmul_peak_flops
 
-            peak = matmul_peak_flops(trainer.strategy.root_device)
+            precision = str(trainer.precision)
+            dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
+            peak = matmul_peak_flops(trainer.strategy.root_device, dtype)
         self.available_flops = peak
         for throughput in self._throughputs.values():
             throughput.available_flops = peak
@@ -209,6 +213,21 @@ class TokenThroughputMonitor(ThroughputMonitor):
         if throughput is not None and len(throughput._time) > 1:
             rate = (throughput._lengths[-1] - throughput._lengths[0]) / (throughput._time[-1] - throughput._time[0])
             pl_module.log("tok/s", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+
+
+def _sharded_across_ranks(trainer: L.Trainer, callback: L.Callback) -> bool:
+    """True (with a warning) where parameters are sharded over several ranks: a forward on rank 0 alone would wait
+    forever for the others' shards, so rank-0 callbacks that run the model stand aside."""
+    strategy = trainer.strategy
+    sharded = type(strategy).__name__ in {"FSDPStrategy", "ModelParallelStrategy"} or getattr(
+        strategy, "zero_stage_3", False
+    )
+    if sharded and trainer.world_size > 1:
+        rank_zero_warn(
+            f"{type(callback).__name__} is skipped: parameters are sharded across {trainer.world_size} ranks"
+        )
+        return True
+    return False
 
 
 def _batch_size(batch: dict[str, torch.Tensor]) -> int:

@@ -7,6 +7,8 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from tokenizers import Tokenizer
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -253,6 +255,18 @@ class LitTransformer(L.LightningModule):
             if self.trainer.is_global_zero and hasattr(logger.experiment, "add_text"):
                 logger.experiment.add_text(f"{stage}/bleu_signature", signature, self.global_step)
 
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            # bf16 autocast has no loss scaler, so clipping before a fused step is exact; Lightning's mixed-precision
+            # plugin refuses any fused optimizer, so clip with the plain precision plugin's code.
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # The gradient norm before clipping, at the logging interval only (it costs one pass over the gradients).
         if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
@@ -302,7 +316,12 @@ class LitTransformer(L.LightningModule):
         betas = hp.betas or ((0.9, 0.98) if adam else (0.9, 0.95))
         eps = hp.eps or (1e-9 if adam else 1e-8)
         on_cuda = self.device.type == "cuda"
-        fused = on_cuda if hp.fused is None else hp.fused
+        # A fused optimizer unscales fp16 gradients inside its step, after clipping would have seen them scaled.
+        trainer = self._trainer
+        scaled_and_clipped = (
+            trainer is not None and bool(trainer.gradient_clip_val) and _loss_scaler(trainer) is not None
+        )
+        fused = (on_cuda and not scaled_and_clipped) if hp.fused is None else hp.fused
         kwargs: dict[str, Any] = {"lr": hp.lr, "betas": tuple(betas), "eps": eps}
         kwargs["fused" if fused else "foreach"] = True
         if adam:
@@ -324,3 +343,8 @@ class LitTransformer(L.LightningModule):
             min_lr_ratio=hp.min_lr_ratio,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _loss_scaler(trainer: L.Trainer) -> Any:
+    """The precision plugin's fp16 gradient scaler, None where there is none (fp32, bf16)."""
+    return getattr(trainer.precision_plugin, "scaler", None)

@@ -70,13 +70,19 @@ def compile_blocks(model: nn.Module, **compile_kwargs) -> None:
         block.compile(**compile_kwargs)
 
 
-def matmul_peak_flops(device: torch.device | str = "cpu", size: int = 1024, repeats: int = 8) -> float:
-    """The fp32 matmul FLOP/s this device reaches now: the reference for an MFU figure where no spec sheet is known."""
+def matmul_peak_flops(
+    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None, repeats: int = 8
+) -> float:
+    """The matmul FLOP/s this device reaches now in `dtype`: the MFU reference where no spec sheet is known.
+
+    The default size is 1024 on a CPU (enough to reach its peak) and 8192 on a GPU (smaller ones leave SMs idle).
+    """
     import time
 
     device = torch.device(device)
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
+    size = size or (8192 if device.type == "cuda" else 1024)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     best = float("inf")
     for _ in range(repeats):
         if device.type == "cuda":

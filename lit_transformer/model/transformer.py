@@ -71,6 +71,8 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight
         self.reset_parameters()
+        # Counted now, while parameters are whole: FSDP later flattens and shards them.
+        self._matmul_params = self.num_parameters(non_embedding=True) + cfg.tie_embeddings * self.lm_head.weight.numel()
 
     # ---------------------------------------------------------------- initialisation
     @torch.no_grad()
@@ -261,7 +263,7 @@ class Transformer(nn.Module):
         tables.append(getattr(self, "src_positions", None))
         params = {}
         for table in tables:
-            for p in [table] if isinstance(table, nn.Parameter) else (table.parameters() if table is not None else []):
+            for p in [table] if isinstance(table, torch.Tensor) else (table.parameters() if table is not None else []):
                 params[id(p)] = p
         return list(params.values())
 
@@ -282,8 +284,5 @@ class Transformer(nn.Module):
         encoder work, and the decoder's self- and cross-attention each attend seq_len keys.
         """
         cfg = self.config
-        matmul_params = self.num_parameters(non_embedding=True)
-        if cfg.tie_embeddings:
-            matmul_params += self.lm_head.weight.numel()
         attention_layers = cfg.decoder_layers + (cfg.encoder_layers + cfg.decoder_layers) * cfg.is_encoder_decoder
-        return 6.0 * matmul_params + 12.0 * attention_layers * cfg.d_model * seq_len
+        return 6.0 * self._matmul_params + 12.0 * attention_layers * cfg.d_model * seq_len
