@@ -146,3 +146,28 @@ def test_invalid_generation_arguments():
         model.generate(prompt(model), 3, temperature=-1.0)
     with pytest.raises(ValueError, match="num_beams"):
         model.generate(prompt(model), 3, num_beams=0)
+
+
+@variants
+def test_single_row_decoding_with_column_major_weights_equals_recomputation(variant):
+    """One row and >= 16 new tokens take the column-major weight path; tokens and weights are unchanged by it."""
+    model = peaky(variant)
+    before = {name: (p.data_ptr(), p.stride()) for name, p in model.named_parameters()}
+    x = prompt(model, batch=1)
+    cached = model.generate(x, 20, eos_token_id=-1)
+    assert cached.shape == (1, 20)
+    torch.testing.assert_close(cached, model.generate(x, 20, eos_token_id=-1, use_cache=False), rtol=0, atol=0)
+    assert {name: (p.data_ptr(), p.stride()) for name, p in model.named_parameters()} == before
+
+
+def test_column_major_weights_are_put_back_after_an_error():
+    from lit_transformer.model.generation import vector_friendly_weights
+
+    model = build(DECODING_VARIANTS[0])
+    weight = model.lm_head.weight
+    stride = weight.stride()
+    with pytest.raises(RuntimeError, match="inside"):
+        with vector_friendly_weights(model):
+            assert weight.stride() == (1, weight.shape[0])
+            raise RuntimeError("inside")
+    assert weight.stride() == stride
