@@ -59,19 +59,21 @@ class IncrementalDecoder:
         if self.cache is None:
             new_tokens = self.tokens
         logits = self.model.decode(
-            new_tokens, self.memory, tgt_mask=self.keep, memory_mask=self.memory_mask, cache=self.cache
+            new_tokens, self.memory, tgt_mask=self.keep, memory_mask=self.memory_mask, cache=self.cache, last_only=True
         )
         return logits[:, -1].float()
 
     def step(self, next_tokens: Tensor, rows: Tensor | None = None) -> Tensor:
         """Append next_tokens (N,) to the sequences, first selecting `rows` (beam search); next logits (N, V)."""
         if rows is not None:
-            self.tokens = self.tokens.index_select(0, rows)
+            if self.cache is None:
+                self.tokens = self.tokens.index_select(0, rows)
             if self.keep is not None:
                 self.keep = self.keep.index_select(0, rows)
             for layer in self.cache or []:
                 layer.self_attn.reorder(rows)  # cross-attention K/V are identical across a row's beams
-        self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
+        if self.cache is None:  # only recomputation reads the whole sequence
+            self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
         if self.keep is not None:
             self.keep = torch.cat([self.keep, self.keep.new_ones(len(next_tokens), 1)], dim=1)
         self.logits = self._run(next_tokens[:, None])

@@ -183,11 +183,13 @@ class Transformer(nn.Module):
         memory_mask: Tensor | None = None,
         cache: list[LayerCache] | None = None,
         return_attention: bool = False,
+        last_only: bool = False,
     ) -> Tensor | tuple[Tensor, Attentions]:
-        """The decoder stack and output projection: logits (B, t, V) for tokens tgt (B, t).
+        """The decoder stack and output projection: logits (B, t, V) for tokens tgt (B, t); (B, 1, V) with last_only.
 
         Masks are taken as given (None means no padding): tgt_mask (B, past + t) covers cached and new tokens,
-        memory_mask (B, S). With a cache (see new_cache), tgt continues the tokens already cached.
+        memory_mask (B, S). With a cache (see new_cache), tgt continues the tokens already cached. last_only projects
+        the last position alone (decoding needs no more), sparing the output layer for a prompt's other tokens.
         """
         t = tgt.shape[1]
         past = cache[0].self_attn.length if cache else 0
@@ -201,6 +203,8 @@ class Transformer(nn.Module):
             x, w_self, w_cross = block(x, mask, is_causal, memory, memory_mask, layer_cache, return_attention)
             self_weights.append(w_self)
             cross_weights.append(w_cross)
+        if last_only:
+            x = x[:, -1:]
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         logits = self.lm_head(x)
