@@ -7,7 +7,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 
@@ -200,9 +202,7 @@ class TokenThroughputMonitor(ThroughputMonitor):
         if peak is None:
             from lit_transformer.parallelize import matmul_peak_flops
 
-            precision = str(trainer.precision)
-            dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
-            peak = matmul_peak_flops(trainer.strategy.root_device, dtype)
+            peak = matmul_peak_flops(trainer.strategy.root_device, _plugin_to_compute_dtype(trainer.precision_plugin))
         self.available_flops = peak
         for throughput in self._throughputs.values():
             throughput.available_flops = peak
@@ -219,9 +219,7 @@ def _sharded_across_ranks(trainer: L.Trainer, callback: L.Callback) -> bool:
     """True (with a warning) where parameters are sharded over several ranks: a forward on rank 0 alone would wait
     forever for the others' shards, so rank-0 callbacks that run the model stand aside."""
     strategy = trainer.strategy
-    sharded = type(strategy).__name__ in {"FSDPStrategy", "ModelParallelStrategy"} or getattr(
-        strategy, "zero_stage_3", False
-    )
+    sharded = isinstance(strategy, FSDPStrategy | ModelParallelStrategy) or getattr(strategy, "zero_stage_3", False)
     if sharded and trainer.world_size > 1:
         rank_zero_warn(
             f"{type(callback).__name__} is skipped: parameters are sharded across {trainer.world_size} ranks"

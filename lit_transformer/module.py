@@ -319,7 +319,9 @@ class LitTransformer(L.LightningModule):
         # A fused optimizer unscales fp16 gradients inside its step, after clipping would have seen them scaled.
         trainer = self._trainer
         scaled_and_clipped = (
-            trainer is not None and bool(trainer.gradient_clip_val) and _loss_scaler(trainer) is not None
+            trainer is not None
+            and bool(trainer.gradient_clip_val)
+            and getattr(trainer.precision_plugin, "scaler", None) is not None
         )
         fused = (on_cuda and not scaled_and_clipped) if hp.fused is None else hp.fused
         kwargs: dict[str, Any] = {"lr": hp.lr, "betas": tuple(betas), "eps": eps}
@@ -343,8 +345,3 @@ class LitTransformer(L.LightningModule):
             min_lr_ratio=hp.min_lr_ratio,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def _loss_scaler(trainer: L.Trainer) -> Any:
-    """The precision plugin's fp16 gradient scaler, None where there is none (fp32, bf16)."""
-    return getattr(trainer.precision_plugin, "scaler", None)

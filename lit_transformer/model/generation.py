@@ -86,7 +86,7 @@ def vector_friendly_weights(model: Transformer, enabled: bool = True) -> Iterato
 
     Decoding one row, every step is a matrix-vector product per weight, bound by memory bandwidth. On a CPU, BLAS
     streams a weight stored as (in, out) rows about twice as fast as the row-major (out, in) one F.linear gets
-    (scripts/benchmark.py, greedy section). The copy (one pass over the weights) is paid once per generate call;
+    (measured in docs/performance.md, "Greedy generation"). The copy (one pass over the weights) is paid once per generate call;
     the original tensors are put back on exit. GPUs and batches are left alone: there the layout does not help.
     """
     if not enabled or model.lm_head.weight.device.type != "cpu":
