@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+
+from lit_transformer.config import GenerationConfig
+from lit_transformer.data.encoding import encode_input
 
 
 def _tensorboard(trainer: L.Trainer):
@@ -34,25 +39,21 @@ class GenerateSamples(L.Callback):
     def __init__(
         self,
         prompts: list[str] | None = None,
-        max_new_tokens: int = 200,
-        temperature: float = 0.8,
-        top_k: int | None = 50,
+        generation: GenerationConfig | None = None,
         num_translations: int = 4,
         seed: int = 0,
     ) -> None:
         """
         Args:
             prompts: Prompts for a decoder-only model; None starts from a newline.
-            max_new_tokens: Tokens generated per prompt.
-            temperature: Sampling temperature (0 is greedy).
-            top_k: Sample among the k most likely tokens.
+            generation: How a language model's samples are decoded (e.g. --samples.generation.max_new_tokens 120);
+                None uses its topology's defaults (GenerationConfig.for_model). Translations are decoded as the
+                LightningModule's own generation config says, as BLEU is.
             num_translations: Validation sources translated for an encoder-decoder model.
             seed: Seed of the sampling generator, so successive samples differ only by what the model learned.
         """
         self.prompts = prompts or ["\n"]
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_k = top_k
+        self.generation = generation
         self.num_translations = num_translations
         self.seed = seed
         self.last_samples: list[str] = []
@@ -76,20 +77,18 @@ class GenerateSamples(L.Callback):
             if batch is None or "src_text" not in batch:
                 return []
             src = batch["src"][: self.num_translations].to(pl_module.device)
-            outputs = pl_module.translate_batch(src)
+            outputs = pl_module.translate_batch(src, batch["src_mask"][: self.num_translations].to(pl_module.device))
             refs = batch.get("ref_text", [""] * len(outputs))
             return [f"source: {s}\n\nmodel: {o}\n\nreference: {r}" for s, o, r in zip(batch["src_text"], outputs, refs)]
         generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        generation = self.generation or GenerationConfig.for_model(pl_module.config)
         texts = []
         for prompt in self.prompts:
-            ids = pl_module.tokenizer.encode(prompt).ids or [pl_module.config.bos_token_id]
-            tokens = torch.tensor([ids], device=pl_module.device)
+            ids = encode_input(
+                pl_module.tokenizer, prompt, encoder_decoder=False, eos_token_id=pl_module.config.eos_token_id
+            )
             out = pl_module.model.generate(
-                tokens,
-                max_new_tokens=self.max_new_tokens,
-                temperature=self.temperature,
-                top_k=self.top_k,
-                generator=generator,
+                torch.tensor([ids], device=pl_module.device), generation, generator=generator
             )
             texts.append(prompt + pl_module.decode(out)[0])
         return texts
@@ -229,11 +228,14 @@ def _sharded_across_ranks(trainer: L.Trainer, callback: L.Callback) -> bool:
 
 
 def _batch_size(batch: dict[str, torch.Tensor]) -> int:
-    return batch["labels"].size(0)
+    return len(batch["labels"] if "labels" in batch else batch["input_ids"])
 
 
 def _token_count(batch: dict[str, torch.Tensor]) -> int:
-    return int((batch["labels"] != -100).sum())
+    """Target tokens of a training or validation batch; input tokens of a predict batch (which has no labels)."""
+    if "labels" in batch:
+        return int((batch["labels"] != -100).sum())
+    return int(batch["attention_mask"].sum())
 
 
 class LearningRateLogger(LearningRateMonitor):
@@ -253,3 +255,40 @@ class LearningRateLogger(LearningRateMonitor):
     def on_train_epoch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         if trainer.loggers:
             super().on_train_epoch_start(trainer, *args, **kwargs)
+
+
+class PredictionWriter(BasePredictionWriter):
+    """`predict` writes one JSON line per input, in input order: {"input", "output", "tokens"} (the new token ids).
+
+    Lines are written batch by batch and flushed, so a long run shows its progress and an interrupted one keeps
+    what it finished. Under several processes each rank writes its own file (output with `.rankN` before the suffix).
+    """
+
+    def __init__(self, output: str | None = None) -> None:
+        """
+        Args:
+            output: The JSONL file to write; None writes predictions.jsonl in the trainer's default_root_dir.
+        """
+        super().__init__(write_interval="batch")
+        self.output = output
+        self._file = None
+        self.path: Path | None = None
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        path = Path(self.output) if self.output else Path(trainer.default_root_dir) / "predictions.jsonl"
+        if trainer.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("w", encoding="utf-8")
+        rank_zero_info(f"predict: writing {path}")
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        for row in prediction:
+            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._file.flush()
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -16,7 +16,13 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_transformer.callbacks import AttentionMaps, GenerateSamples, LearningRateLogger, TokenThroughputMonitor
+from lit_transformer.callbacks import (
+    AttentionMaps,
+    GenerateSamples,
+    LearningRateLogger,
+    PredictionWriter,
+    TokenThroughputMonitor,
+)
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import NonFiniteLossGuard, PreemptionCheckpoint, StepSeed, check_device_options
@@ -64,6 +70,7 @@ class TransformerCLI(LightningCLI):
         parser.add_lightning_class_args(GenerateSamples, "samples")
         parser.add_lightning_class_args(AttentionMaps, "attention")
         parser.add_lightning_class_args(TokenThroughputMonitor, "throughput")
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def before_instantiate_classes(self) -> None:
         trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
@@ -73,13 +80,23 @@ class TransformerCLI(LightningCLI):
         check_device_options(trainer.accelerator, strategy, trainer.precision)
 
     def _parse_ckpt_path(self) -> None:
-        # LightningCLI torch.loads --ckpt_path itself; load it safely first, so a corrupt, truncated or hostile
-        # file fails with a message that says what is wrong and nothing in it ever runs.
+        """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
+        load the file safely first (a corrupt, truncated or hostile file fails with a message that says what is
+        wrong, and nothing in it ever runs), and keep the command line's `generation`: how to decode is chosen per
+        run (`predict --model.generation.temperature 0`), not inherited from training."""
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if path and path not in ("last", "best", "hpc", "registry") and not str(path).startswith("registry:"):
-            load_checkpoint(path)
-        super()._parse_ckpt_path()
+        if not path or path in ("last", "best", "hpc", "registry") or str(path).startswith("registry:"):
+            return
+        hparams = dict(load_checkpoint(path).get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        hparams.pop("generation", None)
+        if hparams:
+            try:
+                self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+            except SystemExit:
+                sys.stderr.write(f"The hyperparameters saved in {path} do not parse as this LitTransformer's\n")
+                raise
 
 
 def _trainer_defaults() -> dict:

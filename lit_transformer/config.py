@@ -60,8 +60,9 @@ class TransformerConfig:
     """Multiply token embeddings by sqrt(d_model), as in the paper."""
     layer_norm_eps: float = 1e-5
     """Epsilon of every LayerNorm."""
-    pad_token_id: int | None = 0
-    """Padding token: masked out of attention and of the loss. Linked from the tokenizer by the CLI."""
+    pad_token_id: int | None = None
+    """Padding token: what fills padded batches and finished rows in generation. Padding itself is said by an
+    attention mask, never inferred from this id (a real vocabulary may use it). Linked from the tokenizer by the CLI."""
     bos_token_id: int | None = 1
     """Beginning-of-sequence token: starts the decoder in translation. Linked from the tokenizer by the CLI."""
     eos_token_id: int | None = 2
@@ -211,5 +212,80 @@ PRESETS: dict[str, dict[str, Any]] = {
         init="gpt2",
     ),
     # For tests and debugging: seconds on a CPU.
-    "tiny": dict(vocab_size=128, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=64, dropout=0.0),
+    "tiny": dict(
+        vocab_size=128, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=64, dropout=0.0, pad_token_id=0
+    ),
 }
+
+
+@dataclass
+class GenerationConfig:
+    """How to decode: the one home of every decoding default (Transformer.generate, the generate, translate and
+    predict commands, the TensorBoard samples, validation BLEU). ``GenerationConfig.for_model`` gives the defaults
+    of a topology; any field can be overridden."""
+
+    max_new_tokens: int = 200
+    """Tokens to generate at most (EOS included)."""
+    temperature: float = 0.0
+    """0 is greedy (argmax); above 0, sample from softmax(logits / temperature)."""
+    top_k: int | None = None
+    """Sample among the k most likely tokens only; None (or 0) keeps all."""
+    top_p: float | None = None
+    """Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p; None keeps all."""
+    num_beams: int = 1
+    """Beam search with this many beams when above 1 (deterministic; temperature, top_k and top_p are ignored)."""
+    length_penalty: float = 1.0
+    """Beam search: a hypothesis scores log p / length ** length_penalty (0 ranks by log p alone)."""
+    repetition_penalty: float = 1.0
+    """Above 1, the logits of tokens already in the sequence (prompt included) shrink: divided by it when positive,
+    multiplied when negative (Keskar et al. 2019, as Hugging Face does)."""
+    stop: list[str] = dataclasses.field(default_factory=list)
+    """Stop strings: a row ends when its generated text contains one, which is cut from the output (text commands)."""
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
+    """Token ids that end a row as EOS does (kept in the output), besides eos_token_id."""
+    eos_token_id: int | None = None
+    """The token that ends a row; None uses the model config's eos_token_id."""
+    max_source_offset: int | None = 50
+    """encoder_decoder: a translation is at most its source's length + this many tokens (the paper's +50); None
+    bounds it by max_new_tokens alone."""
+    window_keep: int | None = None
+    """decoder_only, once a sequence outgrows max_seq_len: the model conditions on its last max_seq_len tokens; with
+    the KV cache, the window is refilled from its last window_keep tokens and then grows again, so the cost of a
+    slide is paid once per (max_seq_len - window_keep) tokens. None keeps half the context; max_seq_len - 1 crops
+    to exactly the last max_seq_len tokens before every token (nanoGPT's rule, one full window pass per token)."""
+    seed: int | None = None
+    """Seed of the sampling generator; None draws from torch's global generator."""
+    use_cache: bool = True
+    """Decode with the KV cache; False recomputes the whole window every step (slow; a reference for tests)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_new_tokens < 0:
+            problems.append(f"max_new_tokens={self.max_new_tokens} must be >= 0")
+        if self.temperature < 0:
+            problems.append(f"temperature={self.temperature} must be >= 0 (0 is greedy)")
+        if self.top_k is not None and self.top_k < 0:
+            problems.append(f"top_k={self.top_k} must be >= 1, or 0 or None for all tokens")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p={self.top_p} must lie in (0, 1] or be None")
+        if self.num_beams < 1:
+            problems.append(f"num_beams={self.num_beams} must be >= 1")
+        if self.repetition_penalty <= 0:
+            problems.append(f"repetition_penalty={self.repetition_penalty} must be positive (1 is none)")
+        if self.max_source_offset is not None and self.max_source_offset < 1:
+            problems.append(f"max_source_offset={self.max_source_offset} must be >= 1 or None")
+        if self.window_keep is not None and self.window_keep < 1:
+            problems.append(f"window_keep={self.window_keep} must be >= 1 or None")
+        if problems:
+            raise ValueError("Invalid GenerationConfig:\n  - " + "\n  - ".join(problems))
+
+    def replace(self, **changes: Any) -> GenerationConfig:
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def for_model(cls, config: TransformerConfig, **overrides: Any) -> GenerationConfig:
+        """The defaults of a topology: a language model samples (temperature 0.8, top-k 50), a translation model
+        searches 4 beams. Overrides with the value None are ignored, so CLI flags left unset keep the defaults."""
+        base = cls(num_beams=4) if config.is_encoder_decoder else cls(temperature=0.8, top_k=50)
+        return base.replace(**{name: value for name, value in overrides.items() if value is not None})

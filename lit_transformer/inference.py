@@ -1,19 +1,27 @@
-"""Load a trained checkpoint for inference and the `generate` / `translate` commands.
+"""Load a trained checkpoint for inference, and the `generate` / `translate` commands.
 
 A checkpoint holds everything needed: the architecture (hyper_parameters.config) and the tokenizer(s) as JSON.
+Decoding settings are a GenerationConfig; every one of its fields is a flag of both commands.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
+import sys
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import torch
 from jsonargparse import ArgumentParser
 from tokenizers import Tokenizer
 
-from lit_transformer.config import TransformerConfig
+from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.data.encoding import encode_input
 from lit_transformer.model import Transformer
 
 
@@ -27,11 +35,100 @@ class LoadedModel:
     def config(self) -> TransformerConfig:
         return self.model.config
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    def encode(self, text: str) -> list[int]:
+        """A prompt or source, encoded exactly as training encodes it."""
+        cfg = self.config
+        return encode_input(self.tokenizer, text, encoder_decoder=cfg.is_encoder_decoder, eos_token_id=cfg.eos_token_id)
+
+    def batch(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoded inputs padded on the right, with the attention mask that says which tokens are real."""
+        rows = [self.encode(t) for t in texts]
+        width = max(map(len, rows))
+        pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=self.device)
+        mask = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows], device=self.device)
+        return ids, mask
+
     def decode(self, ids: torch.Tensor) -> list[str]:
         """Generated target ids to text, cut at the first EOS."""
         eos = self.config.eos_token_id
         rows = [row[: row.index(eos)] if eos is not None and eos in row else row for row in ids.tolist()]
         return self.target_tokenizer.decode_batch(rows, skip_special_tokens=True)
+
+
+class TextStream:
+    """Follows each row's new tokens as text while they are generated (a `streamer` for Transformer.generate).
+
+    A row ends at a stop id or when its text contains a stop string (cut from `texts()`); `echo` receives row 0's
+    text as it grows, holding back an incomplete UTF-8 character.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        rows: int,
+        stop: Sequence[str] = (),
+        stop_ids: Sequence[int | None] = (),
+        echo: TextIO | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.stop_ids = {i for i in stop_ids if i is not None}
+        self.echo = echo
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.done = [False] * rows
+        self.echoed = 0
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        for row, token in enumerate(tokens.tolist()):
+            if self.done[row]:
+                continue
+            if token in self.stop_ids:
+                self.done[row] = True
+                continue
+            self.ids[row].append(token)
+            if self.stop and self._cut(self._text(row)) is not None:
+                self.done[row] = True
+        if self.echo is not None:
+            self._echo(final=False)
+        return torch.tensor(self.done, device=tokens.device)
+
+    def _text(self, row: int) -> str:
+        return self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
+
+    def _cut(self, text: str) -> int | None:
+        hits = [text.find(s) for s in self.stop if s in text]
+        return min(hits) if hits else None
+
+    def texts(self) -> list[str]:
+        """Each row's text, cut before its first stop string."""
+        out = []
+        for row in range(len(self.ids)):
+            text = self._text(row)
+            cut = self._cut(text)
+            out.append(text if cut is None else text[:cut])
+        return out
+
+    def _echo(self, final: bool) -> None:
+        text = self.texts()[0] if final or self.done[0] else self._text(0)
+        if not final:
+            text = text.rstrip("\ufffd")  # a multi-byte character still arriving
+            if self.stop:  # hold back what could be the start of a stop string
+                longest = max(map(len, self.stop)) - 1
+                text = text[: max(self.echoed, len(text) - longest)]
+        if len(text) > self.echoed:
+            self.echo.write(text[self.echoed :])
+            self.echo.flush()
+            self.echoed = len(text)
+
+    def finish(self) -> None:
+        """Echo whatever was held back."""
+        if self.echo is not None:
+            self._echo(final=True)
 
 
 def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
@@ -45,12 +142,36 @@ def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
     return config if isinstance(config, TransformerConfig) else TransformerConfig(**dict(config))
 
 
+def _refuse_other_kinds(path: Path) -> None:
+    """Exports and foreign files are not checkpoints: say what the file is and what to do instead."""
+    from lit_transformer.checkpointing import CheckpointError
+
+    if path.is_dir():
+        kind = "a Hugging Face model folder" if (path / "config.json").is_file() else "a folder"
+        found = sorted(p.name for p in path.glob("*.ckpt"))[:5]
+        hint = f"; the .ckpt files in it: {', '.join(found)}" if found else ""
+        raise CheckpointError(
+            f"{path} is {kind}, not a checkpoint: give a .ckpt file written by `fit` (e.g. "
+            f"runs/<name>/checkpoints/last.ckpt){hint}. A Hugging Face GPT-2 folder is fine-tuned with "
+            "`fit --model.init_from FOLDER`."
+        )
+    if path.suffix in (".safetensors", ".onnx", ".json", ".bin"):
+        raise CheckpointError(
+            f"{path} is a {path.suffix} export, not a checkpoint: `generate` and `translate` read the .ckpt files "
+            "that `fit` writes (runs/<name>/checkpoints/last.ckpt)."
+        )
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
     """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it."""
     from lit_transformer.checkpointing import CheckpointError, load_checkpoint, load_model_state
 
+    _refuse_other_kinds(Path(path))
     checkpoint = load_checkpoint(path, map_location="cpu")
-    config = config_from_checkpoint(checkpoint)
+    try:
+        config = config_from_checkpoint(checkpoint)
+    except ValueError as error:
+        raise CheckpointError(f"{path}: {error}") from None
     model = Transformer(config)
     load_model_state(model, checkpoint, current=config, prefix="model.")
     if "tokenizer" not in checkpoint:
@@ -69,70 +190,114 @@ def _device(name: str) -> str:
     return name
 
 
-def _common_parser(prog: str, description: str) -> ArgumentParser:
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field: the one description of a field, shown as its --help text."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = {}
+    for field, doc in zip(body, body[1:]):
+        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            docs[field.target.id] = " ".join(str(doc.value.value).split())
+    return docs
+
+
+def _parser(prog: str, description: str) -> ArgumentParser:
+    """--checkpoint, --device, and every GenerationConfig field as a flag (unset flags keep the topology's defaults,
+    GenerationConfig.for_model)."""
     parser = ArgumentParser(prog=f"python -m lit_transformer {prog}", description=description)
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
-    parser.add_argument("--max_new_tokens", type=int, default=200, help="Tokens to generate at most.")
     parser.add_argument("--device", type=str, default="auto", help="cpu, cuda, or auto.")
-    parser.add_argument("--seed", type=int, default=1337, help="Seed of the sampling generator.")
+    hints, docs = typing.get_type_hints(GenerationConfig), _field_docs(GenerationConfig)
+    for field in dataclasses.fields(GenerationConfig):
+        hint = hints[field.name]
+        if typing.get_origin(hint) is list:  # one value may be given without list syntax: --stop END
+            hint = hint | typing.get_args(hint)[0]
+        parser.add_argument(f"--{field.name}", type=hint | None, default=None, help=docs[field.name])
     return parser
 
 
+def _generation(args, config: TransformerConfig) -> GenerationConfig:
+    values = {f.name: args[f.name] for f in dataclasses.fields(GenerationConfig)}
+    for name in ("stop", "stop_token_ids"):
+        if values[name] is not None and not isinstance(values[name], list):
+            values[name] = [values[name]]
+    return GenerationConfig.for_model(config, **values)
+
+
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+def _load(args) -> LoadedModel:
+    from lit_transformer.checkpointing import CheckpointError
+
+    try:
+        return load_model(args.checkpoint, _device(args.device))
+    except CheckpointError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
 def generate_main(argv: Sequence[str]) -> None:
-    """`generate`: continue a prompt with a decoder-only model."""
-    parser = _common_parser("generate", "Continue a prompt with a trained decoder-only model.")
+    """`generate`: continue prompts with a decoder-only model, printing tokens as they are produced."""
+    parser = _parser("generate", "Continue a prompt with a trained decoder-only model.")
     parser.add_argument("--prompt", type=str, default="\n", help="Text to continue.")
-    parser.add_argument("--num_samples", type=int, default=1, help="Independent samples to print.")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; higher is more random.")
-    parser.add_argument("--top_k", type=int | None, default=50, help="Sample among the k most likely tokens.")
-    parser.add_argument("--top_p", type=float | None, default=None, help="Nucleus sampling threshold.")
+    parser.add_argument("--prompt_file", type=str | None, default=None, help="A file of prompts, one per line.")
+    parser.add_argument("--num_samples", type=int, default=1, help="Samples per prompt.")
     args = parser.parse_args(list(argv))
-    loaded = load_model(args.checkpoint, _device(args.device))
+    loaded = _load(args)
     if loaded.config.is_encoder_decoder:
-        raise SystemExit("This checkpoint is an encoder-decoder model: use `python -m lit_transformer translate`")
-    ids = loaded.tokenizer.encode(args.prompt).ids or [loaded.config.bos_token_id]
-    device = next(loaded.model.parameters()).device
-    prompt = torch.tensor([ids] * args.num_samples, device=device)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    with torch.no_grad():
-        out = loaded.model.generate(
-            prompt,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            generator=generator,
+        raise SystemExit(
+            "error: this checkpoint is an encoder-decoder model: use `python -m lit_transformer translate`"
         )
-    for i, text in enumerate(loaded.decode(out)):
-        if args.num_samples > 1:
-            print(f"--- sample {i}")
-        print(args.prompt + text)
+    gen = _generation(args, loaded.config)
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise SystemExit(f"error: --prompt_file {path} does not exist")
+        prompts = path.read_text(encoding="utf-8").splitlines()
+    else:
+        prompts = [args.prompt]
+    generator = torch.Generator(device=loaded.device)
+    generator.manual_seed(gen.seed) if gen.seed is not None else generator.seed()
+    window = loaded.config.max_seq_len
+    for p, prompt in enumerate(prompts):
+        ids = loaded.encode(prompt)
+        if len(ids) > window:
+            _note(
+                f"prompt {p + 1} has {len(ids)} tokens, more than the model's context of {window}: the model sees its last {window}"
+            )
+        for s in range(args.num_samples):
+            if len(prompts) > 1 or args.num_samples > 1:
+                print(f"--- prompt {p + 1}, sample {s + 1}", flush=True)
+            stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [], echo=sys.stdout)
+            sys.stdout.write(prompt)
+            loaded.model.generate(torch.tensor([ids], device=loaded.device), gen, generator=generator, streamer=stream)
+            stream.finish()
+            print(flush=True)
 
 
 def translate_main(argv: Sequence[str]) -> None:
-    """`translate`: beam-search translation with an encoder-decoder model."""
-    parser = _common_parser("translate", "Translate text with a trained encoder-decoder model (beam search).")
+    """`translate`: translate sentences with an encoder-decoder model (beam search by default)."""
+    parser = _parser("translate", "Translate text with a trained encoder-decoder model.")
     parser.add_argument("--text", type=str | None, default=None, help="A sentence to translate.")
     parser.add_argument("--input", type=str | None, default=None, help="A file of sentences, one per line.")
-    parser.add_argument("--num_beams", type=int, default=4, help="Beam width (1 is greedy).")
-    parser.add_argument("--length_penalty", type=float, default=1.0, help="Beam-search length penalty.")
+    parser.add_argument("--batch_size", type=int, default=16, help="Sentences translated at once.")
     args = parser.parse_args(list(argv))
-    loaded = load_model(args.checkpoint, _device(args.device))
-    if not loaded.config.is_encoder_decoder:
-        raise SystemExit("This checkpoint is a decoder-only model: use `python -m lit_transformer generate`")
     if (args.text is None) == (args.input is None):
-        raise SystemExit("translate needs exactly one of --text SENTENCE or --input FILE")
-    texts = [args.text] if args.text is not None else Path(args.input).read_text().splitlines()
-    pad = loaded.config.pad_token_id
-    # Sources are encoded as in training: the text's tokens, then EOS.
-    eos = [] if loaded.config.eos_token_id is None else [loaded.config.eos_token_id]
-    encoded = [loaded.tokenizer.encode(t).ids + eos for t in texts]
-    width = max(len(e) for e in encoded)
-    device = next(loaded.model.parameters()).device
-    src = torch.tensor([e + [pad] * (width - len(e)) for e in encoded], device=device)
-    with torch.no_grad():
-        out = loaded.model.generate(
-            src, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, length_penalty=args.length_penalty
-        )
-    for text in loaded.decode(out):
-        print(text)
+        raise SystemExit("error: translate needs exactly one of --text SENTENCE or --input FILE")
+    if args.input is not None and not Path(args.input).is_file():
+        raise SystemExit(f"error: --input {args.input} does not exist")
+    loaded = _load(args)
+    if not loaded.config.is_encoder_decoder:
+        raise SystemExit("error: this checkpoint is a decoder-only model: use `python -m lit_transformer generate`")
+    gen = _generation(args, loaded.config)
+    texts = [args.text] if args.text is not None else Path(args.input).read_text(encoding="utf-8").splitlines()
+    for start in range(0, len(texts), args.batch_size):
+        for text in translate(loaded, texts[start : start + args.batch_size], gen):
+            print(text, flush=True)
+
+
+def translate(loaded: LoadedModel, texts: Sequence[str], gen: GenerationConfig) -> list[str]:
+    """Translations of a batch of sentences."""
+    src, mask = loaded.batch(texts)
+    out = loaded.model.generate(src, gen, attention_mask=mask)
+    return loaded.decode(out)

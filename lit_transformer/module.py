@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import lightning as L
@@ -14,7 +15,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
-from lit_transformer.config import TransformerConfig
+from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.model import Transformer
 from lit_transformer.schedules import ScheduleName, build_schedule
 
@@ -76,8 +77,7 @@ class LitTransformer(L.LightningModule):
         label_smoothing: float = 0.0,
         activation_checkpointing: bool = False,
         compile: bool = False,
-        bleu_num_beams: int = 4,
-        length_penalty: float = 1.0,
+        generation: GenerationConfig | None = None,
         init_from: str | None = None,
     ) -> None:
         """
@@ -96,8 +96,8 @@ class LitTransformer(L.LightningModule):
             label_smoothing: Label smoothing of the loss (the paper's 0.1); perplexity is always the unsmoothed one.
             activation_checkpointing: Recompute each block's activations in backward (less memory, more time).
             compile: torch.compile each block (a cold start of tens of seconds; pays off on GPUs).
-            bleu_num_beams: Beams for the translations scored by BLEU during validation and test.
-            length_penalty: Beam-search length penalty for those translations.
+            generation: How `predict` and validation/test BLEU decode (any GenerationConfig field, e.g.
+                --model.generation.num_beams 4); None uses the topology's defaults (GenerationConfig.for_model).
             init_from: A Hugging Face GPT-2 folder (or hub name) to fine-tune: its config.json sets the architecture
                 and special token ids (recorded in the hyperparameters), its weights the parameters.
         """
@@ -109,6 +109,7 @@ class LitTransformer(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.config = config
+        self.generation = generation or GenerationConfig.for_model(config)
         self.model = pretrained if init_from else Transformer(config)
         self.tokenizer: Tokenizer | None = None
         self.target_tokenizer: Tokenizer | None = None
@@ -183,8 +184,8 @@ class LitTransformer(L.LightningModule):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.config.is_encoder_decoder:
-            return self.model(batch["src"], batch["tgt_in"])
-        return self.model(batch["input_ids"])
+            return self.model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"], tgt_mask=batch["tgt_mask"])
+        return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"))
 
     def _tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return batch["tgt_in"] if self.config.is_encoder_decoder else batch["input_ids"]
@@ -221,14 +222,17 @@ class LitTransformer(L.LightningModule):
             rows = (
                 len(batch["ref_text"]) if self._bleu_budget is None else min(self._bleu_budget, len(batch["ref_text"]))
             )
-            self.val_bleu.update(self.translate_batch(batch["src"][:rows]), [[r] for r in batch["ref_text"][:rows]])
+            translations = self.translate_batch(batch["src"][:rows], batch["src_mask"][:rows])
+            self.val_bleu.update(translations, [[r] for r in batch["ref_text"][:rows]])
             if self._bleu_budget is not None:
                 self._bleu_budget -= rows
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._evaluate(batch, "test", self.test_nll, self.test_accuracy)
         if self.config.is_encoder_decoder and "ref_text" in batch:
-            self.test_bleu.update(self.translate_batch(batch["src"]), [[r] for r in batch["ref_text"]])
+            self.test_bleu.update(
+                self.translate_batch(batch["src"], batch["src_mask"]), [[r] for r in batch["ref_text"]]
+            )
 
     def on_validation_epoch_end(self) -> None:
         self._epoch_end("val", self.val_nll, self.val_bleu)
@@ -238,7 +242,13 @@ class LitTransformer(L.LightningModule):
 
     def _epoch_end(self, stage: str, nll_metric: MeanMetric, bleu: SacreBLEUScore) -> None:
         if nll_metric.update_called:
-            self.log(f"{stage}/ppl", nll_metric.compute().exp(), prog_bar=stage == "val")
+            nll = nll_metric.compute()
+            self.log(f"{stage}/ppl", nll.exp(), prog_bar=stage == "val")
+            chars_per_token = getattr(getattr(self.trainer, "datamodule", None), "characters_per_token", None)
+            if chars_per_token is not None and not self.config.is_encoder_decoder:
+                # Bits per character: one scale for any tokenizer (and for character-level models such as nanoGPT's).
+                split = "validation" if stage == "val" else "test"
+                self.log(f"{stage}/bpc", nll / math.log(2) / chars_per_token(split), prog_bar=stage == "val")
         if self.config.is_encoder_decoder and bleu.update_called:
             self.log(f"{stage}/bleu", bleu.compute() * 100, prog_bar=True)
             bleu.reset()
@@ -274,12 +284,19 @@ class LitTransformer(L.LightningModule):
             if grads:
                 self.log("train/grad_norm", torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
-    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[str]:
-        if self.config.is_encoder_decoder:
-            return self.translate_batch(batch["src"])
-        prompt = batch["input_ids"][:, : max(1, batch["input_ids"].size(1) // 2)]
-        out = self.model.generate(prompt, max_new_tokens=prompt.size(1))
-        return self.decode(out)
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        """Generate for each input of the predict_file: {"input", "output", "tokens"} per row (see PredictionWriter)."""
+        from lit_transformer.inference import TextStream
+
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        stream = TextStream(self.target_tokenizer, len(ids), self.generation.stop, [self.config.eos_token_id])
+        if self.generation.num_beams == 1:
+            self.model.generate(ids, self.generation, attention_mask=mask, streamer=stream)
+        else:  # beam search settles its tokens at the end: replay them through the same stop rules
+            for step_tokens in self.model.generate(ids, self.generation, attention_mask=mask).T:
+                stream(step_tokens)
+        rows = zip(batch["text"], stream.texts(), stream.ids, strict=True)
+        return [{"input": text, "output": output, "tokens": tokens} for text, output, tokens in rows]
 
     # ---- generation helpers -------------------------------------------------------------------------------------
 
@@ -297,14 +314,9 @@ class LitTransformer(L.LightningModule):
         return tokenizer.decode_batch(rows, skip_special_tokens=True)
 
     @torch.no_grad()
-    def translate_batch(self, src: torch.Tensor) -> list[str]:
-        max_new = min(src.size(1) + 50, 2 * src.size(1) + 10)
-        out = self.model.generate(
-            src,
-            max_new_tokens=max_new,
-            num_beams=self.hparams.bleu_num_beams,
-            length_penalty=self.hparams.length_penalty,
-        )
+    def translate_batch(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> list[str]:
+        """Translations of a batch of sources, decoded as the module's GenerationConfig says."""
+        out = self.model.generate(src, self.generation, attention_mask=src_mask)
         return self.decode(out)
 
     # ---- optimization -------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from lit_transformer.cli import run_cli
 
@@ -85,7 +86,7 @@ def test_a_value_outside_the_choices_names_them():
 # ---- one real run, shared by the tests below --------------------------------------------------------------------
 
 
-def _cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def _cli(*args: str, cwd: Path, timeout: int = 600, ok: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [sys.executable, "-m", "lit_transformer", *args],
         cwd=cwd,
@@ -94,7 +95,7 @@ def _cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProce
         text=True,
         timeout=timeout,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (result.returncode == 0) == ok, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 
@@ -135,7 +136,8 @@ def test_tensorboard_shows_curves_samples_attention_and_hparams(tiny_run: Path):
     acc.Reload()
     tags = acc.Tags()
     scalars = set(tags["scalars"])
-    for expected in ("train/loss", "train/ppl", "train/grad_norm", "val/loss", "val/ppl", "train/device/items_per_sec"):
+    expected_scalars = ("train/loss", "train/ppl", "train/grad_norm", "val/loss", "val/ppl", "val/bpc")
+    for expected in (*expected_scalars, "train/device/items_per_sec"):
         assert expected in scalars, (expected, sorted(scalars))
     assert any(s.startswith("lr-AdamW") for s in scalars), sorted(scalars)
     assert any("mfu" in s for s in scalars), sorted(scalars)
@@ -158,7 +160,56 @@ def test_validate_test_and_predict_run_from_the_checkpoint(tiny_run: Path):
     for command in ("validate", "test"):
         out = _cli(command, *common, cwd=tiny_run).stdout
         assert f"{'val' if command == 'validate' else 'test'}/ppl" in out
-    _cli("predict", *common, cwd=tiny_run)
+        assert f"{'val' if command == 'validate' else 'test'}/bpc" in out
+
+
+def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
+    """predict reads prompts (one per line; an empty line is a prompt too), generates with any GenerationConfig field
+    from the command line, and writes {"input", "output", "tokens"} per line, in order."""
+    import json
+
+    prompts = ["ROMEO:", "", "First Citizen: We are", "Good"]
+    (tiny_run / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    output = tiny_run / "predictions.jsonl"
+    args = ["--data.init_args.predict_file", "prompts.txt", "--data.init_args.predict_batch_size", "3"]
+    args += ["--predictions.output", str(output), "--model.generation.max_new_tokens", "7"]
+    args += ["--model.generation.temperature", "0"]
+    _cli("predict", *_tiny_common(tiny_run), *args, cwd=tiny_run)
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["input"] for r in rows] == prompts
+    from lit_transformer.inference import load_model
+
+    loaded = load_model(tiny_run / "checkpoints" / "last.ckpt")
+    for row in rows:
+        assert len(row["tokens"]) <= 7 and row["output"] == loaded.target_tokenizer.decode(row["tokens"])
+        # greedy: the same tokens as the Python API gives for that prompt alone
+        alone = loaded.model.generate(torch.tensor([loaded.encode(row["input"])]), max_new_tokens=7)[0].tolist()
+        eos = loaded.config.eos_token_id
+        assert row["tokens"] == (alone[: alone.index(eos)] if eos in alone else alone)
+    # a JSONL input with a text field works the same; a malformed line is named
+    (tiny_run / "prompts.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts[:2]))
+    args[1] = "prompts.jsonl"
+    _cli("predict", *_tiny_common(tiny_run), *args, cwd=tiny_run)
+    assert [json.loads(line)["input"] for line in output.read_text().splitlines()] == prompts[:2]
+    (tiny_run / "bad.jsonl").write_text('{"text": "a"}\n{"txt": "b"}\n')
+    args[1] = "bad.jsonl"
+    failed = _cli("predict", *_tiny_common(tiny_run), *args, cwd=tiny_run, ok=False)
+    assert 'bad.jsonl:2 has no string field "text"' in failed.stderr
+    failed = _cli("predict", *_tiny_common(tiny_run), cwd=tiny_run, ok=False)
+    assert "--data.predict_file" in failed.stderr
+
+
+def _tiny_common(tiny_run: Path) -> list[str]:
+    return [
+        "--config",
+        str(CONFIGS / "presets" / "tiny.yaml"),
+        "--trainer.logger",
+        "false",
+        "--data.init_args.cache_dir",
+        str(tiny_run / "cache"),
+        "--ckpt_path",
+        str(tiny_run / "checkpoints" / "last.ckpt"),
+    ]
 
 
 def test_generate_prints_a_continuation(tiny_run: Path):
@@ -179,16 +230,44 @@ def test_generate_prints_a_continuation(tiny_run: Path):
     assert out.startswith("ROMEO:") and len(out.strip()) > len("ROMEO:"), out
 
 
-def test_generate_refuses_a_missing_checkpoint(tmp_path: Path):
-    result = subprocess.run(
-        [sys.executable, "-m", "lit_transformer", "generate", "--checkpoint", str(tmp_path / "nope.ckpt")],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode != 0
-    assert "nope.ckpt" in result.stderr
+def test_generate_runs_past_the_context_and_serves_people(tiny_run: Path):
+    """The tiny model's context is 64 tokens: 200 new tokens slide past it. Prompt files, several samples, stop
+    strings, and a prompt longer than the context (a note, not a traceback)."""
+    from lit_transformer.inference import load_model
+
+    checkpoint = str(tiny_run / "checkpoints" / "last.ckpt")
+    loaded = load_model(checkpoint)
+    common = ["generate", "--checkpoint", checkpoint, "--seed", "3", "--eos_token_id=-1"]  # -1: no EOS ends a row
+    out = _cli(*common, "--prompt", "ROMEO:", "--max_new_tokens", "200", cwd=tiny_run).stdout
+    assert out.startswith("ROMEO:")
+    # 200 tokens of a character tokenizer; special tokens sampled by the untrained model print nothing
+    assert len(loaded.encode(out[len("ROMEO:") :].rstrip("\n"))) > 2 * loaded.config.max_seq_len
+    (tiny_run / "two.txt").write_text("ROMEO:\nJULIET:\n")
+    out = _cli(*common, "--prompt_file", "two.txt", "--num_samples", "2", "--max_new_tokens", "5", cwd=tiny_run).stdout
+    headers = [line for line in out.splitlines() if line.startswith("--- prompt")]
+    assert headers == [
+        "--- prompt 1, sample 1",
+        "--- prompt 1, sample 2",
+        "--- prompt 2, sample 1",
+        "--- prompt 2, sample 2",
+    ]
+    out = _cli(*common, "--prompt", "ROMEO:", "--max_new_tokens", "60", "--stop", "e", cwd=tiny_run).stdout
+    assert "e" not in out[len("ROMEO:") :]  # generation ended at the first "e", which is cut
+    long_prompt = "ROMEO: " * 200
+    result = _cli(*common, "--prompt", long_prompt, "--max_new_tokens", "5", cwd=tiny_run)
+    assert "more than the model's context of 64" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_generate_refuses_a_missing_checkpoint_or_another_kind_of_file(tmp_path: Path):
+    result = _cli("generate", "--checkpoint", str(tmp_path / "nope.ckpt"), cwd=tmp_path, ok=False)
+    assert "nope.ckpt" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    result = _cli("generate", "--checkpoint", str(tmp_path / "hf"), cwd=tmp_path, ok=False)
+    assert "is a Hugging Face model folder, not a checkpoint" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 16)
+    result = _cli("generate", "--checkpoint", str(tmp_path / "model.safetensors"), cwd=tmp_path, ok=False)
+    assert "is a .safetensors export, not a checkpoint" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
@@ -224,6 +303,30 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
         cwd=run,
     )
     assert out.stdout.strip()
+    # predict: one JSON line per source line, equal to `translate --input` on the same file
+    import json
+
+    sources = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
+    (run / "sources.txt").write_text("\n".join(sources) + "\n")
+    args = ["--config", str(CONFIGS / "presets" / "tiny-translate.yaml"), "--trainer.logger", "false"]
+    args += ["--data.init_args.cache_dir", str(run / "cache"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
+    args += ["--data.init_args.predict_file", "sources.txt", "--predictions.output", "out.jsonl"]
+    _cli("predict", *args, "--model.generation.max_new_tokens", "12", cwd=run)
+    rows = [json.loads(line) for line in (run / "out.jsonl").read_text().splitlines()]
+    assert [r["input"] for r in rows] == sources
+    translated = _cli(
+        "translate",
+        "--checkpoint",
+        str(run / "checkpoints" / "last.ckpt"),
+        "--input",
+        "sources.txt",
+        "--max_new_tokens",
+        "12",
+        "--num_beams",
+        "2",
+        cwd=run,
+    ).stdout.splitlines()
+    assert [r["output"] for r in rows] == translated
 
 
 def test_ddp_with_two_cpu_processes(tmp_path: Path):

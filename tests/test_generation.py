@@ -25,7 +25,7 @@ def prompt(model, batch=2, length=5):
 def test_cached_greedy_equals_full_recomputation(variant):
     model = peaky(variant)
     x = prompt(model)
-    cached = model.generate(x, NEW, eos_token_id=-1)
+    cached = model.generate(x, max_new_tokens=NEW, eos_token_id=-1)
     assert cached.shape == (2, NEW) and cached.dtype == torch.long
     # an independent reference: the plain forward on the whole sequence, argmax, append
     seq = x if not model.config.is_encoder_decoder else torch.full((2, 1), model.config.bos_token_id)
@@ -33,7 +33,9 @@ def test_cached_greedy_equals_full_recomputation(variant):
         logits = model(seq) if not model.config.is_encoder_decoder else model(x, seq)
         seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     torch.testing.assert_close(cached, seq[:, -NEW:], rtol=0, atol=0)
-    torch.testing.assert_close(cached, model.generate(x, NEW, eos_token_id=-1, use_cache=False), rtol=0, atol=0)
+    torch.testing.assert_close(
+        cached, model.generate(x, max_new_tokens=NEW, eos_token_id=-1, use_cache=False), rtol=0, atol=0
+    )
 
 
 @variants
@@ -41,10 +43,10 @@ def test_cached_sampling_equals_full_recomputation(variant):
     model = peaky(variant)
     x = prompt(model)
     kwargs = dict(temperature=0.9, top_k=20, top_p=0.9, eos_token_id=-1)
-    a = model.generate(x, NEW, generator=torch.Generator().manual_seed(3), **kwargs)
-    b = model.generate(x, NEW, generator=torch.Generator().manual_seed(3), use_cache=False, **kwargs)
+    a = model.generate(x, max_new_tokens=NEW, generator=torch.Generator().manual_seed(3), **kwargs)
+    b = model.generate(x, max_new_tokens=NEW, generator=torch.Generator().manual_seed(3), use_cache=False, **kwargs)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
-    c = model.generate(x, NEW, generator=torch.Generator().manual_seed(4), **kwargs)
+    c = model.generate(x, max_new_tokens=NEW, generator=torch.Generator().manual_seed(4), **kwargs)
     assert not torch.equal(a, c)  # the generator really drives the sampling
 
 
@@ -52,8 +54,8 @@ def test_cached_sampling_equals_full_recomputation(variant):
 def test_cached_beam_search_equals_full_recomputation(variant):
     model = peaky(variant)
     x = prompt(model)
-    a = model.generate(x, NEW, num_beams=3, length_penalty=0.8)
-    b = model.generate(x, NEW, num_beams=3, length_penalty=0.8, use_cache=False)
+    a = model.generate(x, max_new_tokens=NEW, num_beams=3, length_penalty=0.8)
+    b = model.generate(x, max_new_tokens=NEW, num_beams=3, length_penalty=0.8, use_cache=False)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -61,9 +63,9 @@ def test_cached_beam_search_equals_full_recomputation(variant):
 def test_one_beam_equals_greedy(variant):
     model = peaky(variant)
     x = prompt(model)
-    eos = model.generate(x, 3, eos_token_id=-1)[0, 2].item()  # an EOS that row 0 meets early
-    greedy = model.generate(x, NEW, eos_token_id=eos)
-    one_beam = beam_search(model, x, NEW, num_beams=1, eos=eos, fill=model.config.pad_token_id)
+    eos = model.generate(x, max_new_tokens=3, eos_token_id=-1)[0, 2].item()  # an EOS that row 0 meets early
+    greedy = model.generate(x, max_new_tokens=NEW, eos_token_id=eos)
+    one_beam = beam_search(model, x, max_new_tokens=NEW, num_beams=1, eos_token_id=eos)
     torch.testing.assert_close(one_beam, greedy, rtol=0, atol=0)
 
 
@@ -83,9 +85,15 @@ def test_batched_equals_unbatched(variant, num_beams, side):
         for r in rows
     ]
     kwargs = dict(num_beams=num_beams)
-    batched = model.generate(torch.cat(padded), NEW, **kwargs)
+    mask = torch.cat(
+        [
+            torch.arange(6)[None] >= 6 - r.shape[1] if side == "left" else torch.arange(6)[None] < r.shape[1]
+            for r in rows
+        ]
+    )
+    batched = model.generate(torch.cat(padded), max_new_tokens=NEW, attention_mask=mask, **kwargs)
     for i, row in enumerate(rows):
-        alone = model.generate(row, NEW, **kwargs)[0]
+        alone = model.generate(row, max_new_tokens=NEW, **kwargs)[0]
         assert torch.equal(batched[i, : len(alone)], alone)
         assert (batched[i, len(alone) :] == pad).all()
 
@@ -94,9 +102,9 @@ def test_batched_equals_unbatched(variant, num_beams, side):
 def test_rows_stop_at_eos_and_are_filled_after_it(topology):
     model = peaky({"topology": topology})
     x = prompt(model)
-    free = model.generate(x, NEW, eos_token_id=-1)
+    free = model.generate(x, max_new_tokens=NEW, eos_token_id=-1)
     eos = free[0, 2].item()
-    out = model.generate(x, NEW, eos_token_id=eos)
+    out = model.generate(x, max_new_tokens=NEW, eos_token_id=eos)
     stop = (free[0] == eos).nonzero()[0].item()
     assert out[0, stop] == eos and (out[0, stop + 1 :] == model.config.pad_token_id).all()
     assert out.shape[1] <= NEW
@@ -104,29 +112,156 @@ def test_rows_stop_at_eos_and_are_filled_after_it(topology):
         assert torch.equal(out[1], free[1])
     # without a pad token, the row is filled with EOS
     no_pad = peaky({"topology": topology}, pad_token_id=None)
-    out = no_pad.generate(x, NEW, eos_token_id=eos)
+    out = no_pad.generate(x, max_new_tokens=NEW, eos_token_id=eos)
     assert (out[0, stop:] == eos).all()
 
 
 def test_generation_stops_when_every_row_is_done():
     model = peaky({"topology": "decoder_only"})
     x = prompt(model, batch=1)
-    first = model.generate(x, 1, eos_token_id=-1)[0, 0].item()
-    assert model.generate(x, NEW, eos_token_id=first).shape == (1, 1)
-    assert model.generate(x, NEW, eos_token_id=first, num_beams=2).shape[1] <= NEW
+    first = model.generate(x, max_new_tokens=1, eos_token_id=-1)[0, 0].item()
+    assert model.generate(x, max_new_tokens=NEW, eos_token_id=first).shape == (1, 1)
+    assert model.generate(x, max_new_tokens=NEW, eos_token_id=first, num_beams=2).shape[1] <= NEW
 
 
 def test_generation_restores_training_mode_and_uses_no_grad():
     model = peaky({"topology": "decoder_only"}).train()
-    out = model.generate(prompt(model), 3)
+    out = model.generate(prompt(model), max_new_tokens=3)
     assert model.training and not out.requires_grad
 
 
-def test_sinusoidal_generation_runs_past_max_seq_len_and_learned_refuses():
-    x = tokens(1, 60)
-    assert peaky({"positions": "sinusoidal"}).generate(x, 10, eos_token_id=-1).shape == (1, 10)
-    with pytest.raises(ValueError, match="max_seq_len=64"):
-        peaky({"positions": "learned"}).generate(x, 10, eos_token_id=-1)
+def crop_and_recompute(model, x, new, keep, mask=None):
+    """The sliding-window rule written out: before each token the model sees tokens[start:], recomputed from
+    scratch; a prompt longer than the context starts at its last max_seq_len tokens, and every later overflow moves
+    start to keep the last `keep` tokens. Greedy; rows of a padded batch are left-aligned first."""
+    window = model.config.max_seq_len
+    if mask is not None:
+        order = torch.sort(mask.int(), dim=1, stable=True).indices
+        x, mask = x.gather(1, order), mask.gather(1, order)
+    seq, start, out = x, max(0, x.shape[1] - window), []
+    for _ in range(new):
+        if seq.shape[1] - start > window:
+            start = seq.shape[1] - keep
+        m = None if mask is None else mask[:, start:]
+        token = model(seq[:, start:], attention_mask=m)[:, -1].argmax(-1)
+        out.append(token)
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        mask = None if mask is None else torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("keep", [None, 64, 50, 1])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generation_slides_past_the_context_exactly_like_crop_and_recompute(positions, keep, use_cache):
+    """3x the context (64): the tokens of every step equal a crop-and-recompute reference. keep=64 is nanoGPT's
+    rule (the last max_seq_len tokens before every token); None keeps half a window at each slide."""
+    model = peaky({"topology": "decoder_only", "positions": positions})
+    x = prompt(model, batch=2, length=5)
+    new = 3 * model.config.max_seq_len
+    out = model.generate(x, max_new_tokens=new, eos_token_id=-1, window_keep=keep, use_cache=use_cache)
+    assert out.shape == (2, new)
+    reference = crop_and_recompute(model, x, new, keep or model.config.max_seq_len // 2)
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+
+
+def test_sliding_also_holds_for_sampling_single_rows_padded_batches_and_long_prompts():
+    model = peaky({"topology": "decoder_only", "positions": "learned"})
+    window = model.config.max_seq_len
+    # sampling: the cached path and recomputation draw the same tokens from the same generator
+    x = prompt(model, batch=1)
+    a = model.generate(x, max_new_tokens=150, temperature=1.0, top_k=20, eos_token_id=-1, seed=5)
+    b = model.generate(x, max_new_tokens=150, temperature=1.0, top_k=20, eos_token_id=-1, seed=5, use_cache=False)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # one row takes the column-major weight path, and slides the same
+    torch.testing.assert_close(
+        model.generate(x, max_new_tokens=150, eos_token_id=-1), crop_and_recompute(model, x, 150, window // 2)
+    )
+    # a padded batch slides by its padded length, rows left-aligned
+    x = tokens(2, 10, seed=4)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[1, :4] = False
+    out = model.generate(x, max_new_tokens=100, eos_token_id=-1, attention_mask=mask)
+    torch.testing.assert_close(out, crop_and_recompute(model, x, 100, window // 2, mask), rtol=0, atol=0)
+    # a prompt longer than the context: its last max_seq_len tokens
+    long = tokens(1, window + 30, seed=6)
+    out = model.generate(long, max_new_tokens=40, eos_token_id=-1)
+    torch.testing.assert_close(out, crop_and_recompute(model, long, 40, window // 2), rtol=0, atol=0)
+    torch.testing.assert_close(out, model.generate(long[:, -window:], max_new_tokens=40, eos_token_id=-1))
+
+
+def test_beam_search_slides_past_the_context_too():
+    model = peaky({"topology": "decoder_only", "positions": "learned"})
+    x = prompt(model, batch=2)
+    a = model.generate(x, max_new_tokens=100, num_beams=2, eos_token_id=-1)
+    b = model.generate(x, max_new_tokens=100, num_beams=2, eos_token_id=-1, use_cache=False)
+    assert a.shape == (2, 100)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_an_encoder_decoder_stops_at_its_own_limit_with_a_note(positions):
+    model = peaky({"topology": "encoder_decoder", "positions": positions})
+    x = prompt(model, batch=1)
+    with pytest.warns(UserWarning, match="max_seq_len - 1 = 63"):
+        out = model.generate(x, max_new_tokens=100, eos_token_id=-1, max_source_offset=None)
+    assert out.shape == (1, model.config.max_seq_len - 1)
+
+
+def test_a_translation_is_at_most_its_source_length_plus_the_offset_per_row():
+    model = peaky({"topology": "encoder_decoder"})
+    x = tokens(2, 6, seed=3)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[1, 4:] = False  # row 1's source has 4 tokens
+    out = model.generate(x, max_new_tokens=30, eos_token_id=-1, max_source_offset=3, attention_mask=mask)
+    assert out.shape == (2, 9)
+    assert (out[1, 7:] == model.config.pad_token_id).all() and (out[1, :7] != model.config.pad_token_id).all()
+    beams = model.generate(x, max_new_tokens=30, eos_token_id=-1, max_source_offset=3, attention_mask=mask, num_beams=2)
+    assert beams.shape[1] <= 9 and (beams[1, 7:] == model.config.pad_token_id).all()
+
+
+def test_repetition_penalty_shrinks_logits_of_seen_tokens():
+    from lit_transformer.model.generation import RepetitionPenalty
+
+    tokens_ = torch.tensor([[3, 4, 0]])
+    penalty = RepetitionPenalty(2.0, tokens_, torch.tensor([[True, True, False]]), vocab_size=6)
+    logits = torch.tensor([[1.0, 1.0, 1.0, 4.0, -4.0, 1.0]])
+    assert penalty(logits).tolist() == [[1.0, 1.0, 1.0, 2.0, -8.0, 1.0]]  # padding (id 0) is not "seen"
+    penalty.update(torch.tensor([5]))
+    assert penalty(logits)[0, 5].item() == 0.5
+    assert RepetitionPenalty(1.0, tokens_, None, 6)(logits) is logits
+
+
+def test_a_high_repetition_penalty_avoids_repeating_tokens():
+    model = peaky({"topology": "decoder_only"})
+    x = prompt(model, batch=1)
+    plain = model.generate(x, max_new_tokens=30, eos_token_id=-1)[0].tolist()
+    penalised = model.generate(x, max_new_tokens=30, eos_token_id=-1, repetition_penalty=1e4)[0].tolist()
+    seen = x[0].tolist()
+    assert len(set(plain)) < len(plain)  # greedy decoding of the peaky model repeats itself
+    assert len(set(penalised + seen)) == len(penalised + seen)  # no token twice, prompt included
+
+
+def test_stop_token_ids_end_rows_like_eos_and_a_streamer_sees_every_step():
+    model = peaky({"topology": "decoder_only"})
+    x = prompt(model)
+    free = model.generate(x, max_new_tokens=NEW, eos_token_id=-1)
+    stop = free[0, 3].item()
+    out = model.generate(x, max_new_tokens=NEW, eos_token_id=-1, stop_token_ids=[stop])
+    first = (free[0] == stop).nonzero()[0].item()
+    assert out[0, first] == stop and (out[0, first + 1 :] == model.config.pad_token_id).all()
+    seen = []
+
+    def streamer(step_tokens):
+        seen.append(step_tokens.clone())
+        return torch.tensor([len(seen) == 2, False])  # row 0 ends after its second token
+
+    out = model.generate(x, max_new_tokens=NEW, eos_token_id=-1, streamer=streamer)
+    assert torch.equal(torch.stack(seen, 1), out)
+    assert torch.equal(out[0, :2], free[0, :2]) and (out[0, 2:] == model.config.pad_token_id).all()
+    assert torch.equal(out[1], free[1])
+    with pytest.raises(ValueError, match="num_beams=1"):
+        model.generate(x, max_new_tokens=NEW, num_beams=2, streamer=streamer)
 
 
 def test_filter_logits_top_k_and_top_p():
@@ -143,9 +278,11 @@ def test_filter_logits_top_k_and_top_p():
 def test_invalid_generation_arguments():
     model = peaky({"topology": "decoder_only"})
     with pytest.raises(ValueError, match="temperature"):
-        model.generate(prompt(model), 3, temperature=-1.0)
+        model.generate(prompt(model), max_new_tokens=3, temperature=-1.0)
     with pytest.raises(ValueError, match="num_beams"):
-        model.generate(prompt(model), 3, num_beams=0)
+        model.generate(prompt(model), max_new_tokens=3, num_beams=0)
+    with pytest.raises(ValueError, match="window_keep=65 exceeds max_seq_len=64"):
+        model.generate(prompt(model), max_new_tokens=3, window_keep=65)
 
 
 @variants
@@ -154,9 +291,11 @@ def test_single_row_decoding_with_column_major_weights_equals_recomputation(vari
     model = peaky(variant)
     before = {name: (p.data_ptr(), p.stride()) for name, p in model.named_parameters()}
     x = prompt(model, batch=1)
-    cached = model.generate(x, 20, eos_token_id=-1)
+    cached = model.generate(x, max_new_tokens=20, eos_token_id=-1)
     assert cached.shape == (1, 20)
-    torch.testing.assert_close(cached, model.generate(x, 20, eos_token_id=-1, use_cache=False), rtol=0, atol=0)
+    torch.testing.assert_close(
+        cached, model.generate(x, max_new_tokens=20, eos_token_id=-1, use_cache=False), rtol=0, atol=0
+    )
     assert {name: (p.data_ptr(), p.stride()) for name, p in model.named_parameters()} == before
 
 

@@ -159,7 +159,7 @@ def test_the_paper_model_is_a_marian_with_our_logits(tmp_path, variant):
     tgt = tokens(2, 9, seed=2, vocab=100)
     tgt[:, 0] = 1  # BOS
     with torch.no_grad():
-        ours = model(src, tgt)
+        ours = model(src, tgt, src_mask=src.ne(0))
         theirs = hf(input_ids=src, attention_mask=src.ne(0), decoder_input_ids=tgt).logits
     close(ours, theirs)
     assert ours.abs().max() > 1
@@ -177,7 +177,9 @@ def test_marian_generates_our_translations(tmp_path, tokenizer):
     with torch.no_grad():
         for beams in (1, 3):
             theirs = hf.generate(**batch, max_new_tokens=12, num_beams=beams, do_sample=False)
-            ours = model.generate(batch["input_ids"], max_new_tokens=12, num_beams=beams)
+            ours = model.generate(
+                batch["input_ids"], max_new_tokens=12, num_beams=beams, attention_mask=batch["attention_mask"]
+            )
             # transformers returns the start token first and pads finished rows; compare up to each row's EOS.
             assert _until_eos(theirs[:, 1:], eos) == _until_eos(ours, eos)
     decoded = hf_tok.batch_decode(theirs, skip_special_tokens=True)

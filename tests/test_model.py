@@ -56,17 +56,36 @@ def test_padding_never_changes_a_result(variant, side):
     padded = torch.cat([pad, short] if side == "left" else [short, pad], dim=1)
     real = slice(4, None) if side == "left" else slice(0, 5)
     batch = torch.cat([long, padded])
+    mask = torch.ones_like(batch, dtype=torch.bool)
+    mask[1] = torch.arange(9) >= 4 if side == "left" else torch.arange(9) < 5
     if model.config.is_encoder_decoder:
         tgt = tokens(2, 6, seed=4)
-        torch.testing.assert_close(model(batch, tgt)[1], model(short, tgt[1:])[0], atol=ATOL, rtol=0)  # source
+        torch.testing.assert_close(model(batch, tgt, src_mask=mask)[1], model(short, tgt[1:])[0], atol=ATOL, rtol=0)
         batch_tgt = torch.cat([tokens(1, 9, seed=5), padded])
         alone = model(long, short)[0]
-        torch.testing.assert_close(model(torch.cat([long, long]), batch_tgt)[1, real], alone, atol=ATOL, rtol=0)
+        out = model(torch.cat([long, long]), batch_tgt, tgt_mask=mask)[1, real]
+        torch.testing.assert_close(out, alone, atol=ATOL, rtol=0)
     else:
-        torch.testing.assert_close(model(batch)[1, real], model(short)[0], atol=ATOL, rtol=0)
-        # an explicit attention_mask works as well as pad_token_id
-        explicit = model(batch, attention_mask=batch != 0)
-        torch.testing.assert_close(explicit[1, real], model(short)[0], atol=ATOL, rtol=0)
+        torch.testing.assert_close(model(batch, attention_mask=mask)[1, real], model(short)[0], atol=ATOL, rtol=0)
+
+
+@variants
+def test_a_token_equal_to_pad_token_id_is_a_real_token_without_a_mask(variant):
+    """Padding comes from the attention mask alone: id 0 (the tiny preset's pad, GPT-2's "!") is attended to like
+    any token when no mask says otherwise, and masking it changes the result."""
+    model = build(variant, init_std=0.3)
+    x = tokens(1, 6)
+    x[0, 0] = model.config.pad_token_id
+    assert model.config.pad_token_id == 0
+    keep = torch.ones_like(x, dtype=torch.bool)
+    masked = keep.clone()
+    masked[0, 0] = False
+    if model.config.is_encoder_decoder:
+        plain, explicit, dropped = (model(x, x[:, 1:], src_mask=m) for m in (None, keep, masked))
+    else:
+        plain, explicit, dropped = (model(x, attention_mask=m)[:, 1:] for m in (None, keep, masked))
+    torch.testing.assert_close(plain, explicit, atol=0, rtol=0)
+    assert (plain - dropped).abs().max() > 1e-3
 
 
 @variants
@@ -95,8 +114,10 @@ def test_attention_weights_on_request(variant):
     """return_attention takes the explicit softmax path: same logits, weights that are causal, mask padding and sum to 1."""
     model = build(variant)
     x = torch.cat([tokens(1, 6), torch.cat([tokens(1, 4, seed=2), torch.zeros(1, 2, dtype=torch.long)], 1)])
-    logits, attentions = run(model, x, return_attention=True)
-    torch.testing.assert_close(logits, run(model, x), atol=ATOL, rtol=0)
+    real = x != 0
+    masks = dict(src_mask=real, tgt_mask=real) if model.config.is_encoder_decoder else dict(attention_mask=real)
+    logits, attentions = run(model, x, return_attention=True, **masks)
+    torch.testing.assert_close(logits, run(model, x, **masks), atol=ATOL, rtol=0)
     expected = {"self", "encoder", "cross"} if model.config.is_encoder_decoder else {"self"}
     assert set(attentions) == expected
     for kind, weights in attentions.items():

@@ -106,7 +106,7 @@ def test_encoder_decoder_matches_torch_nn_transformer(norm_position, positions):
     tgt = tokens(2, 7, seed=2)
     keep = src != 0
     with torch.no_grad():
-        ours = model(src, tgt)
+        ours = model(src, tgt, src_mask=keep)
         # nn.Transformer has no embeddings: feed it ours (scaled tokens + positions) and apply our output projection.
         src_x = model._embed(src, model.src_embed, model.src_positions, 0, None)
         tgt_x = model._embed(tgt, model.tgt_embed, model.tgt_positions, 0, None)

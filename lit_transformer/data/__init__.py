@@ -1,6 +1,25 @@
-"""Data: tokenizers, embedded corpora and the two DataModules (language modelling, translation)."""
+"""Data: tokenizers, embedded corpora and the two DataModules (language modelling, translation).
 
-from .language_modeling import LanguageModelingDataModule
-from .translation import TranslationDataModule
+The DataModules are imported lazily: inference (`generate`, `translate`) needs only the encoding helpers, not
+Lightning or `datasets`.
+"""
+
+from typing import TYPE_CHECKING
 
 __all__ = ["LanguageModelingDataModule", "TranslationDataModule"]
+
+if TYPE_CHECKING:
+    from .language_modeling import LanguageModelingDataModule
+    from .translation import TranslationDataModule
+
+
+def __getattr__(name: str):
+    if name == "LanguageModelingDataModule":
+        from .language_modeling import LanguageModelingDataModule
+
+        return LanguageModelingDataModule
+    if name == "TranslationDataModule":
+        from .translation import TranslationDataModule
+
+        return TranslationDataModule
+    raise AttributeError(f"module 'lit_transformer.data' has no attribute {name!r}")

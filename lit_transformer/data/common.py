@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
 import numpy as np
+import torch
 from tokenizers import Tokenizer
 
 from .cache import cached_array, fingerprint, hash_texts
+from .encoding import encode_input, token_ids
 from .sources import SPLIT_ALIASES
 
 SPLITS = ("train", "validation", "test")
@@ -62,11 +65,11 @@ def encode_stream(tokenizer: Tokenizer, texts: Sequence[str], eos_id: int | None
         for piece in _pieces(text):
             pieces.append(piece)
             owner.append(doc)
-    encoded = tokenizer.encode_batch(pieces, add_special_tokens=False)
+    encoded = token_ids(tokenizer, pieces)
     dtype = np.uint16 if tokenizer.get_vocab_size() <= np.iinfo(np.uint16).max else np.int32
     parts: list[np.ndarray] = []
-    for i, encoding in enumerate(encoded):
-        parts.append(np.asarray(encoding.ids, dtype=dtype))
+    for i, ids in enumerate(encoded):
+        parts.append(np.asarray(ids, dtype=dtype))
         last_of_doc = i + 1 == len(encoded) or owner[i + 1] != owner[i]
         if last_of_doc and eos_id is not None:
             parts.append(np.asarray([eos_id], dtype=dtype))
@@ -75,11 +78,11 @@ def encode_stream(tokenizer: Tokenizer, texts: Sequence[str], eos_id: int | None
 
 def encode_ragged(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Each text's ids, as one flat array and offsets (n + 1) into it."""
-    encoded = tokenizer.encode_batch(list(texts), add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) for e in encoded), dtype=np.int64, count=len(encoded))
+    encoded = token_ids(tokenizer, texts)
+    lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((i for e in encoded for i in e.ids), dtype=np.int32, count=int(offsets[-1]))
+    flat = np.fromiter((i for ids in encoded for i in ids), dtype=np.int32, count=int(offsets[-1]))
     return flat, offsets
 
 
@@ -91,7 +94,11 @@ def cached_stream(
 
 
 class SplitLoaders:
-    """The four Lightning loader hooks of a DataModule, from its `_loader(split, shuffle)`; predict reads the test split."""
+    """The Lightning loader hooks of a DataModule, from its `_loader(split, shuffle)`; predict reads `predict_file`."""
+
+    predict_file: str | None = None
+    predict_batch_size: int = 16
+    encoder_decoder = False  # whether inputs are translation sources (tokens, then EOS) or prompts
 
     def _loader(self, split: str, shuffle: bool):
         raise NotImplementedError
@@ -105,5 +112,52 @@ class SplitLoaders:
     def test_dataloader(self):
         return self._loader("test", shuffle=False)
 
-    def predict_dataloader(self):
-        return self._loader("test", shuffle=False)
+    def predict_dataloader(self) -> torch.utils.data.DataLoader:
+        """Batches {"input_ids", "attention_mask", "text", "index"} of the predict_file's inputs, in file order."""
+        if not self.predict_file:
+            what = "source sentence" if self.encoder_decoder else "prompt"
+            raise ValueError(
+                f"predict needs inputs: --data.predict_file FILE, a text file with one {what} per line or a JSONL "
+                'file whose lines hold a "text" field'
+            )
+        texts = read_inputs(self.predict_file)
+        eos = self.eos_token_id
+        rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+
+        def collate(indices: list[int]) -> dict:
+            width = max(len(rows[i]) for i in indices)
+            ids = torch.full((len(indices), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(indices), width), dtype=torch.bool)
+            for b, i in enumerate(indices):
+                ids[b, : len(rows[i])] = torch.tensor(rows[i], dtype=torch.long)
+                mask[b, : len(rows[i])] = True
+            return {"input_ids": ids, "attention_mask": mask, "text": [texts[i] for i in indices], "index": indices}
+
+        return torch.utils.data.DataLoader(
+            range(len(texts)), batch_size=self.predict_batch_size, shuffle=False, collate_fn=collate
+        )
+
+
+def read_inputs(path: str | Path, field: str = "text") -> list[str]:
+    """The inputs of a predict run: a .jsonl/.json file's `field` per line, or else every line of a text file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"predict_file {str(path)!r} does not exist; give a text file with one input per line")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix not in (".jsonl", ".json"):
+        return lines
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise ValueError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
+        texts.append(row[field])
+    if not texts:
+        raise ValueError(f"predict_file {str(path)!r} holds no input")
+    return texts

@@ -40,6 +40,8 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 42,
         cache_dir: str | None = None,
+        predict_file: str | None = None,
+        predict_batch_size: int = 16,
     ) -> None:
         """
         Args:
@@ -58,6 +60,9 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
             seed: Seed of the shuffle order (saved with checkpoints, so resumed runs see the same order).
             cache_dir: Where tokenizers and token arrays are cached; default $LIT_TRANSFORMER_CACHE or
                 ~/.cache/lit_transformer.
+            predict_file: Inputs of `predict`: a text file with one prompt per line, or a JSONL file with a
+                "text" field per line; the outputs go to a JSONL file (see --predictions.output).
+            predict_batch_size: Inputs generated for at once by `predict`.
         """
         super().__init__()
         if block_size < 1 or batch_size < 1:
@@ -75,6 +80,8 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.cache_dir = resolve_cache_dir(cache_dir)
+        self.predict_file = predict_file
+        self.predict_batch_size = predict_batch_size
         self._texts: dict[str, list[str]] | None = None
         self._tokenizer: Tokenizer | None = None
         self._tokenizer_key = ""
@@ -147,6 +154,11 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
     def decode(self, ids) -> str:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def characters_per_token(self, split: str = "validation") -> float:
+        """Characters of the split's text per token of its stream (EOS included): converts a per-token NLL into
+        bits per character, a scale that does not depend on the tokenizer."""
+        return sum(map(len, self.texts()[split])) / len(self._stream(split))
 
     def save_tokenizer(self, directory: str | os.PathLike) -> Path:
         """Write tokenizer.json into `directory` (the run's log folder), returning its path."""

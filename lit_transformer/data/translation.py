@@ -77,7 +77,10 @@ class PairDataset(Dataset):
             tgt_in[b, 1 : len(t) + 1] = t
             labels[b, : len(t)] = t
             labels[b, len(t)] = self.eos_id
-        batch = {"src": src, "tgt_in": tgt_in, "labels": labels}
+        # Padding is said by masks built from the lengths, never inferred from a token id.
+        src_mask = torch.arange(src_len)[None, :] <= torch.tensor([len(s) for s in srcs])[:, None]
+        tgt_mask = torch.arange(tgt_len)[None, :] <= torch.tensor([len(t) for t in tgts])[:, None]
+        batch = {"src": src, "tgt_in": tgt_in, "labels": labels, "src_mask": src_mask, "tgt_mask": tgt_mask}
         if self.texts is not None:
             batch["src_text"] = [self.texts[0][r] for r in rows]
             batch["ref_text"] = [self.texts[1][r] for r in rows]
@@ -94,6 +97,8 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
     The tokenizer(s) are ready right after construction (trained and cached on first access), so the CLI can link
     vocabulary sizes and special ids into the model config.
     """
+
+    encoder_decoder = True
 
     def __init__(
         self,
@@ -113,6 +118,8 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 42,
         cache_dir: str | None = None,
+        predict_file: str | None = None,
+        predict_batch_size: int = 16,
     ) -> None:
         """
         Args:
@@ -135,6 +142,9 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
             seed: Seed of the batch order (saved with checkpoints, so resumed runs see the same order).
             cache_dir: Where tokenizers, extracted corpora and token arrays are cached; default
                 $LIT_TRANSFORMER_CACHE or ~/.cache/lit_transformer.
+            predict_file: Inputs of `predict`: a text file with one source sentence per line, or a JSONL file with a
+                "text" field per line; the outputs go to a JSONL file (see --predictions.output).
+            predict_batch_size: Inputs generated for at once by `predict`.
         """
         super().__init__()
         if max_length < 2 or max_tokens < max_length:
@@ -153,6 +163,8 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.cache_dir = resolve_cache_dir(cache_dir)
+        self.predict_file = predict_file
+        self.predict_batch_size = predict_batch_size
         self._pairs: dict[str, tuple[list[str], list[str]]] | None = None
         self._tokenizers: tuple[Tokenizer, Tokenizer] | None = None
         self._tokenizer_keys = ("", "")

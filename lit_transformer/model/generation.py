@@ -1,26 +1,44 @@
 """Decoding: greedy, temperature / top-k / top-p sampling, beam search with a length penalty. All use the KV cache.
 
-Decoder-only prompts may be padded on either side with pad_token_id (or described by attention_mask): rows are
+What to decode is a GenerationConfig (lit_transformer.config): the one home of every decoding default.
+Decoder-only prompts may be padded on either side, as an attention_mask says (True for real tokens): rows are
 left-aligned internally, and position ids count real tokens only, so each row gives exactly what it gives alone.
-Encoder-decoder inputs are sources; decoding starts from bos_token_id.
+A sequence longer than max_seq_len slides: the model conditions on its last tokens (GenerationConfig.window_keep
+says how the KV cache is refilled). Encoder-decoder inputs are sources; decoding starts from bos_token_id, and a
+translation is at most max_seq_len - 1 tokens long (the decoder's own limit).
 The result holds only new tokens, (B, <= max_new_tokens): after a row's EOS (included) the row is filled with
 pad_token_id (eos_token_id when there is no pad token).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from lit_transformer.model.transformer import Transformer
+from lit_transformer.config import GenerationConfig
+
+if TYPE_CHECKING:
+    from lit_transformer.model.transformer import Transformer
+
+Streamer = Callable[[Tensor], "Tensor | None"]
+"""Called with each step's new tokens (B,) as they are chosen; may return a (B,) boolean tensor of rows that end
+there (stop strings are found this way, on text)."""
 
 
 class IncrementalDecoder:
     """The model's next-token logits for a batch of growing sequences, with a KV cache or (use_cache=False, to test the
-    cache) by recomputing everything each step. Rows may be expanded `expand` times (beams)."""
+    cache) by recomputing the window each step. Rows may be expanded `expand` times (beams).
+
+    Decoder-only sequences slide past max_seq_len: before each token the model sees tokens[start:], where start
+    moves only when the window overflows, to keep the last `window_keep` tokens; with the cache, that is one pass
+    over window_keep tokens per (max_seq_len - window_keep) new tokens. Recomputation follows the same rule, so the
+    two give the same tokens.
+    """
 
     def __init__(
         self,
@@ -30,10 +48,13 @@ class IncrementalDecoder:
         max_new_tokens: int,
         expand: int = 1,
         use_cache: bool = True,
+        window_keep: int | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
         self.memory = self.memory_mask = None
+        self.window = cfg.max_seq_len
+        self.window_keep = min(window_keep or max(1, self.window // 2), self.window)
         if cfg.is_encoder_decoder:
             if cfg.bos_token_id is None:
                 raise ValueError("encoder_decoder generation starts from bos_token_id; set it in the config")
@@ -51,9 +72,17 @@ class IncrementalDecoder:
                 tokens, keep = tokens.gather(1, order), keep.gather(1, order)
                 keep = keep.repeat_interleave(expand, 0)
             tokens = tokens.repeat_interleave(expand, 0)
-        self.tokens, self.keep = tokens, keep
-        self.cache = model.new_cache(tokens.shape[1] + max_new_tokens) if use_cache else None
+            if tokens.shape[1] > self.window:  # a prompt longer than the context: its last max_seq_len tokens
+                tokens, keep = self._crop(tokens, keep, self.window)
+        self.tokens, self.keep = tokens, keep  # the window the model sees
+        self.use_cache = use_cache
+        cache_len = self.window if not cfg.is_encoder_decoder else tokens.shape[1] + max_new_tokens
+        self.cache = model.new_cache(cache_len) if use_cache else None
         self.logits = self._run(tokens)
+
+    @staticmethod
+    def _crop(tokens: Tensor, keep: Tensor | None, n: int) -> tuple[Tensor, Tensor | None]:
+        return tokens[:, -n:], None if keep is None else keep[:, -n:]
 
     def _run(self, new_tokens: Tensor) -> Tensor:
         if self.cache is None:
@@ -66,16 +95,20 @@ class IncrementalDecoder:
     def step(self, next_tokens: Tensor, rows: Tensor | None = None) -> Tensor:
         """Append next_tokens (N,) to the sequences, first selecting `rows` (beam search); next logits (N, V)."""
         if rows is not None:
-            if self.cache is None:
-                self.tokens = self.tokens.index_select(0, rows)
+            self.tokens = self.tokens.index_select(0, rows)
             if self.keep is not None:
                 self.keep = self.keep.index_select(0, rows)
             for layer in self.cache or []:
                 layer.self_attn.reorder(rows)  # cross-attention K/V are identical across a row's beams
-        if self.cache is None:  # only recomputation reads the whole sequence
-            self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
+        self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
         if self.keep is not None:
             self.keep = torch.cat([self.keep, self.keep.new_ones(len(next_tokens), 1)], dim=1)
+        if self.memory is None and self.tokens.shape[1] > self.window:  # slide: keep the window's last tokens
+            self.tokens, self.keep = self._crop(self.tokens, self.keep, self.window_keep)
+            if self.cache is not None:  # refill the cache from the kept tokens, once
+                self.cache = self.model.new_cache(self.window)
+                self.logits = self._run(self.tokens)
+                return self.logits
         self.logits = self._run(next_tokens[:, None])
         return self.logits
 
@@ -108,7 +141,7 @@ def vector_friendly_weights(model: Transformer, enabled: bool = True) -> Iterato
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
     """Keep the top_k most likely tokens and the smallest set whose probability reaches top_p; -inf elsewhere."""
-    if top_k is not None and top_k < logits.shape[-1]:
+    if top_k and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
@@ -119,96 +152,171 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
-def next_token(
-    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
-) -> Tensor:
+def next_token(logits: Tensor, gen: GenerationConfig, generator: torch.Generator | None) -> Tensor:
     """(N, V) -> (N,): argmax at temperature 0, else a sample from the filtered, tempered distribution."""
-    if temperature == 0.0:
+    if gen.temperature == 0.0:
         return logits.argmax(dim=-1)
-    probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
+    probs = filter_logits(logits / gen.temperature, gen.top_k, gen.top_p).softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class RepetitionPenalty:
+    """Keskar et al. (2019): logits of tokens already in a row shrink, divided by the penalty when positive and
+    multiplied when negative. Tracks a (N, V) set of seen tokens; inactive (no cost) at penalty 1."""
+
+    def __init__(self, penalty: float, tokens: Tensor, keep: Tensor | None, vocab_size: int) -> None:
+        self.penalty = penalty
+        self.seen: Tensor | None = None
+        if penalty != 1.0:  # padding is marked in an extra column, then dropped
+            ids = tokens if keep is None else tokens.masked_fill(~keep.bool(), vocab_size)
+            seen = torch.zeros(tokens.shape[0], vocab_size + 1, dtype=torch.bool, device=tokens.device)
+            self.seen = seen.scatter_(1, ids, True)[:, :vocab_size]
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        if self.seen is None:
+            return logits
+        shrunk = torch.where(logits > 0, logits / self.penalty, logits * self.penalty)
+        return torch.where(self.seen, shrunk, logits)
+
+    def update(self, tokens: Tensor, rows: Tensor | None = None) -> None:
+        if self.seen is not None:
+            if rows is not None:
+                self.seen = self.seen.index_select(0, rows)
+            self.seen.scatter_(1, tokens[:, None], True)
+
+
+def _resolve(model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, gen: GenerationConfig):
+    """(max_new_tokens, per-row limit or None, stop ids, fill) for this model and input."""
+    cfg = model.config
+    if gen.window_keep is not None and gen.window_keep > cfg.max_seq_len:
+        raise ValueError(f"window_keep={gen.window_keep} exceeds max_seq_len={cfg.max_seq_len}")
+    eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
+    stops = [t for t in [eos, *gen.stop_token_ids] if t is not None]
+    fill = cfg.pad_token_id if cfg.pad_token_id is not None else eos
+    max_new, limit = gen.max_new_tokens, None
+    if cfg.is_encoder_decoder:
+        if max_new > cfg.max_seq_len - 1:  # BOS takes the first of the decoder's max_seq_len positions
+            warnings.warn(
+                f"max_new_tokens={max_new} exceeds what this encoder-decoder can produce: translations stop at "
+                f"max_seq_len - 1 = {cfg.max_seq_len - 1} tokens",
+                stacklevel=3,
+            )
+            max_new = cfg.max_seq_len - 1
+        if gen.max_source_offset is not None:
+            keep = model.key_mask(input_ids, attention_mask)
+            lengths = keep.sum(1) if keep is not None else torch.full_like(input_ids[:, 0], input_ids.shape[1])
+            limit = (lengths + gen.max_source_offset).clamp(max=max_new)
+            max_new = min(max_new, int(limit.max()))
+    return max_new, limit, stops, fill
 
 
 @torch.no_grad()
 def generate(
     model: Transformer,
     input_ids: Tensor,
-    max_new_tokens: int,
+    config: GenerationConfig | None = None,
     *,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    num_beams: int = 1,
-    length_penalty: float = 1.0,
-    eos_token_id: int | None = None,
     attention_mask: Tensor | None = None,
     generator: torch.Generator | None = None,
-    use_cache: bool = True,
+    streamer: Streamer | None = None,
+    **overrides,
 ) -> Tensor:
-    """New tokens (B, <= max_new_tokens), LongTensor.
+    """New tokens (B, <= max_new_tokens), LongTensor; see GenerationConfig for what each setting does.
 
-    temperature 0: greedy; > 0: sampling, optionally restricted by top_k / top_p; num_beams > 1: beam search, scores
-    divided by length ** length_penalty. eos_token_id defaults to the config's. use_cache=False recomputes the whole
-    sequence every step (slow; to test the cache). The model runs in eval mode and is restored afterwards.
+    config defaults to GenerationConfig() (greedy); keyword overrides change single fields, e.g.
+    ``generate(model, x, max_new_tokens=64, temperature=0.8)``. attention_mask (B, T) marks real tokens (True) of a
+    padded batch. streamer sees every step's tokens (sampling and greedy only). The model runs in eval mode and is
+    restored afterwards.
     """
-    cfg = model.config
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
-    if num_beams < 1:
-        raise ValueError(f"num_beams={num_beams} must be >= 1")
-    if max_new_tokens < 1:
+    gen = (config or GenerationConfig()).replace(**overrides) if overrides else (config or GenerationConfig())
+    max_new, limit, stops, fill = _resolve(model, input_ids, attention_mask, gen)
+    if max_new < 1:
         return input_ids.new_empty(input_ids.shape[0], 0)
-    eos = cfg.eos_token_id if eos_token_id is None else eos_token_id
-    fill = cfg.pad_token_id if cfg.pad_token_id is not None else eos
+    if generator is None and gen.seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(gen.seed)
+    stop_ids = input_ids.new_tensor(stops) if stops else None
     was_training = model.training
     model.eval()
     try:
-        if num_beams > 1:
-            return beam_search(
-                model, input_ids, max_new_tokens, num_beams, length_penalty, eos, fill, attention_mask, use_cache
+        if gen.num_beams > 1:
+            if streamer is not None:
+                raise ValueError("streaming needs num_beams=1: beam search settles its tokens only at the end")
+            return _beam_search(model, input_ids, attention_mask, gen, max_new, limit, stop_ids, fill)
+        single_row = input_ids.shape[0] == 1 and gen.use_cache
+        with vector_friendly_weights(model, enabled=single_row and max_new >= 16):
+            decoder = IncrementalDecoder(
+                model, input_ids, attention_mask, max_new, use_cache=gen.use_cache, window_keep=gen.window_keep
             )
-        single_row = input_ids.shape[0] == 1 and use_cache
-        with vector_friendly_weights(model, enabled=single_row and max_new_tokens >= 16):
-            decoder = IncrementalDecoder(model, input_ids, attention_mask, max_new_tokens, use_cache=use_cache)
+            penalty = RepetitionPenalty(gen.repetition_penalty, decoder.tokens, decoder.keep, decoder.logits.shape[-1])
             finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
             out = []
             logits = decoder.logits
-            for i in range(max_new_tokens):
-                token = next_token(logits, temperature, top_k, top_p, generator)
+            for i in range(max_new):
+                token = next_token(penalty(logits), gen, generator)
                 if fill is not None:
                     token = token.masked_fill(finished, fill)
                 out.append(token)
-                if eos is not None:
-                    finished |= token == eos
-                if i == max_new_tokens - 1 or bool(finished.all()):
+                if stop_ids is not None:
+                    finished |= torch.isin(token, stop_ids)
+                if limit is not None:
+                    finished |= limit <= i + 1
+                if streamer is not None and (ended := streamer(token)) is not None:
+                    finished |= ended.to(finished.device)
+                if i == max_new - 1 or bool(finished.all()):
                     break
+                penalty.update(token)
                 logits = decoder.step(token)
             return torch.stack(out, dim=1)
     finally:
         model.train(was_training)
 
 
-@torch.no_grad()
 def beam_search(
     model: Transformer,
     input_ids: Tensor,
-    max_new_tokens: int,
-    num_beams: int,
-    length_penalty: float = 1.0,
-    eos: int | None = None,
-    fill: int | None = None,
+    config: GenerationConfig | None = None,
+    *,
     attention_mask: Tensor | None = None,
-    use_cache: bool = True,
+    **overrides,
 ) -> Tensor:
-    """Beam search: each step keeps the num_beams best live continuations per row; a beam that emits EOS becomes a
+    """Beam search even with num_beams=1 (which equals greedy decoding): for tests and callers that want it whatever
+    the config says."""
+    gen = (config or GenerationConfig()).replace(**overrides)
+    max_new, limit, stops, fill = _resolve(model, input_ids, attention_mask, gen)
+    stop_ids = input_ids.new_tensor(stops) if stops else None
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return _beam_search(model, input_ids, attention_mask, gen, max_new, limit, stop_ids, fill)
+    finally:
+        model.train(was_training)
+
+
+def _beam_search(
+    model: Transformer,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    gen: GenerationConfig,
+    max_new_tokens: int,
+    limit: Tensor | None,
+    stop_ids: Tensor | None,
+    fill: int | None,
+) -> Tensor:
+    """Each step keeps the num_beams best live continuations per row; a beam that emits a stop token becomes a
     hypothesis scored log p / length ** length_penalty. A row is done when it holds num_beams hypotheses and its best
-    live beam, normalised at the current length, cannot beat the worst of them (Hugging Face's default criterion).
-    One beam equals greedy decoding."""
-    B, K = input_ids.shape[0], num_beams
+    live beam, normalised at the current length, cannot beat the worst of them (Hugging Face's default criterion),
+    or when it reaches its length limit (its live beams then compete as they are)."""
+    B, K = input_ids.shape[0], gen.num_beams
+    alpha = gen.length_penalty
     fill = 0 if fill is None else fill
     device = input_ids.device
-    decoder = IncrementalDecoder(model, input_ids, attention_mask, max_new_tokens, expand=K, use_cache=use_cache)
+    decoder = IncrementalDecoder(
+        model, input_ids, attention_mask, max_new_tokens, expand=K, use_cache=gen.use_cache, window_keep=gen.window_keep
+    )
     V = decoder.logits.shape[-1]
+    penalty = RepetitionPenalty(gen.repetition_penalty, decoder.tokens, decoder.keep, V)
+    limit = torch.full((B,), max_new_tokens, device=device) if limit is None else limit
     scores = torch.zeros(B, K, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first
     first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1): row of each batch entry's first beam
@@ -220,19 +328,18 @@ def beam_search(
     logits = decoder.logits
     for step in range(max_new_tokens):
         length = step + 1
-        candidates = (scores[..., None] + logits.log_softmax(dim=-1).view(B, K, V)).view(B, K * V)
-        top_scores, top_ids = candidates.topk(2 * K, dim=1)  # enough that K live beams survive any EOS among them
+        candidates = (scores[..., None] + penalty(logits).log_softmax(dim=-1).view(B, K, V)).view(B, K * V)
+        top_scores, top_ids = candidates.topk(2 * K, dim=1)  # enough that K live beams survive any stop among them
         top_beams, top_tokens = top_ids // V, top_ids % V
-        is_eos = top_tokens == eos if eos is not None else torch.zeros_like(top_tokens, dtype=torch.bool)
-        # EOS among the K best ends a hypothesis (rare: a short Python loop over those only).
-        ends = (is_eos[:, :K] & ~done[:, None]).nonzero().tolist()
-        for b, rank in ends:
-            history = torch.cat([generated[b * K + top_beams[b, rank]], generated.new_tensor([eos])])
-            _add_hypothesis(hypotheses[b], top_scores[b, rank].item() / length**length_penalty, history, K)
+        is_stop = torch.isin(top_tokens, stop_ids) if stop_ids is not None else torch.zeros_like(top_tokens).bool()
+        # A stop token among the K best ends a hypothesis (rare: a short Python loop over those only).
+        for b, rank in (is_stop[:, :K] & ~done[:, None]).nonzero().tolist():
+            history = torch.cat([generated[b * K + top_beams[b, rank]], top_tokens[b, rank, None]])
+            _add_hypothesis(hypotheses[b], top_scores[b, rank].item() / length**alpha, history, K)
             if len(hypotheses[b]) == K:
                 worst[b] = hypotheses[b][-1][0]
-        # The K best non-EOS candidates live on, in rank order (a stable sort moves EOS candidates last).
-        live = is_eos.int().sort(dim=1, stable=True).indices[:, :K]
+        # The K best non-stop candidates live on, in rank order (a stable sort moves stop candidates last).
+        live = is_stop.int().sort(dim=1, stable=True).indices[:, :K]
         rows = first_row + top_beams.gather(1, live)
         tokens = top_tokens.gather(1, live)
         scores = top_scores.gather(1, live)
@@ -240,16 +347,18 @@ def beam_search(
         rows = torch.where(done[:, None], first_row + torch.arange(K, device=device), rows)
         tokens = tokens.masked_fill(done[:, None], fill)
         scores = scores.masked_fill(done[:, None], float("-inf"))
-        done |= worst >= scores[:, 0] / length**length_penalty
         generated = torch.cat([generated.index_select(0, rows.view(-1)), tokens.view(-1, 1)], dim=1)
-        if bool(done.all()) or step == max_new_tokens - 1:
+        done |= worst >= scores[:, 0] / length**alpha
+        # Rows at their length limit: their live beams compete as they are.
+        for b in ((limit <= length) & ~done).nonzero().view(-1).tolist():
+            for k in range(K):
+                if (score := scores[b, k].item()) > float("-inf"):
+                    _add_hypothesis(hypotheses[b], score / length**alpha, generated[b * K + k], K)
+        done |= limit <= length
+        if bool(done.all()):
             break
+        penalty.update(tokens.view(-1), rows.view(-1))
         logits = decoder.step(tokens.view(-1), rows.view(-1))
-    for b in (~done).nonzero().view(-1).tolist():  # rows that ran out of steps: their live beams compete too
-        for k in range(K):
-            score = scores[b, k].item()
-            if score > float("-inf"):
-                _add_hypothesis(hypotheses[b], score / max_new_tokens**length_penalty, generated[b * K + k], K)
     best = [hypotheses[b][0][1] for b in range(B)]
     out = torch.full((B, max(len(h) for h in best)), fill, dtype=torch.long, device=device)
     for b, h in enumerate(best):

@@ -1,20 +1,23 @@
 """The assembled model: decoder-only (GPT-2) or encoder-decoder (the paper), embeddings, tying, initialisation.
 
-Padding masks are (B, T) with True (or 1) for real tokens and False (0) for padding, as in Hugging Face; when none is
-given they are derived from ``cfg.pad_token_id``. Padding may be on either side: position ids count real tokens only,
-so a padded row gives exactly what it gives alone.
+Padding masks are (B, T) with True (or 1) for real tokens and False (0) for padding, as in Hugging Face; without one,
+every token is real (no token id is taken to mean padding). Padding may be on either side: position ids count real
+tokens only, so a padded row gives exactly what it gives alone.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lit_transformer.config import TransformerConfig
+from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.model import generation
 from lit_transformer.model.attention import KVCache
 from lit_transformer.model.blocks import DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
+from lit_transformer.model.generation import Streamer
 from lit_transformer.model.positions import LearnedPositions, build_positions
 
 Attentions = dict[str, list[Tensor]]
@@ -142,12 +145,12 @@ class Transformer(nn.Module):
             raise TypeError("decoder_only: call model(tokens, attention_mask=...)")
         return self.decode(x, tgt_mask=self.key_mask(x, attention_mask), return_attention=return_attention)
 
-    def key_mask(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor | None:
-        """The (B, T) boolean mask of real tokens, from `mask` or else from pad_token_id; None when nothing is padded."""
+    @staticmethod
+    def key_mask(tokens: Tensor, mask: Tensor | None = None) -> Tensor | None:
+        """The (B, T) boolean mask of real tokens, or None when nothing is padded. Padding is only ever what `mask`
+        says: a token id (even pad_token_id) never means padding by itself."""
         if mask is None:
-            if self.config.pad_token_id is None:
-                return None
-            mask = tokens != self.config.pad_token_id
+            return None
         mask = mask.bool()
         return None if bool(mask.all()) else mask
 
@@ -224,41 +227,23 @@ class Transformer(nn.Module):
     def generate(
         self,
         input_ids: Tensor,
-        max_new_tokens: int,
+        config: GenerationConfig | None = None,
         *,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
-        eos_token_id: int | None = None,
         attention_mask: Tensor | None = None,
         generator: torch.Generator | None = None,
-        use_cache: bool = True,
+        streamer: Streamer | None = None,
+        **overrides: Any,
     ) -> Tensor:
         """Only the new tokens, (B, <= max_new_tokens); after a row's EOS (kept) the row holds pad_token_id.
 
-        decoder_only: input_ids is the prompt, padded on the left or the right with pad_token_id (or described by
-        attention_mask); each row gives what it gives alone. encoder_decoder: input_ids is the source; decoding starts
-        from bos_token_id. temperature 0 is greedy, > 0 samples (top_k, top_p); num_beams > 1 is beam search.
-        Always with a KV cache; use_cache=False recomputes everything each step (to test the cache).
-        See lit_transformer.model.generation.generate.
+        ``model.generate(prompt, GenerationConfig(max_new_tokens=64, temperature=0.8))`` or, field by field,
+        ``model.generate(prompt, max_new_tokens=64, temperature=0.8)``; the default is greedy. decoder_only:
+        input_ids is the prompt, padded on either side as attention_mask says; each row gives what it gives alone;
+        past max_seq_len the model conditions on the last tokens (a sliding window). encoder_decoder: input_ids is
+        the source; decoding starts from bos_token_id. See lit_transformer.model.generation.generate.
         """
-        from lit_transformer.model.generation import generate
-
-        return generate(
-            self,
-            input_ids,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            num_beams=num_beams,
-            length_penalty=length_penalty,
-            eos_token_id=eos_token_id,
-            attention_mask=attention_mask,
-            generator=generator,
-            use_cache=use_cache,
+        return generation.generate(
+            self, input_ids, config, attention_mask=attention_mask, generator=generator, streamer=streamer, **overrides
         )
 
     # ---------------------------------------------------------------- accounting

@@ -1,0 +1,23 @@
+"""The one way text becomes model input, in training and in inference alike."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers import Tokenizer
+
+
+def token_ids(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """The ids of each text, without the tokenizer's own special tokens: the DataModules place BOS/EOS themselves,
+    and a tokenizer with a post-processor (a Marian or BERT export) would otherwise add them a second time."""
+    return [encoding.ids for encoding in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def encode_input(tokenizer: Tokenizer, text: str, *, encoder_decoder: bool, eos_token_id: int | None) -> list[int]:
+    """One model input as training builds it. A translation source is its tokens then EOS. A language-model prompt
+    is its tokens; an empty one is EOS alone, the document boundary that precedes every document in training."""
+    ids = token_ids(tokenizer, [text])[0]
+    eos = [] if eos_token_id is None else [eos_token_id]
+    if encoder_decoder:
+        return ids + eos
+    return ids or eos

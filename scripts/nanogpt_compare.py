@@ -1,0 +1,267 @@
+"""Side-by-side with nanoGPT's README CPU recipe, on our own Shakespeare splits, scored as bits per character.
+
+Both models are scored the same way: the summed next-token NLL over the WHOLE validation split (non-overlapping
+blocks of the model's context, the short tail included), in bits, divided by the number of characters predicted.
+
+    # nanoGPT (a checkout outside this repo): write our splits as its char-level data, train its CPU recipe, score
+    python scripts/nanogpt_compare.py nanogpt /work/nanogpt --threads 2 --max_iters 7000
+    # ours: time `fit --config configs/base.yaml` on 2 threads, then score its last checkpoint
+    python scripts/nanogpt_compare.py ours --config configs/base.yaml --threads 2
+    # score an existing checkpoint of either kind
+    python scripts/nanogpt_compare.py score --checkpoint runs/shakespeare/checkpoints/last.ckpt
+    python scripts/nanogpt_compare.py score-nanogpt /work/nanogpt
+
+The nanoGPT data is `"".join` of the package's split documents (each work's training part, then the next work's),
+so both projects read exactly the same text; the vocabulary is the training split's characters (validation has none
+that training lacks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+NANOGPT_DATASET = "lit_shakespeare_char"
+NANOGPT_OUT = "out-lit-shakespeare-char"
+# nanoGPT README's CPU example (config/train_shakespeare_char.py plus these flags); --max_iters is added per run.
+NANOGPT_CPU_RECIPE = [
+    "config/train_shakespeare_char.py",
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=20",
+    "--log_interval=100",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--dropout=0.0",
+]
+
+
+def split_texts() -> dict[str, list[str]]:
+    """The package's Shakespeare documents per split (train / validation / test)."""
+    from lit_transformer.data import LanguageModelingDataModule
+
+    return LanguageModelingDataModule(dataset="shakespeare").texts()
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment of a child process limited to `threads` intra-op threads."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
+    return env
+
+
+def timed(command: list[str], cwd: Path | None, env: dict[str, str], log: Path) -> float:
+    """Run `command` with its output teed into `log`; the wall seconds, or exit on failure."""
+    print("$", " ".join(command), flush=True)
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert process.stdout is not None
+        for line in process.stdout:
+            handle.write(line)
+            if len(line) < 300:  # not a progress bar's carriage-return stream
+                sys.stdout.write(line)
+        code = process.wait()
+    seconds = time.perf_counter() - start
+    if code != 0:
+        sys.exit(f"{command[0]} exited with {code}; see {log}")
+    return seconds
+
+
+# ------------------------------------------------------------------ scoring
+
+
+def block_nll(logits_fn: Callable[[torch.Tensor], torch.Tensor], block: torch.Tensor) -> float:
+    """Summed NLL (nats) of predicting block[:, 1:] from block[:, :-1]."""
+    logits = logits_fn(block[:, :-1]).float()
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), block[:, 1:].reshape(-1), reduction="sum").item()
+
+
+@torch.no_grad()
+def stream_nll(
+    logits_fn: Callable[[torch.Tensor], torch.Tensor], stream: np.ndarray, context: int, batch: int
+) -> float:
+    """Summed next-token NLL (nats) of `stream` in non-overlapping blocks of `context`, then the short tail."""
+    tokens = torch.from_numpy(np.asarray(stream, dtype=np.int64))
+    full = (len(tokens) - 1) // context
+    total = 0.0
+    for first in range(0, full, batch):
+        starts = range(first * context, min(first + batch, full) * context, context)
+        total += block_nll(logits_fn, torch.stack([tokens[s : s + context + 1] for s in starts]))
+    tail = tokens[full * context :]
+    if len(tail) > 1:
+        total += block_nll(logits_fn, tail[None])
+    return total
+
+
+def bits_per_char(nll_nats: float, characters: int) -> float:
+    return nll_nats / math.log(2) / characters
+
+
+def score_checkpoint(path: str, batch: int = 32) -> dict[str, float]:
+    """bpc of a lit_transformer checkpoint over the whole validation split, tokenized as the DataModule does."""
+    from lit_transformer.data.common import encode_stream
+    from lit_transformer.inference import load_model
+
+    loaded = load_model(path)
+    texts = split_texts()["validation"]
+    stream = encode_stream(loaded.tokenizer, texts, loaded.config.eos_token_id)
+    characters = sum(map(len, texts))
+    nll = stream_nll(loaded.model, stream, loaded.config.max_seq_len, batch)
+    predicted = len(stream) - 1
+    return {
+        "bpc": bits_per_char(nll, characters),
+        "val_nll_per_token": nll / predicted,
+        "chars_per_token": characters / predicted,
+        "val_characters": characters,
+        "val_tokens_scored": predicted,
+    }
+
+
+def score_nanogpt(nanogpt: Path, batch: int = 64) -> dict[str, float]:
+    """bpc of nanoGPT's checkpoint over the whole val.bin (its `model(x)` returns the last position only, so the
+    full-sequence logits come from passing dummy targets)."""
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig  # nanoGPT's model.py
+
+    checkpoint = torch.load(nanogpt / NANOGPT_OUT / "ckpt.pt", map_location="cpu", weights_only=False)
+    model = GPT(GPTConfig(**checkpoint["model_args"]))
+    state = {k.removeprefix("_orig_mod."): v for k, v in checkpoint["model"].items()}
+    model.load_state_dict(state)
+    model.eval()
+    stream = np.fromfile(nanogpt / "data" / NANOGPT_DATASET / "val.bin", dtype=np.uint16)
+
+    def logits_fn(x: torch.Tensor) -> torch.Tensor:
+        return model(x, torch.zeros_like(x))[0]
+
+    nll = stream_nll(logits_fn, stream, checkpoint["model_args"]["block_size"], batch)
+    return {
+        "bpc": bits_per_char(nll, len(stream) - 1),
+        "iter_num": checkpoint["iter_num"],
+        "val_characters": len(stream) - 1,
+    }
+
+
+# ------------------------------------------------------------------ nanoGPT
+
+
+def write_nanogpt_data(nanogpt: Path) -> Path:
+    """Our train/validation splits as nanoGPT char-level data: train.bin, val.bin (uint16) and meta.pkl."""
+    texts = split_texts()
+    train, val = "".join(texts["train"]), "".join(texts["validation"])
+    chars = sorted(set(train))
+    missing = set(val) - set(chars)
+    if missing:
+        raise ValueError(f"validation characters missing from training: {sorted(missing)}")
+    stoi = {c: i for i, c in enumerate(chars)}
+    itos = dict(enumerate(chars))
+    folder = nanogpt / "data" / NANOGPT_DATASET
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (("train", train), ("val", val)):
+        np.array([stoi[c] for c in text], dtype=np.uint16).tofile(folder / f"{name}.bin")
+    with open(folder / "meta.pkl", "wb") as handle:
+        pickle.dump({"vocab_size": len(chars), "itos": itos, "stoi": stoi}, handle)
+    print(f"{folder}: train {len(train):,} chars, val {len(val):,} chars, vocab {len(chars)}")
+    return folder
+
+
+def run_nanogpt(args: argparse.Namespace) -> None:
+    nanogpt = Path(args.nanogpt).resolve()
+    write_nanogpt_data(nanogpt)
+    command = [
+        sys.executable,
+        "train.py",
+        *NANOGPT_CPU_RECIPE,
+        f"--dataset={NANOGPT_DATASET}",
+        f"--out_dir={NANOGPT_OUT}",
+        f"--max_iters={args.max_iters}",
+        f"--lr_decay_iters={args.max_iters}",
+    ]
+    seconds = timed(command, nanogpt, thread_env(args.threads), nanogpt / f"{NANOGPT_OUT}.log")
+    report(
+        {"run": "nanoGPT", "max_iters": args.max_iters, "threads": args.threads, "wall_s": seconds}
+        | score_nanogpt(nanogpt)
+    )
+
+
+# ------------------------------------------------------------------ ours
+
+
+def run_ours(args: argparse.Namespace) -> None:
+    command = [sys.executable, "-m", "lit_transformer", "fit", "--config", args.config, *args.overrides]
+    env = thread_env(args.threads)
+    if args.fresh_cache:  # tokenizer training and tokenization counted in the wall time
+        env["LIT_TRANSFORMER_CACHE"] = str(Path(args.root) / f"cache-{time.time_ns()}")
+    Path(args.root).mkdir(parents=True, exist_ok=True)
+    seconds = timed(command, None, env, Path(args.root) / "fit.log")
+    checkpoint = args.checkpoint
+    result = {"run": "ours", "config": args.config, "overrides": " ".join(args.overrides), "threads": args.threads}
+    report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint))
+
+
+def report(result: dict) -> None:
+    print(json.dumps(result, indent=1))
+    log = Path("runs") / "nanogpt_compare.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as handle:
+        handle.write(json.dumps(result | {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    nano = commands.add_parser("nanogpt", help="write the data, train nanoGPT's CPU recipe, score it")
+    nano.add_argument("nanogpt", help="a nanoGPT checkout (train.py, model.py, config/)")
+    nano.add_argument("--max_iters", type=int, default=7000)
+    nano.add_argument("--threads", type=int, default=2)
+
+    data = commands.add_parser("nanogpt-data", help="only write train.bin/val.bin/meta.pkl into the checkout")
+    data.add_argument("nanogpt")
+
+    ours = commands.add_parser("ours", help="time `fit --config CONFIG [overrides]`, then score its checkpoint")
+    ours.add_argument("--config", default="configs/base.yaml")
+    ours.add_argument("--threads", type=int, default=2)
+    ours.add_argument("--checkpoint", default="runs/shakespeare/checkpoints/last.ckpt")
+    ours.add_argument("--root", default="runs/shakespeare", help="where fit.log (and a fresh cache) go")
+    ours.add_argument("--fresh_cache", action="store_true", help="count tokenizer training and tokenization too")
+    ours.add_argument("overrides", nargs="*", help="extra `fit` arguments, after --")
+
+    score = commands.add_parser("score", help="bpc of a lit_transformer checkpoint on the whole validation split")
+    score.add_argument("--checkpoint", default="runs/shakespeare/checkpoints/last.ckpt")
+
+    score_nano = commands.add_parser("score-nanogpt", help="bpc of nanoGPT's checkpoint on the whole val.bin")
+    score_nano.add_argument("nanogpt")
+
+    args = parser.parse_args()
+    if args.command == "nanogpt":
+        run_nanogpt(args)
+    elif args.command == "nanogpt-data":
+        write_nanogpt_data(Path(args.nanogpt))
+    elif args.command == "ours":
+        run_ours(args)
+    elif args.command == "score":
+        report({"run": "score", "checkpoint": args.checkpoint} | score_checkpoint(args.checkpoint))
+    else:
+        report({"run": "score-nanogpt"} | score_nanogpt(Path(args.nanogpt)))
+
+
+if __name__ == "__main__":
+    main()
