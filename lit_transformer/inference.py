@@ -7,6 +7,7 @@ Decoding settings are a GenerationConfig; every one of its fields is a flag of b
 from __future__ import annotations
 
 import ast
+import codecs
 import dataclasses
 import inspect
 import sys
@@ -220,6 +221,8 @@ def _generation(args, config: TransformerConfig) -> GenerationConfig:
     for name in ("stop", "stop_token_ids"):
         if values[name] is not None and not isinstance(values[name], list):
             values[name] = [values[name]]
+    if values["stop"]:  # --stop "\n\n" means two newlines, as a person typing it means
+        values["stop"] = [codecs.decode(s, "unicode_escape") for s in values["stop"]]
     return GenerationConfig.for_model(config, **values)
 
 

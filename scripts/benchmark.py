@@ -111,6 +111,7 @@ def sizes(quick: bool) -> dict[str, dict[str, int]]:
             "decoder": dict(vocab=4096, d=256, heads=4, layers=4, d_ff=1024, ctx=128, batch=4),
             "seq2seq": dict(vocab=4096, d=128, heads=4, layers=2, d_ff=512, ctx=32, batch=16),
             "greedy": dict(prompt=16, new=32),
+            "sliding": dict(new=192),
             "beam": dict(batch=4, src=32, new=16, beams=4),
             "memory": dict(layers=6, ctx=256, batch=4),
             "lightning": dict(steps=6),
@@ -119,6 +120,7 @@ def sizes(quick: bool) -> dict[str, dict[str, int]]:
         "decoder": dict(vocab=8192, d=384, heads=6, layers=6, d_ff=1536, ctx=256, batch=8),
         "seq2seq": dict(vocab=8192, d=256, heads=4, layers=3, d_ff=1024, ctx=64, batch=32),
         "greedy": dict(prompt=32, new=128),
+        "sliding": dict(new=768),
         "beam": dict(batch=8, src=64, new=64, beams=4),
         "memory": dict(layers=12, ctx=512, batch=8),
         "lightning": dict(steps=12),
@@ -239,6 +241,36 @@ def bench_greedy(s: dict[str, int], g: dict[str, int], reps: int, device: str) -
     with torch.inference_mode():
         times = alternate(contenders, reps)
     return summarize("greedy generation", times, new_tokens=n, prompt=g["prompt"])
+
+
+def bench_sliding(s: dict[str, int], g: dict[str, int], reps: int, device: str) -> list[Row]:
+    """Generating 3x the context (greedy, batch 1): what sliding past max_seq_len costs per token.
+
+    The reference generates as many tokens within a context large enough to hold them all (no slide). The default
+    refills the KV cache from half a window once per half window; window_keep=max_seq_len slides by one token
+    every step (nanoGPT's crop, one full-window pass per token, cached); use_cache=False recomputes the cropped
+    window every token, as nanoGPT's sample.py does.
+    """
+    torch.manual_seed(0)
+    prompt = torch.randint(3, s["vocab"], (1, 8), device=device)
+    n = g["new"]
+    ours = Transformer(decoder_config(s, eos_token_id=None)).to(device).eval()
+    roomy = Transformer(decoder_config({**s, "ctx": n + 8}, eos_token_id=None)).to(device).eval()
+    ctx = s["ctx"]
+    contenders = {
+        OURS + f" sliding, refill every {ctx // 2} tokens (default)": lambda: ours.generate(prompt, max_new_tokens=n),
+        f"context {n + 8}, no slide": lambda: roomy.generate(prompt, max_new_tokens=n),
+        "sliding by 1 (crop every token), cached": lambda: ours.generate(prompt, max_new_tokens=n, window_keep=ctx),
+        "sliding by 1, recomputed (nanoGPT sample.py)": lambda: ours.generate(
+            prompt, max_new_tokens=n, window_keep=ctx, use_cache=False
+        ),
+    }
+    with torch.inference_mode():
+        times = alternate(contenders, reps)
+    rows = summarize("generation past the context", times, reference=next(iter(contenders)), new_tokens=n, ctx=ctx)
+    for row in rows:
+        row["ms_per_token"] = 1000 * row["median_s"] / n
+    return rows
 
 
 def bench_beam(s: dict[str, int], b: dict[str, int], reps: int, device: str) -> list[Row]:
@@ -496,7 +528,7 @@ def render(path: Path) -> None:
 
 
 def main() -> None:
-    sections = ["decoder", "seq2seq", "greedy", "beam", "memory", "lightning"]
+    sections = ["decoder", "seq2seq", "greedy", "sliding", "beam", "memory", "lightning"]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions: a smoke run")
     parser.add_argument("--only", nargs="+", choices=sections, default=sections, help="sections to run")
@@ -536,6 +568,8 @@ def main() -> None:
             rows += bench_seq2seq(s["seq2seq"], reps, "cpu")
         if "greedy" in args.only:
             rows += bench_greedy(s["decoder"], s["greedy"], reps, "cpu")
+        if "sliding" in args.only:
+            rows += bench_sliding(s["decoder"], s["sliding"], reps, "cpu")
         if "beam" in args.only:
             rows += bench_beam(s["seq2seq"], s["beam"], reps, "cpu")
         if "memory" in args.only:

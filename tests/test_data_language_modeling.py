@@ -38,9 +38,45 @@ def test_batches_are_packed_next_token_blocks(tmp_path, tokenizer):
     assert batch["input_ids"].dtype == torch.long
     assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
     assert (batch["input_ids"] != dm.pad_token_id).all()  # packed: no padding
-    for loader in (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()):
+    for loader in (dm.val_dataloader(), dm.test_dataloader()):
         assert len(loader) > 0 and next(iter(loader))["input_ids"].shape[1] == 16
     assert "winter of our discontent" in dm.decode(torch.cat([b["input_ids"].flatten() for b in dm.val_dataloader()]))
+
+
+def test_predict_reads_prompts_encoded_as_training_encodes_them(tmp_path):
+    """One row per line of the predict_file, in order, padded on the right with a mask that says what is real; an
+    empty prompt is EOS alone (the boundary that precedes every document in training); JSONL takes "text"."""
+    prompts = ["Now is the winter", "", "of our discontent made glorious", "York"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    dm = make(tmp_path, corpus(tmp_path), predict_file=str(tmp_path / "prompts.txt"), predict_batch_size=3)
+    batches = list(dm.predict_dataloader())
+    assert [len(b["text"]) for b in batches] == [3, 1]
+    assert [t for b in batches for t in b["text"]] == prompts and [i for b in batches for i in b["index"]] == [0, 1, 2, 3]
+    for b in batches:
+        for row, mask, text in zip(b["input_ids"], b["attention_mask"], b["text"], strict=True):
+            expected = dm.tokenizer.encode(text, add_special_tokens=False).ids or [dm.eos_token_id]
+            assert row[mask].tolist() == expected and not mask[len(expected) :].any()
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
+    dm.predict_file = str(tmp_path / "prompts.jsonl")
+    assert [t for b in dm.predict_dataloader() for t in b["text"]] == prompts
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\nnot json\n')
+    dm.predict_file = str(tmp_path / "bad.jsonl")
+    with pytest.raises(ValueError, match="bad.jsonl:2 is not valid JSON"):
+        dm.predict_dataloader()
+    dm.predict_file = str(tmp_path / "missing.txt")
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        dm.predict_dataloader()
+    dm.predict_file = None
+    with pytest.raises(ValueError, match="--data.predict_file"):
+        dm.predict_dataloader()
+
+
+def test_characters_per_token_turns_nll_into_bits_per_character(tmp_path):
+    dm = make(tmp_path, corpus(tmp_path))
+    text = dm.texts()["validation"]
+    tokens = len(dm.tokenizer.encode("".join(text), add_special_tokens=False).ids)
+    # one EOS per document; byte-level BPE of one document equals the concatenated encoding up to merges at the seams
+    assert dm.characters_per_token("validation") == pytest.approx(sum(map(len, text)) / (tokens + len(text)), rel=0.02)
 
 
 def test_held_out_splits_are_carved_deterministically(tmp_path):

@@ -49,7 +49,16 @@ def test_batch_layout(tmp_path):
     row = val["labels"][0]
     assert dm.decode(row[row >= 0]) == val["ref_text"][0]
     assert dm.decode(val["src"][0], target=False) == val["src_text"][0]
-    assert len(dm.predict_dataloader()) == len(dm.test_dataloader())
+    # masks say what is real: built from lengths, not from token values
+    assert torch.equal(val["src_mask"], val["src"] != dm.pad_token_id)
+    assert torch.equal(val["tgt_mask"], val["tgt_in"] != dm.pad_token_id)
+    # predict: sources encoded as in training (tokens, then EOS)
+    (tmp_path / "sources.txt").write_text("the house is red\nI see the sea\n")
+    dm.predict_file = str(tmp_path / "sources.txt")
+    (batch,) = list(dm.predict_dataloader())
+    assert batch["text"] == ["the house is red", "I see the sea"]
+    first = batch["input_ids"][0][batch["attention_mask"][0]].tolist()
+    assert first == dm.tokenizer.encode("the house is red", add_special_tokens=False).ids + [dm.eos_token_id]
 
 
 def test_over_long_pairs_are_filtered_and_counted(tmp_path):

@@ -1,0 +1,223 @@
+"""Every command of the README runs as written, in the order a reader meets them, on the embedded corpora.
+
+Each command gets only small-size overrides appended (fewer steps, fewer tokens); a command marked "# needs a GPU"
+is checked to parse (--print_config / --help), one marked "# takes minutes" runs its --help. The commands run
+in a fresh folder that holds the repository's configs and scripts, with the environment activated, as a newcomer
+runs them after the set-up command; what each is said to produce is checked. Python blocks run as written too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SMALL = "--trainer.max_steps 4 --trainer.val_check_interval 2 --trainer.limit_val_batches 2"
+SMALL += " --checkpoint.every_n_train_steps 2 --trainer.log_every_n_steps 1"
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def readme_commands() -> list[str]:
+    """The shell commands of the README's bash blocks, continuation lines joined, comment lines dropped."""
+    commands = []
+    for block in blocks("bash"):
+        for command in re.sub(r"\\\n\s*", "", block).splitlines():
+            if command.strip() and not command.lstrip().startswith("#"):
+                commands.append(command.strip())
+    return commands
+
+
+def adapt(command: str) -> tuple[str, str]:
+    """(the command to run, what kind of command it is): the README's command plus small-size overrides."""
+    code, _, note = command.partition("  #")
+    code, note = code.strip(), note.strip()
+    if "needs a GPU" in note:
+        return code + (" --print_config" if " fit " in code else " --help"), "parses"
+    if "takes minutes" in note:
+        return code + " --help", "parses"
+    if code.endswith("-m pytest"):
+        return code + " --collect-only -q", "pytest"
+    if "tensorboard" in code:
+        return code, "tensorboard"
+    match = re.search(r"lit_transformer (\w+)", code)
+    kind = match.group(1) if match else "shell"
+    if kind == "fit" and "--help" not in code and "--print_config" not in code:
+        small = SMALL.replace("max_steps 4", "max_steps 6") if "--ckpt_path last" in code else SMALL
+        if "translate-en-es" in code:
+            small += " --data.init_args.max_pairs 400 --data.init_args.bleu_samples 2"
+        return f"{code} {small}", "resume" if "--ckpt_path last" in code else "fit"
+    if kind == "test":
+        return code + " --trainer.limit_test_batches 2", "test"
+    if kind == "generate":
+        return code + " --max_new_tokens 300", "generate"  # past the context of 128: the window slides
+    if kind == "translate":
+        return code + " --max_new_tokens 8", "translate"
+    if kind == "predict":
+        return code + " --model.generation.max_new_tokens 8", "predict"
+    return code, kind
+
+
+COMMANDS = readme_commands()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A newcomer's clone after the set-up command: the repository's files, the set-up environment."""
+    work = tmp_path_factory.mktemp("newcomer")
+    for name in ("configs", "scripts", "lit_transformer", "tests", "pyproject.toml", "README.md", ".venv"):
+        (work / name).symlink_to(ROOT / name)
+    return work
+
+
+def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_the_readme_has_the_two_commands_first():
+    assert COMMANDS[0] == "bash scripts/setup.sh && .venv/bin/python -m lit_transformer fit --config configs/base.yaml"
+    assert COMMANDS[1] == "bash scripts/setup.sh && .venv/bin/python -m pytest"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert COMMANDS[1] in ci  # CI runs the README's test command
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(COMMANDS)), ids=[f"{i:02d}" for i in range(len(COMMANDS))])
+def test_readme_command_runs_as_written(index: int, workdir: Path):
+    command, kind = adapt(COMMANDS[index])
+    if kind == "tensorboard":
+        return check_tensorboard(command, workdir)
+    result = shell(command, workdir)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{command}\n{output[-4000:]}"
+    assert "Traceback" not in output, f"{command}\n{output[-4000:]}"
+    checks = {"fit": check_fit, "resume": check_resume, "generate": check_generate, "predict": check_predict}
+    checks |= {"export": check_export, "translate": check_translate, "test": check_test}
+    if kind in checks:
+        checks[kind](command, result, workdir)
+
+
+def _checkpoint(command: str, workdir: Path) -> Path:
+    match = re.search(r"--(?:checkpoint|ckpt_path) (\S+)", command)
+    return workdir / match.group(1)
+
+
+def _run_dir(command: str) -> str:
+    config = re.search(r"--config (\S+)", command).group(1)
+    return "runs/en-es" if "translate-en-es" in config else "runs/shakespeare"
+
+
+def _checkpoint_dir(command: str) -> str:
+    match = re.search(r"--checkpoint.dirpath (\S+)", command)
+    return match.group(1) if match else f"{_run_dir(command)}/checkpoints"
+
+
+def check_fit(command: str, result, workdir: Path) -> None:
+    from lit_transformer.checkpointing import load_checkpoint
+
+    checkpoint = load_checkpoint(workdir / _checkpoint_dir(command) / "last.ckpt")
+    assert checkpoint["global_step"] == 4 and "tokenizer" in checkpoint, command
+
+
+def check_resume(command: str, result, workdir: Path) -> None:
+    from lit_transformer.checkpointing import load_checkpoint
+
+    assert "Restored all states from the checkpoint" in result.stdout + result.stderr, command
+    assert load_checkpoint(workdir / _checkpoint_dir(command) / "last.ckpt")["global_step"] == 6
+
+
+def check_generate(command: str, result, workdir: Path) -> None:
+    """The prompt, then 300 tokens past a context of 128; with --num_samples, a header per sample; with --stop, each
+    sample ends before its first stop string."""
+    from lit_transformer.inference import load_model
+
+    words = shlex.split(command)
+    prompt = words[words.index("--prompt") + 1]
+    samples = int(words[words.index("--num_samples") + 1]) if "--num_samples" in words else 1
+    texts = re.split(r"^--- prompt 1, sample \d+\n", result.stdout, flags=re.M)
+    texts = texts[1:] if samples > 1 else texts
+    assert len(texts) == samples, result.stdout
+    loaded = load_model(_checkpoint(command, workdir))
+    for text in texts:
+        assert text.startswith(prompt), result.stdout
+        generated = text[len(prompt) :].removesuffix("\n")
+        if "--stop" in words:
+            assert "\n\n" not in generated, result.stdout
+        else:  # re-encoding the text may merge a few tokens; an early EOS would end it sooner
+            assert len(loaded.encode(generated)) > 1.5 * loaded.config.max_seq_len, result.stdout
+
+
+def check_predict(command: str, result, workdir: Path) -> None:
+    words = shlex.split(command)
+    inputs = (workdir / words[words.index("--data.init_args.predict_file") + 1]).read_text().splitlines()
+    output = words[words.index("--predictions.output") + 1] if "--predictions.output" in words else None
+    path = workdir / (output or f"{_run_dir(command)}/predictions.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["input"] for r in rows] == inputs
+    assert all(set(r) == {"input", "output", "tokens"} and len(r["tokens"]) <= 8 for r in rows)
+
+
+def check_export(command: str, result, workdir: Path) -> None:
+    out = workdir / shlex.split(command)[shlex.split(command).index("--out") + 1]
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def check_translate(command: str, result, workdir: Path) -> None:
+    assert result.stdout.strip()
+
+
+def check_test(command: str, result, workdir: Path) -> None:
+    assert "test/bleu" in result.stdout and "test/ppl" in result.stdout
+
+
+def check_tensorboard(command: str, workdir: Path) -> None:
+    """TensorBoard serves the runs the README's commands wrote: its run list names them."""
+    port = 16006 + os.getpid() % 1000
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}"}
+    server = subprocess.Popen(
+        ["bash", "-c", f"{command} --port {port} --host 127.0.0.1"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        runs, deadline = [], time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5) as response:
+                    runs = json.loads(response.read())
+                if any("shakespeare" in r for r in runs):
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        assert any("shakespeare/tensorboard" in r for r in runs), runs
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+
+def test_readme_python_blocks_run_as_written(workdir: Path):
+    for block in blocks("python"):
+        result = shell(f"python - <<'EOF'\n{block}EOF", workdir, timeout=600)
+        assert result.returncode == 0, f"{block}\n{result.stderr[-4000:]}"
