@@ -146,17 +146,8 @@ def test_tensorboard_shows_curves_samples_attention_and_hparams(tiny_run: Path):
     assert (events / "hparams.yaml").exists()
 
 
-def test_validate_test_and_predict_run_from_the_checkpoint(tiny_run: Path):
-    common = [
-        "--config",
-        str(CONFIGS / "presets" / "tiny.yaml"),
-        "--trainer.logger",
-        "false",
-        "--data.init_args.cache_dir",
-        str(tiny_run / "cache"),
-        "--ckpt_path",
-        str(tiny_run / "checkpoints" / "last.ckpt"),
-    ]
+def test_validate_and_test_run_from_the_checkpoint(tiny_run: Path):
+    common = _tiny_common(tiny_run)
     for command in ("validate", "test"):
         out = _cli(command, *common, cwd=tiny_run).stdout
         assert f"{'val' if command == 'validate' else 'test'}/ppl" in out

@@ -51,7 +51,12 @@ def test_predict_reads_prompts_encoded_as_training_encodes_them(tmp_path):
     dm = make(tmp_path, corpus(tmp_path), predict_file=str(tmp_path / "prompts.txt"), predict_batch_size=3)
     batches = list(dm.predict_dataloader())
     assert [len(b["text"]) for b in batches] == [3, 1]
-    assert [t for b in batches for t in b["text"]] == prompts and [i for b in batches for i in b["index"]] == [0, 1, 2, 3]
+    assert [t for b in batches for t in b["text"]] == prompts and [i for b in batches for i in b["index"]] == [
+        0,
+        1,
+        2,
+        3,
+    ]
     for b in batches:
         for row, mask, text in zip(b["input_ids"], b["attention_mask"], b["text"], strict=True):
             expected = dm.tokenizer.encode(text, add_special_tokens=False).ids or [dm.eos_token_id]
