@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -13,6 +17,10 @@ from torch.utils.data import DataLoader
 from lit_transformer.callbacks import GenerateSamples, _sharded_across_ranks
 from lit_transformer.config import TransformerConfig
 from lit_transformer.module import LitTransformer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _token_loss import GradientRecorder, micro_batches, one_batch, per_token_gradient  # noqa: E402
+from _token_loss import module as token_module  # noqa: E402
 
 
 def _batches(vocab: int, n: int = 4, batch: int = 2, length: int = 16) -> list[dict[str, torch.Tensor]]:
@@ -81,3 +89,68 @@ def test_model_running_callbacks_stand_aside_when_parameters_are_sharded(strateg
             assert _sharded_across_ranks(trainer, GenerateSamples())
     else:
         assert not _sharded_across_ranks(trainer, GenerateSamples())
+
+
+# ---- loss normalisation: per target token of the optimizer step -------------------------------------------------
+
+
+def _first_step_gradient(lit: LitTransformer, batches: list[dict[str, torch.Tensor]], accumulate: int) -> dict:
+    recorder = GradientRecorder()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[recorder],
+    )
+    trainer.fit(lit, train_dataloaders=DataLoader(batches, batch_size=None))
+    return recorder.grads[0]
+
+
+def _assert_same_gradients(actual: dict, expected: dict, atol: float = 1e-6) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=atol, rtol=0, msg=name)
+
+
+def test_uneven_accumulated_micro_batches_give_the_gradient_of_one_batch_holding_both() -> None:
+    """A micro-batch weighs by its target tokens: two of 8 and 27 tokens accumulate to the 35-token batch's gradient."""
+    batches = micro_batches(0)
+    accumulated = _first_step_gradient(token_module(), batches, accumulate=2)
+    together = _first_step_gradient(token_module(), [one_batch(batches)], accumulate=1)
+    _assert_same_gradients(accumulated, together)
+    _assert_same_gradients(accumulated, per_token_gradient(token_module(), batches))
+
+
+def test_per_batch_normalization_averages_the_micro_batch_means() -> None:
+    """loss_normalization='batch': the mean over micro-batches of each one's per-token mean."""
+    batches = micro_batches(0)
+    reference = token_module()
+    per_batch = [per_token_gradient(reference, [b]) for b in batches]
+    expected = {name: (per_batch[0][name] + per_batch[1][name]) / 2 for name in per_batch[0]}
+    _assert_same_gradients(_first_step_gradient(token_module(loss_normalization="batch"), batches, 2), expected)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_normalize_by_the_tokens_of_both_ranks(tmp_path) -> None:
+    """2 CPU ranks x 2 uneven micro-batches: both ranks step with the gradient of all four batches' tokens, and end
+    with equal parameters."""
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(tests / "_token_loss.py"), str(tmp_path)],
+        cwd=tests.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = per_token_gradient(token_module(), micro_batches(0) + micro_batches(1))
+    for rank in (0, 1):
+        _assert_same_gradients(torch.load(tmp_path / f"grads_rank{rank}.pt"), expected)
+    params = [torch.load(tmp_path / f"params_rank{rank}.pt") for rank in (0, 1)]
+    _assert_same_gradients(params[1], params[0], atol=0)
