@@ -40,7 +40,8 @@ def smoothed_cross_entropy(
     logits = logits.reshape(-1, logits.size(-1))
     labels = labels.reshape(-1)
     keep = labels != IGNORE_INDEX
-    log_probs = logits.float().log_softmax(dim=-1)  # (N, V), in fp32 whatever the autocast dtype
+    # (N, V), in fp32 at least: 16-bit log-probabilities would round the loss.
+    log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
     target_log_probs = log_probs.gather(1, labels.masked_fill(~keep, 0)[:, None]).squeeze(1)
     nll = -(target_log_probs * keep).sum()
     count = keep.sum()

@@ -3,6 +3,7 @@ fine-tuning from a GPT-2 folder. Tiny random models, saved and loaded in tmp_pat
 
 from __future__ import annotations
 
+import shutil
 import string
 from pathlib import Path
 
@@ -294,3 +295,30 @@ def test_fit_init_from_a_gpt2_folder(tmp_path, tokenizer):
     x = tokens(2, 12)
     with torch.no_grad():
         close(cli.model.model.eval()(x), pretrained(x))
+
+
+def test_a_checkpoint_of_an_init_from_model_loads_without_the_folder(tmp_path, tokenizer):
+    """The folder is read once: the checkpoint holds the resolved architecture, init_from=None, and the source."""
+    import lightning
+
+    from lit_transformer.module import LitTransformer
+
+    folder = tmp_path / "gpt2"
+    pretrained = large(build({**GPT2, "activation": "gelu_tanh"}, n_layers=3, d_model=48, pad_token_id=None))
+    save_hf_gpt2(pretrained, folder, tokenizer)
+    lit = LitTransformer(TransformerConfig.preset("tiny", dropout=0.2), init_from=str(folder))
+    assert lit.hparams.init_from is None and lit.hparams.config == lit.config
+    checkpoint = {
+        "state_dict": lit.state_dict(),
+        "hyper_parameters": dict(lit.hparams),
+        "pytorch-lightning_version": lightning.__version__,
+    }
+    lit.on_save_checkpoint(checkpoint)
+    assert checkpoint["init_from"] == str(folder)
+    torch.save(checkpoint, tmp_path / "last.ckpt")
+    shutil.rmtree(folder)
+    loaded = LitTransformer.load_from_checkpoint(tmp_path / "last.ckpt", weights_only=True)
+    assert loaded.config == lit.config and loaded.init_from == str(folder)
+    x = tokens(2, 12)
+    with torch.no_grad():
+        close(loaded.model.eval()(x), pretrained(x))
