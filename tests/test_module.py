@@ -294,3 +294,58 @@ def test_the_gradient_norm_is_global_when_parameters_are_sharded(tmp_path) -> No
         norms = torch.load(tmp_path / f"norms_rank{rank}.pt")
         assert norms["local"] < 0.9 * norms["unsharded"]  # a rank's own pieces are not the whole
         assert norms["sharded"] == pytest.approx(norms["unsharded"], rel=1e-5)
+
+
+# ---- BLEU ----------------------------------------------------------------------------------------------------------
+
+
+def _word_tokenizer(words: list[str]):
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    tokenizer = Tokenizer(WordLevel({w: i for i, w in enumerate(specials + words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(specials)
+    return tokenizer
+
+
+@pytest.mark.slow
+def test_validation_bleu_is_sacrebleus_corpus_score_of_the_translations(tmp_path) -> None:
+    """val/bleu over 3 uneven batches equals the sacrebleu command line on the same translations and references."""
+    words = [f"w{i}" for i in range(60)]
+    tokenizer = _word_tokenizer(words)
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("tiny", topology="encoder_decoder", vocab_size=64, init_std=0.3)
+    lit = LitTransformer(config, bleu_num_beams=2)
+    lit.tokenizer = lit.target_tokenizer = tokenizer
+    g = torch.Generator().manual_seed(3)
+    batches = []
+    for rows, length in ((3, 6), (1, 9), (4, 4)):
+        src = torch.randint(4, 64, (rows, length), generator=g)
+        batches.append({"src": src, "tgt_in": src, "labels": src})
+    lit.eval()
+    for batch in batches:  # references that share some but not all n-grams with what the model says
+        hypotheses = lit.translate_batch(batch["src"])
+        edited = [[w if i % 3 else "w0" for i, w in enumerate(h.split())] for h in hypotheses]
+        batch["ref_text"] = [" ".join(words + ["w1"]) for words in edited]
+    scored: list[str] = []
+    translate = lit.translate_batch
+    lit.translate_batch = lambda src: scored.extend(translate(src)) or scored[-len(src) :]
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (logged,) = trainer.validate(lit, dataloaders=DataLoader(batches, batch_size=None), verbose=False)
+
+    references = [r for batch in batches for r in batch["ref_text"]]
+    assert len(scored) == len(references) == 8 and sum(len(h.split()) for h in scored) > 20
+    (tmp_path / "hyp.txt").write_text("\n".join(scored) + "\n")
+    (tmp_path / "ref.txt").write_text("\n".join(references) + "\n")
+    cli = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(tmp_path / "ref.txt"), "-i", str(tmp_path / "hyp.txt")]
+        + ["--tokenize", "13a", "--score-only", "--width", "4"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    expected = float(cli.stdout.strip())
+    assert 10 < expected < 90  # neither trivially 0 nor 100
+    assert logged["val/bleu"] == pytest.approx(expected, abs=0.01)
