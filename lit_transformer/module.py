@@ -121,7 +121,9 @@ class LitTransformer(L.LightningModule):
             label_smoothing: Label smoothing of the loss (the paper's 0.1); perplexity is always the unsmoothed one.
             loss_normalization: tokens: the loss of an optimizer step is its summed token losses over every accumulated
                 micro-batch and every rank, divided by the step's target tokens (fairseq's default), so a short batch
-                weighs by its tokens; batch: each micro-batch's own mean, averaged over micro-batches and ranks.
+                weighs by its tokens; batch: each micro-batch's own mean, averaged over micro-batches and ranks (needed
+                with DeepSpeed). With tokens, backward sees summed losses: under fp16 the loss scaler settles a few
+                skipped steps lower, as in fairseq; bf16 and fp32 are unaffected.
             activation_checkpointing: Recompute each block's activations in backward (less memory, more time).
             compile: torch.compile each block (a cold start of tens of seconds; pays off on GPUs).
             bleu_num_beams: Beams for the translations scored by BLEU during validation and test.
@@ -175,6 +177,14 @@ class LitTransformer(L.LightningModule):
         self._parallelized = True
 
     def setup(self, stage: str) -> None:
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        if stage == "fit" and self.hparams.loss_normalization == "tokens":
+            if isinstance(self.trainer.strategy, DeepSpeedStrategy):
+                raise ValueError(
+                    "loss_normalization='tokens' rescales the gradients once a step's tokens are counted, but DeepSpeed "
+                    "keeps its gradients to itself; use --model.loss_normalization=batch with DeepSpeed"
+                )
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and self.tokenizer is None:
             self.tokenizer = datamodule.tokenizer
