@@ -132,17 +132,18 @@ class LitTransformer(L.LightningModule):
                 and special token ids, its weights the parameters. Read once: the hyperparameters record the resolved
                 config and init_from=None, so loading or resuming a checkpoint never reads the folder again.
         """
-        self.init_from = init_from  # where the weights came from, kept in checkpoints for the record
+        source, pretrained = init_from, None
         if init_from:
             from lit_transformer.interop import load_hf_gpt2
 
             pretrained = load_hf_gpt2(init_from, base=config).train()
-            # save_hyperparameters reads these locals: checkpoints record the real architecture, not the folder.
+            # save_hyperparameters reads these arguments: checkpoints record the real architecture, not the folder.
             config, init_from = pretrained.config, None
         super().__init__()
         self.save_hyperparameters()
+        self.init_from = source  # where the weights came from: kept in checkpoints for the record, never re-read
         self.config = config
-        self.model = pretrained if self.init_from else Transformer(config)
+        self.model = pretrained if pretrained is not None else Transformer(config)
         self.tokenizer: Tokenizer | None = None
         self.target_tokenizer: Tokenizer | None = None
         vocab = config.tgt_vocab_size
