@@ -15,6 +15,8 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
+# Importing checkpointing also allowlists TransformerConfig for weights_only loads: load_from_checkpoint needs it.
+from lit_transformer.checkpointing import check_tokenizer_vocabulary
 from lit_transformer.config import TransformerConfig
 from lit_transformer.model import Transformer
 from lit_transformer.reliability import gradient_norm
@@ -200,8 +202,6 @@ class LitTransformer(L.LightningModule):
             datamodule.save_tokenizer(log_dir)
 
     def _check_tokenizer(self) -> None:
-        from lit_transformer.checkpointing import check_tokenizer_vocabulary
-
         if self.tokenizer is not None:
             check_tokenizer_vocabulary(self.tokenizer.get_vocab_size(), self.config)
         if self.target_tokenizer is not None and self.config.target_vocab_size is not None:
