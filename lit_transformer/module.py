@@ -143,6 +143,12 @@ class LitTransformer(L.LightningModule):
             config, init_from = pretrained.config, None
         super().__init__()
         self.save_hyperparameters()
+        if source:
+            # LightningCLI hands save_hyperparameters its parsed arguments (config as a dict, init_from as given)
+            # instead of these locals: record the resolved ones in the form it was given.
+            given = self.hparams["config"]
+            self.hparams["config"] = config.to_dict() if isinstance(given, dict) else config
+            self.hparams["init_from"] = None
         self.init_from = source  # where the weights came from: kept in checkpoints for the record, never re-read
         self.config = config
         self.model = pretrained if pretrained is not None else Transformer(config)
