@@ -37,9 +37,14 @@ SAFE_GLOBALS: list[type] = [
 ]
 
 
-# Registered process-wide as well, so Lightning's own weights_only loads (LightningCLI reading hyper_parameters from
-# --ckpt_path, load_from_checkpoint) accept our configs too. The allowlist stays exactly SAFE_GLOBALS.
-torch.serialization.add_safe_globals(SAFE_GLOBALS)
+def _allow_safe_globals() -> None:
+    """Registered process-wide, so Lightning's own weights_only loads (LightningCLI reading hyper_parameters from
+    --ckpt_path, load_from_checkpoint) accept our configs too. The allowlist stays exactly SAFE_GLOBALS."""
+    allowed = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([t for t in SAFE_GLOBALS if t not in allowed])
+
+
+_allow_safe_globals()
 
 
 class CheckpointError(ValueError):
@@ -48,9 +53,13 @@ class CheckpointError(ValueError):
 
 @contextmanager
 def safe_globals() -> Iterator[None]:
-    """Allow our own plain types (``SAFE_GLOBALS``) during a ``weights_only`` load, and nothing more."""
-    with torch.serialization.safe_globals(SAFE_GLOBALS):
-        yield
+    """Allow our own plain types (``SAFE_GLOBALS``) during a ``weights_only`` load, and nothing more.
+
+    Not torch's ``safe_globals`` context: on exit it removes the types it was given even when they were registered
+    before, which would undo the process-wide registration above and break Lightning's later loads.
+    """
+    _allow_safe_globals()
+    yield
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:

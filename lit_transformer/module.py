@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.nn.functional as F
+from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from tokenizers import Tokenizer
@@ -15,46 +16,69 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
+# Importing checkpointing also allowlists TransformerConfig for weights_only loads: load_from_checkpoint needs it.
+from lit_transformer.checkpointing import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.model import Transformer
+from lit_transformer.reliability import gradient_norm
 from lit_transformer.schedules import ScheduleName, build_schedule
 
 IGNORE_INDEX = -100
+LossNormalization = Literal["tokens", "batch"]
 
 
 def smoothed_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, smoothing: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(training loss, mean NLL, token count) over non-ignored labels; one log-softmax serves both losses.
+    """(training loss, NLL, token count), the losses summed over the non-ignored labels; one log-softmax serves both.
 
-    The smoothed loss is the paper's: (1 - eps) * NLL + eps * mean over the vocabulary of -log p. Perplexity is
-    reported from the NLL, so label smoothing never inflates it.
+    Per token, the smoothed loss is (1 - eps) * -log p(target) + eps * mean over the vocabulary of -log p(v): the
+    target distribution gives eps / V to every id, special tokens included, as fairseq and torch's
+    ``cross_entropy(label_smoothing=eps)`` do (the Annotated Transformer zeroes the pad column instead). We keep the
+    whole vocabulary because the loss then does not depend on which ids a tokenizer reserves, it matches torch's
+    definition, and the mass a special token receives, eps / V, is negligible; padding is never a label, so it is never
+    taught as an output. Sums rather than means: the caller picks the normaliser (see LitTransformer's
+    loss_normalization). Perplexity comes from the NLL, so label smoothing never inflates it.
     """
     logits = logits.reshape(-1, logits.size(-1))
     labels = labels.reshape(-1)
-    nll = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
-    count = (labels != IGNORE_INDEX).sum()
+    keep = labels != IGNORE_INDEX
+    # (N, V), in fp32 at least: 16-bit log-probabilities would round the loss.
+    log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
+    target_log_probs = log_probs.gather(1, labels.masked_fill(~keep, 0)[:, None]).squeeze(1)
+    nll = -(target_log_probs * keep).sum()
+    count = keep.sum()
     if smoothing == 0.0:
         return nll, nll, count
-    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, label_smoothing=smoothing)
-    return loss, nll, count
+    uniform = -(log_probs.mean(dim=-1) * keep).sum()
+    return (1.0 - smoothing) * nll + smoothing * uniform, nll, count
 
 
-def weight_decay_groups(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
-    """(decayed, not decayed): matrices of linear layers decay; biases, norms and embeddings do not.
+def weight_decay_groups(
+    model: torch.nn.Module, decay_embeddings: bool = False
+) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """(decayed, not decayed), decided by the role of each tensor, each tensor once.
 
-    Decided by module type, not by parameter name, and each tensor once (a tied output weight is the embedding).
+    Decayed: the weight matrices of Linear layers. Never decayed: biases and norms. Token and position tables
+    (``nn.Embedding`` and ``LearnedPositions``, also when the output projection is tied to one) are decayed only with
+    ``decay_embeddings`` (nanoGPT decays them; the paper's and GPT-2's Adam applied no decay at all).
     """
-    no_decay_ids: set[int] = set()
+    from lit_transformer.model.positions import LearnedPositions
+
+    tables: set[int] = set()
+    matrices: set[int] = set()
     for module in model.modules():
-        if isinstance(module, (torch.nn.Embedding, torch.nn.LayerNorm)):
-            no_decay_ids.update(id(p) for p in module.parameters(recurse=False))
+        if isinstance(module, (torch.nn.Embedding, LearnedPositions)):
+            tables.add(id(module.weight))
+        elif isinstance(module, torch.nn.Linear):
+            matrices.add(id(module.weight))
+    decayed_ids = (matrices - tables) | (tables if decay_embeddings else set())
     decay, no_decay, seen = [], [], set()
     for param in model.parameters():
         if id(param) in seen or not param.requires_grad:
             continue
         seen.add(id(param))
-        (no_decay if id(param) in no_decay_ids or param.dim() < 2 else decay).append(param)
+        (decay if id(param) in decayed_ids else no_decay).append(param)
     return decay, no_decay
 
 
@@ -69,12 +93,14 @@ class LitTransformer(L.LightningModule):
         betas: tuple[float, float] | None = None,
         eps: float | None = None,
         weight_decay: float = 0.1,
+        decay_embeddings: bool = False,
         fused: bool | None = None,
         schedule: ScheduleName = "cosine",
         warmup_steps: int = 100,
         schedule_steps: int | None = None,
         min_lr_ratio: float = 0.1,
         label_smoothing: float = 0.0,
+        loss_normalization: LossNormalization = "tokens",
         activation_checkpointing: bool = False,
         compile: bool = False,
         generation: GenerationConfig | None = None,
@@ -87,41 +113,62 @@ class LitTransformer(L.LightningModule):
             lr: Peak learning rate; with schedule=noam, a multiplier of the paper's formula (1.0 is the paper's).
             betas: Adam betas; None uses (0.9, 0.95) for adamw and the paper's (0.9, 0.98) for adam.
             eps: Adam epsilon; None uses 1e-8 for adamw and the paper's 1e-9 for adam.
-            weight_decay: AdamW weight decay on matrices only.
+            weight_decay: AdamW weight decay, on the weight matrices of linear layers only (see weight_decay_groups).
+            decay_embeddings: Decay the token and position tables too (nanoGPT does; off by default).
             fused: Use the fused optimizer kernel; None picks fused on CUDA and foreach elsewhere.
             schedule: noam (the paper's), cosine (warmup + cosine decay), constant (warmup, then flat).
             warmup_steps: Optimizer steps of linear warmup (noam: the paper's warmup_steps, 4000).
             schedule_steps: Length of the cosine schedule in optimizer steps; None uses trainer.max_steps.
             min_lr_ratio: Where the cosine schedule ends, as a fraction of lr.
             label_smoothing: Label smoothing of the loss (the paper's 0.1); perplexity is always the unsmoothed one.
+            loss_normalization: tokens: the loss of an optimizer step is its summed token losses over every accumulated
+                micro-batch and every rank, divided by the step's target tokens (fairseq's default), so a short batch
+                weighs by its tokens; batch: each micro-batch's own mean, averaged over micro-batches and ranks (needed
+                with DeepSpeed). With tokens, backward sees summed losses: under fp16 the loss scaler settles a few
+                skipped steps lower, as in fairseq; bf16 and fp32 are unaffected.
             activation_checkpointing: Recompute each block's activations in backward (less memory, more time).
             compile: torch.compile each block (a cold start of tens of seconds; pays off on GPUs).
             generation: How `predict` and validation/test BLEU decode (any GenerationConfig field, e.g.
                 --model.generation.num_beams 4); None uses the topology's defaults (GenerationConfig.for_model).
             init_from: A Hugging Face GPT-2 folder (or hub name) to fine-tune: its config.json sets the architecture
-                and special token ids (recorded in the hyperparameters), its weights the parameters.
+                and special token ids, its weights the parameters. Read once: the hyperparameters record the resolved
+                config and init_from=None, so loading or resuming a checkpoint never reads the folder again.
         """
+        source, pretrained = init_from, None
         if init_from:
             from lit_transformer.interop import load_hf_gpt2
 
             pretrained = load_hf_gpt2(init_from, base=config).train()
-            config = pretrained.config  # before save_hyperparameters, so checkpoints record the real architecture
+            # save_hyperparameters reads these arguments: checkpoints record the real architecture, not the folder.
+            config, init_from = pretrained.config, None
         super().__init__()
         self.save_hyperparameters()
+        if source:
+            # LightningCLI hands save_hyperparameters its parsed arguments (config as a dict, init_from as given)
+            # instead of these locals: record the resolved ones in the form it was given.
+            given = self.hparams["config"]
+            self.hparams["config"] = config.to_dict() if isinstance(given, dict) else config
+            self.hparams["init_from"] = None
+        self.init_from = source  # where the weights came from: kept in checkpoints for the record, never re-read
         self.config = config
         self.generation = generation or GenerationConfig.for_model(config)
-        self.model = pretrained if init_from else Transformer(config)
+        self.model = pretrained if pretrained is not None else Transformer(config)
         self.tokenizer: Tokenizer | None = None
         self.target_tokenizer: Tokenizer | None = None
         vocab = config.tgt_vocab_size
+        # Every validation and test number is a per-token mean over the whole split (and all ranks).
+        self.val_loss = MeanMetric()
         self.val_nll = MeanMetric()
         self.val_accuracy = MulticlassAccuracy(num_classes=vocab, average="micro", ignore_index=IGNORE_INDEX)
+        self.test_loss = MeanMetric()
         self.test_nll = MeanMetric()
         self.test_accuracy = MulticlassAccuracy(num_classes=vocab, average="micro", ignore_index=IGNORE_INDEX)
         self.val_bleu = SacreBLEUScore(tokenize="13a")
         self.test_bleu = SacreBLEUScore(tokenize="13a")
         self.flops_per_batch: float | None = None  # read by the ThroughputMonitor for MFU
         self._bleu_budget: int | None = None
+        # (summed loss, summed NLL, target tokens) of this rank's micro-batches since the last optimizer step.
+        self._step_sums: torch.Tensor | None = None
 
     # ---- wiring -------------------------------------------------------------------------------------------------
 
@@ -140,6 +187,14 @@ class LitTransformer(L.LightningModule):
         self._parallelized = True
 
     def setup(self, stage: str) -> None:
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        if stage == "fit" and self.hparams.loss_normalization == "tokens":
+            if isinstance(self.trainer.strategy, DeepSpeedStrategy):
+                raise ValueError(
+                    "loss_normalization='tokens' rescales the gradients once a step's tokens are counted, but DeepSpeed "
+                    "keeps its gradients to itself; use --model.loss_normalization=batch with DeepSpeed"
+                )
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and self.tokenizer is None:
             self.tokenizer = datamodule.tokenizer
@@ -154,8 +209,6 @@ class LitTransformer(L.LightningModule):
             datamodule.save_tokenizer(log_dir)
 
     def _check_tokenizer(self) -> None:
-        from lit_transformer.checkpointing import check_tokenizer_vocabulary
-
         if self.tokenizer is not None:
             check_tokenizer_vocabulary(self.tokenizer.get_vocab_size(), self.config)
         if self.target_tokenizer is not None and self.config.target_vocab_size is not None:
@@ -168,6 +221,8 @@ class LitTransformer(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.init_from:
+            checkpoint["init_from"] = self.init_from
         # The tokenizer travels inside the checkpoint, as a JSON string: generate/translate need nothing else.
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = self.tokenizer.to_str()
@@ -175,6 +230,7 @@ class LitTransformer(L.LightningModule):
             checkpoint["target_tokenizer"] = self.target_tokenizer.to_str()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.init_from = self.init_from or checkpoint.get("init_from")
         if "tokenizer" in checkpoint:
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
             target = checkpoint.get("target_tokenizer")
@@ -194,29 +250,82 @@ class LitTransformer(L.LightningModule):
         # Per batch: translation batches vary in shape (token budget), and MFU must follow them.
         tokens = self._tokens(batch)
         self.flops_per_batch = self.model.flops_per_token(tokens.size(1)) * tokens.numel()
-        logits = self(batch)
-        loss, nll, _ = smoothed_cross_entropy(logits, batch["labels"], self.hparams.label_smoothing)
-        batch_size = batch["labels"].size(0)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
-        self.log("train/ppl", nll.detach().exp(), batch_size=batch_size)
-        return loss
+        loss_sum, nll_sum, count = smoothed_cross_entropy(self(batch), batch["labels"], self.hparams.label_smoothing)
+        if self.hparams.loss_normalization == "batch":
+            batch_size = batch["labels"].size(0)
+            loss = loss_sum / count.clamp(min=1)
+            self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+            self.log("train/ppl", (nll_sum.detach() / count.clamp(min=1)).exp(), batch_size=batch_size)
+            return loss
+        sums = torch.stack([loss_sum.detach(), nll_sum.detach(), count.to(loss_sum.dtype)]).float()
+        self._step_sums = sums if self._step_sums is None else self._step_sums + sums
+        # The summed loss; optimizer_step divides the step's gradient by its token count once all are known.
+        return loss_sum
 
-    def _evaluate(self, batch: dict[str, Any], stage: str, nll_metric: MeanMetric, acc_metric) -> None:
+    def optimizer_step(
+        self,
+        epoch: int,
+        batch_idx: int,
+        optimizer: torch.optim.Optimizer,
+        optimizer_closure: Callable[[], Any] | None = None,
+    ) -> None:
+        if self.hparams.loss_normalization == "tokens" and optimizer_closure is not None:
+            run_last_micro_batch = optimizer_closure
+
+            def optimizer_closure() -> Any:
+                # The closure runs the step's last forward and backward; normalising right after it, before any
+                # on_before_optimizer_step hook, lets callbacks, clipping and the optimizer see the true gradient.
+                result = run_last_micro_batch()
+                self._normalize_by_tokens(optimizer)
+                return result
+
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+
+    def _normalize_by_tokens(self, optimizer: torch.optim.Optimizer) -> None:
+        """Turn the step's gradient into that of (sum of token losses) / (target tokens), over micro-batches and ranks.
+
+        Each micro-batch returned its summed loss; Lightning divided it by accumulate_grad_batches and data-parallel
+        strategies average gradients over ranks, so the gradient holds sum / (accumulate * world_size). One all-reduce
+        per optimizer step (three numbers) gives the step's token count, as fairseq does (sentence_avg=False). Under
+        tensor parallelism both the token count and world_size count each batch tp times, so the ratio still holds.
+        """
+        if self._step_sums is None:
+            return
+        trainer = self.trainer
+        sums = self._step_sums
+        if trainer.world_size > 1:
+            sums = trainer.strategy.reduce(sums, reduce_op="sum")
+        self._step_sums = None
+        loss_sum, nll_sum, tokens = sums.unbind()
+        tokens = tokens.clamp(min=1)
+        scale = float(trainer.accumulate_grad_batches * trainer.world_size / tokens)
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, scale)
+        # The same on every rank: the step's per-token numbers, no further synchronisation needed.
+        self.log("train/loss", (loss_sum / tokens).float(), prog_bar=True)
+        self.log("train/ppl", (nll_sum / tokens).exp().float())
+        self.log("train/tokens_per_step", tokens.float())
+
+    def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+        loss_metric, nll_metric, acc_metric = (getattr(self, f"{stage}_{name}") for name in ("loss", "nll", "accuracy"))
         logits = self(batch)
         labels = batch["labels"]
-        loss, nll, count = smoothed_cross_entropy(logits, labels, self.hparams.label_smoothing)
-        nll_metric.update(nll, weight=count)
+        loss_sum, nll_sum, count = smoothed_cross_entropy(logits, labels, self.hparams.label_smoothing)
+        tokens = count.clamp(min=1)  # a batch without targets adds weight 0
+        loss_metric.update(loss_sum / tokens, weight=count)
+        nll_metric.update(nll_sum / tokens, weight=count)
         acc_metric.update(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
-        batch_size = labels.size(0)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", batch_size=batch_size, sync_dist=True)
-        self.log(f"{stage}/nll", nll_metric, batch_size=batch_size)
-        self.log(f"{stage}/accuracy", acc_metric, batch_size=batch_size)
+        # Metric objects: Lightning logs their compute() at the end of the epoch, weighted by tokens, all ranks.
+        self.log(f"{stage}/loss", loss_metric, prog_bar=stage == "val")
+        self.log(f"{stage}/nll", nll_metric)
+        self.log(f"{stage}/accuracy", acc_metric)
 
     def on_validation_epoch_start(self) -> None:
         self._bleu_budget = getattr(getattr(self.trainer, "datamodule", None), "bleu_samples", None)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_nll, self.val_accuracy)
+        self._evaluate(batch, "val")
         if self.config.is_encoder_decoder and "ref_text" in batch and self._bleu_budget != 0:
             # BLEU on the first bleu_samples validation pairs (the DataModule's setting): beam search is slow.
             rows = (
@@ -228,7 +337,7 @@ class LitTransformer(L.LightningModule):
                 self._bleu_budget -= rows
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_nll, self.test_accuracy)
+        self._evaluate(batch, "test")
         if self.config.is_encoder_decoder and "ref_text" in batch:
             self.test_bleu.update(
                 self.translate_batch(batch["src"], batch["src_mask"]), [[r] for r in batch["ref_text"]]
@@ -266,23 +375,37 @@ class LitTransformer(L.LightningModule):
                 logger.experiment.add_text(f"{stage}/bleu_signature", signature, self.global_step)
 
     def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
     ) -> None:
+        """Norm clipping uses the step's one gradient norm (see gradient_norm), which is the global norm under FSDP
+        too, where Lightning refuses norm clipping; value clipping and fp16 with an unscaling optimizer go to Lightning.
+        """
+        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
         plugin = self.trainer.precision_plugin
-        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+        scaler = getattr(plugin, "scaler", None)
+        if (
+            gradient_clip_val
+            and algorithm == GradClipAlgorithmType.NORM
+            and not (scaler is not None and _optimizer_handles_unscaling(optimizer))
+        ):
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, gradient_norm(self.trainer, optimizer))
+            return
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and scaler is None:
             # bf16 autocast has no loss scaler, so clipping before a fused step is exact; Lightning's mixed-precision
             # plugin refuses any fused optimizer, so clip with the plain precision plugin's code.
-            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
             Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # The gradient norm before clipping, at the logging interval only (it costs one pass over the gradients).
+        # The gradient norm before clipping, at the logging interval (computed once per step, shared with the
+        # non-finite guard and clipping).
         if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
-            grads = [p.grad.detach() for p in self.parameters() if p.grad is not None]
-            if grads:
-                self.log("train/grad_norm", torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+            self.log("train/grad_norm", gradient_norm(self.trainer, optimizer))
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """Generate for each input of the predict_file: {"input", "output", "tokens"} per row (see PredictionWriter)."""
@@ -323,7 +446,7 @@ class LitTransformer(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        decay, no_decay = weight_decay_groups(self.model)
+        decay, no_decay = weight_decay_groups(self.model, hp.decay_embeddings)
         adam = hp.optimizer == "adam"
         betas = hp.betas or ((0.9, 0.98) if adam else (0.9, 0.95))
         eps = hp.eps or (1e-9 if adam else 1e-8)

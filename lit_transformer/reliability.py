@@ -7,6 +7,7 @@ Each piece is a Lightning callback (or a plain function for the CLI) that works 
 - ``PreemptionCheckpoint`` turns SIGTERM/SIGINT into "finish this batch, save ``last.ckpt``, exit 0".
 - ``StepSeed`` reseeds python, numpy and torch from (seed, epoch, batch, rank) before every training batch, so dropout
   after a resume is exactly what it would have been, whatever consumed random numbers in between.
+- ``gradient_norm`` is the step's total gradient norm, computed once and shared by the guard, logging and clipping.
 - ``check_device_options`` refuses GPU-only options on a machine without a GPU, naming the option and the fix.
 """
 
@@ -20,6 +21,7 @@ import threading
 import warnings
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import lightning.pytorch as pl
 import numpy as np
@@ -27,6 +29,35 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+_NORMS: WeakKeyDictionary[torch.optim.Optimizer, tuple[int, torch.Tensor]] = WeakKeyDictionary()
+
+
+def gradient_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """The L2 norm of every gradient ``optimizer`` steps with, computed once per optimizer step and then reused.
+
+    Ask for it between the backward and the step (on_before_optimizer_step, gradient clipping): it is the norm before
+    clipping. Under sharding each rank holds pieces: FSDP's root module reduces the norm over its ranks (hybrid
+    sharding included), and DTensor gradients (FSDP2, tensor parallelism) over their mesh. DDP's gradients are whole
+    on every rank once all-reduced, so the local norm is the global one.
+    """
+    optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer wraps the torch one
+    cached = _NORMS.get(optimizer)
+    if cached is not None and cached[0] == trainer.global_step:
+        return cached[1]
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    root = getattr(trainer.strategy, "model", None)
+    if isinstance(root, FullyShardedDataParallel):
+        norm = root.clip_grad_norm_(float("inf"))  # a collective; with an infinite limit it only measures
+    else:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+    _NORMS[optimizer] = (trainer.global_step, norm)
+    return norm
 
 
 class NonFiniteLossError(RuntimeError):
@@ -56,9 +87,7 @@ class NonFiniteLossGuard(Callback):
         self._loss_non_finite |= not bool(torch.isfinite(loss.detach()).all())
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        grads_finite = bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))) if grads else True
-        non_finite = not grads_finite
+        non_finite = not bool(torch.isfinite(gradient_norm(trainer, optimizer)))
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
             non_finite = self._loss_non_finite  # the GradScaler handles overflowing fp16 gradients itself
         self._loss_non_finite = False

@@ -397,9 +397,9 @@ def bench_lightning(s: dict[str, int], steps: int, reps: int) -> list[Row]:
         lit.train()
         ends, start = [], time.perf_counter()
         for batch in loader():
-            loss, _, _ = smoothed_cross_entropy(lit.model(batch["input_ids"]), batch["labels"], 0.0)
+            loss_sum, _, tokens = smoothed_cross_entropy(lit.model(batch["input_ids"]), batch["labels"], 0.0)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss_sum / tokens).backward()  # the per-token mean, as Trainer.fit's step takes it
             optimizer.step()
             scheduler.step()
             ends.append(time.perf_counter())

@@ -96,6 +96,19 @@ class LossRecorder(Callback):
             print(f"STEP {trainer.global_step}", flush=True)
 
 
+class RankParameters(Callback):
+    """At the end of training, each rank writes its global step and parameters to ``dirpath/rank{r}.pt``."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = Path(dirpath)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        params = {n: p.detach().cpu().clone() for n, p in pl_module.named_parameters()}
+        state = {"rank": trainer.global_rank, "world_size": trainer.world_size, "step": trainer.global_step}
+        torch.save({**state, "params": params}, self.dirpath / f"rank{trainer.global_rank}.pt")
+
+
 def make_trainer(root: Path, max_steps: int, devices: int = 1, extra_callbacks=(), **kwargs) -> pl.Trainer:
     root.mkdir(parents=True, exist_ok=True)
     callbacks = [

@@ -45,6 +45,14 @@ def test_our_plain_types_load_with_weights_only(tmp_path: Path) -> None:
     assert loaded == hparams and isinstance(loaded["config"], TransformerConfig)
 
 
+def test_our_types_stay_allowed_after_a_load_for_lightnings_own_loads(tmp_path: Path) -> None:
+    """load_checkpoint first, then Lightning's weights_only load of the same file (LightningCLI --ckpt_path does both)."""
+    config = TransformerConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=32)
+    atomic_save({"state_dict": {}, "hyper_parameters": {"config": config}}, tmp_path / "a.ckpt")
+    load_checkpoint(tmp_path / "a.ckpt")
+    assert torch.load(tmp_path / "a.ckpt", weights_only=True)["hyper_parameters"]["config"] == config
+
+
 class _Hostile:
     def __init__(self, marker: Path) -> None:
         self.marker = marker

@@ -86,11 +86,13 @@ def test_a_value_outside_the_choices_names_them():
 # ---- one real run, shared by the tests below --------------------------------------------------------------------
 
 
-def _cli(*args: str, cwd: Path, timeout: int = 600, ok: bool = True) -> subprocess.CompletedProcess:
+def _cli(
+    *args: str, cwd: Path, timeout: int = 600, ok: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [sys.executable, "-m", "lit_transformer", *args],
         cwd=cwd,
-        env=ENV,
+        env=env or ENV,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -321,6 +323,8 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
 
 
 def test_ddp_with_two_cpu_processes(tmp_path: Path):
+    """Both ranks train all 6 steps and end with identical parameters (DDP keeps replicas in sync)."""
+    tests = Path(__file__).parent
     _cli(
         "fit",
         "--config",
@@ -339,8 +343,16 @@ def test_ddp_with_two_cpu_processes(tmp_path: Path):
         "3",
         "--data.init_args.cache_dir",
         str(tmp_path / "cache"),
+        "--trainer.callbacks+=_boring.RankParameters",
+        f"--trainer.callbacks.dirpath={tmp_path / 'ranks'}",
         cwd=ROOT,
+        env={**ENV, "PYTHONPATH": f"{tests}{os.pathsep}{ROOT}"},
     )
     from lit_transformer.checkpointing import load_checkpoint
 
     assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 6
+    ranks = [torch.load(tmp_path / "ranks" / f"rank{r}.pt") for r in (0, 1)]
+    assert [(r["rank"], r["world_size"], r["step"]) for r in ranks] == [(0, 2, 6), (1, 2, 6)]
+    assert ranks[0]["params"].keys() == ranks[1]["params"].keys()
+    for name, value in ranks[0]["params"].items():
+        assert torch.equal(value, ranks[1]["params"][name]), name

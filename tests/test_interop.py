@@ -3,6 +3,7 @@ fine-tuning from a GPT-2 folder. Tiny random models, saved and loaded in tmp_pat
 
 from __future__ import annotations
 
+import shutil
 import string
 from pathlib import Path
 
@@ -296,3 +297,69 @@ def test_fit_init_from_a_gpt2_folder(tmp_path, tokenizer):
     x = tokens(2, 12)
     with torch.no_grad():
         close(cli.model.model.eval()(x), pretrained(x))
+
+
+def test_a_checkpoint_of_an_init_from_model_loads_without_the_folder(tmp_path, tokenizer):
+    """The folder is read once: the checkpoint holds the resolved architecture, init_from=None, and the source."""
+    import lightning
+
+    from lit_transformer.module import LitTransformer
+
+    folder = tmp_path / "gpt2"
+    pretrained = large(build({**GPT2, "activation": "gelu_tanh"}, n_layers=3, d_model=48, pad_token_id=None))
+    save_hf_gpt2(pretrained, folder, tokenizer)
+    lit = LitTransformer(TransformerConfig.preset("tiny", dropout=0.2), init_from=str(folder))
+    assert lit.hparams.init_from is None and lit.hparams.config == lit.config
+    checkpoint = {
+        "state_dict": lit.state_dict(),
+        "hyper_parameters": dict(lit.hparams),
+        "pytorch-lightning_version": lightning.__version__,
+    }
+    lit.on_save_checkpoint(checkpoint)
+    assert checkpoint["init_from"] == str(folder)
+    torch.save(checkpoint, tmp_path / "last.ckpt")
+    shutil.rmtree(folder)
+    loaded = LitTransformer.load_from_checkpoint(tmp_path / "last.ckpt", weights_only=True)
+    assert loaded.config == lit.config and loaded.init_from == str(folder)
+    x = tokens(2, 12)
+    with torch.no_grad():
+        close(loaded.model.eval()(x), pretrained(x))
+
+
+def test_resuming_an_init_from_run_does_not_read_the_folder_again(tmp_path, tokenizer):
+    """fit --ckpt_path FILE takes init_from=None and the resolved config from the checkpoint: the folder may be gone."""
+    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.cli import run_cli
+
+    pretrained = large(build(GPT2, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None))
+    folder = save_hf_gpt2(pretrained, tmp_path / "gpt2", tokenizer)
+    shutil.copy(folder / "tokenizer.json", tmp_path / "tokenizer.json")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 200)
+
+    def fit(steps: int, *extra: str):
+        return run_cli(
+            [
+                "fit",
+                "--config", str(Path(__file__).parents[1] / "configs" / "presets" / "tiny.yaml"),
+                "--model.init_from", str(folder),
+                "--data.init_args.dataset", str(corpus),
+                "--data.init_args.tokenizer", str(tmp_path / "tokenizer.json"),
+                "--data.init_args.cache_dir", str(tmp_path / "cache"),
+                "--trainer.max_steps", str(steps),
+                "--trainer.limit_val_batches", "0",
+                "--trainer.default_root_dir", str(tmp_path / "run"),
+                "--trainer.logger", "false",
+                "--checkpoint.dirpath", str(tmp_path / "ckpt"),
+                "--checkpoint.every_n_train_steps", "1",
+                *extra,
+            ]
+        )  # fmt: skip
+
+    resolved = fit(1).model.config
+    assert resolved.pad_token_id is None  # the folder's, not the tiny preset's
+    hparams = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["hyper_parameters"]
+    assert hparams["init_from"] is None and TransformerConfig(**hparams["config"]) == resolved
+    shutil.rmtree(folder)
+    resumed = fit(2, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"))
+    assert resumed.trainer.global_step == 2 and resumed.model.init_from == str(folder)

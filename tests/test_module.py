@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -11,8 +16,13 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader
 
 from lit_transformer.callbacks import GenerateSamples, _sharded_across_ranks
-from lit_transformer.config import TransformerConfig
-from lit_transformer.module import LitTransformer
+from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.module import IGNORE_INDEX, LitTransformer, smoothed_cross_entropy, weight_decay_groups
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _token_loss import GradientRecorder, micro_batches, one_batch, per_token_gradient  # noqa: E402
+from _token_loss import module as token_module  # noqa: E402
+from model_variants import VARIANTS, build, single_thread, variant_id  # noqa: E402, F401 (autouse fixture)
 
 
 def _batches(vocab: int, n: int = 4, batch: int = 2, length: int = 16) -> list[dict[str, torch.Tensor]]:
@@ -81,3 +91,262 @@ def test_model_running_callbacks_stand_aside_when_parameters_are_sharded(strateg
             assert _sharded_across_ranks(trainer, GenerateSamples())
     else:
         assert not _sharded_across_ranks(trainer, GenerateSamples())
+
+
+# ---- loss normalisation: per target token of the optimizer step -------------------------------------------------
+
+
+def _first_step_gradient(lit: LitTransformer, batches: list[dict[str, torch.Tensor]], accumulate: int) -> dict:
+    recorder = GradientRecorder()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[recorder],
+    )
+    trainer.fit(lit, train_dataloaders=DataLoader(batches, batch_size=None))
+    return recorder.grads[0]
+
+
+def _assert_same_gradients(actual: dict, expected: dict, atol: float = 1e-6) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=atol, rtol=0, msg=name)
+
+
+def test_uneven_accumulated_micro_batches_give_the_gradient_of_one_batch_holding_both() -> None:
+    """A micro-batch weighs by its target tokens: two of 8 and 27 tokens accumulate to the 35-token batch's gradient."""
+    batches = micro_batches(0)
+    accumulated = _first_step_gradient(token_module(), batches, accumulate=2)
+    together = _first_step_gradient(token_module(), [one_batch(batches)], accumulate=1)
+    _assert_same_gradients(accumulated, together)
+    _assert_same_gradients(accumulated, per_token_gradient(token_module(), batches))
+
+
+def test_per_batch_normalization_averages_the_micro_batch_means() -> None:
+    """loss_normalization='batch': the mean over micro-batches of each one's per-token mean."""
+    batches = micro_batches(0)
+    reference = token_module()
+    per_batch = [per_token_gradient(reference, [b]) for b in batches]
+    expected = {name: (per_batch[0][name] + per_batch[1][name]) / 2 for name in per_batch[0]}
+    _assert_same_gradients(_first_step_gradient(token_module(loss_normalization="batch"), batches, 2), expected)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_normalize_by_the_tokens_of_both_ranks(tmp_path) -> None:
+    """2 CPU ranks x 2 uneven micro-batches: both ranks step with the gradient of all four batches' tokens, and end
+    with equal parameters."""
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(tests / "_token_loss.py"), str(tmp_path)],
+        cwd=tests.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = per_token_gradient(token_module(), micro_batches(0) + micro_batches(1))
+    for rank in (0, 1):
+        _assert_same_gradients(torch.load(tmp_path / f"grads_rank{rank}.pt"), expected)
+    params = [torch.load(tmp_path / f"params_rank{rank}.pt") for rank in (0, 1)]
+    _assert_same_gradients(params[1], params[0], atol=0)
+
+
+# ---- the loss ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_smoothed_cross_entropy_is_the_written_out_formula(smoothing: float) -> None:
+    """Per target token: (1 - eps) * -log p(y) + eps / V * sum over every id v (special ids too) of -log p(v)."""
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    labels = torch.tensor([[1, 4, IGNORE_INDEX], [0, IGNORE_INDEX, 2]])  # id 0 (pad in tiny) is a column like any
+    loss, nll, count = smoothed_cross_entropy(logits, labels, smoothing)
+    vocab, expected_loss, expected_nll = 5, 0.0, 0.0
+    for b in range(2):
+        for t in range(3):
+            y = int(labels[b, t])
+            if y == IGNORE_INDEX:
+                continue
+            z = logits[b, t].tolist()
+            log_z = math.log(sum(math.exp(v) for v in z))
+            minus_log_p = [log_z - v for v in z]
+            expected_nll += minus_log_p[y]
+            expected_loss += (1 - smoothing) * minus_log_p[y] + smoothing / vocab * sum(minus_log_p)
+    assert int(count) == 4
+    assert float(nll) == pytest.approx(expected_nll, rel=1e-12)
+    assert float(loss) == pytest.approx(expected_loss, rel=1e-12)
+
+
+def test_smoothed_cross_entropy_takes_one_log_softmax() -> None:
+    logits = torch.randn(4, 7, 11)
+    labels = torch.randint(0, 11, (4, 7))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        smoothed_cross_entropy(logits, labels, 0.1)
+    assert sum(event.name == "aten::_log_softmax" for event in prof.events()) == 1
+
+
+# ---- weight decay ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decay_embeddings", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_weight_decay_falls_on_exactly_the_linear_weight_matrices(variant: dict, decay_embeddings: bool) -> None:
+    """Tables (token embeddings, learned positions, a tied output projection) decay only with decay_embeddings."""
+    model = build(variant)
+    decay, no_decay = (
+        weight_decay_groups(model, decay_embeddings=True) if decay_embeddings else weight_decay_groups(model)
+    )
+    names = {id(p): name for name, p in model.named_parameters()}  # a tied matrix appears once, as its table
+    linear = {f"{m}.weight" for m, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    tables = {
+        n for n in names.values() if n.split(".")[0] in ("src_embed", "tgt_embed", "tgt_positions", "src_positions")
+    }
+    expected = (linear & set(names.values())) | (tables if decay_embeddings else set())
+    assert {names[id(p)] for p in decay} == expected
+    assert len(decay) + len(no_decay) == len(names) and not {id(p) for p in decay} & {id(p) for p in no_decay}
+    assert ("tgt_positions.weight" in tables) == (variant["positions"] == "learned")
+
+
+# ---- validation ----------------------------------------------------------------------------------------------------
+
+
+def test_validation_numbers_are_per_token_means_over_the_whole_split() -> None:
+    """Batches of 8 and 27 tokens (2 and 3 rows): every number weighs each token once, whatever its batch."""
+    batches = micro_batches(0)
+    lit = token_module(label_smoothing=0.1)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (logged,) = trainer.validate(lit, dataloaders=DataLoader(batches, batch_size=None), verbose=False)
+    loss = nll = correct = tokens = 0.0
+    with torch.no_grad():
+        for batch in batches:
+            logits, labels = lit(batch).flatten(0, 1), batch["labels"].flatten()
+            kwargs = {"ignore_index": IGNORE_INDEX, "reduction": "sum"}
+            loss += float(torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.1, **kwargs))
+            nll += float(torch.nn.functional.cross_entropy(logits, labels, **kwargs))
+            kept = labels != IGNORE_INDEX
+            correct += float((logits.argmax(-1)[kept] == labels[kept]).sum())
+            tokens += float(kept.sum())
+    assert logged["val/loss"] == pytest.approx(loss / tokens, rel=1e-5)
+    assert logged["val/nll"] == pytest.approx(nll / tokens, rel=1e-5)
+    assert logged["val/ppl"] == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+    assert logged["val/accuracy"] == pytest.approx(correct / tokens, rel=1e-5)
+
+
+# ---- the gradient norm ---------------------------------------------------------------------------------------------
+
+
+def test_the_gradient_norm_is_computed_once_per_step_for_guard_logging_and_clipping() -> None:
+    """NonFiniteLossGuard, train/grad_norm and norm clipping all read one norm, the one before clipping."""
+    from lit_transformer.reliability import NonFiniteLossGuard
+
+    class Check(L.Callback):
+        def __init__(self) -> None:
+            self.before: list[float] = []
+            self.after: list[float] = []
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+            grads = [p.grad for p in pl_module.parameters()]
+            self.before.append(float(torch.nn.utils.get_total_norm(grads, foreach=False)))  # not counted below
+
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            self.after.append(float(trainer.callback_metrics["train/grad_norm"]))
+
+    steps, check = 2, Check()
+    lit = token_module()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        gradient_clip_val=1e-3,
+        log_every_n_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[NonFiniteLossGuard(), check],
+    )
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        trainer.fit(lit, train_dataloaders=DataLoader(micro_batches(0), batch_size=None))
+    assert sum(event.name == "aten::_foreach_norm" for event in prof.events()) == steps
+    assert check.after == pytest.approx(check.before, rel=1e-6)
+    assert min(check.before) > 1e-3  # so clipping acted, and train/grad_norm is the norm before it
+
+
+@pytest.mark.slow
+def test_the_gradient_norm_is_global_when_parameters_are_sharded(tmp_path) -> None:
+    """FSDP2 (fully_shard) over 2 CPU ranks: each rank holds half of each gradient; the norm is the whole one's."""
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(tests / "_sharded_norm.py"), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        norms = torch.load(tmp_path / f"norms_rank{rank}.pt")
+        assert norms["local"] < 0.9 * norms["unsharded"]  # a rank's own pieces are not the whole
+        assert norms["sharded"] == pytest.approx(norms["unsharded"], rel=1e-5)
+
+
+# ---- BLEU ----------------------------------------------------------------------------------------------------------
+
+
+def _word_tokenizer(words: list[str]):
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    tokenizer = Tokenizer(WordLevel({w: i for i, w in enumerate(specials + words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(specials)
+    return tokenizer
+
+
+@pytest.mark.slow
+def test_validation_bleu_is_sacrebleus_corpus_score_of_the_translations(tmp_path) -> None:
+    """val/bleu over 3 uneven batches equals the sacrebleu command line on the same translations and references."""
+    words = [f"w{i}" for i in range(60)]
+    tokenizer = _word_tokenizer(words)
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("tiny", topology="encoder_decoder", vocab_size=64, init_std=0.3)
+    lit = LitTransformer(config, generation=GenerationConfig(num_beams=2))
+    lit.tokenizer = lit.target_tokenizer = tokenizer
+    g = torch.Generator().manual_seed(3)
+    batches = []
+    for rows, length in ((3, 6), (1, 9), (4, 4)):
+        src = torch.randint(4, 64, (rows, length), generator=g)
+        mask = torch.ones_like(src, dtype=torch.bool)
+        batches.append({"src": src, "tgt_in": src, "labels": src, "src_mask": mask, "tgt_mask": mask})
+    lit.eval()
+    for batch in batches:  # references that share some but not all n-grams with what the model says
+        hypotheses = lit.translate_batch(batch["src"], batch["src_mask"])
+        edited = [[w if i % 3 else "w0" for i, w in enumerate(h.split())] for h in hypotheses]
+        batch["ref_text"] = [" ".join(words + ["w1"]) for words in edited]
+    scored: list[str] = []
+    translate = lit.translate_batch
+    lit.translate_batch = lambda src, mask: scored.extend(translate(src, mask)) or scored[-len(src) :]
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (logged,) = trainer.validate(lit, dataloaders=DataLoader(batches, batch_size=None), verbose=False)
+
+    references = [r for batch in batches for r in batch["ref_text"]]
+    assert len(scored) == len(references) == 8 and sum(len(h.split()) for h in scored) > 20
+    (tmp_path / "hyp.txt").write_text("\n".join(scored) + "\n")
+    (tmp_path / "ref.txt").write_text("\n".join(references) + "\n")
+    cli = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(tmp_path / "ref.txt"), "-i", str(tmp_path / "hyp.txt")]
+        + ["--tokenize", "13a", "--score-only", "--width", "4"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    expected = float(cli.stdout.strip())
+    assert 10 < expected < 90  # neither trivially 0 nor 100
+    assert logged["val/bleu"] == pytest.approx(expected, abs=0.01)
