@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import jsonargparse
 import lightning as L
@@ -43,7 +44,8 @@ class TransformerCLI(LightningCLI):
         # Each callback gets its own group (--checkpoint.*, --samples.*, ...), so YAMLs and flags can tune it.
         # Two checkpointers in one folder. `checkpoint` writes last.ckpt every N steps whatever the metrics (a
         # ModelCheckpoint that monitors a validation metric defers even last.ckpt until the first validation, which
-        # loses work); `best_checkpoint` keeps the best by validation loss.
+        # loses work); `best_checkpoint` keeps the best by the validation split's per-token NLL (the loss without label
+        # smoothing); for translation `--best_checkpoint.monitor val/bleu --best_checkpoint.mode max` selects by BLEU.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(ModelCheckpoint, "best_checkpoint")
         parser.link_arguments("checkpoint.dirpath", "best_checkpoint.dirpath")
@@ -54,9 +56,9 @@ class TransformerCLI(LightningCLI):
                 "checkpoint.save_last": True,
                 "checkpoint.save_top_k": 0,
                 "checkpoint.every_n_train_steps": 100,
-                "best_checkpoint.filename": "best-step{step:06d}-val_loss{val/loss:.3f}",
+                "best_checkpoint.filename": "best-step{step:06d}-val_nll{val/nll:.3f}",
                 "best_checkpoint.auto_insert_metric_name": False,
-                "best_checkpoint.monitor": "val/loss",
+                "best_checkpoint.monitor": "val/nll",
                 "best_checkpoint.mode": "min",
                 "best_checkpoint.save_top_k": 1,
                 "best_checkpoint.save_last": False,
@@ -86,7 +88,10 @@ class TransformerCLI(LightningCLI):
         run (`predict --model.generation.temperature 0`), not inherited from training."""
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not path or path in ("last", "best", "hpc", "registry") or str(path).startswith("registry:"):
+        if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
+            dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
+            path = Path(dirpath) / "last.ckpt" if dirpath and (Path(dirpath) / "last.ckpt").is_file() else None
+        if not path or path in ("best", "hpc", "registry") or str(path).startswith("registry:"):
             return
         hparams = dict(load_checkpoint(path).get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)

@@ -193,11 +193,11 @@ class Run:
         return argv
 
     def best_checkpoint(self) -> Path:
-        """The top-1 monitored checkpoint (its name carries the validation loss), else last.ckpt."""
+        """The top-1 monitored checkpoint (its name carries the validation NLL), else last.ckpt."""
         candidates = [p for p in (self.folder / "checkpoints").glob("*.ckpt") if not p.name.startswith("last")]
 
         def loss_in_name(path: Path) -> float:
-            _, _, tail = path.stem.partition("val_loss")
+            _, _, tail = path.stem.partition("val_nll")
             try:
                 return float(tail.split("-")[0])
             except ValueError:

@@ -363,3 +363,5 @@ def test_resuming_an_init_from_run_does_not_read_the_folder_again(tmp_path, toke
     shutil.rmtree(folder)
     resumed = fit(2, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"))
     assert resumed.trainer.global_step == 2 and resumed.model.init_from == str(folder)
+    resumed = fit(3, "--ckpt_path", "last")  # "last" names the same kind of file: its hyperparameters apply too
+    assert resumed.trainer.global_step == 3 and resumed.model.init_from == str(folder)
