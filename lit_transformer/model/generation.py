@@ -15,6 +15,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -185,9 +186,22 @@ class RepetitionPenalty:
             self.seen.scatter_(1, tokens[:, None], True)
 
 
-def _resolve(model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, gen: GenerationConfig):
-    """(max_new_tokens, per-row limit or None, stop ids, fill) for this model and input."""
+@dataclass
+class _Plan:
+    """What one generate call decodes: the settings and the limits they come to for this model and input."""
+
+    gen: GenerationConfig
+    max_new_tokens: int
+    limit: Tensor | None  # per-row limit of an encoder-decoder (source length + max_source_offset)
+    stop_ids: Tensor | None
+    fill: int | None
+
+
+def _plan(
+    model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig | None, overrides
+) -> _Plan:
     cfg = model.config
+    gen = (config or GenerationConfig()).replace(**overrides)
     if gen.window_keep is not None and gen.window_keep > cfg.max_seq_len:
         raise ValueError(f"window_keep={gen.window_keep} exceeds max_seq_len={cfg.max_seq_len}")
     eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
@@ -199,7 +213,7 @@ def _resolve(model: Transformer, input_ids: Tensor, attention_mask: Tensor | Non
             warnings.warn(
                 f"max_new_tokens={max_new} exceeds what this encoder-decoder can produce: translations stop at "
                 f"max_seq_len - 1 = {cfg.max_seq_len - 1} tokens",
-                stacklevel=3,
+                stacklevel=4,
             )
             max_new = cfg.max_seq_len - 1
         if gen.max_source_offset is not None:
@@ -207,10 +221,21 @@ def _resolve(model: Transformer, input_ids: Tensor, attention_mask: Tensor | Non
             lengths = keep.sum(1) if keep is not None else torch.full_like(input_ids[:, 0], input_ids.shape[1])
             limit = (lengths + gen.max_source_offset).clamp(max=max_new)
             max_new = min(max_new, int(limit.max()))
-    return max_new, limit, stops, fill
+    stop_ids = input_ids.new_tensor(stops) if stops else None
+    return _Plan(gen, max_new, limit, stop_ids, fill)
 
 
-@torch.no_grad()
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
 def generate(
     model: Transformer,
     input_ids: Tensor,
@@ -228,47 +253,42 @@ def generate(
     padded batch. streamer sees every step's tokens (sampling and greedy only). The model runs in eval mode and is
     restored afterwards.
     """
-    gen = (config or GenerationConfig()).replace(**overrides) if overrides else (config or GenerationConfig())
-    max_new, limit, stops, fill = _resolve(model, input_ids, attention_mask, gen)
-    if max_new < 1:
+    plan = _plan(model, input_ids, attention_mask, config, overrides)
+    gen = plan.gen
+    if plan.max_new_tokens < 1:
         return input_ids.new_empty(input_ids.shape[0], 0)
+    if gen.num_beams > 1:
+        if streamer is not None:
+            raise ValueError("streaming needs num_beams=1: beam search settles its tokens only at the end")
+        with _eval_mode(model):
+            return _beam_search(model, input_ids, attention_mask, plan)
     if generator is None and gen.seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(gen.seed)
-    stop_ids = input_ids.new_tensor(stops) if stops else None
-    was_training = model.training
-    model.eval()
-    try:
-        if gen.num_beams > 1:
-            if streamer is not None:
-                raise ValueError("streaming needs num_beams=1: beam search settles its tokens only at the end")
-            return _beam_search(model, input_ids, attention_mask, gen, max_new, limit, stop_ids, fill)
-        single_row = input_ids.shape[0] == 1 and gen.use_cache
-        with vector_friendly_weights(model, enabled=single_row and max_new >= 16):
-            decoder = IncrementalDecoder(
-                model, input_ids, attention_mask, max_new, use_cache=gen.use_cache, window_keep=gen.window_keep
-            )
-            penalty = RepetitionPenalty(gen.repetition_penalty, decoder.tokens, decoder.keep, decoder.logits.shape[-1])
-            finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-            out = []
-            logits = decoder.logits
-            for i in range(max_new):
-                token = next_token(penalty(logits), gen, generator)
-                if fill is not None:
-                    token = token.masked_fill(finished, fill)
-                out.append(token)
-                if stop_ids is not None:
-                    finished |= torch.isin(token, stop_ids)
-                if limit is not None:
-                    finished |= limit <= i + 1
-                if streamer is not None and (ended := streamer(token)) is not None:
-                    finished |= ended.to(finished.device)
-                if i == max_new - 1 or bool(finished.all()):
-                    break
-                penalty.update(token)
-                logits = decoder.step(token)
-            return torch.stack(out, dim=1)
-    finally:
-        model.train(was_training)
+    single_row = input_ids.shape[0] == 1 and gen.use_cache
+    with _eval_mode(model), vector_friendly_weights(model, enabled=single_row and plan.max_new_tokens >= 16):
+        decoder = IncrementalDecoder(
+            model, input_ids, attention_mask, plan.max_new_tokens, use_cache=gen.use_cache, window_keep=gen.window_keep
+        )
+        penalty = RepetitionPenalty(gen.repetition_penalty, decoder.tokens, decoder.keep, decoder.logits.shape[-1])
+        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        out = []
+        logits = decoder.logits
+        for i in range(plan.max_new_tokens):
+            token = next_token(penalty(logits), gen, generator)
+            if plan.fill is not None:
+                token = token.masked_fill(finished, plan.fill)
+            out.append(token)
+            if plan.stop_ids is not None:
+                finished |= torch.isin(token, plan.stop_ids)
+            if plan.limit is not None:
+                finished |= plan.limit <= i + 1
+            if streamer is not None and (ended := streamer(token)) is not None:
+                finished |= ended.to(finished.device)
+            if i == plan.max_new_tokens - 1 or bool(finished.all()):
+                break
+            penalty.update(token)
+            logits = decoder.step(token)
+        return torch.stack(out, dim=1)
 
 
 def beam_search(
@@ -281,35 +301,21 @@ def beam_search(
 ) -> Tensor:
     """Beam search even with num_beams=1 (which equals greedy decoding): for tests and callers that want it whatever
     the config says."""
-    gen = (config or GenerationConfig()).replace(**overrides)
-    max_new, limit, stops, fill = _resolve(model, input_ids, attention_mask, gen)
-    stop_ids = input_ids.new_tensor(stops) if stops else None
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return _beam_search(model, input_ids, attention_mask, gen, max_new, limit, stop_ids, fill)
-    finally:
-        model.train(was_training)
+    with _eval_mode(model):
+        return _beam_search(
+            model, input_ids, attention_mask, _plan(model, input_ids, attention_mask, config, overrides)
+        )
 
 
-def _beam_search(
-    model: Transformer,
-    input_ids: Tensor,
-    attention_mask: Tensor | None,
-    gen: GenerationConfig,
-    max_new_tokens: int,
-    limit: Tensor | None,
-    stop_ids: Tensor | None,
-    fill: int | None,
-) -> Tensor:
+def _beam_search(model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, plan: _Plan) -> Tensor:
     """Each step keeps the num_beams best live continuations per row; a beam that emits a stop token becomes a
     hypothesis scored log p / length ** length_penalty. A row is done when it holds num_beams hypotheses and its best
     live beam, normalised at the current length, cannot beat the worst of them (Hugging Face's default criterion),
     or when it reaches its length limit (its live beams then compete as they are)."""
+    gen, max_new_tokens, limit, stop_ids = plan.gen, plan.max_new_tokens, plan.limit, plan.stop_ids
+    fill = 0 if plan.fill is None else plan.fill
     B, K = input_ids.shape[0], gen.num_beams
     alpha = gen.length_penalty
-    fill = 0 if fill is None else fill
     device = input_ids.device
     decoder = IncrementalDecoder(
         model, input_ids, attention_mask, max_new_tokens, expand=K, use_cache=gen.use_cache, window_keep=gen.window_keep
