@@ -67,6 +67,10 @@ def test_state_loaded_after_an_iterator_was_built_is_not_replayed():
 def test_mismatched_state_is_refused():
     with pytest.raises(ValueError, match="does not match"):
         make_loader().load_state_dict({"epoch": 0, "position": 1, "seed": 99, "num_batches": 1})
+    # a checkpoint of a 2-process run says so, instead of blaming the data
+    loader = make_loader()
+    with pytest.raises(ValueError, match="written by a run of 2 process\\(es\\) and this run has 1"):
+        loader.load_state_dict({**loader.state_dict(), "world_size": 2, "num_batches": len(loader) // 2})
 
 
 def test_blocks_are_shifted_inputs_and_labels_without_gaps():

@@ -101,9 +101,22 @@ class ResumableLoader:
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_batches": len(self)}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_batches": len(self),
+            "world_size": _rank_and_world()[1],
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        saved_world, world = state.get("world_size", _rank_and_world()[1]), _rank_and_world()[1]
+        if saved_world != world:
+            raise ValueError(
+                f"The checkpoint was written by a run of {saved_world} process(es) and this run has {world}: the data "
+                f"position cannot be carried across process counts yet. Resume with {saved_world} process(es) (the "
+                "checkpoint's trainer settings), or start a new run from its weights"
+            )
         if state.get("seed", self.seed) != self.seed or state.get("num_batches", len(self)) != len(self):
             raise ValueError(
                 f"Loader state {state} does not match this loader (seed={self.seed}, num_batches={len(self)}): "
