@@ -2,10 +2,10 @@
 
 from typing import TYPE_CHECKING
 
-from lit_transformer.config import PRESETS, TransformerConfig
+from lit_transformer.config import PRESETS, GenerationConfig, TransformerConfig
 
 __version__ = "0.1.0"
-__all__ = ["PRESETS", "LitTransformer", "Transformer", "TransformerConfig"]
+__all__ = ["PRESETS", "GenerationConfig", "LitTransformer", "Transformer", "TransformerConfig"]
 
 if TYPE_CHECKING:
     from lit_transformer.model import Transformer

@@ -204,6 +204,11 @@ def _field_docs(cls: type) -> dict[str, str]:
 def _parser(prog: str, description: str) -> ArgumentParser:
     """--checkpoint, --device, and every GenerationConfig field as a flag (unset flags keep the topology's defaults,
     GenerationConfig.for_model)."""
+    description += (
+        " Decoding flags left unset (null) keep the defaults of the model's topology, GenerationConfig.for_model: a"
+        " language model samples at temperature 0.8 among the 50 most likely tokens, a translation model searches"
+        " 4 beams."
+    )
     parser = ArgumentParser(prog=f"python -m lit_transformer {prog}", description=description)
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
     parser.add_argument("--device", type=str, default="auto", help="cpu, cuda, or auto.")
