@@ -67,3 +67,20 @@ def test_unknown_kind_offline_fails_fast(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConnectionError, match="offline"):
         load_or_train_tokenizer("gpt2", lambda: TEXTS, 0, tmp_path)
+
+
+def test_inference_encodes_as_training_does_even_with_a_post_processor():
+    """A tokenizer that appends </s> itself (a Marian or BERT export) must not give a source two EOS tokens: training
+    and inference both encode without the tokenizer's own special tokens, then add what the model expects."""
+    from tokenizers.processors import TemplateProcessing
+
+    from lit_transformer.data.encoding import encode_input, token_ids
+
+    tokenizer = train_tokenizer(TEXTS, "bpe", vocab_size=300)
+    eos = special_token_id(tokenizer, "eos")
+    tokenizer.post_processor = TemplateProcessing(single="$A <eos>", special_tokens=[("<eos>", eos)])
+    plain = token_ids(tokenizer, [TEXT])[0]
+    assert tokenizer.encode(TEXT).ids == plain + [eos]  # what the tokenizer's default would give
+    assert encode_input(tokenizer, TEXT, encoder_decoder=True, eos_token_id=eos) == plain + [eos]  # one EOS
+    assert encode_input(tokenizer, TEXT, encoder_decoder=False, eos_token_id=eos) == plain  # a prompt: no EOS
+    assert encode_input(tokenizer, "", encoder_decoder=False, eos_token_id=eos) == [eos]  # a document boundary
