@@ -228,6 +228,8 @@ def generate(
     padded batch. streamer sees every step's tokens (sampling and greedy only). The model runs in eval mode and is
     restored afterwards.
     """
+    if model.config.is_encoder_only:
+        raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
     gen = (config or GenerationConfig()).replace(**overrides) if overrides else (config or GenerationConfig())
     max_new, limit, stops, fill = _resolve(model, input_ids, attention_mask, gen)
     if max_new < 1:
