@@ -33,8 +33,9 @@ jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 # What the tokenizer decides, the model config must follow: linked once the DataModule exists.
 TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id")
-# What the data decides: the number of classes (None for language-model and translation data).
-DATA_LINKS = ("num_labels",)
+# What the data decides: the number of classes (None for language-model and translation data), and whether a text
+# has one label or a set of them.
+DATA_LINKS = ("num_labels", "multi_label")
 
 
 class TransformerCLI(LightningCLI):

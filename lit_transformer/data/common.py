@@ -101,6 +101,7 @@ class SplitLoaders:
     predict_batch_size: int = 16
     encoder_decoder = False  # whether inputs are translation sources (tokens, then EOS) or prompts
     num_labels: int | None = None  # classes of a classification DataModule; linked into the model config
+    multi_label = False  # whether each text has a set of labels (classification); linked into the model config
     max_input_length: int | None = None  # predict inputs are cut to this many tokens (a classifier's max_length)
 
     @property
