@@ -186,3 +186,16 @@ def test_onnx_export_matches_pytorch_with_padding(tmp_path, head: str):
         with torch.no_grad():
             expected = model(x, attention_mask=mask)
         torch.testing.assert_close(torch.from_numpy(out), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_balanced_class_weights_come_from_the_training_label_counts():
+    from types import SimpleNamespace
+
+    from lit_transformer.module import LitTransformer
+
+    config = TransformerConfig.preset("tiny", topology="encoder_only", num_labels=3)
+    module = LitTransformer(config, class_weights="balanced")
+    weights = module._resolve_class_weights(SimpleNamespace(label_counts=lambda: [10, 30, 60]))
+    torch.testing.assert_close(weights, torch.tensor([100 / 30, 100 / 90, 100 / 180]))
+    with pytest.raises(ValueError, match="2 values for num_labels=3"):
+        LitTransformer(config, class_weights=[1.0, 2.0])._resolve_class_weights(None)
