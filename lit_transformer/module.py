@@ -73,8 +73,9 @@ def classification_loss(
     smoothed_cross_entropy, with an example in the place of a token, so the step normalisation is shared.
 
     Single-label: cross-entropy of (B, C) logits against (B,) class ids, label smoothing as smoothed_cross_entropy
-    defines it; with class_weights, each example weighs class_weights[label], and the weight sums to the weights, so
-    a step's loss is torch's weighted mean, sum(w_i * loss_i) / sum(w_i), taken over the whole optimizer step.
+    defines it; with class_weights, an example's NLL weighs class_weights[label] and the weight is the sum of those,
+    so a step's loss is torch's ``cross_entropy(weight=..., label_smoothing=...)`` mean, taken over the whole
+    optimizer step (all micro-batches and ranks) rather than per micro-batch.
     Multi-label: binary cross-entropy of (B, C) logits against (B, C) 0/1 targets, summed over labels per example
     (smoothing pulls targets towards 1/2; class_weights weigh each label's term); the weight is the example count.
     """
@@ -89,10 +90,14 @@ def classification_loss(
         count = torch.tensor(float(len(labels)), device=logits.device)
         return loss.sum(), nll.sum(), count
     log_probs = logits.log_softmax(dim=-1)  # (B, C)
-    nll = -log_probs.gather(1, labels[:, None]).squeeze(1)
-    loss = (1.0 - smoothing) * nll - smoothing * log_probs.mean(dim=-1) if smoothing else nll
-    weight = torch.ones_like(nll) if class_weights is None else class_weights.to(nll.dtype)[labels]
-    return (weight * loss).sum(), (weight * nll).sum(), weight.sum()
+    weight = torch.ones_like(log_probs[:, 0]) if class_weights is None else class_weights.to(logits.dtype)[labels]
+    nll = -log_probs.gather(1, labels[:, None]).squeeze(1) * weight
+    if not smoothing:
+        return nll.sum(), nll.sum(), weight.sum()
+    # The smoothing term weighs each class by its own weight, as torch's cross_entropy(weight=, label_smoothing=) does.
+    per_class = log_probs if class_weights is None else log_probs * class_weights.to(logits.dtype)
+    loss = (1.0 - smoothing) * nll - smoothing * per_class.mean(dim=-1)
+    return loss.sum(), nll.sum(), weight.sum()
 
 
 def weight_decay_groups(

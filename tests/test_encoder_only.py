@@ -71,8 +71,8 @@ def test_attention_is_bidirectional(variant: dict):
 
 
 def test_the_masked_lm_output_is_tied_to_the_embedding_and_the_classifier_has_no_token_output():
-    variant = ENCODER_VARIANTS[0]
-    mlm = masked_lm(variant, tie_embeddings=True)
+    variant = {**ENCODER_VARIANTS[0], "tie_embeddings": True}
+    mlm = masked_lm(variant)
     assert mlm.lm_head.weight is mlm.src_embed.weight
     clf = classifier(variant)
     assert clf.lm_head is None and clf.classifier.out.out_features == 3
