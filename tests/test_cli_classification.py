@@ -90,8 +90,8 @@ def test_classifier_logs_f1_per_class_and_a_confusion_matrix(runs: Path):
 
 
 def test_test_and_predict_report_labels(runs: Path):
-    genre = ["--config", str(CONFIGS / "presets" / "classify-genre.yaml"), "--trainer.logger", "false"]
-    genre += ["--ckpt_path", str(runs / "genre" / "checkpoints" / "last.ckpt"), *_where(runs / "genre")]
+    genre = ["--config", str(CONFIGS / "presets" / "classify-genre.yaml"), *_where(runs / "genre"), *TINY[-4:]]
+    genre += ["--trainer.logger", "false", "--ckpt_path", str(runs / "genre" / "checkpoints" / "last.ckpt")]
     out = _cli("test", *genre, "--trainer.limit_test_batches", "2", cwd=runs).stdout
     assert "test/f1" in out and "test/accuracy" in out
     lines = ["O Romeo, Romeo, wherefore art thou Romeo?", "", "Once more unto the breach, dear friends"]
