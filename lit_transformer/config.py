@@ -140,7 +140,7 @@ class TransformerConfig:
                 if getattr(self, name) is not None:
                     yield f"{name} applies to topology='encoder_decoder' only; leave it None for {self.topology!r}"
         if self.topology == "decoder_only" and self.n_encoder_layers is not None:
-            yield "n_encoder_layers applies to encoder_decoder and encoder_only; leave it None for 'decoder_only'"
+            yield "n_encoder_layers applies to topology='encoder_decoder' or 'encoder_only'; leave it None for 'decoder_only'"
         if self.is_encoder_only and self.head == "classification":
             if self.num_labels is None:
                 yield "encoder_only with head='classification' needs num_labels (the CLI links it from the data)"
