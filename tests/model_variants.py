@@ -39,7 +39,12 @@ def single_thread():
 
 def variant_id(v: dict) -> str:
     return "-".join(
-        [v["topology"][:3] if v["topology"] != "encoder_only" else "enc_only", v["norm_position"], v["positions"][:4], v["activation"]]
+        [
+            v["topology"][:3] if v["topology"] != "encoder_only" else "enc_only",
+            v["norm_position"],
+            v["positions"][:4],
+            v["activation"],
+        ]
         + ["tie" * v["tie_embeddings"] or "untied", "scale" * v["scale_embeddings"] or "noscale"]
     )
 
