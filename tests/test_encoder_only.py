@@ -199,3 +199,40 @@ def test_balanced_class_weights_come_from_the_training_label_counts():
     torch.testing.assert_close(weights, torch.tensor([100 / 30, 100 / 90, 100 / 180]))
     with pytest.raises(ValueError, match="2 values for num_labels=3"):
         LitTransformer(config, class_weights=[1.0, 2.0])._resolve_class_weights(None)
+
+
+def test_a_masked_lm_trains_on_packed_language_model_blocks(tmp_path):
+    """With mask_token, the language-model data serves masked-LM pretraining: its blocks are the inputs, and the
+    loss is taken at the masked positions only (about 15% of the tokens), never at its next-token labels."""
+    from lit_transformer.data import LanguageModelingDataModule
+    from lit_transformer.module import LitTransformer
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("to be or not to be, that is the question.\n" * 400)
+    data = LanguageModelingDataModule(
+        dataset=str(text),
+        tokenizer="char",
+        vocab_size=64,
+        block_size=32,
+        batch_size=8,
+        mask_token=True,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    assert data.mask_token_id == data.vocab_size - 1
+    config = TransformerConfig.preset(
+        "tiny",
+        topology="encoder_only",
+        head="masked_lm",
+        vocab_size=data.vocab_size,
+        mask_token_id=data.mask_token_id,
+        pad_token_id=data.pad_token_id,
+    )
+    module = LitTransformer(config)
+    batch = next(iter(data.train_dataloader()))
+    torch.manual_seed(0)
+    logits, labels, loss, nll, count = module._loss(batch)
+    assert logits.shape == (*batch["input_ids"].shape, data.vocab_size)
+    assert count == (labels != IGNORE_INDEX).sum() and 0.08 < count / labels.numel() < 0.22
+    assert torch.equal(labels[labels != IGNORE_INDEX], batch["input_ids"][labels != IGNORE_INDEX])
+    expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    assert float(loss / count) == pytest.approx(float(expected), rel=1e-5)
