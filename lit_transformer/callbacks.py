@@ -72,6 +72,8 @@ class GenerateSamples(L.Callback):
                 writer.add_text(f"samples/{i}", text.replace("\n", "  \n"), trainer.global_step)
 
     def samples(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        if pl_module.config.is_encoder_only:  # nothing to generate: its metrics say what it learned
+            return []
         if pl_module.config.is_encoder_decoder:
             batch = _first_validation_batch(trainer)
             if batch is None or "src_text" not in batch:
@@ -137,6 +139,16 @@ class AttentionMaps(L.Callback):
                 "self": (tgt_tokens, tgt_tokens),
                 "cross": (tgt_tokens, src_tokens),
             }
+        elif pl_module.config.is_encoder_only:
+            row = batch["input_ids"][0]
+            if "attention_mask" in batch:
+                row = row[batch["attention_mask"][0].bool()]
+            tokens = row[:n]
+            _, attentions = model(tokens[None].to(pl_module.device), return_attention=True)
+            labels = _token_labels(pl_module.tokenizer, tokens)
+            if pl_module.config.is_classifier and pl_module.config.pooling == "cls":
+                labels = ["[CLS]", *labels]
+            axes = {"encoder": (labels, labels)}
         else:
             tokens = batch["input_ids"][0][:n]
             _, attentions = model(tokens[None].to(pl_module.device), return_attention=True)
@@ -147,6 +159,32 @@ class AttentionMaps(L.Callback):
             queries, keys = axes[kind]
             for layer, weights in enumerate(layers[: self.max_layers]):
                 yield f"attention/{kind}/layer_{layer}", _heads_figure(weights[0].float().cpu(), queries, keys)
+
+
+def confusion_figure(matrix: torch.Tensor, names: list[str]):
+    """A confusion matrix (rows: true class, columns: predicted) as a figure, with counts in the cells and each row
+    shaded by its share of the true class, so a small class's errors show as clearly as a large one's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = matrix.float()
+    shares = counts / counts.sum(dim=1, keepdim=True).clamp(min=1)
+    size = 1.0 + 0.6 * len(names)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(shares.numpy(), vmin=0.0, vmax=1.0, cmap="Blues")
+    for i in range(len(names)):
+        for j in range(len(names)):
+            color = "white" if shares[i, j] > 0.5 else "black"
+            ax.text(j, i, str(int(counts[i, j])), ha="center", va="center", color=color, fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    fig.colorbar(image, ax=ax, fraction=0.046, label="share of the true class")
+    fig.tight_layout()
+    return fig
 
 
 def _strip_padding(ids: torch.Tensor, pad: int | None) -> torch.Tensor:
@@ -232,8 +270,9 @@ def _batch_size(batch: dict[str, torch.Tensor]) -> int:
 
 
 def _token_count(batch: dict[str, torch.Tensor]) -> int:
-    """Target tokens of a training or validation batch; input tokens of a predict batch (which has no labels)."""
-    if "labels" in batch:
+    """Target tokens of a language-model or translation batch; input tokens of a batch that carries an attention_mask
+    (predict inputs and classification passages, whose labels are one per example)."""
+    if "labels" in batch and "attention_mask" not in batch:
         return int((batch["labels"] != -100).sum())
     return int(batch["attention_mask"].sum())
 

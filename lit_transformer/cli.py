@@ -32,14 +32,17 @@ from lit_transformer.reliability import NonFiniteLossGuard, PreemptionCheckpoint
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 # What the tokenizer decides, the model config must follow: linked once the DataModule exists.
-TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")
+TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id")
+# What the data decides: the number of classes (None for language-model and translation data), and whether a text
+# has one label or a set of them.
+DATA_LINKS = ("num_labels", "multi_label")
 
 
 class TransformerCLI(LightningCLI):
     """LightningCLI with the tokenizer linked into the model config and the run's standard callbacks."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for name in TOKENIZER_LINKS:
+        for name in TOKENIZER_LINKS + DATA_LINKS:
             parser.link_arguments(f"data.{name}", f"model.config.{name}", apply_on="instantiate")
         # Each callback gets its own group (--checkpoint.*, --samples.*, ...), so YAMLs and flags can tune it.
         # Two checkpointers in one folder. `checkpoint` writes last.ckpt every N steps whatever the metrics (a

@@ -9,7 +9,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Topology = Literal["decoder_only", "encoder_decoder"]
+Topology = Literal["decoder_only", "encoder_decoder", "encoder_only"]
+Head = Literal["classification", "masked_lm"]
+Pooling = Literal["mean", "cls", "max"]
 NormPosition = Literal["pre", "post"]
 Positions = Literal["sinusoidal", "learned"]
 Activation = Literal["relu", "gelu", "gelu_tanh"]
@@ -18,10 +20,12 @@ Init = Literal["gpt2", "xavier"]
 
 @dataclass
 class TransformerConfig:
-    """The architecture of a Transformer, decoder-only (GPT-2) or encoder-decoder (Vaswani et al. 2017)."""
+    """The architecture of a Transformer: decoder-only (GPT-2), encoder-decoder (Vaswani et al. 2017) or encoder-only
+    (a sequence classifier, or a BERT-style masked language model)."""
 
     topology: Topology = "decoder_only"
-    """decoder_only: a causal language model (GPT-2); encoder_decoder: the paper's translation model."""
+    """decoder_only: a causal language model (GPT-2); encoder_decoder: the paper's translation model; encoder_only: a
+    bidirectional encoder with the task head chosen by `head`."""
     norm_position: NormPosition = "pre"
     """post: LayerNorm(x + Dropout(Sublayer(x))) as in the paper; pre: x + Dropout(Sublayer(LayerNorm(x))) and a final LayerNorm."""
     positions: Positions = "learned"
@@ -67,6 +71,22 @@ class TransformerConfig:
     """Beginning-of-sequence token: starts the decoder in translation. Linked from the tokenizer by the CLI."""
     eos_token_id: int | None = 2
     """End-of-sequence token: ends generation. Linked from the tokenizer by the CLI."""
+    head: Head = "classification"
+    """encoder_only: classification gives (B, num_labels) logits from tokens pooled over real tokens; masked_lm gives
+    (B, T, V) logits through an output layer tied to the token embedding (BERT's pretraining)."""
+    num_labels: int | None = None
+    """encoder_only classification: the number of classes (or of labels, multi-label). Linked from the data by the CLI."""
+    pooling: Pooling = "mean"
+    """encoder_only classification: mean or max over real tokens, or cls (the output of a [CLS] token, bos_token_id,
+    that the model prepends itself, so inputs are the same for every pooling)."""
+    classifier_hidden: int | None = None
+    """Inner width of the classification head Linear -> activation -> Dropout -> Linear; None uses d_model."""
+    classifier_dropout: float | None = None
+    """Dropout inside the classification head; None uses dropout."""
+    multi_label: bool = False
+    """encoder_only classification: independent sigmoid per label (binary cross-entropy) instead of one softmax."""
+    mask_token_id: int | None = None
+    """masked_lm: the [MASK] token. Linked from the tokenizer by the CLI (the classification data adds <mask>)."""
     init: Init = "gpt2"
     """gpt2: normal(0, init_std), residual projections scaled by 1/sqrt(2 * layers); xavier: the paper's Xavier uniform."""
     init_std: float = 0.02
@@ -83,7 +103,9 @@ class TransformerConfig:
             if value not in allowed:
                 yield f"{name}={value!r} is not one of {', '.join(repr(a) for a in allowed)}"
 
-        yield from choices("topology", ("decoder_only", "encoder_decoder"))
+        yield from choices("topology", ("decoder_only", "encoder_decoder", "encoder_only"))
+        yield from choices("head", ("classification", "masked_lm"))
+        yield from choices("pooling", ("mean", "cls", "max"))
         yield from choices("norm_position", ("pre", "post"))
         yield from choices("positions", ("sinusoidal", "learned"))
         yield from choices("activation", ("relu", "gelu", "gelu_tanh"))
@@ -91,14 +113,21 @@ class TransformerConfig:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
             if getattr(self, name) < 1:
                 yield f"{name}={getattr(self, name)} must be a positive integer"
-        for name in ("target_vocab_size", "n_encoder_layers", "n_decoder_layers", "d_ff"):
+        for name in (
+            "target_vocab_size",
+            "n_encoder_layers",
+            "n_decoder_layers",
+            "d_ff",
+            "num_labels",
+            "classifier_hidden",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 yield f"{name}={value} must be a positive integer or None"
         if self.n_heads >= 1 and self.d_model % self.n_heads:
             divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
             yield f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; valid n_heads: {divisors}"
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "classifier_dropout"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 yield f"{name}={value} must lie in [0, 1)"
@@ -106,16 +135,25 @@ class TransformerConfig:
             yield f"layer_norm_eps={self.layer_norm_eps} must be positive"
         if self.init_std <= 0:
             yield f"init_std={self.init_std} must be positive"
-        if self.topology == "decoder_only":
-            for name in ("target_vocab_size", "n_encoder_layers", "n_decoder_layers", "share_embeddings"):
+        if self.topology != "encoder_decoder":
+            for name in ("target_vocab_size", "n_decoder_layers", "share_embeddings"):
                 if getattr(self, name) is not None:
-                    yield f"{name} applies to topology='encoder_decoder' only; leave it None for 'decoder_only'"
-        elif self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
+                    yield f"{name} applies to topology='encoder_decoder' only; leave it None for {self.topology!r}"
+        if self.topology == "decoder_only" and self.n_encoder_layers is not None:
+            yield "n_encoder_layers applies to topology='encoder_decoder' or 'encoder_only'; leave it None for 'decoder_only'"
+        if self.is_encoder_only and self.head == "classification":
+            if self.num_labels is None:
+                yield "encoder_only with head='classification' needs num_labels (the CLI links it from the data)"
+            if self.pooling == "cls" and self.bos_token_id is None:
+                yield "pooling='cls' prepends bos_token_id as the [CLS] token; set bos_token_id"
+        if self.is_encoder_only and self.head == "masked_lm" and self.mask_token_id is None:
+            yield "encoder_only with head='masked_lm' needs mask_token_id (the CLI links it from the tokenizer)"
+        if self.is_encoder_decoder and self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
             yield (
                 f"share_embeddings=True needs one vocabulary, but target_vocab_size={self.target_vocab_size} differs "
                 f"from vocab_size={self.vocab_size}; set target_vocab_size=None or share_embeddings=False"
             )
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < min(self.vocab_size, self.tgt_vocab_size):
                 yield f"{name}={value} lies outside the vocabulary (0..{min(self.vocab_size, self.tgt_vocab_size) - 1})"
@@ -124,6 +162,19 @@ class TransformerConfig:
     @property
     def is_encoder_decoder(self) -> bool:
         return self.topology == "encoder_decoder"
+
+    @property
+    def is_encoder_only(self) -> bool:
+        return self.topology == "encoder_only"
+
+    @property
+    def is_classifier(self) -> bool:
+        """An encoder-only model with the classification head: outputs (B, num_labels), not token logits."""
+        return self.is_encoder_only and self.head == "classification"
+
+    @property
+    def head_dropout(self) -> float:
+        return self.dropout if self.classifier_dropout is None else self.classifier_dropout
 
     @property
     def tgt_vocab_size(self) -> int:

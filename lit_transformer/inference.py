@@ -38,7 +38,7 @@ class LoadedModel:
 
     @property
     def device(self) -> torch.device:
-        return self.model.lm_head.weight.device
+        return next(self.model.parameters()).device
 
     def encode(self, text: str) -> list[int]:
         """A prompt or source, encoded exactly as training encodes it."""

@@ -8,17 +8,25 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from tokenizers import Tokenizer
 from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import (
+    MulticlassAccuracy,
+    MulticlassConfusionMatrix,
+    MulticlassF1Score,
+    MultilabelAccuracy,
+    MultilabelF1Score,
+)
 from torchmetrics.text import SacreBLEUScore
 
 # Importing checkpointing also allowlists TransformerConfig for weights_only loads: load_from_checkpoint needs it.
 from lit_transformer.checkpointing import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.masking import mask_tokens
 from lit_transformer.model import Transformer
 from lit_transformer.reliability import gradient_norm
 from lit_transformer.schedules import ScheduleName, build_schedule
@@ -54,6 +62,44 @@ def smoothed_cross_entropy(
     return (1.0 - smoothing) * nll + smoothing * uniform, nll, count
 
 
+def classification_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    smoothing: float = 0.0,
+    class_weights: torch.Tensor | None = None,
+    multi_label: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(training loss, NLL, weight), each summed over the batch's examples: the same contract as
+    smoothed_cross_entropy, with an example in the place of a token, so the step normalisation is shared.
+
+    Single-label: cross-entropy of (B, C) logits against (B,) class ids, label smoothing as smoothed_cross_entropy
+    defines it; with class_weights, an example's NLL weighs class_weights[label] and the weight is the sum of those,
+    so a step's loss is torch's ``cross_entropy(weight=..., label_smoothing=...)`` mean, taken over the whole
+    optimizer step (all micro-batches and ranks) rather than per micro-batch.
+    Multi-label: binary cross-entropy of (B, C) logits against (B, C) 0/1 targets, summed over labels per example
+    (smoothing pulls targets towards 1/2; class_weights weigh each label's term); the weight is the example count.
+    """
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if multi_label:
+        targets = labels.to(logits.dtype)
+        nll = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+        smoothed = targets * (1 - smoothing) + 0.5 * smoothing
+        loss = F.binary_cross_entropy_with_logits(logits, smoothed, reduction="none") if smoothing else nll
+        if class_weights is not None:
+            loss, nll = loss * class_weights, nll * class_weights
+        count = torch.tensor(float(len(labels)), device=logits.device)
+        return loss.sum(), nll.sum(), count
+    log_probs = logits.log_softmax(dim=-1)  # (B, C)
+    weight = torch.ones_like(log_probs[:, 0]) if class_weights is None else class_weights.to(logits.dtype)[labels]
+    nll = -log_probs.gather(1, labels[:, None]).squeeze(1) * weight
+    if not smoothing:
+        return nll.sum(), nll.sum(), weight.sum()
+    # The smoothing term weighs each class by its own weight, as torch's cross_entropy(weight=, label_smoothing=) does.
+    per_class = log_probs if class_weights is None else log_probs * class_weights.to(logits.dtype)
+    loss = (1.0 - smoothing) * nll - smoothing * per_class.mean(dim=-1)
+    return loss.sum(), nll.sum(), weight.sum()
+
+
 def weight_decay_groups(
     model: torch.nn.Module, decay_embeddings: bool = False
 ) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
@@ -83,7 +129,8 @@ def weight_decay_groups(
 
 
 class LitTransformer(L.LightningModule):
-    """Trains a `Transformer` as a causal language model or a translation model, by its config's topology."""
+    """Trains a `Transformer` by its config's topology: a causal language model, a translation model, or an encoder-only
+    sequence classifier or masked language model."""
 
     def __init__(
         self,
@@ -100,6 +147,8 @@ class LitTransformer(L.LightningModule):
         schedule_steps: int | None = None,
         min_lr_ratio: float = 0.1,
         label_smoothing: float = 0.0,
+        class_weights: list[float] | Literal["balanced"] | None = None,
+        mlm_probability: float = 0.15,
         loss_normalization: LossNormalization = "tokens",
         activation_checkpointing: bool = False,
         compile: bool = False,
@@ -121,9 +170,14 @@ class LitTransformer(L.LightningModule):
             schedule_steps: Length of the cosine schedule in optimizer steps; None uses trainer.max_steps.
             min_lr_ratio: Where the cosine schedule ends, as a fraction of lr.
             label_smoothing: Label smoothing of the loss (the paper's 0.1); perplexity is always the unsmoothed one.
+            class_weights: encoder_only classification: a weight per class in the loss (one per label, multi-label),
+                or "balanced": n / (num_labels * n_class) from the training split's label counts; None weighs all
+                equally.
+            mlm_probability: masked_lm: the fraction of real tokens chosen as targets (BERT's 0.15; 80/10/10 rule).
             loss_normalization: tokens: the loss of an optimizer step is its summed token losses over every accumulated
                 micro-batch and every rank, divided by the step's target tokens (fairseq's default), so a short batch
-                weighs by its tokens; batch: each micro-batch's own mean, averaged over micro-batches and ranks (needed
+                weighs by its tokens (a classifier's targets are examples: the step's per-example mean; a masked LM's
+                are its masked tokens); batch: each micro-batch's own mean, averaged over micro-batches and ranks (needed
                 with DeepSpeed). With tokens, backward sees summed losses: under fp16 the loss scaler settles a few
                 skipped steps lower, as in fairseq; bf16 and fp32 are unaffected.
             activation_checkpointing: Recompute each block's activations in backward (less memory, more time).
@@ -131,11 +185,17 @@ class LitTransformer(L.LightningModule):
             generation: How `predict` and validation/test BLEU decode (any GenerationConfig field, e.g.
                 --model.generation.num_beams 4); None uses the topology's defaults (GenerationConfig.for_model).
             init_from: A Hugging Face GPT-2 folder (or hub name) to fine-tune: its config.json sets the architecture
-                and special token ids, its weights the parameters. Read once: the hyperparameters record the resolved
+                and special token ids, its weights the parameters. Or a .ckpt of an encoder (a masked LM, or a
+                classifier) for an encoder_only model: its architecture and encoder weights load, the task head (and
+                config's head, num_labels, pooling, dropout) are this run's and start fresh. Read once: the hyperparameters record the resolved
                 config and init_from=None, so loading or resuming a checkpoint never reads the folder again.
         """
         source, pretrained = init_from, None
-        if init_from:
+        self._init_tokenizer: str | None = None
+        if init_from and str(init_from).endswith(".ckpt"):
+            pretrained, self._init_tokenizer = load_pretrained_encoder(init_from, config)
+            config, init_from = pretrained.config, None
+        elif init_from:
             from lit_transformer.interop import load_hf_gpt2
 
             pretrained = load_hf_gpt2(init_from, base=config).train()
@@ -155,14 +215,28 @@ class LitTransformer(L.LightningModule):
         self.model = pretrained if pretrained is not None else Transformer(config)
         self.tokenizer: Tokenizer | None = None
         self.target_tokenizer: Tokenizer | None = None
-        vocab = config.tgt_vocab_size
-        # Every validation and test number is a per-token mean over the whole split (and all ranks).
-        self.val_loss = MeanMetric()
-        self.val_nll = MeanMetric()
-        self.val_accuracy = MulticlassAccuracy(num_classes=vocab, average="micro", ignore_index=IGNORE_INDEX)
-        self.test_loss = MeanMetric()
-        self.test_nll = MeanMetric()
-        self.test_accuracy = MulticlassAccuracy(num_classes=vocab, average="micro", ignore_index=IGNORE_INDEX)
+        self.label_names: list[str] | None = None  # class names, from the data; saved in checkpoints
+        self._class_weights: torch.Tensor | None = None
+        # Every validation and test number is a per-token (classification: per-example) mean over the whole split
+        # (and all ranks).
+        for stage in ("val", "test"):
+            setattr(self, f"{stage}_loss", MeanMetric())
+            setattr(self, f"{stage}_nll", MeanMetric())
+            if config.is_classifier:
+                n = config.num_labels
+                if config.multi_label:
+                    setattr(self, f"{stage}_accuracy", MultilabelAccuracy(num_labels=n, average="micro"))
+                    setattr(self, f"{stage}_f1", MultilabelF1Score(num_labels=n, average="macro"))
+                    setattr(self, f"{stage}_class_f1", MultilabelF1Score(num_labels=n, average="none"))
+                else:
+                    setattr(self, f"{stage}_accuracy", MulticlassAccuracy(num_classes=n, average="micro"))
+                    setattr(self, f"{stage}_f1", MulticlassF1Score(num_classes=n, average="macro"))
+                    setattr(self, f"{stage}_class_f1", MulticlassF1Score(num_classes=n, average="none"))
+                    setattr(self, f"{stage}_confusion", MulticlassConfusionMatrix(num_classes=n))
+            else:
+                vocab = config.tgt_vocab_size
+                accuracy = MulticlassAccuracy(num_classes=vocab, average="micro", ignore_index=IGNORE_INDEX)
+                setattr(self, f"{stage}_accuracy", accuracy)
         self.val_bleu = SacreBLEUScore(tokenize="13a")
         self.test_bleu = SacreBLEUScore(tokenize="13a")
         self.flops_per_batch: float | None = None  # read by the ThroughputMonitor for MFU
@@ -199,7 +273,30 @@ class LitTransformer(L.LightningModule):
         if datamodule is not None and self.tokenizer is None:
             self.tokenizer = datamodule.tokenizer
             self.target_tokenizer = getattr(datamodule, "target_tokenizer", None) or datamodule.tokenizer
+        if datamodule is not None and getattr(datamodule, "label_names", None) is not None:
+            self.label_names = list(datamodule.label_names)
         self._check_tokenizer()
+        if self._init_tokenizer is not None and self.tokenizer is not None:
+            if self.tokenizer.to_str() != self._init_tokenizer:
+                raise ValueError(
+                    f"init_from {self.init_from} was trained with another tokenizer than this run's data: the encoder's "
+                    f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {self.init_from}"
+                )
+        self._class_weights = self._resolve_class_weights(datamodule)
+
+    def _resolve_class_weights(self, datamodule: Any) -> torch.Tensor | None:
+        weights = self.hparams.get("class_weights")
+        if weights is None or not self.config.is_classifier:
+            return None
+        if weights == "balanced":
+            counts = getattr(datamodule, "label_counts", None)
+            if counts is None:
+                raise ValueError('class_weights="balanced" needs a DataModule that counts its labels (label_counts)')
+            counts = torch.as_tensor(counts(), dtype=torch.float32).clamp(min=1)
+            return counts.sum() / (len(counts) * counts)
+        if len(weights) != self.config.num_labels:
+            raise ValueError(f"class_weights has {len(weights)} values for num_labels={self.config.num_labels}")
+        return torch.tensor(weights, dtype=torch.float32)
 
     def on_fit_start(self) -> None:
         # The tokenizer beside the TensorBoard logs too, for tools that read the run folder rather than checkpoints.
@@ -228,6 +325,8 @@ class LitTransformer(L.LightningModule):
             checkpoint["tokenizer"] = self.tokenizer.to_str()
         if self.target_tokenizer is not None and self.target_tokenizer is not self.tokenizer:
             checkpoint["target_tokenizer"] = self.target_tokenizer.to_str()
+        if self.label_names is not None:
+            checkpoint["label_names"] = list(self.label_names)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.init_from = self.init_from or checkpoint.get("init_from")
@@ -235,10 +334,13 @@ class LitTransformer(L.LightningModule):
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
             target = checkpoint.get("target_tokenizer")
             self.target_tokenizer = Tokenizer.from_str(target) if target else self.tokenizer
+        if "label_names" in checkpoint:
+            self.label_names = list(checkpoint["label_names"])
 
     # ---- steps --------------------------------------------------------------------------------------------------
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits of a batch as the DataModules lay it out (a masked LM's inputs are corrupted in _loss, not here)."""
         if self.config.is_encoder_decoder:
             return self.model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"], tgt_mask=batch["tgt_mask"])
         return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"))
@@ -246,11 +348,44 @@ class LitTransformer(L.LightningModule):
     def _tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return batch["tgt_in"] if self.config.is_encoder_decoder else batch["input_ids"]
 
+    def _loss(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits, labels, summed loss, summed NLL, target count) of a batch, for any topology and head.
+
+        A masked LM corrupts its inputs here (BERT's rule, see mask_tokens), so any batch of tokens serves: the
+        classification data's passages, or the language-model data's packed blocks (whose next-token labels it
+        ignores). Training draws from torch's generator (seeded per step by StepSeed); evaluation passes a fixed one.
+        """
+        cfg, smoothing = self.config, self.hparams.label_smoothing
+        if cfg.is_encoder_only and cfg.head == "masked_lm":
+            tokens, mask = batch["input_ids"], batch.get("attention_mask")
+            special = [
+                i for i in (cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id, cfg.mask_token_id) if i is not None
+            ]
+            inputs, labels = mask_tokens(
+                tokens,
+                cfg.mask_token_id,
+                cfg.vocab_size,
+                probability=self.hparams.get("mlm_probability", 0.15),
+                attention_mask=mask,
+                special_ids=special,
+                generator=generator,
+            )
+            logits = self.model(inputs, attention_mask=mask)
+            return logits, labels, *smoothed_cross_entropy(logits, labels, smoothing)
+        logits = self(batch)
+        labels = batch["labels"]
+        if cfg.is_classifier:
+            weights = None if self._class_weights is None else self._class_weights.to(logits.device)
+            return logits, labels, *classification_loss(logits, labels, smoothing, weights, cfg.multi_label)
+        return logits, labels, *smoothed_cross_entropy(logits, labels, smoothing)
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         # Per batch: translation batches vary in shape (token budget), and MFU must follow them.
         tokens = self._tokens(batch)
         self.flops_per_batch = self.model.flops_per_token(tokens.size(1)) * tokens.numel()
-        loss_sum, nll_sum, count = smoothed_cross_entropy(self(batch), batch["labels"], self.hparams.label_smoothing)
+        _, _, loss_sum, nll_sum, count = self._loss(batch)
         if self.hparams.loss_normalization == "batch":
             batch_size = batch["labels"].size(0)
             loss = loss_sum / count.clamp(min=1)
@@ -307,25 +442,37 @@ class LitTransformer(L.LightningModule):
         self.log("train/ppl", (nll_sum / tokens).exp().float())
         self.log("train/tokens_per_step", tokens.float())
 
-    def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+    def _evaluate(self, batch: dict[str, Any], stage: str, batch_idx: int = 0) -> None:
         loss_metric, nll_metric, acc_metric = (getattr(self, f"{stage}_{name}") for name in ("loss", "nll", "accuracy"))
-        logits = self(batch)
-        labels = batch["labels"]
-        loss_sum, nll_sum, count = smoothed_cross_entropy(logits, labels, self.hparams.label_smoothing)
-        tokens = count.clamp(min=1)  # a batch without targets adds weight 0
-        loss_metric.update(loss_sum / tokens, weight=count)
-        nll_metric.update(nll_sum / tokens, weight=count)
-        acc_metric.update(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+        # A masked LM's evaluation masks the same positions every time: its numbers then compare across validations.
+        generator = torch.Generator(self.device).manual_seed(batch_idx) if self.config.is_encoder_only else None
+        logits, labels, loss_sum, nll_sum, count = self._loss(batch, generator)
+        if self.config.is_classifier and self._class_weights is not None:
+            # The weighted loss stays val/loss; val/nll is the plain per-example NLL, comparable across weightings.
+            _, nll_sum, _ = classification_loss(logits, labels, multi_label=self.config.multi_label)
+            count_nll = torch.tensor(float(len(labels)), device=logits.device)
+        else:
+            count_nll = count
+        loss_metric.update(loss_sum / count.clamp(min=1), weight=count)  # a batch without targets adds weight 0
+        nll_metric.update(nll_sum / count_nll.clamp(min=1), weight=count_nll)
+        if self.config.is_classifier:
+            for name in ("accuracy", "f1", "class_f1", "confusion"):
+                metric = getattr(self, f"{stage}_{name}", None)
+                if metric is not None:
+                    metric.update(logits, labels)
+            self.log(f"{stage}/f1", getattr(self, f"{stage}_f1"), prog_bar=stage == "val")
+        else:
+            acc_metric.update(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
         # Metric objects: Lightning logs their compute() at the end of the epoch, weighted by tokens, all ranks.
         self.log(f"{stage}/loss", loss_metric, prog_bar=stage == "val")
         self.log(f"{stage}/nll", nll_metric)
-        self.log(f"{stage}/accuracy", acc_metric)
+        self.log(f"{stage}/accuracy", acc_metric, prog_bar=stage == "val" and self.config.is_classifier)
 
     def on_validation_epoch_start(self) -> None:
         self._bleu_budget = getattr(getattr(self.trainer, "datamodule", None), "bleu_samples", None)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+        self._evaluate(batch, "val", batch_idx)
         if self.config.is_encoder_decoder and "ref_text" in batch and self._bleu_budget != 0:
             # BLEU on the first bleu_samples validation pairs (the DataModule's setting): beam search is slow.
             rows = (
@@ -337,7 +484,7 @@ class LitTransformer(L.LightningModule):
                 self._bleu_budget -= rows
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._evaluate(batch, "test")
+        self._evaluate(batch, "test", batch_idx)
         if self.config.is_encoder_decoder and "ref_text" in batch:
             self.test_bleu.update(
                 self.translate_batch(batch["src"], batch["src_mask"]), [[r] for r in batch["ref_text"]]
@@ -350,11 +497,14 @@ class LitTransformer(L.LightningModule):
         self._epoch_end("test", self.test_nll, self.test_bleu)
 
     def _epoch_end(self, stage: str, nll_metric: MeanMetric, bleu: SacreBLEUScore) -> None:
+        if self.config.is_classifier:
+            self._classification_epoch_end(stage)
+            return
         if nll_metric.update_called:
             nll = nll_metric.compute()
             self.log(f"{stage}/ppl", nll.exp(), prog_bar=stage == "val")
             chars_per_token = getattr(getattr(self.trainer, "datamodule", None), "characters_per_token", None)
-            if chars_per_token is not None and not self.config.is_encoder_decoder:
+            if chars_per_token is not None and self.config.topology == "decoder_only":
                 # Bits per character: one scale for any tokenizer (and for character-level models such as nanoGPT's).
                 split = "validation" if stage == "val" else "test"
                 self.log(f"{stage}/bpc", nll / math.log(2) / chars_per_token(split), prog_bar=stage == "val")
@@ -362,6 +512,29 @@ class LitTransformer(L.LightningModule):
             self.log(f"{stage}/bleu", bleu.compute() * 100, prog_bar=True)
             bleu.reset()
             self._log_bleu_signature(stage)
+
+    def _classification_epoch_end(self, stage: str) -> None:
+        """Per-class F1 as scalars named by label, and the confusion matrix as an image in TensorBoard."""
+        class_f1 = getattr(self, f"{stage}_class_f1")
+        if not class_f1.update_called:
+            return
+        names = self.label_names or [str(i) for i in range(self.config.num_labels)]
+        for name, value in zip(names, class_f1.compute(), strict=True):
+            self.log(f"{stage}/f1/{name}", value)
+        class_f1.reset()
+        confusion = getattr(self, f"{stage}_confusion", None)
+        if confusion is None or not confusion.update_called:
+            return
+        matrix = confusion.compute()  # (true, predicted), synchronised over ranks
+        confusion.reset()
+        if self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            from lit_transformer.callbacks import confusion_figure
+
+            for logger in self.loggers:
+                if hasattr(logger.experiment, "add_figure"):
+                    logger.experiment.add_figure(
+                        f"{stage}/confusion_matrix", confusion_figure(matrix.cpu(), names), self.global_step
+                    )
 
     def _log_bleu_signature(self, stage: str) -> None:
         """sacreBLEU's signature beside the score, so a reported BLEU says how it was computed."""
@@ -408,7 +581,11 @@ class LitTransformer(L.LightningModule):
             self.log("train/grad_norm", gradient_norm(self.trainer, optimizer))
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
-        """Generate for each input of the predict_file: {"input", "output", "tokens"} per row (see PredictionWriter)."""
+        """Generate for each input of the predict_file: {"input", "output", "tokens"} per row (see PredictionWriter).
+        A classifier writes {"input", "label", "probability", "probabilities"} (multi-label: "labels", the names
+        above 0.5)."""
+        if self.config.is_encoder_only:
+            return self._classify_rows(batch)
         from lit_transformer.inference import TextStream
 
         ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -420,6 +597,24 @@ class LitTransformer(L.LightningModule):
                 stream(step_tokens)
         rows = zip(batch["text"], stream.texts(), stream.ids, strict=True)
         return [{"input": text, "output": output, "tokens": tokens} for text, output, tokens in rows]
+
+    def _classify_rows(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        if not self.config.is_classifier:
+            raise ValueError("predict classifies with an encoder_only classification model; a masked LM has no labels")
+        logits = self.model(batch["input_ids"], attention_mask=batch["attention_mask"]).float()
+        probs = logits.sigmoid() if self.config.multi_label else logits.softmax(dim=-1)
+        names = self.label_names or [str(i) for i in range(self.config.num_labels)]
+        rows = []
+        for text, p in zip(batch["text"], probs.tolist(), strict=True):
+            row: dict[str, Any] = {"input": text}
+            if self.config.multi_label:
+                row["labels"] = [name for name, q in zip(names, p, strict=True) if q > 0.5]
+            else:
+                best = max(range(len(p)), key=p.__getitem__)
+                row["label"], row["probability"] = names[best], p[best]
+            row["probabilities"] = dict(zip(names, p, strict=True))
+            rows.append(row)
+        return rows
 
     # ---- generation helpers -------------------------------------------------------------------------------------
 
@@ -480,3 +675,54 @@ class LitTransformer(L.LightningModule):
             min_lr_ratio=hp.min_lr_ratio,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+# Fields that shape the encoder's weights or their meaning: a fine-tuned model takes them from the pretrained one.
+ENCODER_FIELDS = (
+    "norm_position",
+    "positions",
+    "vocab_size",
+    "d_model",
+    "n_heads",
+    "n_layers",
+    "n_encoder_layers",
+    "d_ff",
+    "max_seq_len",
+    "activation",
+    "bias",
+    "scale_embeddings",
+    "layer_norm_eps",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "mask_token_id",
+)
+ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_blocks.", "encoder_norm.")
+
+
+def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
+    """An encoder_only model whose encoder (embeddings, positions, blocks, final norm) comes from the checkpoint at
+    `path` (an encoder_only masked LM or classifier) and whose head is new, and the checkpoint's tokenizer (JSON).
+
+    The architecture comes from the checkpoint (ENCODER_FIELDS); the task (head, num_labels, pooling, classifier
+    fields, dropout, init) from `config`, so `fit --model.init_from mlm.ckpt` turns a masked LM into a classifier.
+    """
+    from lit_transformer.checkpointing import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    saved = (checkpoint.get("hyper_parameters") or {}).get("config")
+    if isinstance(saved, dict):
+        saved = TransformerConfig(**saved)
+    if not isinstance(saved, TransformerConfig) or not saved.is_encoder_only:
+        raise ValueError(f"init_from {path}: a .ckpt must hold an encoder_only model (a masked LM or a classifier)")
+    if not config.is_encoder_only:
+        raise ValueError(f"init_from {path} holds an encoder; this run's model.config.topology must be encoder_only")
+    config = config.replace(**{name: getattr(saved, name) for name in ENCODER_FIELDS})
+    model = Transformer(config)
+    state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    encoder = {k: v for k, v in state.items() if k.startswith(ENCODER_PREFIXES)}
+    missing = [k for k in model.state_dict() if k.startswith(ENCODER_PREFIXES) and k not in encoder]
+    if missing:
+        raise ValueError(f"init_from {path}: the checkpoint lacks encoder weights {missing[:5]}")
+    model.load_state_dict(encoder, strict=False)
+    return model.train(), checkpoint.get("tokenizer")

@@ -23,6 +23,8 @@ VARIANTS = [dict(zip(SWITCHES, values, strict=True)) for values in itertools.pro
 DECODING_VARIANTS = [
     v for v in VARIANTS if v["activation"] == "gelu_tanh" and v["tie_embeddings"] == v["scale_embeddings"]
 ]
+# The encoder-only model over the same switches (tying only matters to its masked-LM head).
+ENCODER_VARIANTS = [{**v, "topology": "encoder_only"} for v in VARIANTS if v["topology"] == "decoder_only"]
 FIRST_TOKEN = 3  # tiny's pad, bos, eos are 0, 1, 2: random inputs avoid them
 
 
@@ -37,7 +39,12 @@ def single_thread():
 
 def variant_id(v: dict) -> str:
     return "-".join(
-        [v["topology"][:3], v["norm_position"], v["positions"][:4], v["activation"]]
+        [
+            v["topology"][:3] if v["topology"] != "encoder_only" else "enc_only",
+            v["norm_position"],
+            v["positions"][:4],
+            v["activation"],
+        ]
         + ["tie" * v["tie_embeddings"] or "untied", "scale" * v["scale_embeddings"] or "noscale"]
     )
 

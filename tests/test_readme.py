@@ -121,6 +121,10 @@ def _checkpoint(command: str, workdir: Path) -> Path:
 
 def _run_dir(command: str) -> str:
     config = re.search(r"--config (\S+)", command).group(1)
+    if "classify-genre" in config:
+        return "runs/genre"
+    if "presets/mlm" in config:
+        return "runs/mlm"
     return "runs/en-es" if "translate-en-es" in config else "runs/shakespeare"
 
 
@@ -171,6 +175,10 @@ def check_predict(command: str, result, workdir: Path) -> None:
     path = workdir / (output or f"{_run_dir(command)}/predictions.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["input"] for r in rows] == inputs
+    if "classify" in command:  # a classifier: the label, its probability, and every class's
+        assert all(set(r) == {"input", "label", "probability", "probabilities"} for r in rows)
+        assert all(r["probability"] == r["probabilities"][r["label"]] for r in rows)
+        return
     assert all(set(r) == {"input", "output", "tokens"} and len(r["tokens"]) <= 8 for r in rows)
 
 
@@ -184,6 +192,9 @@ def check_translate(command: str, result, workdir: Path) -> None:
 
 
 def check_test(command: str, result, workdir: Path) -> None:
+    if "classify" in command:
+        assert "test/f1" in result.stdout and "test/accuracy" in result.stdout
+        return
     assert "test/bleu" in result.stdout and "test/ppl" in result.stdout
 
 

@@ -1,4 +1,4 @@
-"""Data: tokenizers, embedded corpora and the two DataModules (language modelling, translation).
+"""Data: tokenizers, embedded corpora and the DataModules (language modelling, translation, classification).
 
 The DataModules are imported lazily: inference (`generate`, `translate`) needs only the encoding helpers, not
 Lightning or `datasets`.
@@ -6,9 +6,10 @@ Lightning or `datasets`.
 
 from typing import TYPE_CHECKING
 
-__all__ = ["LanguageModelingDataModule", "TranslationDataModule"]
+__all__ = ["ClassificationDataModule", "LanguageModelingDataModule", "TranslationDataModule"]
 
 if TYPE_CHECKING:
+    from .classification import ClassificationDataModule
     from .language_modeling import LanguageModelingDataModule
     from .translation import TranslationDataModule
 
@@ -22,4 +23,8 @@ def __getattr__(name: str):
         from .translation import TranslationDataModule
 
         return TranslationDataModule
+    if name == "ClassificationDataModule":
+        from .classification import ClassificationDataModule
+
+        return ClassificationDataModule
     raise AttributeError(f"module 'lit_transformer.data' has no attribute {name!r}")

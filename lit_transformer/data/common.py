@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from .cache import cached_array, fingerprint, hash_texts
 from .encoding import encode_input, token_ids
 from .sources import SPLIT_ALIASES
+from .tokenizer import special_token_id
 
 SPLITS = ("train", "validation", "test")
 
@@ -99,6 +100,14 @@ class SplitLoaders:
     predict_file: str | None = None
     predict_batch_size: int = 16
     encoder_decoder = False  # whether inputs are translation sources (tokens, then EOS) or prompts
+    num_labels: int | None = None  # classes of a classification DataModule; linked into the model config
+    multi_label = False  # whether each text has a set of labels (classification); linked into the model config
+    max_input_length: int | None = None  # predict inputs are cut to this many tokens (a classifier's max_length)
+
+    @property
+    def mask_token_id(self) -> int | None:
+        """The [MASK] token of masked-LM pretraining, when the vocabulary has one."""
+        return special_token_id(self.tokenizer, "mask")
 
     def _loader(self, split: str, shuffle: bool):
         raise NotImplementedError
@@ -123,6 +132,7 @@ class SplitLoaders:
         texts = read_inputs(self.predict_file)
         eos = self.eos_token_id
         rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]
+        rows = [row[: self.max_input_length] for row in rows]
         pad = self.pad_token_id if self.pad_token_id is not None else 0
 
         def collate(indices: list[int]) -> dict:

@@ -15,7 +15,7 @@ from .cache import resolve_cache_dir
 from .common import SPLITS, SplitLoaders, cached_stream, hash_bucket, normalise_splits, require_columns
 from .loaders import BlockDataset, ResumableLoader, fixed_size_batches
 from .sources import load_any
-from .tokenizer import load_or_train_tokenizer, special_token_id
+from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
 
 HELD_OUT = 0.05  # validation and test fractions carved from train when the source has no such split
 
@@ -42,6 +42,7 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
         cache_dir: str | None = None,
         predict_file: str | None = None,
         predict_batch_size: int = 16,
+        mask_token: bool = False,
     ) -> None:
         """
         Args:
@@ -63,6 +64,8 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
             predict_file: Inputs of `predict`: a text file with one prompt per line, or a JSONL file with a
                 "text" field per line; the outputs go to a JSONL file (see --predictions.output).
             predict_batch_size: Inputs generated for at once by `predict`.
+            mask_token: Add a <mask> token after the vocabulary, for masked-LM pretraining of an encoder_only model on
+                this text (head: masked_lm; the packed blocks serve as inputs, their next-token labels are ignored).
         """
         super().__init__()
         if block_size < 1 or batch_size < 1:
@@ -82,6 +85,7 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
         self.cache_dir = resolve_cache_dir(cache_dir)
         self.predict_file = predict_file
         self.predict_batch_size = predict_batch_size
+        self.mask_token = mask_token
         self._texts: dict[str, list[str]] | None = None
         self._tokenizer: Tokenizer | None = None
         self._tokenizer_key = ""
@@ -122,6 +126,9 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
             self._tokenizer, self._tokenizer_key = load_or_train_tokenizer(
                 self.tokenizer_spec, lambda: self.texts()["train"], self.requested_vocab_size, self.cache_dir
             )
+            if self.mask_token and special_token_id(self._tokenizer, "mask") is None:
+                self._tokenizer.add_special_tokens([MASK])
+                self._tokenizer_key += "+mask"  # a literal "<mask>" in the text now encodes otherwise
         return self._tokenizer
 
     @property

@@ -19,12 +19,14 @@ TokenizerKind = Literal["byte_bpe", "bpe", "char"]
 KINDS: tuple[str, ...] = ("byte_bpe", "bpe", "char")
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
+MASK = "<mask>"  # added after training by the DataModules that need it (masked-LM), so other vocabularies keep ids
 
 # Names other tokenizers use for the same roles, tried in order when a tokenizer is loaded rather than trained.
 _ALIASES = {
     "pad": [PAD, "[PAD]", "<|pad|>", "<|padding|>"],
     "bos": [BOS, "<s>", "[CLS]", "<|startoftext|>", "<|endoftext|>"],
     "eos": [EOS, "</s>", "[SEP]", "<|endoftext|>"],
+    "mask": [MASK, "[MASK]"],
 }
 
 
@@ -89,8 +91,16 @@ def load_or_train_tokenizer(
 ) -> tuple[Tokenizer, str]:
     """The tokenizer named by `spec` and a fingerprint of it (used to key the token caches).
 
-    spec: a kind to train (byte_bpe, bpe, char) on `texts_fn()`, a path to a tokenizer.json, or a hub tokenizer name.
+    spec: a kind to train (byte_bpe, bpe, char) on `texts_fn()`, a path to a tokenizer.json, a .ckpt whose saved
+    tokenizer to use (to fine-tune its model on other data), or a hub tokenizer name.
     """
+    if spec.endswith(".ckpt"):
+        from lit_transformer.checkpointing import load_checkpoint
+
+        saved = load_checkpoint(spec).get("tokenizer")
+        if saved is None:
+            raise ValueError(f"Checkpoint {spec!r} holds no tokenizer")
+        return Tokenizer.from_str(saved), fingerprint("tokenizer", saved)
     if spec in KINDS:
         texts = texts_fn()
         key = fingerprint("tokenizer", spec, vocab_size, hash_texts(texts), tag)

@@ -201,6 +201,8 @@ def _plan(
     model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig | None, overrides
 ) -> _Plan:
     cfg = model.config
+    if cfg.is_encoder_only:
+        raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
     gen = (config or GenerationConfig()).replace(**overrides)
     if gen.window_keep is not None and gen.window_keep > cfg.max_seq_len:
         raise ValueError(f"window_keep={gen.window_keep} exceeds max_seq_len={cfg.max_seq_len}")

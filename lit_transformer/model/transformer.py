@@ -1,4 +1,5 @@
-"""The assembled model: decoder-only (GPT-2) or encoder-decoder (the paper), embeddings, tying, initialisation.
+"""The assembled model: decoder-only (GPT-2), encoder-decoder (the paper) or encoder-only (a classifier or a masked
+language model), embeddings, tying, initialisation.
 
 Padding masks are (B, T) with True (or 1) for real tokens and False (0) for padding, as in Hugging Face; without one,
 every token is real (no token id is taken to mean padding). Padding may be on either side: position ids count real
@@ -18,6 +19,7 @@ from lit_transformer.model import generation
 from lit_transformer.model.attention import KVCache
 from lit_transformer.model.blocks import DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
 from lit_transformer.model.generation import Streamer
+from lit_transformer.model.heads import ClassificationHead, pool
 from lit_transformer.model.positions import LearnedPositions, build_positions
 
 Attentions = dict[str, list[Tensor]]
@@ -48,7 +50,8 @@ def causal_self_mask(t: int, total: int, keep: Tensor | None, device: torch.devi
 
 
 class Transformer(nn.Module):
-    """A Transformer described by a TransformerConfig: GPT-2 and every variant of Vaswani et al. (2017)."""
+    """A Transformer described by a TransformerConfig: GPT-2, every variant of Vaswani et al. (2017), and their
+    encoder alone with a classification or masked-LM head."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -57,12 +60,21 @@ class Transformer(nn.Module):
         pre = cfg.norm_position == "pre"
         self.embed_scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
         self.embed_dropout = dropout(cfg.dropout)
-        if cfg.is_encoder_decoder:
+        if cfg.is_encoder_decoder or cfg.is_encoder_only:
             self.src_embed = nn.Embedding(cfg.vocab_size, d)
             self.src_positions = build_positions(cfg)
             self.encoder_blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.encoder_layers))
             # Pre-LN leaves the residual stream unnormalised: a final LayerNorm, as torch.nn.Transformer does.
             self.encoder_norm = layer_norm(cfg) if pre else None
+        if cfg.is_encoder_only:
+            # The encoder's output feeds a head: pooled into a classifier, or per token into a tied output layer.
+            self.classifier = ClassificationHead(cfg) if cfg.is_classifier else None
+            self.lm_head = None if cfg.is_classifier else nn.Linear(d, cfg.vocab_size, bias=False)
+            if self.lm_head is not None and cfg.tie_embeddings:
+                self.lm_head.weight = self.src_embed.weight
+            self.reset_parameters()
+            self._matmul_params = self._count_matmul_params()
+            return
         # The paper's three-way tying: one matrix for source, target and output when the vocabulary is shared.
         self.tgt_embed = self.src_embed if cfg.shares_embeddings else nn.Embedding(cfg.tgt_vocab_size, d)
         self.tgt_positions = build_positions(cfg)
@@ -75,7 +87,13 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.tgt_embed.weight
         self.reset_parameters()
         # Counted now, while parameters are whole: FSDP later flattens and shards them.
-        self._matmul_params = self.num_parameters(non_embedding=True) + cfg.tie_embeddings * self.lm_head.weight.numel()
+        self._matmul_params = self._count_matmul_params()
+
+    def _count_matmul_params(self) -> int:
+        tied_head = self.config.tie_embeddings and self.lm_head is not None
+        return self.num_parameters(non_embedding=True) + tied_head * (
+            0 if self.lm_head is None else self.lm_head.weight.numel()
+        )
 
     # ---------------------------------------------------------------- initialisation
     @torch.no_grad()
@@ -100,10 +118,10 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, 0.0, embed_std)
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
-        if not cfg.tie_embeddings:
+        if not cfg.tie_embeddings and self.lm_head is not None:
             nn.init.normal_(self.lm_head.weight, 0.0, embed_std)
         if gpt2:  # GPT-2: keep the residual stream's variance independent of depth
-            for stack in (getattr(self, "encoder_blocks", []), self.decoder_blocks):
+            for stack in (getattr(self, "encoder_blocks", []), getattr(self, "decoder_blocks", [])):
                 outs = [m.out for b in stack for m in (b.self_attn, getattr(b, "cross_attn", None)) if m is not None]
                 outs += [b.ff.down for b in stack]
                 for linear in outs:
@@ -120,12 +138,17 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None = None,
         return_attention: bool = False,
     ) -> Tensor | tuple[Tensor, Attentions]:
-        """Logits (B, T, V).
+        """Logits (B, T, V); (B, num_labels) for an encoder-only classifier.
 
-        decoder_only: ``model(tokens, attention_mask=None)``; encoder_decoder: ``model(src, tgt, src_mask=None,
-        tgt_mask=None)``. With return_attention, ``(logits, attentions)``: attentions["self"] (decoder self-attention),
-        and for encoder-decoder also ["encoder"] and ["cross"], each a list per layer of (B, H, T_q, T_k) weights.
+        decoder_only and encoder_only: ``model(tokens, attention_mask=None)``; encoder_decoder: ``model(src, tgt,
+        src_mask=None, tgt_mask=None)``. With return_attention, ``(logits, attentions)``: attentions["self"] (decoder
+        self-attention), and for encoder-decoder also ["encoder"] and ["cross"] (encoder-only: ["encoder"] alone), each
+        a list per layer of (B, H, T_q, T_k) weights.
         """
+        if self.config.is_encoder_only:
+            if tgt is not None or src_mask is not None or tgt_mask is not None:
+                raise TypeError("encoder_only: call model(tokens, attention_mask=...)")
+            return self.encoder_only(x, attention_mask, return_attention=return_attention)
         if self.config.is_encoder_decoder:
             if tgt is None or attention_mask is not None:
                 raise TypeError("encoder_decoder: call model(src, tgt, src_mask=..., tgt_mask=...)")
@@ -144,6 +167,28 @@ class Transformer(nn.Module):
         if tgt is not None or src_mask is not None or tgt_mask is not None:
             raise TypeError("decoder_only: call model(tokens, attention_mask=...)")
         return self.decode(x, tgt_mask=self.key_mask(x, attention_mask), return_attention=return_attention)
+
+    def encoder_only(
+        self, tokens: Tensor, attention_mask: Tensor | None = None, *, return_attention: bool = False, exact_mask=False
+    ) -> Tensor | tuple[Tensor, Attentions]:
+        """The encoder-only forward: (B, num_labels) classification logits or (B, T, V) masked-LM logits.
+
+        With pooling="cls" the [CLS] token (bos_token_id) is prepended here, so callers feed the same tokens whatever
+        the pooling. exact_mask uses attention_mask as given even when it pads nothing (a graph with no branch on
+        the mask's values, for export)."""
+        cfg = self.config
+        if cfg.is_classifier and cfg.pooling == "cls":
+            tokens = torch.cat([tokens.new_full((tokens.size(0), 1), cfg.bos_token_id), tokens], dim=1)
+            if attention_mask is not None:
+                attention_mask = torch.cat([attention_mask.new_ones((tokens.size(0), 1)), attention_mask], dim=1)
+        keep = (
+            attention_mask.bool()
+            if exact_mask and attention_mask is not None
+            else self.key_mask(tokens, attention_mask)
+        )
+        hidden, weights = self._encode(tokens, keep, return_attention)
+        out = self.classifier(pool(hidden, keep, cfg.pooling)) if cfg.is_classifier else self.lm_head(hidden)
+        return (out, {"encoder": weights}) if return_attention else out
 
     @staticmethod
     def key_mask(tokens: Tensor, mask: Tensor | None = None) -> Tensor | None:
@@ -248,7 +293,11 @@ class Transformer(nn.Module):
 
     # ---------------------------------------------------------------- accounting
     def _embedding_parameters(self) -> list[nn.Parameter]:
-        tables = [self.tgt_embed.weight, self.tgt_positions, getattr(self, "src_embed", None)]
+        tables = [
+            getattr(self, "tgt_embed", None),
+            getattr(self, "tgt_positions", None),
+            getattr(self, "src_embed", None),
+        ]
         tables.append(getattr(self, "src_positions", None))
         params = {}
         for table in tables:
@@ -273,5 +322,8 @@ class Transformer(nn.Module):
         encoder work, and the decoder's self- and cross-attention each attend seq_len keys.
         """
         cfg = self.config
-        attention_layers = cfg.decoder_layers + (cfg.encoder_layers + cfg.decoder_layers) * cfg.is_encoder_decoder
+        if cfg.is_encoder_only:
+            attention_layers = cfg.encoder_layers
+        else:
+            attention_layers = cfg.decoder_layers + (cfg.encoder_layers + cfg.decoder_layers) * cfg.is_encoder_decoder
         return 6.0 * self._matmul_params + 12.0 * attention_layers * cfg.d_model * seq_len

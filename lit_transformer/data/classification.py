@@ -1,0 +1,380 @@
+"""ClassificationDataModule: text + label rows from the embedded genre task, local files or the hub, padded batches.
+
+Batches: {"input_ids": (B, T), "attention_mask": (B, T), "labels": (B,)} (multi-label: (B, num_labels) 0/1 floats).
+Rows are the text's tokens only (no BOS/EOS: an encoder_only model with pooling="cls" prepends its [CLS] itself),
+cut to max_length and padded on the right; the mask says which tokens are real. Batches group texts of similar
+length, so padding stays a few percent of the tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from tokenizers import Tokenizer
+from torch.utils.data import Dataset
+
+from . import corpora
+from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
+from .common import SPLITS, SplitLoaders, encode_ragged, hash_bucket, normalise_splits, require_columns
+from .loaders import ResumableLoader, token_budget_batches
+from .sources import load_any
+from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
+
+HELD_OUT = 0.1  # validation and test fractions carved from train (by a hash of the text) when the source lacks them
+
+
+class TextClassDataset(Dataset):
+    """Tokenized texts (flat ids + offsets) and their labels, collating themselves into padded batches."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray, max_length: int, pad_id: int) -> None:
+        self.ids, self.offsets, self.labels = ids, offsets, labels
+        self.max_length, self.pad_id = max_length, pad_id
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def lengths(self) -> np.ndarray:
+        return np.minimum(np.diff(self.offsets), self.max_length).clip(min=1)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices) -> dict:
+        rows = [self.ids[self.offsets[i] : self.offsets[i + 1]][: self.max_length] for i in indices]
+        width = max(1, max(len(r) for r in rows))
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for b, row in enumerate(rows):
+            ids[b, : len(row)] = torch.from_numpy(row.astype(np.int64))
+            mask[b, : max(1, len(row))] = True  # an empty text keeps one (pad) token: a row needs a real position
+        labels = torch.from_numpy(self.labels[list(indices)])
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class ClassificationDataModule(SplitLoaders, L.LightningDataModule):
+    """Sequence classification data: texts with one label (or several, multi_label) each.
+
+    The tokenizer and the label names are ready right after construction (read and trained on first access), so the
+    CLI can link the vocabulary, the special ids and num_labels into the model config. The tokenizer gains a <mask>
+    token, so the same data serves masked-LM pretraining (`configs/presets/mlm.yaml`) and a classifier fine-tuned
+    from it shares its vocabulary.
+    """
+
+    max_input_length = None  # set from max_length
+
+    def __init__(
+        self,
+        dataset: str = "shakespeare-genre",
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        label_names: list[str] | None = None,
+        multi_label: bool = False,
+        tokenizer: str = "byte_bpe",
+        vocab_size: int = 8192,
+        max_length: int = 128,
+        batch_size: int = 32,
+        max_tokens: int | None = None,
+        max_examples: int | None = None,
+        lines_per_passage: int = 8,
+        num_workers: int = 0,
+        seed: int = 42,
+        cache_dir: str | None = None,
+        predict_file: str | None = None,
+        predict_batch_size: int = 16,
+    ) -> None:
+        """
+        Args:
+            dataset: "shakespeare-genre" (embedded: passages of the First Folio's plays labelled comedy, history or
+                tragedy, split by play), a hub name (e.g. imdb, or glue with dataset_config sst2) or local
+                .csv/.tsv/.jsonl/.json/.parquet files, folder or glob (a folder's train*/valid*/test* files become
+                the splits; missing validation/test splits are carved from train by a hash of the text).
+            dataset_config: The hub dataset's configuration name.
+            text_column: The column that holds the text (hub sst2: sentence).
+            label_column: The column that holds the label: a name, an integer (a hub ClassLabel's names are used),
+                or, with multi_label, a list of them.
+            label_names: The classes, in id order; None takes them from the data (a ClassLabel's names, else the
+                sorted distinct labels of the training split). Saved in checkpoints: predict writes these names.
+            multi_label: Each text has a set of labels (batches carry (B, num_labels) 0/1 targets).
+            tokenizer: A kind to train on the training texts (byte_bpe, bpe, char), a tokenizer.json path, a .ckpt
+                whose tokenizer to use (fine-tuning a pretrained encoder), or a hub tokenizer name.
+            vocab_size: Vocabulary size of a trained tokenizer (before the added <mask>).
+            max_length: Texts are cut to this many tokens.
+            batch_size: Texts per batch (batches group texts of similar length).
+            max_tokens: Instead of batch_size, a token budget per batch (batch size times its longest text).
+            max_examples: Use only the first max_examples training texts (quick runs); None uses all.
+            lines_per_passage: shakespeare-genre: non-blank lines per passage.
+            num_workers: DataLoader worker processes (0 collates in the main process).
+            seed: Seed of the batch order (saved with checkpoints, so resumed runs see the same order).
+            cache_dir: Where tokenizers and token arrays are cached; default $LIT_TRANSFORMER_CACHE or
+                ~/.cache/lit_transformer.
+            predict_file: Inputs of `predict`: a text file with one text per line, or a JSONL file with a "text"
+                field per line; each gets its label and probability in the output JSONL (see --predictions.output).
+            predict_batch_size: Inputs classified at once by `predict`.
+        """
+        super().__init__()
+        if max_length < 1 or batch_size < 1 or (max_tokens is not None and max_tokens < max_length):
+            raise ValueError(
+                f"Need max_length >= 1, batch_size >= 1 and max_tokens >= max_length or None (got {max_length}, "
+                f"{batch_size}, {max_tokens})"
+            )
+        self.dataset = dataset
+        self.dataset_config = dataset_config
+        self.text_column, self.label_column = text_column, label_column
+        self.requested_label_names = label_names
+        self.multi_label = multi_label
+        self.tokenizer_spec = tokenizer
+        self.requested_vocab_size = vocab_size
+        self.max_length = self.max_input_length = max_length
+        self.batch_size = batch_size
+        self.max_tokens = max_tokens
+        self.max_examples = max_examples
+        self.lines_per_passage = lines_per_passage
+        self.num_workers = num_workers
+        self.seed = seed
+        self.cache_dir = resolve_cache_dir(cache_dir)
+        self.predict_file = predict_file
+        self.predict_batch_size = predict_batch_size
+        self._rows: dict[str, tuple[list[str], list[Any]]] | None = None
+        self._label_names: list[str] | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._tokenizer_key = ""
+        self._datasets: dict[str, TextClassDataset] = {}
+
+    # ------------------------------------------------------------------ rows and labels
+
+    def rows(self) -> dict[str, tuple[list[str], list[Any]]]:
+        """Each split's (texts, raw labels); blank texts dropped."""
+        if self._rows is None:
+            self._rows = self._load_rows()
+        return self._rows
+
+    def _load_rows(self) -> dict[str, tuple[list[str], list[Any]]]:
+        class_names = None
+        if self.dataset in corpora.EMBEDDED_CLASSIFICATION:
+            data = corpora.shakespeare_genre(self.lines_per_passage)
+        else:
+            data = load_any(self.dataset, self.dataset_config, self.cache_dir, self.text_column)
+        data = normalise_splits(data)
+        require_columns(data, [self.text_column, self.label_column], f"dataset {self.dataset!r}")
+        feature = data["train"].features.get(self.label_column)
+        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
+        class_names = getattr(feature, "names", None)
+        rows = {}
+        for name, split in data.items():
+            kept = [(t, y) for t, y in zip(split[self.text_column], split[self.label_column], strict=True) if t]
+            # Hub test splits often hide their labels as -1 (glue): such a split cannot be scored.
+            if kept and not self.multi_label and all(y == -1 for _, y in kept):
+                continue
+            if class_names is not None:
+                kept = [(t, _names(y, class_names)) for t, y in kept]
+            rows[name] = ([t for t, _ in kept], [y for _, y in kept])
+        if not rows.get("train", ([],))[0]:
+            raise ValueError(f"The training split of {self.dataset!r} has no labelled text")
+        rows = _carve_held_out(rows)
+        if self.max_examples is not None:
+            rows["train"] = (rows["train"][0][: self.max_examples], rows["train"][1][: self.max_examples])
+        self._label_names = self._names_from(rows["train"][1], class_names)
+        rank_zero_info(f"{self.dataset}: texts per split { {k: len(v[0]) for k, v in rows.items()} }")
+        return rows
+
+    def _names_from(self, labels: list[Any], class_names: list[str] | None) -> list[str]:
+        if self.requested_label_names:
+            return [str(n) for n in self.requested_label_names]
+        if class_names is not None:
+            return list(class_names)
+        seen = {str(y) for labels_of_row in labels for y in (labels_of_row if self.multi_label else [labels_of_row])}
+        # Integer labels sort as numbers (2 before 10), names alphabetically.
+        return sorted(seen, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))
+
+    @property
+    def label_names(self) -> list[str]:
+        """The classes in id order (what the model's outputs mean); saved in checkpoints."""
+        if self._label_names is None:
+            self.rows()
+        return self._label_names
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    def label_ids(self, split: str) -> np.ndarray:
+        """(n,) class ids, or (n, num_labels) 0/1 floats with multi_label; an unknown label fails, naming it."""
+        index = {name: i for i, name in enumerate(self.label_names)}
+
+        def lookup(label: Any) -> int:
+            if str(label) not in index:
+                raise ValueError(
+                    f"{self.dataset!r} {split}: label {label!r} is not one of the label names {self.label_names}"
+                )
+            return index[str(label)]
+
+        labels = self.rows()[split][1]
+        if not self.multi_label:
+            return np.asarray([lookup(y) for y in labels], dtype=np.int64)
+        targets = np.zeros((len(labels), len(index)), dtype=np.float32)
+        for row, names in enumerate(labels):
+            for name in [names] if isinstance(names, (str, int)) else names:
+                targets[row, lookup(name)] = 1.0
+        return targets
+
+    def label_counts(self) -> list[int]:
+        """Training examples per class (per label, multi-label): what class_weights="balanced" divides by."""
+        ids = self.label_ids("train")
+        if self.multi_label:
+            return ids.sum(axis=0).astype(int).tolist()
+        counts = Counter(ids.tolist())
+        return [counts.get(i, 0) for i in range(self.num_labels)]
+
+    def majority_baseline(self, split: str = "test") -> float:
+        """Accuracy on `split` of always answering the training split's most frequent class."""
+        majority = int(np.argmax(self.label_counts()))
+        return float(np.mean(self.label_ids(split) == majority))
+
+    # ------------------------------------------------------------------ tokenizer
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer, with a <mask> token (added after the trained vocabulary when it has none)."""
+        if self._tokenizer is None:
+            tokenizer, self._tokenizer_key = load_or_train_tokenizer(
+                self.tokenizer_spec, lambda: self.rows()["train"][0], self.requested_vocab_size, self.cache_dir
+            )
+            if special_token_id(tokenizer, "mask") is None:
+                tokenizer.add_special_tokens([MASK])
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def target_vocab_size(self) -> None:
+        return None
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return special_token_id(self.tokenizer, "pad")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return special_token_id(self.tokenizer, "bos")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return special_token_id(self.tokenizer, "eos")
+
+    def save_tokenizer(self, directory: str | os.PathLike) -> Path:
+        path = Path(directory) / "tokenizer.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(path))
+        return path
+
+    # ------------------------------------------------------------------ Lightning hooks
+
+    def _encoded(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        texts = self.rows()[split][0]
+        key = fingerprint("classification", 1, self._tokenizer_key, self.tokenizer.get_vocab_size(), hash_texts(texts))
+
+        def save(arrays: tuple[np.ndarray, np.ndarray], tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.savez(f, ids=arrays[0], offsets=arrays[1])
+
+        def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
+            with np.load(path) as arrays:
+                return arrays["ids"], arrays["offsets"]
+
+        tokenizer = self.tokenizer
+        path = self.cache_dir / "tokens" / f"classification-{key}.npz"
+        return cached(path, lambda: encode_ragged(tokenizer, texts), save, load)
+
+    def prepare_data(self) -> None:
+        """Once per node: train the tokenizer and tokenize every split into the cache."""
+        for split in SPLITS:
+            self._encoded(split)
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in SPLITS:
+            if split not in self._datasets:
+                ids, offsets = self._encoded(split)
+                pad = self.pad_token_id if self.pad_token_id is not None else 0
+                self._datasets[split] = TextClassDataset(ids, offsets, self.label_ids(split), self.max_length, pad)
+
+    def _loader(self, split: str, shuffle: bool) -> ResumableLoader:
+        if split not in self._datasets:
+            self.setup()
+        dataset = self._datasets[split]
+        lengths = dataset.lengths()
+        if self.max_tokens is not None:
+            batches = token_budget_batches(lengths, lengths, self.max_tokens, seed=self.seed)
+        else:
+            batches = length_grouped_batches(lengths, self.batch_size, self.seed)
+        if not batches:
+            raise ValueError(f"The {split} split of {self.dataset!r} is empty")
+        epoch = self.trainer.current_epoch if shuffle and self.trainer is not None else 0
+        return ResumableLoader(
+            dataset, batches, shuffle=shuffle, seed=self.seed, num_workers=self.num_workers, start_epoch=epoch
+        )
+
+    def padding_fraction(self, split: str = "train") -> float:
+        """Padding tokens over all tokens of the split's batches (what length grouping keeps small)."""
+        if split not in self._datasets:
+            self.setup()
+        lengths = self._datasets[split].lengths()
+        batches = self._loader(split, shuffle=False).batches
+        real = sum(int(lengths[b].sum()) for b in batches)
+        total = sum(int(lengths[b].max()) * len(b) for b in batches)
+        return 1.0 - real / total
+
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: the tokenizer and the label names."""
+        return {"tokenizer": self.tokenizer.to_str(), "label_names": self.label_names}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("tokenizer")
+        if saved is not None and self._tokenizer is None:
+            self._tokenizer = Tokenizer.from_str(saved)
+        if state_dict.get("label_names") and self._label_names is None:
+            self._label_names = list(state_dict["label_names"])
+
+
+def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int) -> list[list[int]]:
+    """Batches of batch_size texts of similar length: sorted by length (ties broken by `seed`), cut in order. The
+    loader shuffles the batches each epoch, so the order of lengths does not become a curriculum."""
+    jitter = np.random.default_rng(seed).random(len(lengths))
+    order = np.lexsort((jitter, lengths)).tolist()
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _names(label: Any, class_names: list[str]) -> Any:
+    """A ClassLabel's integer (or list of them) as its name(s)."""
+    if isinstance(label, list):
+        return [class_names[i] for i in label]
+    return class_names[label] if isinstance(label, int) and 0 <= label < len(class_names) else label
+
+
+def _carve_held_out(rows: dict[str, tuple[list[str], list[Any]]]) -> dict[str, tuple[list[str], list[Any]]]:
+    """Validation/test from train, by a hash of the text, when the source lacks them: a text and its duplicates
+    always land in the same split."""
+    missing = [s for s in ("validation", "test") if s not in rows]
+    if not missing:
+        return rows
+    out = {name: ([], []) for name in ["train", *missing]}
+    out.update({k: v for k, v in rows.items() if k != "train"})
+    for text, label in zip(*rows["train"], strict=True):
+        index = int(hash_bucket(text) // (HELD_OUT * 100))
+        texts, labels = out[missing[index] if index < len(missing) else "train"]
+        texts.append(text)
+        labels.append(label)
+    for name in missing:
+        if not out[name][0]:
+            raise ValueError(f"Could not carve a {name} split from the training data: too few texts")
+    return out

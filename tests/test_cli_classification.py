@@ -1,0 +1,107 @@
+"""The encoder-only command line end to end: masked-LM pretraining, a classifier fine-tuned from it (init_from),
+its metrics in TensorBoard, test, and predict writing a label and its probability per input line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli import CONFIGS, ROOT, _cli
+
+TINY = ["--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.n_layers", "1"]
+TINY += ["--model.config.d_ff", "64", "--data.init_args.vocab_size", "512", "--data.init_args.batch_size", "8"]
+SHORT = ["--trainer.max_steps", "4", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2"]
+SHORT += [
+    "--trainer.limit_test_batches",
+    "2",
+    "--trainer.num_sanity_val_steps",
+    "0",
+    "--trainer.log_every_n_steps",
+    "1",
+]
+
+
+def _where(run: Path) -> list[str]:
+    return [
+        "--trainer.default_root_dir",
+        str(run),
+        "--trainer.logger.init_args.save_dir",
+        str(run),
+        "--checkpoint.dirpath",
+        str(run / "checkpoints"),
+        "--data.init_args.cache_dir",
+        str(run.parent / "cache"),
+    ]
+
+
+def _scalars_and_images(run: Path) -> tuple[set[str], set[str]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = {p.parent for p in run.rglob("events.out.tfevents.*")}
+    acc = EventAccumulator(str(events), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    return set(acc.Tags()["scalars"]), set(acc.Tags()["images"])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("encoder")
+    mlm = CONFIGS / "presets" / "mlm.yaml"
+    _cli("fit", "--config", str(mlm), *TINY, *SHORT, *_where(root / "mlm"), cwd=ROOT)
+    genre = CONFIGS / "presets" / "classify-genre.yaml"
+    init = ["--model.init_from", str(root / "mlm" / "checkpoints" / "last.ckpt"), "--model.config.d_model", "48"]
+    _cli("fit", "--config", str(genre), *TINY, *init[:2], *SHORT, *_where(root / "genre"), cwd=ROOT)
+    return root
+
+
+def test_masked_lm_logs_accuracy_and_perplexity(runs: Path):
+    scalars, _ = _scalars_and_images(runs / "mlm")
+    assert {"train/loss", "val/loss", "val/accuracy", "val/ppl"} <= scalars, sorted(scalars)
+
+
+def test_fine_tuning_loads_the_pretrained_encoder_and_a_fresh_head(runs: Path):
+    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.module import load_pretrained_encoder
+
+    mlm_path = runs / "mlm" / "checkpoints" / "last.ckpt"
+    mlm = load_checkpoint(mlm_path)
+    clf = load_checkpoint(runs / "genre" / "checkpoints" / "last.ckpt")
+    config = clf["hyper_parameters"]["config"]
+    assert config["topology"] == "encoder_only" and config["head"] == "classification"
+    assert config["d_model"] == 32 and config["num_labels"] == 3  # the architecture is the pretrained one's
+    assert clf["hyper_parameters"]["init_from"] is None and clf["init_from"] == str(mlm_path)
+    assert clf["label_names"] == ["comedy", "history", "tragedy"]
+    model, tokenizer = load_pretrained_encoder(str(mlm_path), TransformerConfig(**config))
+    assert tokenizer == mlm["tokenizer"] == clf["tokenizer"]
+    state = model.state_dict()
+    encoder = [k for k in state if k.startswith(("src_embed.", "encoder_blocks."))]
+    assert encoder and all(torch.equal(state[k], mlm["state_dict"][f"model.{k}"]) for k in encoder)
+    assert not any(k.startswith("model.classifier.") for k in mlm["state_dict"])
+
+
+def test_classifier_logs_f1_per_class_and_a_confusion_matrix(runs: Path):
+    scalars, images = _scalars_and_images(runs / "genre")
+    expected = {"val/accuracy", "val/f1", "val/nll", "val/f1/comedy", "val/f1/history", "val/f1/tragedy"}
+    assert expected <= scalars, sorted(scalars)
+    assert "val/confusion_matrix" in images, images
+
+
+def test_test_and_predict_report_labels(runs: Path):
+    genre = ["--config", str(CONFIGS / "presets" / "classify-genre.yaml"), *_where(runs / "genre"), *TINY[-4:]]
+    genre += ["--trainer.logger", "false", "--ckpt_path", str(runs / "genre" / "checkpoints" / "last.ckpt")]
+    out = _cli("test", *genre, "--trainer.limit_test_batches", "2", cwd=runs).stdout
+    assert "test/f1" in out and "test/accuracy" in out
+    lines = ["O Romeo, Romeo, wherefore art thou Romeo?", "", "Once more unto the breach, dear friends"]
+    (runs / "lines.txt").write_text("\n".join(lines) + "\n")
+    output = runs / "labels.jsonl"
+    args = ["--data.init_args.predict_file", "lines.txt", "--predictions.output", str(output)]
+    _cli("predict", *genre, *args, cwd=runs)
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["input"] for r in rows] == lines
+    for row in rows:
+        assert row["label"] in ("comedy", "history", "tragedy")
+        assert row["probability"] == max(row["probabilities"].values())
+        assert sum(row["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)

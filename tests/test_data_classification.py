@@ -1,0 +1,130 @@
+"""ClassificationDataModule: local formats, label names, batch layout and padding, and the embedded genre task."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lit_transformer.data import ClassificationDataModule, corpora
+
+ROWS = [
+    ("what a merry jest, good sir", "comedy"),
+    ("the king is dead, long live the king", "history"),
+    ("o woe, the poison works", "tragedy"),
+    ("a wedding and a dance", "comedy"),
+]
+
+
+def rows(n: int) -> list[dict]:
+    return [{"text": f"{ROWS[i % 4][0]} {'la ' * (i % 7)}{i}", "label": ROWS[i % 4][1]} for i in range(n)]
+
+
+def write(folder, fmt: str, sizes=(("train", 80), ("valid", 12), ("test", 12))):
+    folder.mkdir(exist_ok=True)
+    for split, n in sizes:
+        data = rows(n)
+        path = folder / f"{split}.{fmt}"
+        if fmt == "jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in data))
+        elif fmt in ("csv", "tsv"):
+            sep = "," if fmt == "csv" else "\t"
+            path.write_text("text" + sep + "label\n" + "".join(f'"{r["text"]}"{sep}{r["label"]}\n' for r in data))
+        else:
+            import datasets
+
+            datasets.Dataset.from_list(data).to_parquet(str(path))
+    return folder
+
+
+def make(tmp_path, dataset, **kwargs) -> ClassificationDataModule:
+    args = dict(tokenizer="char", vocab_size=100, batch_size=8, cache_dir=str(tmp_path / "cache"))
+    return ClassificationDataModule(dataset=str(dataset), **{**args, **kwargs})
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl", "parquet"])
+def test_local_files_give_padded_batches_with_masks_and_label_ids(tmp_path, fmt: str):
+    dm = make(tmp_path, write(tmp_path / "d", fmt))
+    assert dm.label_names == ["comedy", "history", "tragedy"]  # from the data, sorted
+    assert dm.num_labels == 3
+    assert dm.mask_token_id == dm.vocab_size - 1  # <mask> added after the trained vocabulary
+    dm.prepare_data()
+    dm.setup()
+    seen = 0
+    for batch in dm.train_dataloader():
+        ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+        assert ids.shape == mask.shape and mask.dtype == torch.bool and labels.shape == (len(ids),)
+        assert (ids[~mask] == dm.pad_token_id).all()
+        assert mask[:, 0].all()
+        seen += len(ids)
+    assert seen == 80
+    texts, names = dm.rows()["test"]
+    first = next(iter(dm.test_dataloader()))
+    # The first test batch holds texts of the shortest lengths; each label id names its text's label.
+    for ids, mask, label in zip(first["input_ids"], first["attention_mask"], first["labels"], strict=True):
+        text = dm.tokenizer.decode(ids[mask].tolist())
+        assert names[texts.index(text)] == dm.label_names[label]
+
+
+def test_a_missing_validation_and_test_split_is_carved_by_hash(tmp_path):
+    dm = make(tmp_path, write(tmp_path / "d", "jsonl", sizes=(("train", 300),)))
+    sizes = {k: len(v[0]) for k, v in dm.rows().items()}
+    assert sizes["train"] + sizes["validation"] + sizes["test"] == 300
+    assert 10 <= sizes["validation"] <= 60 and 10 <= sizes["test"] <= 60
+    train = set(dm.rows()["train"][0])
+    assert not train & set(dm.rows()["test"][0])
+
+
+def test_given_label_names_fix_the_order_and_an_unknown_label_is_named(tmp_path):
+    dm = make(tmp_path, write(tmp_path / "d", "jsonl"), label_names=["tragedy", "history", "comedy"])
+    assert dm.label_ids("train")[:3].tolist() == [2, 1, 0]
+    dm = make(tmp_path, write(tmp_path / "e", "jsonl"), label_names=["comedy", "history"])
+    with pytest.raises(ValueError, match="'tragedy' is not one of the label names"):
+        dm.label_ids("train")
+
+
+def test_multi_label_rows_become_zero_one_targets(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    data = [{"text": f"text {i}", "label": ["a", "b"] if i % 3 == 0 else ["c"]} for i in range(40)]
+    for split in ("train", "valid", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    dm = make(tmp_path, folder, multi_label=True)
+    assert dm.label_names == ["a", "b", "c"]
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["labels"].shape == (len(batch["input_ids"]), 3) and batch["labels"].dtype == torch.float32
+    assert dm.label_counts() == [14, 14, 26]
+
+
+def test_a_hub_name_offline_fails_fast_naming_the_dataset(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ConnectionError) as error:
+        make(tmp_path, "imdb").rows()
+    message = str(error.value)
+    assert "'imdb'" in message and "offline" in message and "local files" in message
+
+
+def test_genre_task_splits_by_play_stratified_by_genre():
+    data = corpora.shakespeare_genre()
+    works = {split: set(data[split]["work"]) for split in data}
+    assert not works["train"] & works["validation"] and not works["train"] & works["test"]
+    assert not works["validation"] & works["test"]
+    assert sum(map(len, works.values())) == 36  # the Folio's plays; the poems and Pericles are left out
+    for split in ("validation", "test"):
+        genres = sorted(corpora.FOLIO_GENRES[w] for w in works[split])
+        assert genres == ["comedy", "comedy", "history", "history", "tragedy", "tragedy"]
+    passage = data["train"][0]["text"]
+    assert len(passage.splitlines()) == 8
+    # No passage text is shared between train and test (near-duplicates stay within a play).
+    assert not set(data["train"]["text"]) & set(data["test"]["text"])
+
+
+def test_genre_batches_pad_less_than_ten_percent(tmp_path):
+    dm = ClassificationDataModule(tokenizer="byte_bpe", vocab_size=1024, cache_dir=str(tmp_path / "cache"))
+    assert dm.label_names == ["comedy", "history", "tragedy"]
+    assert dm.padding_fraction("train") < 0.10
+    majority = dm.majority_baseline("test")
+    counts = np.bincount(dm.label_ids("test"), minlength=3)
+    assert majority == pytest.approx(counts[int(np.argmax(dm.label_counts()))] / counts.sum())
