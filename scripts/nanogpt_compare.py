@@ -25,6 +25,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -207,10 +208,11 @@ def run_nanogpt(args: argparse.Namespace) -> None:
 def run_ours(args: argparse.Namespace) -> None:
     command = [sys.executable, "-m", "lit_transformer", "fit", "--config", args.config, *args.overrides]
     env = thread_env(args.threads)
-    if args.fresh_cache:  # tokenizer training and tokenization counted in the wall time
-        env["LIT_TRANSFORMER_CACHE"] = str(Path(args.root) / f"cache-{time.time_ns()}")
     Path(args.root).mkdir(parents=True, exist_ok=True)
-    seconds = timed(command, None, env, Path(args.root) / "fit.log")
+    with tempfile.TemporaryDirectory(prefix="lit-transformer-cache-") as fresh:
+        if args.fresh_cache:  # tokenizer training and tokenization counted in the wall time
+            env["LIT_TRANSFORMER_CACHE"] = fresh
+        seconds = timed(command, None, env, Path(args.root) / "fit.log")
     checkpoint = args.checkpoint
     result = {"run": "ours", "config": args.config, "overrides": " ".join(args.overrides), "threads": args.threads}
     report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint))
