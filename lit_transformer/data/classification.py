@@ -8,7 +8,6 @@ length, so padding stays a few percent of the tokens.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from torch.utils.data import Dataset
 
 from . import corpora
 from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
-from .common import SPLITS, SplitLoaders, encode_ragged, hash_bucket, normalise_splits, require_columns
+from .common import SPLITS, SingleTokenizer, SplitLoaders, encode_ragged, hash_bucket, normalise_splits, require_columns
 from .loaders import ResumableLoader, token_budget_batches
 from .sources import load_any
 from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
@@ -58,7 +57,7 @@ class TextClassDataset(Dataset):
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-class ClassificationDataModule(SplitLoaders, L.LightningDataModule):
+class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataModule):
     """Sequence classification data: texts with one label (or several, multi_label) each.
 
     The tokenizer and the label names are ready right after construction (read and trained on first access), so the
@@ -251,32 +250,6 @@ class ClassificationDataModule(SplitLoaders, L.LightningDataModule):
                 tokenizer.add_special_tokens([MASK])
             self._tokenizer = tokenizer
         return self._tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size()
-
-    @property
-    def target_vocab_size(self) -> None:
-        return None
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return special_token_id(self.tokenizer, "pad")
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return special_token_id(self.tokenizer, "bos")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return special_token_id(self.tokenizer, "eos")
-
-    def save_tokenizer(self, directory: str | os.PathLike) -> Path:
-        path = Path(directory) / "tokenizer.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.save(str(path))
-        return path
 
     # ------------------------------------------------------------------ Lightning hooks
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,6 +93,44 @@ def cached_stream(
 ) -> np.ndarray:
     key = fingerprint("lm-stream", 1, tokenizer_key, hash_texts(texts), eos_id)
     return cached_array(cache_dir / "tokens" / f"stream-{key}.npy", lambda: encode_stream(tokenizer, texts, eos_id))
+
+
+class SingleTokenizer:
+    """What a DataModule with one tokenizer for inputs and targets tells the CLI (linked into the model config) and
+    the LightningModule: the vocabulary size and the special token ids, read from `self.tokenizer`."""
+
+    tokenizer: Tokenizer
+
+    @property
+    def target_tokenizer(self) -> Tokenizer:
+        return self.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def target_vocab_size(self) -> None:
+        return None
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return special_token_id(self.tokenizer, "pad")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return special_token_id(self.tokenizer, "bos")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return special_token_id(self.tokenizer, "eos")
+
+    def save_tokenizer(self, directory: str | os.PathLike) -> Path:
+        """Write tokenizer.json into `directory` (the run's log folder), returning its path."""
+        path = Path(directory) / "tokenizer.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(path))
+        return path
 
 
 class SplitLoaders:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import lightning as L
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
@@ -12,7 +9,7 @@ from tokenizers import Tokenizer
 
 from . import corpora
 from .cache import resolve_cache_dir
-from .common import SPLITS, SplitLoaders, cached_stream, hash_bucket, normalise_splits, require_columns
+from .common import SPLITS, SingleTokenizer, SplitLoaders, cached_stream, hash_bucket, normalise_splits, require_columns
 from .loaders import BlockDataset, ResumableLoader, fixed_size_batches
 from .sources import load_any
 from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
@@ -20,7 +17,7 @@ from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
 HELD_OUT = 0.05  # validation and test fractions carved from train when the source has no such split
 
 
-class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
+class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataModule):
     """Next-token prediction batches {"input_ids", "labels"} of shape (batch_size, block_size), packed without padding.
 
     The tokenizer is ready right after construction (trained and cached on first access), so the CLI can link its
@@ -131,30 +128,6 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
                 self._tokenizer_key += "+mask"  # a literal "<mask>" in the text now encodes otherwise
         return self._tokenizer
 
-    @property
-    def target_tokenizer(self) -> Tokenizer:
-        return self.tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size()
-
-    @property
-    def target_vocab_size(self) -> None:
-        return None
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return special_token_id(self.tokenizer, "pad")
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return special_token_id(self.tokenizer, "bos")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return special_token_id(self.tokenizer, "eos")
-
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
@@ -166,13 +139,6 @@ class LanguageModelingDataModule(SplitLoaders, L.LightningDataModule):
         """Characters of the split's text per token of its stream (EOS included): converts a per-token NLL into
         bits per character, a scale that does not depend on the tokenizer."""
         return sum(map(len, self.texts()[split])) / len(self._stream(split))
-
-    def save_tokenizer(self, directory: str | os.PathLike) -> Path:
-        """Write tokenizer.json into `directory` (the run's log folder), returning its path."""
-        path = Path(directory) / "tokenizer.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.save(str(path))
-        return path
 
     # ------------------------------------------------------------------ Lightning hooks
 
