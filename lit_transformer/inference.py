@@ -22,7 +22,7 @@ from jsonargparse import ArgumentParser
 from tokenizers import Tokenizer
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
-from lit_transformer.data.encoding import encode_input
+from lit_transformer.data.encoding import encode_input, pad_right
 from lit_transformer.model import Transformer
 
 
@@ -47,12 +47,8 @@ class LoadedModel:
 
     def batch(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoded inputs padded on the right, with the attention mask that says which tokens are real."""
-        rows = [self.encode(t) for t in texts]
-        width = max(map(len, rows))
-        pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=self.device)
-        mask = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows], device=self.device)
-        return ids, mask
+        ids, mask = pad_right([self.encode(t) for t in texts], self.config.pad_token_id)
+        return ids.to(self.device), mask.to(self.device)
 
     def decode(self, ids: torch.Tensor) -> list[str]:
         """Generated target ids to text, cut at the first EOS."""

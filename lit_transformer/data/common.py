@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .cache import cached_array, fingerprint, hash_texts
-from .encoding import encode_input, token_ids
+from .encoding import encode_input, pad_right, token_ids
 from .sources import SPLIT_ALIASES
 from .tokenizer import special_token_id
 
@@ -172,15 +172,9 @@ class SplitLoaders:
         eos = self.eos_token_id
         rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]
         rows = [row[: self.max_input_length] for row in rows]
-        pad = self.pad_token_id if self.pad_token_id is not None else 0
 
         def collate(indices: list[int]) -> dict:
-            width = max(len(rows[i]) for i in indices)
-            ids = torch.full((len(indices), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(indices), width), dtype=torch.bool)
-            for b, i in enumerate(indices):
-                ids[b, : len(rows[i])] = torch.tensor(rows[i], dtype=torch.long)
-                mask[b, : len(rows[i])] = True
+            ids, mask = pad_right([rows[i] for i in indices], self.pad_token_id)
             return {"input_ids": ids, "attention_mask": mask, "text": [texts[i] for i in indices], "index": indices}
 
         return torch.utils.data.DataLoader(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from tokenizers import Tokenizer
 
 
@@ -21,3 +22,16 @@ def encode_input(tokenizer: Tokenizer, text: str, *, encoder_decoder: bool, eos_
     if encoder_decoder:
         return ids + eos
     return ids or eos
+
+
+def pad_right(rows: Sequence[Sequence[int]], pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask), both (len(rows), longest): rows padded on the right, the mask True on real tokens.
+
+    The mask, not the filler, says what is padding; without a pad token the filler is id 0."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), 0 if pad_token_id is None else pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[b, : len(row)] = True
+    return ids, mask

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer
 from . import corpora
 from .cache import resolve_cache_dir
 from .common import SPLITS, SingleTokenizer, SplitLoaders, cached_stream, hash_bucket, normalise_splits, require_columns
+from .encoding import token_ids
 from .loaders import BlockDataset, ResumableLoader, fixed_size_batches
 from .sources import load_any
 from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
@@ -87,6 +88,7 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
         self._tokenizer: Tokenizer | None = None
         self._tokenizer_key = ""
         self._blocks: dict[str, BlockDataset] = {}
+        self._characters_per_token: dict[str, float] = {}
 
     # ------------------------------------------------------------------ text
 
@@ -129,7 +131,7 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
         return self._tokenizer
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return token_ids(self.tokenizer, [text])[0]
 
     def decode(self, ids) -> str:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
@@ -138,7 +140,9 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
     def characters_per_token(self, split: str = "validation") -> float:
         """Characters of the split's text per token of its stream (EOS included): converts a per-token NLL into
         bits per character, a scale that does not depend on the tokenizer."""
-        return sum(map(len, self.texts()[split])) / len(self._stream(split))
+        if split not in self._characters_per_token:  # asked at every validation: hashing the split each time is waste
+            self._characters_per_token[split] = sum(map(len, self.texts()[split])) / len(self._stream(split))
+        return self._characters_per_token[split]
 
     # ------------------------------------------------------------------ Lightning hooks
 
