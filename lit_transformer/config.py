@@ -321,7 +321,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         init="gpt2",
     ),
     # A small Llama (Touvron et al. 2023): RoPE, RMSNorm, SwiGLU, grouped-query attention (4 K/V heads for 12 query
-    # heads), no biases, untied output; GPT-2 small's width and depth, 2,048 = gated_d_ff(4 * 768). 134.1M parameters.
+    # heads), no biases, untied output; GPT-2 small's width and depth, 2,048 = gated_d_ff(4 * 768). 124.7M parameters.
     "llama-small": dict(
         topology="decoder_only",
         norm_position="pre",

@@ -156,6 +156,16 @@ def test_validate_and_test_run_from_the_checkpoint(tiny_run: Path):
         assert f"{'val' if command == 'validate' else 'test'}/bpc" in out
 
 
+def test_validate_scores_a_checkpoint_at_another_context_length(tiny_run: Path):
+    """The evaluation of a trained model at context N is `validate` with blocks of N tokens; the tiny run's learned
+    position table (64) scores 32-token blocks and refuses 128-token ones, saying why."""
+    common = _tiny_common(tiny_run)
+    out = _cli("validate", *common, "--data.init_args.block_size", "32", cwd=tiny_run).stdout
+    assert "val/bpc" in out
+    failed = _cli("validate", *common, "--data.init_args.block_size", "128", cwd=tiny_run, ok=False)
+    assert "learned positions cannot extrapolate" in failed.stderr + failed.stdout
+
+
 def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
     """predict reads prompts (one per line; an empty line is a prompt too), generates with any GenerationConfig field
     from the command line, and writes {"input", "output", "tokens"} per line, in order."""
