@@ -681,9 +681,12 @@ class LitTransformer(L.LightningModule):
 ENCODER_FIELDS = (
     "norm_position",
     "positions",
+    "rope_theta",
+    "norm",
     "vocab_size",
     "d_model",
     "n_heads",
+    "n_kv_heads",
     "n_layers",
     "n_encoder_layers",
     "d_ff",
