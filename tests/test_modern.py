@@ -27,14 +27,15 @@ def test_rope_rotates_each_channel_pair_by_position_times_its_frequency():
     x_i + j x_{i+D/2}, multiplied by exp(j * position * theta^(-2i/D))."""
     cfg = TransformerConfig.preset("tiny", positions="rope", rope_theta=500.0)
     D = cfg.head_dim
-    x = torch.randn(1, 1, 5, D)
+    x = torch.randn(1, 1, 5, D, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([0, 3, 7, 100, 2047])
     got = rotate(x, *RotaryEmbedding(cfg)(positions))
     freq = 500.0 ** (-torch.arange(0, D, 2).double() / D)
     z = torch.complex(x[..., : D // 2].double(), x[..., D // 2 :].double()) * torch.polar(
         torch.ones(5, D // 2, dtype=torch.double), positions[:, None].double() * freq
     )
-    torch.testing.assert_close(got, torch.cat([z.real, z.imag], -1).float(), atol=2e-5, rtol=0)
+    # float32 angles, as Llama computes them: at position 2047 the angle is off by ~1e-4 rad; a wrong layout is off by ~1
+    torch.testing.assert_close(got, torch.cat([z.real, z.imag], -1).float(), atol=5e-4, rtol=0)
 
 
 def test_rope_scores_depend_on_the_distance_alone():
