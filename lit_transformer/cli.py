@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonargparse
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_transformer.callbacks import (
@@ -22,6 +22,7 @@ from lit_transformer.callbacks import (
     GenerateSamples,
     LearningRateLogger,
     PredictionWriter,
+    SyncFreeProgressBar,
     TokenThroughputMonitor,
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
@@ -83,6 +84,15 @@ class TransformerCLI(LightningCLI):
         if not isinstance(strategy, str):  # a {class_path, init_args} mapping
             strategy = getattr(strategy, "class_path", None) or str(strategy)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
+
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+        # The progress bar reads its metrics only when the trainer logs (see SyncFreeProgressBar), unless the run
+        # turned the bar off or brought its own.
+        existing = config.get("callbacks") or []
+        given = [*callbacks, *(existing if isinstance(existing, list) else [existing])]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, SyncFreeProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We

@@ -34,7 +34,7 @@ class EncoderLogits(nn.Module):
         self.model = model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.model.encoder_only(input_ids, attention_mask, exact_mask=True)
+        return self.model.encoder_only(input_ids, attention_mask)
 
 
 def export_onnx(model: Transformer, path: str | os.PathLike, opset: int = 18) -> Path:

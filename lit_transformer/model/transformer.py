@@ -169,31 +169,33 @@ class Transformer(nn.Module):
         return self.decode(x, tgt_mask=self.key_mask(x, attention_mask), return_attention=return_attention)
 
     def encoder_only(
-        self, tokens: Tensor, attention_mask: Tensor | None = None, *, return_attention: bool = False, exact_mask=False
+        self, tokens: Tensor, attention_mask: Tensor | None = None, *, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, Attentions]:
         """The encoder-only forward: (B, num_labels) classification logits or (B, T, V) masked-LM logits.
 
         With pooling="cls" the [CLS] token (bos_token_id) is prepended here, so callers feed the same tokens whatever
-        the pooling. exact_mask uses attention_mask as given even when it pads nothing (a graph with no branch on
-        the mask's values, for export)."""
+        the pooling. The mask is used as given (no branch on its values: the graph exports and compiles whole)."""
         cfg = self.config
         if cfg.is_classifier and cfg.pooling == "cls":
             tokens = torch.cat([tokens.new_full((tokens.size(0), 1), cfg.bos_token_id), tokens], dim=1)
             if attention_mask is not None:
                 attention_mask = torch.cat([attention_mask.new_ones((tokens.size(0), 1)), attention_mask], dim=1)
-        keep = (
-            attention_mask.bool()
-            if exact_mask and attention_mask is not None
-            else self.key_mask(tokens, attention_mask)
-        )
+        keep = self.key_mask(tokens, attention_mask)
         hidden, weights = self._encode(tokens, keep, return_attention)
         out = self.classifier(pool(hidden, keep, cfg.pooling)) if cfg.is_classifier else self.lm_head(hidden)
         return (out, {"encoder": weights}) if return_attention else out
 
     @staticmethod
     def key_mask(tokens: Tensor, mask: Tensor | None = None) -> Tensor | None:
-        """The (B, T) boolean mask of real tokens, or None when nothing is padded. Padding is only ever what `mask`
-        says: a token id (even pad_token_id) never means padding by itself."""
+        """The (B, T) boolean mask of real tokens as given, None without one. Padding is only ever what `mask` says:
+        a token id (even pad_token_id) never means padding by itself. A mask that pads nothing is kept: finding that
+        out would read the device, a host synchronisation in every training step (see drop_if_unpadded)."""
+        return None if mask is None else mask.bool()
+
+    @staticmethod
+    def drop_if_unpadded(mask: Tensor | None) -> Tensor | None:
+        """The boolean mask, or None when it pads nothing, so attention runs without one (flash kernels, is_causal).
+        One read of the device: generation and other once-per-call paths use it, training steps never do."""
         if mask is None:
             return None
         mask = mask.bool()
