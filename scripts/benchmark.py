@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -507,18 +508,25 @@ class StepClock:
         self.tokens: Tensor | int = 0
         self.flops = 0.0
         self.peak_gb: float | None = None
+        self.syncs: list[str] = []
 
     def after_step(self, step: int, batch: dict[str, Tensor], flops: float) -> bool:
-        """Call after optimizer step `step` (1-based) with its batch; True once the timed steps are done."""
+        """Call after optimizer step `step` (1-based) with its batch; True once the timed steps are done.
+
+        On CUDA the timed window runs under torch's sync debug mode: every operation that makes the host wait for
+        the GPU (a tensor read, a blocking copy) warns, and `host_syncs` counts those warnings."""
         if step == self.warmup:
             _sync(self.device)
             if self.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
+                torch.cuda.set_sync_debug_mode("warn")
             self.start = time.perf_counter()
         elif step > self.warmup:
             self.tokens = self.tokens + (batch["labels"] != -100).sum()
             self.flops += flops
             if step == self.warmup + self.steps:
+                if self.device == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
                 _sync(self.device)
                 self.seconds = time.perf_counter() - self.start
                 self.tokens = int(self.tokens)
@@ -536,8 +544,21 @@ class StepClock:
             "achieved_tflops": self.flops / self.seconds / 1e12,
             "mfu_vs_spec": self.flops / self.seconds / peak_flops if peak_flops else None,
             "peak_memory_gb": self.peak_gb,
+            "host_syncs": len(self.syncs),
             "reps": self.steps,
         }
+
+    def __enter__(self) -> StepClock:
+        self._catch = warnings.catch_warnings(record=True)
+        self._recorded = self._catch.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._catch.__exit__(*exc)
+        self.syncs = [str(w.message) for w in self._recorded if "synchroniz" in str(w.message).lower()]
+        for message in dict.fromkeys(self.syncs):
+            progress(f"host synchronisation in the timed steps: {message[:300]}")
 
 
 def build_cli(args: list[str]):
@@ -574,7 +595,8 @@ def cli_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock:
 
     cli = build_cli(args)
     cli.trainer.callbacks.append(Clock())
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    with clock:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return clock
 
 
@@ -612,6 +634,12 @@ def hand_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock
     data.prepare_data()
     data.setup("fit")
     clock, step = StepClock(warmup, steps, device), 0
+    with clock:
+        return _hand_loop(model, optimizer, step_loss, data, clock)
+
+
+def _hand_loop(model, optimizer, step_loss, data, clock: StepClock) -> StepClock:
+    cfg, device, step = model.config, clock.device, 0
     while True:
         for batch in data.train_dataloader():
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, Tensor)}
@@ -677,7 +705,11 @@ def cli_presets(device: str, batches: list[int], steps: int, warmup: int) -> dic
         ]
         for b in batches
     }
-    runs["paper-base (encoder-decoder), 25k-token batches"] = ["--config=configs/presets/paper-base.yaml", *gpu, *common]
+    runs["paper-base (encoder-decoder), 25k-token batches"] = [
+        "--config=configs/presets/paper-base.yaml",
+        *gpu,
+        *common,
+    ]
     return runs
 
 
@@ -689,6 +721,7 @@ NOTES = {  # key in a row -> how the table shows it
     "peak_rss_mb": "peak {:.0f} MB",
     "tokens_per_s": "{:,.0f} tokens/s",
     "peak_memory_gb": "peak {:.1f} GiB",
+    "host_syncs": "{} host syncs in the timed steps",
     "memory_ratio": "({:.2f}x)",
     "activations_mb": "activations {:.0f} MB",
     "activation_ratio": "({:.2f}x)",

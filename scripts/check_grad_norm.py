@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def record(out: Path, fit_args: list[str]) -> None:
     import lightning as L
-
     from benchmark import build_cli
 
     norms: list[float] = []

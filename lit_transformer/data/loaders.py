@@ -44,7 +44,7 @@ class ResumableLoader:
         shuffle: bool = True,
         seed: int = 0,
         num_workers: int = 0,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
         start_epoch: int = 0,
     ) -> None:
         self.dataset = dataset
@@ -53,7 +53,8 @@ class ResumableLoader:
         self.shuffle = shuffle
         self.seed = seed
         self.num_workers = num_workers
-        self.pin_memory = pin_memory
+        # Pinned batches copy to a GPU without making the host wait (None: pin when CUDA is available).
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.epoch = start_epoch
         self.position = 0  # batches handed out in the current epoch (by this rank)
         self._started = False  # whether an iterator has run for `self.epoch`
