@@ -727,6 +727,7 @@ ENCODER_FIELDS = (
     "norm_position",
     "positions",
     "vocab_size",
+    "pad_vocab_to_multiple_of",
     "d_model",
     "n_heads",
     "n_layers",

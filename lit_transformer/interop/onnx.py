@@ -2,7 +2,8 @@
 dynamic. The graph is the plain causal forward pass (no KV cache, no padding mask: feed unpadded rows).
 
 An encoder-only model exports as input_ids and attention_mask (batch, sequence) -> logits: (batch, num_labels) for a
-classifier, (batch, sequence, vocab) for a masked LM; the mask is an input, so padded batches run as in PyTorch."""
+classifier, (batch, sequence, vocab) for a masked LM; the mask is an input, so padded batches run as in PyTorch.
+`vocab` is the true vocabulary: a padded output layer (pad_vocab_to_multiple_of) is sliced inside the graph."""
 
 from __future__ import annotations
 
