@@ -633,8 +633,7 @@ def hand_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock
     step_loss = torch.compile(loss_of) if hp.compile else loss_of
     data.prepare_data()
     data.setup("fit")
-    clock, step = StepClock(warmup, steps, device), 0
-    with clock:
+    with StepClock(warmup, steps, device) as clock:
         return _hand_loop(model, optimizer, step_loss, data, clock)
 
 
@@ -684,7 +683,6 @@ def cli_presets(device: str, batches: list[int], steps: int, warmup: int) -> dic
         "--trainer.limit_val_batches=0",
         "--trainer.num_sanity_val_steps=0",
         "--trainer.accumulate_grad_batches=1",
-        "--trainer.enable_progress_bar=false",
         "--checkpoint.save_last=false",
         "--checkpoint.every_n_train_steps=0",
     ]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, on one CUDA GPU (an H100/H200), under 10 minutes in all, most important first. Results go to $OUT
-# (default runs/gpu), each part's JSON as soon as it ends, so a part cut short loses only itself:
+# (default runs/gpu): rows.jsonl gets each measured row as soon as it is measured, so a part cut short loses only
+# itself; full logs go to $LOGS (default /tmp/gpu_check):
 #   1. the CLI's training step beside a hand-built one (scripts/benchmark.py --only cli): GPT-2 small at context
 #      1024 with configs/trainer/{bf16-mixed,compile}.yaml, batch 16; then the paper-base encoder-decoder on the
 #      embedded English-Spanish Bible; tokens/s, MFU against the spec sheet, peak memory;
@@ -17,11 +18,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)" | tee -a "$OUT/gpu.txt"
 quiet() { grep -v -i -E "warning|warn\(|^ *$|litlogger"; }
 
+LOGS=${LOGS:-/tmp/gpu_check}  # full logs; $OUT keeps a few files (rows.jsonl: every measured row, as it is measured)
+mkdir -p "$LOGS"
 bench() {  # bench NAME SECONDS FILTER
   [[ $ONLY == *$1* ]] || return 0
   echo "== $1: CLI vs hand-built ($3)"
-  timeout "$2" $PY scripts/benchmark.py --device cuda --only cli --cli-filter "$3" --json "$OUT/$1.json" 2>&1 \
-    | tee "$OUT/$1.log" | quiet | tail -12
+  timeout "$2" $PY scripts/benchmark.py --device cuda --only cli --cli-filter "$3" > "$LOGS/$1.log" 2>&1
+  echo "exit $?"
+  grep -o '{"section".*}' "$LOGS/$1.log" | tee -a "$OUT/rows.jsonl"
+  grep -E "host synchronisation|Error|error:|Traceback" "$LOGS/$1.log" | sort | uniq -c | head -8
+  grep -v '{"section"' "$LOGS/$1.log" | quiet | tail -4
 }
 
 bench cli16 170 "batch 16"
@@ -33,10 +39,10 @@ NORM=(--config configs/presets/gpt2-small.yaml --data.init_args.tokenizer byte_b
   --data.init_args.batch_size 4 --trainer.accumulate_grad_batches 1 --trainer.max_steps 4 --trainer.log_every_n_steps 1
   --trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_progress_bar false
   --trainer.logger false --checkpoint.save_last false --checkpoint.every_n_train_steps 0 --trainer.precision 32-true)
-timeout 90 $PY scripts/check_grad_norm.py --out "$OUT/norm_plain.json" -- "${NORM[@]}" 2>&1 | quiet | tail -3
-timeout 120 $PY scripts/check_grad_norm.py --out "$OUT/norm_fsdp.json" -- "${NORM[@]}" \
+timeout 90 $PY scripts/check_grad_norm.py --out "$LOGS/norm_plain.json" -- "${NORM[@]}" 2>&1 | quiet | tail -3
+timeout 120 $PY scripts/check_grad_norm.py --out "$LOGS/norm_fsdp.json" -- "${NORM[@]}" \
   --config configs/trainer/fsdp.yaml --trainer.devices 1 2>&1 | quiet | tail -3
-$PY scripts/check_grad_norm.py --compare "$OUT/norm_plain.json" "$OUT/norm_fsdp.json" | tee "$OUT/norm.txt"
+$PY scripts/check_grad_norm.py --compare "$LOGS/norm_plain.json" "$LOGS/norm_fsdp.json" | tee "$OUT/norm.txt"
 fi
 
 bench cli32 150 "batch 32"
