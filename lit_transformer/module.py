@@ -431,8 +431,9 @@ class LitTransformer(L.LightningModule):
         if self.hparams.loss_normalization == "batch":
             batch_size = batch["labels"].size(0)
             loss = loss_sum / count.clamp(min=1)
-            self.log("train/loss", loss, batch_size=batch_size)
-            self.log("train/ppl", (nll_sum.detach() / count.clamp(min=1)).exp(), batch_size=batch_size)
+            if self._logs_this_step():
+                self.log("train/loss", loss, batch_size=batch_size)
+                self.log("train/ppl", (nll_sum.detach() / count.clamp(min=1)).exp(), batch_size=batch_size)
             return loss
         sums = torch.stack([loss_sum.detach(), nll_sum.detach(), count.to(loss_sum.dtype)]).float()
         self._step_sums = sums if self._step_sums is None else self._step_sums + sums
@@ -482,9 +483,10 @@ class LitTransformer(L.LightningModule):
         # The same on every rank: the step's per-token numbers, no further synchronisation needed. Not prog_bar:
         # Lightning reads progress-bar tensors after every batch (a host synchronisation); the CLI's bar shows
         # train/loss read at logging steps (SyncFreeProgressBar).
-        self.log("train/loss", (loss_sum / tokens).float())
-        self.log("train/ppl", (nll_sum / tokens).exp().float())
-        self.log("train/tokens_per_step", tokens.float())
+        if self._logs_this_step():
+            self.log("train/loss", (loss_sum / tokens).float())
+            self.log("train/ppl", (nll_sum / tokens).exp().float())
+            self.log("train/tokens_per_step", tokens.float())
 
     def _evaluate(self, batch: dict[str, Any], stage: str, batch_idx: int = 0) -> None:
         loss_metric, nll_metric, acc_metric = (getattr(self, f"{stage}_{name}") for name in ("loss", "nll", "accuracy"))
@@ -620,10 +622,21 @@ class LitTransformer(L.LightningModule):
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # The gradient norm before clipping, at the logging interval (computed once per step, shared with the
+        # The gradient norm before clipping, at the steps the trainer logs (computed once per step, shared with the
         # non-finite guard and clipping).
-        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+        if self._logs_this_step():
             self.log("train/grad_norm", gradient_norm(self.trainer, optimizer))
+
+    def _logs_this_step(self) -> bool:
+        """Whether training metrics are logged at this step: the steps the trainer writes logs at, the first and the
+        last. A `self.log` call costs host time (measured: most of the Lightning step's overhead over a hand-written
+        loop), and one whose value nobody reads is waste; between logs callback_metrics keep the last logged values.
+        """
+        trainer = self._trainer
+        if trainer is None:
+            return True
+        step, last = trainer.global_step, trainer.max_steps
+        return step == 0 or (last > 0 and step + 1 >= last) or trainer._logger_connector.should_update_logs
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """Generate for each input of the predict_file: {"input", "output", "tokens"} per row (see PredictionWriter).

@@ -296,7 +296,11 @@ class StepSeed(Callback):
         seed = step_seed(self.seed or 0, trainer.current_epoch, batch_idx, trainer.global_rank)
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)  # also seeds every CUDA device
+        # What torch.manual_seed does for the generators a run uses, without its per-call stack capture for every
+        # backend not yet initialised (XPU, MTIA: measured ~0.5 ms of host time per step).
+        torch.default_generator.manual_seed(seed)
+        if torch.cuda.is_initialized():
+            torch.cuda.manual_seed_all(seed)
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed}

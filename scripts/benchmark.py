@@ -504,7 +504,7 @@ class StepClock:
 
     def __init__(self, warmup: int, steps: int, device: str) -> None:
         self.warmup, self.steps, self.device = warmup, steps, device
-        self.start = self.seconds = 0.0
+        self.start = self.seconds = self.cpu_start = self.cpu_seconds = 0.0
         self.tokens: Tensor | int = 0
         self.flops = 0.0
         self.peak_gb: float | None = None
@@ -515,12 +515,14 @@ class StepClock:
 
         On CUDA the timed window runs under torch's sync debug mode: every operation that makes the host wait for
         the GPU (a tensor read, a blocking copy) warns, and `host_syncs` counts those warnings."""
+        if step <= self.warmup:
+            progress(f"step {step} done (warm-up)")
         if step == self.warmup:
             _sync(self.device)
             if self.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
                 torch.cuda.set_sync_debug_mode("warn")
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
         elif step > self.warmup:
             self.tokens = self.tokens + (batch["labels"] != -100).sum()
             self.flops += flops
@@ -529,6 +531,7 @@ class StepClock:
                     torch.cuda.set_sync_debug_mode("default")
                 _sync(self.device)
                 self.seconds = time.perf_counter() - self.start
+                self.cpu_seconds = time.process_time() - self.cpu_start
                 self.tokens = int(self.tokens)
                 if self.device == "cuda":
                     self.peak_gb = torch.cuda.max_memory_allocated() / 2**30
@@ -544,6 +547,8 @@ class StepClock:
             "achieved_tflops": self.flops / self.seconds / 1e12,
             "mfu_vs_spec": self.flops / self.seconds / peak_flops if peak_flops else None,
             "peak_memory_gb": self.peak_gb,
+            # The host's CPU time per step: what bounds the step when the device waits for the host (small batches).
+            "host_cpu_ms_per_step": self.cpu_seconds / self.steps * 1e3,
             "host_syncs": len(self.syncs),
             "reps": self.steps,
         }
@@ -686,11 +691,24 @@ def cli_presets(device: str, batches: list[int], steps: int, warmup: int) -> dic
         "--checkpoint.save_last=false",
         "--checkpoint.every_n_train_steps=0",
     ]
-    if device == "cpu":  # a smoke run of the same code path
-        return {
+    if device == "cpu":  # the same code path on the tiny preset; "host-bound" shrinks the model to ~nothing, so
+        # the step time is the host's own per-step work (what bounds a GPU run at small batches)
+        runs = {
             f"tiny, batch {b}": ["--config=configs/presets/tiny.yaml", f"--data.init_args.batch_size={b}", *common]
             for b in batches
         }
+        runs["host-bound (d_model 8, batch 1 x 8 tokens)"] = [
+            "--config=configs/presets/tiny.yaml",
+            *common,
+            "--model.config.d_model=8",
+            "--model.config.n_heads=1",
+            "--model.config.n_layers=1",
+            "--model.config.d_ff=8",
+            "--data.init_args.batch_size=1",
+            "--data.init_args.block_size=8",
+            "--trainer.gradient_clip_val=1.0",
+        ]
+        return runs
     gpu = ["--config=configs/trainer/bf16-mixed.yaml", "--config=configs/trainer/compile.yaml"]
     runs = {
         f"gpt2-small, ctx 1024, batch {b}": [
@@ -719,6 +737,7 @@ NOTES = {  # key in a row -> how the table shows it
     "peak_rss_mb": "peak {:.0f} MB",
     "tokens_per_s": "{:,.0f} tokens/s",
     "peak_memory_gb": "peak {:.1f} GiB",
+    "host_cpu_ms_per_step": "host CPU {:.1f} ms/step",
     "host_syncs": "{} host syncs in the timed steps",
     "memory_ratio": "({:.2f}x)",
     "activations_mb": "activations {:.0f} MB",
