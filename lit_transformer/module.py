@@ -38,7 +38,7 @@ LossNormalization = Literal["tokens", "batch"]
 def smoothed_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, smoothing: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(training loss, NLL, token count), the losses summed over the non-ignored labels; one log-softmax serves both.
+    """(training loss, NLL, token count), the losses summed over the non-ignored labels.
 
     Per token, the smoothed loss is (1 - eps) * -log p(target) + eps * mean over the vocabulary of -log p(v): the
     target distribution gives eps / V to every id, special tokens included, as fairseq and torch's
@@ -47,14 +47,16 @@ def smoothed_cross_entropy(
     definition, and the mass a special token receives, eps / V, is negligible; padding is never a label, so it is never
     taught as an output. Sums rather than means: the caller picks the normaliser (see LitTransformer's
     loss_normalization). Perplexity comes from the NLL, so label smoothing never inflates it.
+
+    One log-softmax, in fp32 at least (16-bit log-probabilities would round the loss), then F.nll_loss: compiled,
+    that keeps one fewer (tokens, vocabulary) fp32 buffer than a gather of the target log-probabilities (measured:
+    250 MB less at 4,096 tokens x 16,000 ids, the excess the CLI's step showed on a GPU).
     """
     logits = logits.reshape(-1, logits.size(-1))
     labels = labels.reshape(-1)
     keep = labels != IGNORE_INDEX
-    # (N, V), in fp32 at least: 16-bit log-probabilities would round the loss.
-    log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
-    target_log_probs = log_probs.gather(1, labels.masked_fill(~keep, 0)[:, None]).squeeze(1)
-    nll = -(target_log_probs * keep).sum()
+    log_probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)  # (N, V)
+    nll = F.nll_loss(log_probs, labels, ignore_index=IGNORE_INDEX, reduction="sum")
     count = keep.sum()
     if smoothing == 0.0:
         return nll, nll, count
