@@ -49,7 +49,7 @@ def test_state_saved_at_epoch_end_resumes_with_next_epoch():
     loader = make_loader()
     first, second = firsts(loader), firsts(loader)
     fresh = make_loader()
-    fresh.load_state_dict({**loader.state_dict(), "epoch": 0, "position": len(first)})
+    fresh.load_state_dict({**loader.state_dict(), "consumed": len(first), "steps_in_epoch": len(first)})
     assert firsts(fresh) == second
 
 
@@ -59,18 +59,24 @@ def test_state_loaded_after_an_iterator_was_built_is_not_replayed():
     loader = make_loader()
     stale = iter(loader)
     next(stale)
-    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "position": 3})
+    loader.load_state_dict({**loader.state_dict(), "consumed": 3, "steps_in_epoch": 3})
     assert firsts(loader) == reference[3:]
     assert list(stale) == []  # the superseded iterator stops instead of interleaving
 
 
-def test_mismatched_state_is_refused():
-    with pytest.raises(ValueError, match="does not match"):
-        make_loader().load_state_dict({"epoch": 0, "position": 1, "seed": 99, "num_batches": 1})
-    # a checkpoint of a 2-process run says so, instead of blaming the data
+@pytest.mark.parametrize("change", [{"seed": 99}, {"num_items": 1}])
+def test_state_of_other_data_is_refused(change):
     loader = make_loader()
-    with pytest.raises(ValueError, match="written by a run of 2 process\\(es\\) and this run has 1"):
-        loader.load_state_dict({**loader.state_dict(), "world_size": 2, "num_batches": len(loader) // 2})
+    with pytest.raises(ValueError, match="does not match .* the data or its settings changed"):
+        loader.load_state_dict({**loader.state_dict(), **change})
+
+
+def test_state_of_the_former_layout_still_resumes():
+    """Checkpoints written before the elastic stream hold (epoch, position, world_size): they resume the same."""
+    reference = firsts(make_loader())
+    loader = make_loader()
+    loader.load_state_dict({"epoch": 0, "position": 5, "seed": 7, "num_batches": len(loader), "world_size": 1})
+    assert firsts(loader) == reference[5:]
 
 
 def test_blocks_are_shifted_inputs_and_labels_without_gaps():
