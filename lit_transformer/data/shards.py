@@ -326,6 +326,8 @@ def prepare_split(
     if max_chars is not None:
         max_chars = max(0, max_chars - progress["characters"])
     writer = _ShardWriter(directory, dtype, shard_tokens, progress)
+    if not (directory / "progress.json").exists():
+        writer._save_progress()
     pieces = stream.pieces(split, skip_documents=progress["documents"])
     started, tokens = time.perf_counter(), 0
     bar = _progress_bar(split, stream.input_bytes(split))
