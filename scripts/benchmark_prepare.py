@@ -12,8 +12,8 @@ tokens on the Shakespeare training split: both preparations use that same file. 
 `python -m lit_transformer prepare` on a fresh cache; `nanogpt` runs nanoGPT's data/openwebtext/prepare.py recipe
 (load_dataset, train_test_split(test_size=0.0005, seed=2357), datasets.map with num_proc=2 that encodes each document
 and appends the end-of-text id, then each split concatenated into a uint16 np.memmap in 1,024 batches), with the
-same tokenizer in place of tiktoken. Each runs in a subprocess; wall time, MB/s of JSONL and the peak resident memory
-are reported: the largest single process (getrusage) and the sum over the process tree (sampled every 0.1 s; forked
+same tokenizer in place of tiktoken. Each runs in a subprocess; wall time, CPU time (user + system, all processes), MB/s of JSONL and the
+peak resident memory are reported: the largest single process (getrusage) and the sum over the process tree (sampled every 0.1 s; forked
 workers share pages, so the sum overstates). `train_rss` trains a tiny model from the prepared shards and reports
 the resident memory after 100 steps and after the last.
 """
@@ -101,7 +101,8 @@ def _tree_rss_kb(root: int) -> int:
 
 def measure(command: list[str], env: dict | None = None) -> dict:
     """Run `command`; its wall time, the largest process's peak RSS and the sampled peak of the tree's sum."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, cpu_before = usage.ru_maxrss, usage.ru_utime + usage.ru_stime
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **(env or {})})
     peak_tree = 0
@@ -119,11 +120,13 @@ def measure(command: list[str], env: dict | None = None) -> dict:
     stop.set()
     thread.join()
     wall = time.perf_counter() - started
-    peak_process = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_process = usage.ru_maxrss
     if code != 0:
         raise SystemExit(f"{command} failed with exit code {code}")
     return {
         "wall_s": round(wall, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime - cpu_before, 1),  # all processes, user + system
         "peak_rss_process_gb": round(peak_process / 1e6, 3) if peak_process > before else None,
         "peak_rss_tree_gb": round(peak_tree / 1e6, 3),
     }

@@ -166,15 +166,15 @@ class Killed(Exception):
     pass
 
 
-def _prepare_split(stream, tokenizer, directory, shard_tokens=5000):
-    return shards.prepare_split(stream, "train", directory, tokenizer, 2, np.dtype(np.uint16), None, shard_tokens)
+def _prepare(stream, tokenizer, root, shard_tokens=5000) -> dict:
+    return shards.prepare_pass(stream, "train", root, tokenizer, 2, np.dtype(np.uint16), None, shard_tokens)
 
 
 @pytest.mark.parametrize("kill_at_chunk", [2, 5])
 def test_a_killed_prepare_resumes_after_its_last_finished_shard(tmp_path, monkeypatch, kill_at_chunk):
-    """Chunks of ~2,000 characters, shards of >= 5,000 tokens: the kill lands mid-shard (in the first, or the second
-    after one finished). The resumed run encodes only what the finished shards lack, and its shards are byte for byte
-    those of an uninterrupted run."""
+    """Chunks of ~2,000 characters, shards of >= 5,000 tokens: the kill lands mid-shard (in the first, or after some
+    finished). The resumed run encodes only what the finished shards lack, and its shards are byte for byte those of
+    an uninterrupted run, in every split the pass fills (train and the carved validation and test)."""
     monkeypatch.setattr(shards, "CHUNK_CHARS", 2000)
     path = write(tmp_path, "jsonl", paragraphs(260))
     stream = streaming.CorpusStream(path)
@@ -189,24 +189,29 @@ def test_a_killed_prepare_resumes_after_its_last_finished_shard(tmp_path, monkey
 
     monkeypatch.setattr(shards, "encode_chunk", encode)
     kill_at = 0
-    whole = _prepare_split(stream, tokenizer, tmp_path / "whole")
-    assert len(whole["shards"]) >= 3
+    whole = _prepare(stream, tokenizer, tmp_path / "whole")
+    assert len(whole["train"]["shards"]) >= 3 and set(whole) == {"train", "validation", "test"}
     encoded.clear()
-    kill_at, target = kill_at_chunk, tmp_path / "killed"
+    kill_at, root = kill_at_chunk, tmp_path / "killed"
     with pytest.raises(Killed):
-        _prepare_split(stream, tokenizer, target)
-    progress = json.loads((target / "progress.json").read_text())
-    assert len(progress["shards"]) == (kill_at_chunk > 3)
-    assert not (target / "index.json").exists()  # nothing reads an unfinished split
-    assert sorted(p.name for p in target.glob("*.bin")) == [s["file"] for s in progress["shards"]]
-    assert list(target.glob("*.tmp"))  # the half shard stayed a temporary file
+        _prepare(stream, tokenizer, root)
+    progress = {s: json.loads((root / s / "progress.json").read_text()) for s in whole}
+    for split in whole:
+        assert not (root / split / "index.json").exists()  # nothing reads an unfinished split
+        assert sorted(p.name for p in (root / split).glob("*.bin")) == [s["file"] for s in progress[split]["shards"]]
+    assert list(root.glob("*/*.tmp"))  # the half shard stayed a temporary file
+    assert (sum(len(p["shards"]) for p in progress.values()) > 0) == (kill_at_chunk > 3)
     encoded.clear()
     kill_at = 0
-    resumed = _prepare_split(stream, tokenizer, target)
-    assert sum(encoded) == whole["characters"] - progress["characters"]  # no finished shard redone
-    assert resumed == whole and not list(target.glob("*.tmp"))
-    for entry in whole["shards"]:
-        assert (target / entry["file"]).read_bytes() == (tmp_path / "whole" / entry["file"]).read_bytes()
+    resumed = _prepare(stream, tokenizer, root)
+    done = sum(p["characters"] for p in progress.values())
+    assert sum(encoded) == sum(i["characters"] for i in whole.values()) - done  # no finished shard redone
+    assert resumed == whole and not list(root.glob("*/*.tmp"))
+    for split, index in whole.items():
+        for entry in index["shards"]:
+            assert (root / split / entry["file"]).read_bytes() == (
+                tmp_path / "whole" / split / entry["file"]
+            ).read_bytes()
 
 
 def test_a_second_prepare_is_a_cache_hit_keyed_by_content(tmp_path, monkeypatch):
@@ -320,3 +325,17 @@ def test_the_prepare_command_fills_the_cache_that_fit_then_reads(tmp_path, capsy
     assert len(dm._blocks["train"]) > 0
     with pytest.raises(SystemExit, match="--config and --data.\\* flags only, not --trainer.max_steps"):
         main(["prepare", "--config", str(config), "--trainer.max_steps", "3"])
+
+
+def test_worker_processes_write_the_same_shards_as_one_process(tmp_path, monkeypatch):
+    """A big source is tokenized by spawned worker processes (in order, a bounded number of chunks in flight)."""
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(shards, "POOL_MIN_BYTES", 0)
+    stream = streaming.CorpusStream(write(tmp_path, "jsonl", paragraphs(300)))
+    tokenizer = train_tokenizer(["".join(WORDS) + "0123456789: \n"], "char", 64)
+    results = {}
+    for workers in (1, 2):
+        root = tmp_path / f"workers{workers}"
+        index = shards.prepare_pass(stream, "train", root, tokenizer, 2, np.dtype(np.uint16), None, 4000, workers)
+        results[workers] = (index, {p.relative_to(root): p.read_bytes() for p in sorted(root.glob("*/*.bin"))})
+    assert results[1] == results[2] and len(results[1][1]) > 6

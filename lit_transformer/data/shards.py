@@ -21,14 +21,16 @@ pages it touched are not kept mapped and the resident memory stays flat however 
 
 from __future__ import annotations
 
-import itertools
+import collections
+import concurrent.futures
 import json
 import logging
+import multiprocessing
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +38,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
 from .loaders import stack_blocks
 from .streaming import SPLITS, CorpusStream, Piece
@@ -45,6 +48,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 SHARD_TOKENS = 1 << 26  # about 64M tokens (128 MB of uint16) per shard
 CHUNK_CHARS = 1 << 22  # characters tokenized per encode_batch call: bounded memory, both cores busy
+POOL_MIN_BYTES = 1 << 24  # sources from 16 MB on (or of unknown size) are tokenized by worker processes
 PIECE_CHARS = 1 << 14  # long texts are cut at line boundaries into pieces of about this size (parallel encoding)
 
 
@@ -128,43 +132,55 @@ def _split_long(text: str) -> list[str]:
     return pieces
 
 
-def _chunks(pieces: Iterator[Piece], max_chars: int | None, start_documents: int) -> Iterator[_Chunk]:
-    """Pieces grouped into chunks of about CHUNK_CHARS characters (a long document spans several chunks)."""
-    chunk, total = _Chunk(start_documents), 0
-    in_document = False  # the current document has text (in this chunk or an earlier one)
-    in_chunk = False  # ... in this chunk
-    for piece in pieces:
-        text = piece.text
-        if max_chars is not None:
-            text = text[: max(0, max_chars - total)]
+class _Chunker:
+    """Groups one split's pieces into chunks of about CHUNK_CHARS characters (a long document spans several)."""
+
+    def __init__(self, start_documents: int, max_chars: int | None) -> None:
+        self.chunk = _Chunk(start_documents)
+        self.start_documents = start_documents  # source documents a resumed run has already (skip the rest below)
+        self.max_chars, self.total, self.done = max_chars, 0, False
+        self.in_document = False  # the current document has text (in this chunk or an earlier one)
+        self.in_chunk = False  # ... in this chunk
+
+    def add(self, piece: Piece) -> _Chunk | None:
+        """Take a piece; a full chunk when one is ready."""
+        if self.done or piece.document < self.start_documents:
+            return None
+        chunk, text = self.chunk, piece.text
+        if self.max_chars is not None:
+            text = text[: max(0, self.max_chars - self.total)]
         if text:
-            if not chunk.texts and in_document:
+            if not chunk.texts and self.in_document:
                 chunk.continues = True
             for part in _split_long(text):
                 chunk.texts.append(part)
                 chunk.ends.append(False)
             chunk.characters += len(text)
-            total += len(text)
-            in_document = in_chunk = True
+            self.total += len(text)
+            self.in_document = self.in_chunk = True
         chunk.nbytes += piece.nbytes
-        cut = max_chars is not None and total >= max_chars
+        cut = self.max_chars is not None and self.total >= self.max_chars
         if piece.last or cut:
-            if in_document:
-                if not in_chunk:  # the document's text was all in earlier chunks: EOS alone
+            if self.in_document:
+                if not self.in_chunk:  # the document's text was all in earlier chunks: EOS alone
                     chunk.continues = chunk.continues or not chunk.texts
                     chunk.texts.append("")
                     chunk.ends.append(False)
                 chunk.ends[-1] = True
-            in_document = in_chunk = False
+            self.in_document = self.in_chunk = False
             chunk.documents = piece.document + 1
         chunk.at_boundary = piece.last or cut
         if cut:
-            break
+            self.done = True
+            return self.finish()
         if chunk.characters >= CHUNK_CHARS:
-            yield chunk
-            chunk, in_chunk = _Chunk(chunk.documents), False
-    if chunk.texts or chunk.nbytes:
-        yield chunk
+            self.chunk, self.in_chunk = _Chunk(chunk.documents), False
+            return chunk
+        return None
+
+    def finish(self) -> _Chunk | None:
+        chunk, self.chunk = self.chunk, _Chunk(self.chunk.documents)
+        return chunk if chunk.texts or chunk.nbytes else None
 
 
 def _prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
@@ -204,22 +220,53 @@ def _prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
 
 def encode_chunk(tokenizer: Tokenizer, chunk: _Chunk, eos_id: int | None, dtype: np.dtype) -> tuple[np.ndarray, list]:
     """A chunk's ids as one array (EOS after each document), and the offsets where its documents start."""
-    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    encoded = encode(chunk.texts, add_special_tokens=False)
-    lists, starts, at, new_document = [], [], 0, not chunk.continues
-    for encoding, end in zip(encoded, chunk.ends):
-        ids = encoding.ids
-        if new_document and (ids or end):
-            starts.append(at)
-            new_document = False
-        if end and eos_id is not None:
-            ids.append(eos_id)
-        lists.append(ids)
-        at += len(ids)
-        if end:
-            new_document = True
-    flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=at)
-    return flat, starts
+    return encode_worker.encode(chunk.texts, chunk.ends, chunk.continues, eos_id, dtype.name, tokenizer)
+
+
+class _Encoder:
+    """Encodes chunks in order: in `workers` spawned processes for a big source, in this process for a small one.
+
+    `submit` returns the finished (split, chunk, ids, starts) in submission order, keeping at most 2 x workers
+    chunks in flight: memory stays bounded whatever the corpus size.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, eos_id: int | None, dtype: np.dtype, workers: int) -> None:
+        self.tokenizer, self.eos_id, self.dtype, self.workers = tokenizer, eos_id, dtype, workers
+        self.pending: collections.deque = collections.deque()
+        self.pool = None
+        if workers > 1:
+            context = multiprocessing.get_context("spawn")  # no fork of a process with threads and torch
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=context, initializer=encode_worker.init, initargs=(tokenizer.to_str(),)
+            )
+
+    def _encode(self, chunk: _Chunk):
+        if not chunk.texts:
+            return np.zeros(0, dtype=self.dtype), []
+        return encode_chunk(self.tokenizer, chunk, self.eos_id, self.dtype)
+
+    def submit(self, split: str, chunk: _Chunk) -> Iterator[tuple[str, _Chunk, np.ndarray, list]]:
+        if self.pool is None:
+            yield split, chunk, *self._encode(chunk)
+            return
+        args = (chunk.texts, chunk.ends, chunk.continues, self.eos_id, self.dtype.name)
+        future = self.pool.submit(encode_worker.encode, *args) if chunk.texts else None
+        self.pending.append((split, chunk, future))
+        while len(self.pending) > 2 * self.workers:
+            yield self._pop()
+
+    def drain(self) -> Iterator[tuple[str, _Chunk, np.ndarray, list]]:
+        while self.pending:
+            yield self._pop()
+
+    def _pop(self):
+        split, chunk, future = self.pending.popleft()
+        ids, starts = future.result() if future is not None else (np.zeros(0, dtype=self.dtype), [])
+        return split, chunk, ids, starts
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _ShardWriter:
@@ -293,65 +340,15 @@ def _progress_bar(split: str, total: int | None):
     )
 
 
-def prepare_split(
-    stream: CorpusStream,
-    split: str,
-    directory: Path,
-    tokenizer: Tokenizer,
-    eos_id: int | None,
-    dtype: np.dtype,
-    max_chars: int | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-    on_shard: Callable[[int], None] | None = None,
-) -> dict:
-    """Tokenize one split into shards under `directory` (resuming after its last finished shard); its index."""
-    index_path = directory / "index.json"
-    if index_path.exists():
-        return json.loads(index_path.read_text())
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob("*.tmp"):  # a killed run's unfinished shard
-        stale.unlink()
+def _load_progress(directory: Path) -> dict:
     try:
-        progress = json.loads((directory / "progress.json").read_text())
+        return json.loads((directory / "progress.json").read_text())
     except (OSError, ValueError):
-        progress = {"shards": [], "documents": 0, "characters": 0, "bytes": 0}
-    resumed = bool(progress["shards"])
-    if resumed:
-        log.info(
-            "prepare %s: resuming after shard %d (%d documents)",
-            split,
-            len(progress["shards"]) - 1,
-            progress["documents"],
-        )
-    if max_chars is not None:
-        max_chars = max(0, max_chars - progress["characters"])
-    writer = _ShardWriter(directory, dtype, shard_tokens, progress)
-    if not (directory / "progress.json").exists():
-        writer._save_progress()
-    pieces = stream.pieces(split, skip_documents=progress["documents"])
-    started, tokens = time.perf_counter(), 0
-    bar = _progress_bar(split, stream.input_bytes(split))
-    bar.update(progress["bytes"])
-    try:
-        for chunk in _prefetch(_chunks(pieces, max_chars, progress["documents"])):
-            shards_before = writer.number
-            if chunk.texts:
-                ids, starts = encode_chunk(tokenizer, chunk, eos_id, dtype)
-            else:
-                ids, starts = np.zeros(0, dtype=dtype), []
-            writer.append(ids, starts, chunk)
-            tokens += len(ids)
-            bar.update(chunk.nbytes)
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix_str(f"{tokens / elapsed / 1e6:.2f}M tokens/s", refresh=False)
-            if on_shard is not None and writer.number > shards_before:
-                on_shard(writer.number)
-        writer.close()
-    finally:
-        bar.close()
-    elapsed = max(time.perf_counter() - started, 1e-9)
-    read = progress["bytes"] / 1e6
-    index = {
+        return {"shards": [], "documents": 0, "characters": 0, "bytes": 0}
+
+
+def _index(progress: dict, dtype: np.dtype) -> dict:
+    return {
         "dtype": dtype.name,
         "shards": progress["shards"],
         "tokens": sum(s["tokens"] for s in progress["shards"]),
@@ -359,12 +356,99 @@ def prepare_split(
         "characters": progress["characters"],
         "bytes": progress["bytes"],
     }
-    atomic_write(index_path, lambda tmp: Path(tmp).write_text(json.dumps(index)))
+
+
+def prepare_pass(
+    stream: CorpusStream,
+    source: str,
+    root: Path,
+    tokenizer: Tokenizer,
+    eos_id: int | None,
+    dtype: np.dtype,
+    max_chars: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+    workers: int | None = None,
+) -> dict[str, dict]:
+    """One pass over a source split, tokenized into the shards of every split it feeds (the training source also
+    feeds carved held-out splits); each split resumes after its own last finished shard. Their indexes.
+
+    workers: tokenizing processes for a big source (default: the CPUs this process may use)."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    splits = dict(stream.passes())[source]
+    indexes = {
+        s: json.loads((root / s / "index.json").read_text()) for s in splits if (root / s / "index.json").exists()
+    }
+    todo = [s for s in splits if s not in indexes]
+    if not todo:
+        return indexes
+    writers, chunkers = {}, {}
+    for split in todo:
+        directory = root / split
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.tmp"):  # a killed run's unfinished shard
+            stale.unlink()
+        progress = _load_progress(directory)
+        if progress["shards"]:
+            log.info("prepare %s: resuming after shard %d", split, len(progress["shards"]) - 1)
+        writers[split] = _ShardWriter(directory, dtype, shard_tokens, progress)
+        if not (directory / "progress.json").exists():
+            writers[split]._save_progress()
+        cut = None if max_chars is None or split != "train" else max(0, max_chars - progress["characters"])
+        chunkers[split] = _Chunker(progress["documents"], cut)
+    skip = min(chunker.start_documents for chunker in chunkers.values())
+    already = sum(w.progress["bytes"] for w in writers.values())
+
+    def chunks() -> Iterator[tuple[str, _Chunk]]:
+        for split, piece in stream.routed(source, skip):
+            chunker = chunkers.get(split)
+            chunk = chunker.add(piece) if chunker is not None else None
+            if chunk is not None:
+                yield split, chunk
+        for split, chunker in chunkers.items():
+            chunk = chunker.finish()
+            if chunk is not None:
+                yield split, chunk
+
+    names = "+".join(todo)
+    started, tokens = time.perf_counter(), 0
+    size = stream.input_bytes(source)
+    big = size is None and stream.sources[source].rows is None or (size or 0) >= POOL_MIN_BYTES
+    encoder = _Encoder(tokenizer, eos_id, dtype, workers if big else 1)
+    bar = _progress_bar(names, size)
+    bar.update(already)
+
+    def write(done) -> None:
+        nonlocal tokens
+        for split, chunk, ids, starts in done:
+            writers[split].append(ids, starts, chunk)
+            tokens += len(ids)
+            bar.update(chunk.nbytes)
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix_str(f"{tokens / elapsed / 1e6:.2f}M tokens/s", refresh=False)
+
+    try:
+        # In-process encoding releases the GIL: a reader thread then parses the next chunks meanwhile.
+        source_chunks = chunks() if encoder.pool is not None else _prefetch(chunks())
+        for split, chunk in source_chunks:
+            write(encoder.submit(split, chunk))
+        write(encoder.drain())
+        for writer in writers.values():
+            writer.close()
+    finally:
+        encoder.close()
+        bar.close()
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    read = (sum(w.progress["bytes"] for w in writers.values()) - already) / 1e6
+    for split, writer in writers.items():
+        indexes[split] = _index(writer.progress, dtype)
+        atomic_write(root / split / "index.json", lambda tmp, i=indexes[split]: Path(tmp).write_text(json.dumps(i)))
     log.info(
-        "prepare %s: %.1f MB in %.1f s (%.1f MB/s), %d tokens (%.2fM tokens/s), %d shard(s)",
-        split, read, elapsed, read / elapsed, index["tokens"], tokens / elapsed / 1e6, len(index["shards"]),
+        "prepare %s: %.1f MB in %.1f s (%.1f MB/s), %d tokens (%.2fM tokens/s), shards %s",
+        names, read, elapsed, read / elapsed, tokens, tokens / elapsed / 1e6,
+        {s: len(i["shards"]) for s, i in indexes.items()},
     )  # fmt: skip
-    return index
+    return indexes
 
 
 def corpus_key(stream: CorpusStream, hashes: FileHashes, tokenizer_key: str, eos_id, max_chars, shard_tokens) -> str:
@@ -380,7 +464,6 @@ def prepare_corpus(
     cache_dir: Path,
     max_chars: int | None = None,
     shard_tokens: int = SHARD_TOKENS,
-    on_shard: Callable[[int], None] | None = None,
 ) -> Path:
     """Prepare every split of `stream` once (cached by content; resumable; atomic); the prepared corpus's folder."""
     hashes = FileHashes(cache_dir)
@@ -395,11 +478,8 @@ def prepare_corpus(
             return root
         dtype = token_dtype(tokenizer.get_vocab_size())
         splits = {}
-        for split in SPLITS:
-            cut = max_chars if split == "train" else None
-            splits[split] = prepare_split(
-                stream, split, root / split, tokenizer, eos_id, dtype, cut, shard_tokens, on_shard
-            )
+        for source, _ in stream.passes():
+            splits |= prepare_pass(stream, source, root, tokenizer, eos_id, dtype, max_chars, shard_tokens)
         info = {
             "version": FORMAT_VERSION,
             "dataset": stream.dataset,
@@ -408,7 +488,7 @@ def prepare_corpus(
             "eos_id": eos_id,
             "vocab_size": tokenizer.get_vocab_size(),
             "tokenizer_key": tokenizer_key,
-            "splits": splits,
+            "splits": {split: splits[split] for split in SPLITS},
         }
         atomic_write(manifest, lambda tmp: Path(tmp).write_text(json.dumps(info, indent=1)))
     return root

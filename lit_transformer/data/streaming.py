@@ -115,29 +115,68 @@ class CorpusStream:
                 parts.append((name, "files", [(Path(f).suffix.lower(), file_hash(f)) for f in source.files]))
         return fingerprint("corpus", 1, parts, self.text_column, self.mode)
 
-    def input_bytes(self, split: str) -> int | None:
-        """Bytes the pass that yields `split` reads (None when unknown: rows in memory or a hub stream)."""
-        source = self.sources.get(split) or self.sources["train"]
-        return sum(os.path.getsize(f) for f in source.files) if source.files else None
+    def input_bytes(self, source: str) -> int | None:
+        """Bytes a pass over a source split reads (None when unknown: rows in memory or a hub stream)."""
+        files = self.sources[source].files
+        return sum(os.path.getsize(f) for f in files) if files else None
 
     # ------------------------------------------------------------------ the stream of a split
 
-    def pieces(self, split: str, skip_documents: int = 0) -> Iterator[Piece]:
-        """The pieces of `split`'s documents in order; the first `skip_documents` source documents are read past
-        (not yielded): a resumed preparation continues where its last finished shard ended."""
-        if split in self.sources:
-            yield from self._source_pieces(self.sources[split], skip_documents)
-            return
-        if split not in self.missing:
-            raise ValueError(f"Unknown split {split!r}")
-        which = self.missing.index(split)
-        yield from self._source_pieces(self.sources["train"], skip_documents, route=(split, which))
+    def passes(self) -> list[tuple[str, list[str]]]:
+        """(source split, the splits one pass over it fills): the training source also fills carved splits."""
+        out = []
+        for name in self.sources:
+            out.append((name, ["train", *self.missing] if name == "train" else [name]))
+        return sorted(out, key=lambda item: SPLITS.index(item[0]))
 
-    def _route_whole(self, bucket: int, split: str) -> bool:
-        """Whether a document of this hash bucket belongs to `split` (hash mode)."""
+    def pieces(self, split: str, skip_documents: int = 0) -> Iterator[Piece]:
+        """The pieces of `split`'s documents in order; the first `skip_documents` source documents are read past."""
+        source = split if split in self.sources else "train"
+        if split not in self.sources and split not in self.missing:
+            raise ValueError(f"Unknown split {split!r}")
+        for owner, piece in self.routed(source, skip_documents):
+            if owner == split:
+                yield piece
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Piece]]:
+        """(split, piece) for every piece of one pass over a source split; the first `skip` source documents are
+        read past (a resumed preparation continues where its last finished shard ended). The training source feeds
+        the carved held-out splits too: whole documents by hash, or each document's lines (see the module)."""
+        source = self.sources[source_name]
+        carving = source_name == "train" and bool(self.missing)
+        line_mode = carving and self.mode == "lines"
+        document = 0
+        for kind, payload, digest in self._documents(source):
+            if document < skip:
+                document += 1
+                continue
+            if kind == "file":  # a .txt file: one document, read in line-bounded chunks
+                path = payload
+                if line_mode:
+                    for split in ("train", *self.missing):
+                        for piece in self._file_lines(path, document, *self._line_range(split)):
+                            yield split, piece
+                else:
+                    owner = self._owner(_bucket(digest())) if carving else source_name
+                    for piece in _file_chunks(path, document):
+                        yield owner, piece
+            else:
+                text, nbytes = payload
+                if line_mode:
+                    for split in ("train", *self.missing):
+                        start, end = self._line_range(split)
+                        a = 0 if start == 0 else _line_cut(text, start)
+                        b = len(text) if end >= 1 else _line_cut(text, end)
+                        yield split, Piece(text[a:b], document, True, nbytes if split == "train" else 0)
+                else:
+                    owner = self._owner(_text_bucket(text)) if carving else source_name
+                    yield owner, Piece(text, document, True, nbytes)
+            document += 1
+
+    def _owner(self, bucket: int) -> str:
+        """The split a document of this hash bucket belongs to (hash mode): 5% to each missing held-out split."""
         index = int(bucket // (HELD_OUT * 100))
-        owner = self.missing[index] if index < len(self.missing) else "train"
-        return owner == split
+        return self.missing[index] if index < len(self.missing) else "train"
 
     def _line_range(self, split: str) -> tuple[float, float]:
         """The fraction of each document `split` takes in line mode: train first, then the held-out splits."""
@@ -147,35 +186,6 @@ class CorpusStream:
             return 0.0, train_end
         i = self.missing.index(split)
         return train_end + HELD_OUT * i, train_end + HELD_OUT * (i + 1) if i + 1 < n else 1.0
-
-    def _source_pieces(self, source: SourceSplit, skip: int, route: tuple[str, int] | None = None) -> Iterator[Piece]:
-        carving = route is not None or (self.missing and source is self.sources.get("train"))
-        split = route[0] if route else "train"
-        line_mode = carving and self.mode == "lines"
-        document = 0
-        for kind, payload, digest in self._documents(source):
-            if document < skip:
-                document += 1
-                continue
-            if kind == "file":  # a .txt file: one document, read in chunks
-                if line_mode:
-                    yield from self._file_lines(payload, document, *self._line_range(split))
-                elif not carving or self._route_whole(_bucket(digest()), split):
-                    yield from _file_chunks(payload, document)
-                else:
-                    yield Piece("", document, True, os.path.getsize(payload))
-            else:
-                text, nbytes = payload
-                if line_mode:
-                    start, end = self._line_range(split)
-                    a = 0 if start == 0 else _line_cut(text, start)
-                    b = len(text) if end >= 1 else _line_cut(text, end)
-                    yield Piece(text[a:b], document, True, nbytes)
-                elif not carving or self._route_whole(_text_bucket(text), split):
-                    yield Piece(text, document, True, nbytes)
-                else:
-                    yield Piece("", document, True, nbytes)  # another split's: counted, not yielded as text
-            document += 1
 
     def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
         """The lines of a .txt file between two fractions of its bytes, cut at line boundaries."""
