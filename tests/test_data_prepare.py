@@ -339,3 +339,26 @@ def test_worker_processes_write_the_same_shards_as_one_process(tmp_path, monkeyp
         index = shards.prepare_pass(stream, "train", root, tokenizer, 2, np.dtype(np.uint16), None, 4000, workers)
         results[workers] = (index, {p.relative_to(root): p.read_bytes() for p in sorted(root.glob("*/*.bin"))})
     assert results[1] == results[2] and len(results[1][1]) > 6
+
+
+def test_a_hub_dataset_is_read_with_streaming(tmp_path, monkeypatch):
+    """No hub is reachable here: the hub path runs against `datasets`' own IterableDataset, built locally."""
+    import datasets
+
+    docs, calls = paragraphs(60), []
+
+    def load_dataset(name, config=None, streaming=False, **kwargs):
+        calls.append((name, config, streaming))
+        split = lambda rows: datasets.IterableDataset.from_generator(lambda: ({"text": r} for r in rows))  # noqa: E731
+        return datasets.IterableDatasetDict(
+            {"train": split(docs[:50]), "valid": split(docs[50:55]), "test": split(docs[55:])}
+        )
+
+    monkeypatch.setattr("lit_transformer.data.streaming.ensure_online", lambda what, hint: None)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    dm = make(tmp_path, "someone/corpus", dataset_config="plain")
+    dm.prepare_data()
+    assert calls and all(call == ("someone/corpus", "plain", True) for call in calls)
+    texts = dm.texts()
+    assert (texts["train"], texts["validation"], texts["test"]) == (docs[:50], docs[50:55], docs[55:])
+    assert split_tokens(dm, "validation") == expected_tokens(dm, docs[50:55])
