@@ -144,3 +144,38 @@ def test_lightning_resumes_mid_epoch_on_the_next_batch(tmp_path):
     second = _Recorder()
     _trainer(tmp_path / "b", total).fit(second, _Data(), ckpt_path=str(next((tmp_path / "ckpt").glob("*.ckpt"))))
     assert first.seen + second.seen == full.seen
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1), (3, 2)])
+def test_batch_lists_resume_elastically_on_another_process_count(monkeypatch, before, after):
+    """Translation and classification batches (token-budget index lists): a state saved by N ranks resumes on M with
+    the global order of batches going on, none repeated or skipped, across the epoch boundary too."""
+    from lit_transformer.data import loaders
+
+    def run(world: int, steps: int, state: dict | None) -> tuple[list[list[int]], dict]:
+        ranks = []
+        for rank in range(world):
+            monkeypatch.setattr(loaders, "_rank_and_world", lambda rank=rank: (rank, world))
+            loader = make_loader()
+            if state is not None:
+                loader.load_state_dict(state)
+            ranks.append([rank, loader, iter(loader)])
+        seen = []
+        for _ in range(steps):
+            for entry in ranks:
+                rank, loader, iterator = entry
+                monkeypatch.setattr(loaders, "_rank_and_world", lambda rank=rank: (rank, world))
+                batch = next(iterator, None)
+                if batch is None:  # Lightning starts the next epoch
+                    entry[2] = iterator = iter(loader)
+                    batch = next(iterator)
+                seen.append(batch["input_ids"][:, 0].tolist())
+        return seen, ranks[0][1].state_dict()
+
+    steps_per_epoch = len(make_loader())  # 31 batches of one epoch
+    single = make_loader()
+    reference = firsts(itertools.chain(single, single, single, single))  # four epochs, one process
+    first, state = run(before, 20, None)
+    second, _ = run(after, 20, state)
+    total = 20 * before + 20 * after
+    assert total > steps_per_epoch and first + second == reference[:total]
