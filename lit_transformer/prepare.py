@@ -55,6 +55,8 @@ def prepare_main(argv: Sequence[str]) -> None:
         prog="python -m lit_transformer prepare",
         description="Prepare a run's data once (stream, tokenize in parallel, write token shards); "
         "`fit` with the same configs then starts at once.",
+        epilog="Any --data.* flag of `fit` applies too, e.g. --data.init_args.dataset 'corpus/*.jsonl' "
+        "--data.init_args.cache_dir /shared/cache.",
     )
     parser.add_argument("--config", action="append", required=True, help="a run's YAML (repeatable, later wins)")
     args, overrides = parser.parse_known_args(list(argv))
@@ -75,6 +77,9 @@ def prepare_main(argv: Sequence[str]) -> None:
     logging.getLogger("lit_transformer").setLevel(logging.INFO)
     started = time.perf_counter()
     prepare = getattr(datamodule, "prepare", None) or datamodule.prepare_data
-    where = prepare()
+    try:
+        where = prepare()
+    except (ValueError, OSError) as error:  # bad input: the message says what is wrong and what to do
+        raise SystemExit(f"prepare: {error}") from None
     took = time.perf_counter() - started
     print(f"prepared {type(datamodule).__name__} in {took:.1f} s" + (f": {where}" if where else ""))

@@ -362,3 +362,9 @@ def test_a_hub_dataset_is_read_with_streaming(tmp_path, monkeypatch):
     texts = dm.texts()
     assert (texts["train"], texts["validation"], texts["test"]) == (docs[:50], docs[50:55], docs[55:])
     assert split_tokens(dm, "validation") == expected_tokens(dm, docs[50:55])
+
+
+@pytest.mark.parametrize("spec", ["/no/such/corpus.jsonl", "missing.parquet", "./texts"])
+def test_a_missing_local_path_is_named_not_sent_to_the_hub(tmp_path, spec):
+    with pytest.raises(FileNotFoundError, match="does not exist: give an existing local file"):
+        make(tmp_path, spec).texts()

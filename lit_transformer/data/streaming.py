@@ -79,6 +79,11 @@ class CorpusStream:
                 if text_column not in split.column_names:
                     raise ValueError(f"dataset {dataset!r}: split {name!r} has no column {text_column!r}")
                 self.sources[name] = SourceSplit(rows=list(split[text_column]))
+        elif not is_local(dataset) and _looks_like_a_path(dataset):
+            raise FileNotFoundError(
+                f"{dataset!r} does not exist: give an existing local file, folder or glob (.txt, .jsonl/.json, "
+                ".csv/.tsv, .parquet), a hub dataset name, or an embedded corpus"
+            )
         elif is_local(dataset):
             files = local_files(dataset)
             for f in files:
@@ -279,6 +284,12 @@ class CorpusStream:
 
 
 # ---------------------------------------------------------------------------------------------------- readers
+
+
+def _looks_like_a_path(spec: str) -> bool:
+    """A spec that names a local file (a leading / . ~ or a data file suffix), never a hub name like owner/name."""
+    suffixes = (".txt", ".text", ".md", *BUILDERS)
+    return spec.startswith(("/", "./", "../", "~")) or Path(spec).suffix.lower() in suffixes
 
 
 def _file_digest(path: str) -> str:
