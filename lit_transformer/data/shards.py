@@ -4,16 +4,17 @@ Layout of one prepared corpus (under <cache>/shards/<key>/, the key a hash of th
 and the settings, so a changed input never reuses a stale entry):
 
     manifest.json                 written last: its presence means every split is complete
-    <split>/shard-00000.bin       token ids, raw little-endian uint16 (uint32 when the vocabulary needs it)
+    <split>/shard-00000.bin       token ids, raw uint16 in native byte order (uint32 when the vocabulary needs it)
     <split>/shard-00000.docs.npy  where each document starts in the shard (int64 token offsets)
     <split>/progress.json         finished shards and how many source documents they cover (for resuming)
     <split>/index.json            the split's shards, token, character and document counts (written when done)
 
-Preparation streams the source (see `streaming.py`), tokenizes it in chunks of a few megabytes with the tokenizer's
-own batch parallelism (`encode_batch_fast`: Rust threads on every core) while a reader thread parses the next chunk,
-and appends ids to the current shard. A shard is written to a temporary file, fsynced and renamed only when complete,
-and `progress.json` is updated after it: a killed run resumes after its last finished shard, and no reader ever sees
-a half-written shard. Shards end at document boundaries.
+Preparation streams the source (see `streaming.py`) in one pass per source split (the training source also fills
+the carved held-out splits), cuts it into chunks of a few megabytes, and tokenizes them in worker processes, one per
+CPU, while the parent reads, parses and writes (a small source is tokenized in the parent, with the tokenizer's own
+threads). Ids are appended to the current shard. A shard is written to a temporary file, fsynced and renamed only
+when complete, and `progress.json` is updated after it: a killed run resumes after its last finished shard, and no
+reader ever sees a half-written shard. Shards end at document boundaries.
 
 Training reads blocks through short-lived memory maps: a map is opened for the rows of one batch and dropped, so the
 pages it touched are not kept mapped and the resident memory stays flat however much of the corpus is read.
@@ -311,8 +312,8 @@ class _ShardWriter:
         self.handle = None
         name = self._name()
         starts = np.concatenate(self.starts) if self.starts else np.zeros(0, dtype=np.int64)
-        atomic_write(self.directory / f"{name}.docs.npy", lambda tmp: np.save(open(tmp, "wb"), starts))  # noqa: SIM115
         if self.tokens:
+            atomic_write(self.directory / f"{name}.docs.npy", lambda tmp: _save_npy(tmp, starts))
             os.replace(self.directory / f"{name}.bin.tmp", self.directory / f"{name}.bin")
             self.progress["shards"].append({"file": f"{name}.bin", "tokens": self.tokens, "documents": len(starts)})
         else:
@@ -324,6 +325,11 @@ class _ShardWriter:
 
     def _save_progress(self) -> None:
         atomic_write(self.directory / "progress.json", lambda tmp: Path(tmp).write_text(json.dumps(self.progress)))
+
+
+def _save_npy(path: str, array: np.ndarray) -> None:
+    with open(path, "wb") as handle:  # a handle: np.save would add ".npy" to a temporary file's name
+        np.save(handle, array)
 
 
 def _progress_bar(split: str, total: int | None):
