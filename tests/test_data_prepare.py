@@ -135,6 +135,7 @@ def test_a_250_paragraph_jsonl_prepares_and_trains(tmp_path):
     from lit_transformer.module import LitTransformer
 
     trainer = L.Trainer(
+        default_root_dir=tmp_path,  # the run writes its tokenizer.json there
         max_steps=3,
         limit_val_batches=2,
         val_check_interval=3,
