@@ -369,3 +369,20 @@ def test_a_hub_dataset_is_read_with_streaming(tmp_path, monkeypatch):
 def test_a_missing_local_path_is_named_not_sent_to_the_hub(tmp_path, spec):
     with pytest.raises(FileNotFoundError, match="does not exist: give an existing local file"):
         make(tmp_path, spec).texts()
+
+
+@pytest.mark.parametrize("sampling", ["random", "sequential"])
+def test_training_batches_are_the_same_with_loader_workers(tmp_path, sampling):
+    dm = make(tmp_path, write(tmp_path, "jsonl", paragraphs(220)), sampling=sampling)
+    dm.setup()
+    blocks = dm._blocks["train"]
+    batches = {}
+    for workers in (0, 1):
+        loader = BlockStreamLoader(blocks, 4, seed=1, shuffle=sampling == "random", num_workers=workers)
+        batches[workers] = [b for _, b in zip(range(5), loader)]
+    for a, b in zip(batches[0], batches[1]):
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels", "sample_index"))
+    first = batches[0][0]["sample_index"].tolist()
+    assert first == [0, 1, 2, 3]
+    in_order = torch.equal(batches[0][0]["input_ids"], blocks.__getitems__([0, 1, 2, 3])["input_ids"])
+    assert in_order == (sampling == "sequential")
