@@ -4,6 +4,7 @@ python -m lit_transformer fit --config configs/base.yaml
 python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
 python -m lit_transformer generate --checkpoint runs/shakespeare/checkpoints/last.ckpt --prompt "ROMEO:"
 python -m lit_transformer translate --checkpoint runs/en-es/checkpoints/last.ckpt --text "In the beginning"
+python -m lit_transformer prepare --config configs/base.yaml   # the data once: token shards that fit then reads
 """
 
 from __future__ import annotations
@@ -140,7 +141,18 @@ def run_cli(args: Sequence[str] | None = None) -> TransformerCLI:
 def _extra_commands() -> dict[str, Callable[[Sequence[str]], None]]:
     from lit_transformer import inference
 
-    return {"generate": inference.generate_main, "translate": inference.translate_main, "export": _export_main}
+    return {
+        "generate": inference.generate_main,
+        "translate": inference.translate_main,
+        "export": _export_main,
+        "prepare": _prepare_main,
+    }
+
+
+def _prepare_main(argv: Sequence[str]) -> None:
+    from lit_transformer.prepare import prepare_main
+
+    prepare_main(argv)
 
 
 def _export_main(argv: Sequence[str]) -> None:
@@ -151,7 +163,7 @@ def _export_main(argv: Sequence[str]) -> None:
 
 def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in ("generate", "translate", "export"):
+    if argv and argv[0] in ("generate", "translate", "export", "prepare"):
         _extra_commands()[argv[0]](argv[1:])
         return
     run_cli(argv)
