@@ -70,11 +70,14 @@ def test_a_transformers_llama_loads_with_its_logits_and_its_greedy_tokens(tmp_pa
     assert torch.equal(model.generate(prompt, max_new_tokens=30, eos_token_id=-1), expected[:, 12:])
 
 
-def test_our_llama_folder_loads_in_transformers_with_our_logits(tmp_path):
+@pytest.mark.parametrize("pad_vocab", [None, 96], ids=["exact-vocab", "padded-vocab"])
+def test_our_llama_folder_loads_in_transformers_with_our_logits(tmp_path, pad_vocab):
+    """Padded vocabulary rows (pad_vocab_to_multiple_of) are ours alone: the folder holds the true 128 rows."""
     torch.manual_seed(0)
     cfg = TransformerConfig.preset(
         "tiny", positions="rope", norm="rmsnorm", activation="swiglu", n_kv_heads=2, bias=False,
         tie_embeddings=False, d_ff=40, pad_token_id=None, rope_theta=1000.0, layer_norm_eps=1e-6,
+        pad_vocab_to_multiple_of=pad_vocab,
     )  # fmt: skip
     model = Transformer(cfg).eval()
     with torch.no_grad():
@@ -85,10 +88,11 @@ def test_our_llama_folder_loads_in_transformers_with_our_logits(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["num_key_value_heads"] == 2
     hf, info = transformers.LlamaForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert not any(info.values()), info  # no missing, unexpected or mismatched weights
+    assert hf.lm_head.weight.shape[0] == 128
     x = tokens(2, 30)
     with torch.no_grad():
         close(model(x), hf.eval()(x).logits)
-        close(load_hf_llama(tmp_path)(x), model(x))  # and back
+        close(load_hf_llama(tmp_path, base=cfg)(x), model(x))  # and back, into the padded config too
 
 
 def test_the_llama_small_preset_is_a_llama():

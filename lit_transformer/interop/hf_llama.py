@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
 from lit_transformer.interop.hf_files import read_state_dict, resolve_folder, save_hf_tokenizer, write_state_dict
+from lit_transformer.interop.hf_gpt2 import pad_rows
 from lit_transformer.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -147,12 +148,14 @@ _OUT = {"self_attn.out": "self_attn.o_proj", "ff.down": "mlp.down_proj"}
 
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """LlamaForCausalLM's parameter names (lm_head left out when tied, as save_pretrained does)."""
+    """LlamaForCausalLM's parameter names (lm_head left out when tied, as save_pretrained does). Vocabulary matrices
+    keep their true rows: padded ones (pad_vocab_to_multiple_of) are ours alone and are dropped."""
     cfg = model.config
     s = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    out = {"model.embed_tokens.weight": s["tgt_embed.weight"], "model.norm.weight": s["decoder_norm.weight"]}
+    embed = s["tgt_embed.weight"][: cfg.vocab_size]
+    out = {"model.embed_tokens.weight": embed, "model.norm.weight": s["decoder_norm.weight"]}
     if not cfg.tie_embeddings:
-        out["lm_head.weight"] = s["lm_head.weight"]
+        out["lm_head.weight"] = s["lm_head.weight"][: cfg.vocab_size]
     sizes = model.decoder_blocks[0].self_attn.split_sizes
     kinds = ["weight", "bias"] if cfg.bias else ["weight"]
     for i in range(cfg.n_layers):
@@ -170,10 +173,11 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def from_hf_state_dict(state: Mapping[str, torch.Tensor], cfg: TransformerConfig) -> dict[str, torch.Tensor]:
-    """Our parameter names from Llama's."""
+    """Our parameter names from Llama's; a padded config (pad_vocab_to_multiple_of) gets zero rows appended."""
     s = dict(state)
-    out = {"tgt_embed.weight": s["model.embed_tokens.weight"], "decoder_norm.weight": s["model.norm.weight"]}
-    out["lm_head.weight"] = out["tgt_embed.weight"] if cfg.tie_embeddings else s["lm_head.weight"]
+    embed = pad_rows(s["model.embed_tokens.weight"], cfg.padded_vocab_size)
+    out = {"tgt_embed.weight": embed, "decoder_norm.weight": s["model.norm.weight"]}
+    out["lm_head.weight"] = embed if cfg.tie_embeddings else pad_rows(s["lm_head.weight"], cfg.padded_vocab_size)
     kinds = ["weight", "bias"] if cfg.bias else ["weight"]
     for i in range(cfg.n_layers):
         ours, theirs = f"decoder_blocks.{i}.", f"model.layers.{i}."
