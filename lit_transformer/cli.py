@@ -4,6 +4,7 @@ python -m lit_transformer fit --config configs/base.yaml
 python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
 python -m lit_transformer generate --checkpoint runs/shakespeare/checkpoints/last.ckpt --prompt "ROMEO:"
 python -m lit_transformer translate --checkpoint runs/en-es/checkpoints/last.ckpt --text "In the beginning"
+python -m lit_transformer average --checkpoints runs/en-es/checkpoints --last 5 --output runs/en-es/avg.ckpt
 """
 
 from __future__ import annotations
@@ -129,8 +130,14 @@ def run_cli(args: Sequence[str] | None = None) -> TransformerCLI:
 
 def _extra_commands() -> dict[str, Callable[[Sequence[str]], None]]:
     from lit_transformer import inference
+    from lit_transformer.averaging import average_main
 
-    return {"generate": inference.generate_main, "translate": inference.translate_main, "export": _export_main}
+    return {
+        "generate": inference.generate_main,
+        "translate": inference.translate_main,
+        "export": _export_main,
+        "average": average_main,
+    }
 
 
 def _export_main(argv: Sequence[str]) -> None:
@@ -141,7 +148,7 @@ def _export_main(argv: Sequence[str]) -> None:
 
 def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in ("generate", "translate", "export"):
+    if argv and argv[0] in ("generate", "translate", "export", "average"):
         _extra_commands()[argv[0]](argv[1:])
         return
     run_cli(argv)
