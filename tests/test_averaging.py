@@ -107,37 +107,57 @@ def _run(*args: str) -> None:
     run_cli([*args, "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"])
 
 
-def test_ema_and_averaged_checkpoints_of_a_translation_run_test_translate_and_export(tmp_path, capsys, monkeypatch):
-    """One tiny run with Lightning's EMAWeightAveraging, a step checkpoint every 10 steps; its checkpoints hold the
-    EMA in state_dict and the optimizer's weights in current_model_state. The average of the last two loads in
-    test, translate, predict and export."""
+@pytest.fixture(scope="module")
+def ema_run(tmp_path_factory) -> Path:
+    """One tiny translation run with Lightning's EMAWeightAveraging, a step checkpoint every 10 steps kept, and the
+    best checkpoint chosen by validation BLEU (mode max)."""
+    run = tmp_path_factory.mktemp("ema_run")
+    ema = ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay", "0.5"]
+    steps = ["--checkpoint.save_top_k", "-1", "--checkpoint.filename", "step{step:06d}"]
+    steps += ["--checkpoint.auto_insert_metric_name", "false", "--checkpoint.dirpath", str(run / "checkpoints")]
+    best = ["--best_checkpoint.monitor", "val/bleu", "--best_checkpoint.mode", "max"]
+    best += ["--best_checkpoint.filename", "best-bleu{val/bleu:.2f}"]
+    _run("fit", *_common(run), *steps, *ema, *best, "--model.generation.max_new_tokens", "8")
+    return run
+
+
+def _common(run: Path) -> list[str]:
+    return ["--config", str(TINY_TRANSLATE), "--data.init_args.cache_dir", str(run / "cache")]
+
+
+def test_ema_checkpoints_hold_the_ema_in_state_dict_and_the_trained_weights_beside_it(ema_run):
+    last = load_checkpoint(ema_run / "checkpoints" / "step000020.ckpt")
+    ema_w, trained = last["state_dict"]["model.lm_head.weight"], last["current_model_state"]["model.lm_head.weight"]
+    assert not torch.equal(ema_w, trained)  # test/translate read the EMA; `average --weights trained` the other
+
+
+def test_the_best_checkpoint_is_chosen_by_validation_bleu(ema_run):
+    (best,) = (ema_run / "checkpoints").glob("best-bleu*.ckpt")
+    state = next(v for k, v in load_checkpoint(best)["callbacks"].items() if "'monitor': 'val/bleu'" in k)
+    assert state["best_model_path"].endswith(best.name)
+    assert best.name == f"best-bleu{float(state['best_model_score']):.2f}.ckpt"
+
+
+def test_the_average_of_an_ema_run_loads_in_test_translate_predict_and_export(ema_run, capsys, monkeypatch):
     from lit_transformer.inference import translate_main
     from lit_transformer.interop import export_main
 
-    monkeypatch.chdir(tmp_path)
-    ckpts = tmp_path / "checkpoints"
-    common = ["--config", str(TINY_TRANSLATE), "--data.init_args.cache_dir", str(tmp_path / "cache")]
-    ema = ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay", "0.5"]
-    steps = ["--checkpoint.save_top_k", "-1", "--checkpoint.filename", "step{step:06d}"]
-    steps += ["--checkpoint.auto_insert_metric_name", "false", "--checkpoint.dirpath", str(ckpts)]
-    _run("fit", *common, *steps, *ema, "--model.generation.max_new_tokens", "8")
-    last = load_checkpoint(ckpts / "step000020.ckpt")
-    assert "current_model_state" in last
-    ema_w, trained = last["state_dict"]["model.lm_head.weight"], last["current_model_state"]["model.lm_head.weight"]
-    assert not torch.equal(ema_w, trained)
+    monkeypatch.chdir(ema_run)
+    ckpts = ema_run / "checkpoints"
     average_main(["--checkpoints", str(ckpts), "--last", "2", "--weights", "trained", "--output", "avg.ckpt"])
-    avg = load_checkpoint(tmp_path / "avg.ckpt")
+    avg = load_checkpoint(ema_run / "avg.ckpt")
     first = load_checkpoint(ckpts / "step000010.ckpt")["current_model_state"]["model.lm_head.weight"]
-    torch.testing.assert_close(avg["state_dict"]["model.lm_head.weight"], (first + trained) / 2)
+    second = load_checkpoint(ckpts / "step000020.ckpt")["current_model_state"]["model.lm_head.weight"]
+    torch.testing.assert_close(avg["state_dict"]["model.lm_head.weight"], (first + second) / 2)
     capsys.readouterr()
-    _run("test", *common, "--ckpt_path", "avg.ckpt", "--model.generation.max_new_tokens", "8")
+    _run("test", *_common(ema_run), "--ckpt_path", "avg.ckpt", "--model.generation.max_new_tokens", "8")
     assert "test/bleu" in capsys.readouterr().out
     source = "In the beginning God created the heaven and the earth."
     translate_main(["--checkpoint", "avg.ckpt", "--text", source, "--max_new_tokens", "8"])
     assert capsys.readouterr().out.strip()
-    (tmp_path / "sources.txt").write_text(source + "\n")
+    (ema_run / "sources.txt").write_text(source + "\n")
     predict = ["--data.init_args.predict_file", "sources.txt", "--predictions.output", "out.jsonl"]
-    _run("predict", *common, "--ckpt_path", "avg.ckpt", *predict, "--model.generation.max_new_tokens", "8")
-    assert (tmp_path / "out.jsonl").read_text().count("\n") == 1
+    _run("predict", *_common(ema_run), "--ckpt_path", "avg.ckpt", *predict, "--model.generation.max_new_tokens", "8")
+    assert (ema_run / "out.jsonl").read_text().count("\n") == 1
     export_main(["--checkpoint", "avg.ckpt", "--format", "safetensors", "--out", "exported"])
-    assert (tmp_path / "exported" / "config.json").is_file()
+    assert (ema_run / "exported" / "config.json").is_file()
