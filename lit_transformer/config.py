@@ -14,7 +14,7 @@ Head = Literal["classification", "masked_lm"]
 Pooling = Literal["mean", "cls", "max"]
 NormPosition = Literal["pre", "post"]
 Positions = Literal["sinusoidal", "learned"]
-Activation = Literal["relu", "gelu", "gelu_tanh"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 Init = Literal["gpt2", "xavier"]
 
 
@@ -53,7 +53,8 @@ class TransformerConfig:
     attention_dropout: float | None = None
     """Dropout on attention weights; None uses dropout."""
     activation: Activation = "gelu_tanh"
-    """Feed-forward activation: relu (paper), gelu (exact), gelu_tanh (GPT-2's tanh approximation)."""
+    """Feed-forward activation: relu (paper), gelu (exact), gelu_tanh (GPT-2's tanh approximation), silu (swish,
+    OPUS-MT's Marian models)."""
     bias: bool = True
     """Biases in linear layers and LayerNorms."""
     tie_embeddings: bool = True
@@ -108,7 +109,7 @@ class TransformerConfig:
         yield from choices("pooling", ("mean", "cls", "max"))
         yield from choices("norm_position", ("pre", "post"))
         yield from choices("positions", ("sinusoidal", "learned"))
-        yield from choices("activation", ("relu", "gelu", "gelu_tanh"))
+        yield from choices("activation", ("relu", "gelu", "gelu_tanh", "silu"))
         yield from choices("init", ("gpt2", "xavier"))
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
             if getattr(self, name) < 1:

@@ -22,11 +22,13 @@ from lit_transformer.model import Transformer
 log = logging.getLogger(__name__)
 
 # Our activation -> GPT-2's name. GPT-2's "gelu_new" is the tanh approximation; "gelu" is the exact erf GELU.
-TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 # GPT-2 names that compute the same function as one of ours (the tanh approximation has three spellings).
 FROM_HF_ACTIVATION = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"} | {
     "gelu": "gelu",
     "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
 }
 
 # Field -> (the only value GPT-2 can express, why).

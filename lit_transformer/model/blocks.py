@@ -40,6 +40,8 @@ class FeedForward(nn.Module):
         h = self.up(x)
         if self.activation == "relu":
             h = F.relu(h)
+        elif self.activation == "silu":
+            h = F.silu(h)
         else:
             h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
         return self.down(h)

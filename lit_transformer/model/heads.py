@@ -49,6 +49,8 @@ class ClassificationHead(nn.Module):
         h = self.dense(pooled)
         if self.activation == "relu":
             h = F.relu(h)
+        elif self.activation == "silu":
+            h = F.silu(h)
         else:
             h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
         return self.out(self.dropout(h))
