@@ -56,20 +56,23 @@ def select_checkpoints(
     sources: .ckpt files and/or folders (every *.ckpt inside). A step written twice (last.ckpt beside step files, a
     best-*.ckpt) counts once. last keeps the newest N steps; steps keeps those within [first, last].
     """
-    files: list[Path] = []
+    files: list[tuple[Path, bool]] = []  # (file, found in a folder)
     for source in map(Path, sources):
         if source.is_dir():
             found = sorted(source.glob("*.ckpt"))
             if not found:
                 raise FileNotFoundError(f"--checkpoints {source}: the folder holds no .ckpt files")
-            files += found
+            files += [(path, True) for path in found]
         elif source.is_file():
-            files.append(source)
+            files.append((source, False))
         else:
             raise FileNotFoundError(f"--checkpoints {source}: no such file or folder")
     by_step: dict[int, Path] = {}
-    for path in files:
-        step = checkpoint_step(_peek(path))
+    for path, in_folder in files:
+        checkpoint = _peek(path)
+        if in_folder and "averaged_from" in checkpoint:
+            continue  # an earlier average written into the folder is not a step of training
+        step = checkpoint_step(checkpoint)
         # Prefer a file named for its step over last.ckpt / best-*.ckpt: the record then says which step it was.
         if step not in by_step or by_step[step].name.startswith(("last", "best")):
             by_step[step] = path

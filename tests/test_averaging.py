@@ -70,6 +70,7 @@ def test_checkpoints_are_chosen_by_last_n_and_by_step_range_once_per_step(tmp_pa
     for step in (100, 200, 300, 400):
         _write(tmp_path / f"step{step:06d}.ckpt", step, tokenizer_json)
     _write(tmp_path / "last.ckpt", 400, tokenizer_json)  # the same step twice counts once
+    torch.save(average_checkpoints([tmp_path / "last.ckpt"]), tmp_path / "avg.ckpt")  # an earlier average: skipped
     names = lambda paths: [p.name for p in paths]  # noqa: E731
     assert names(select_checkpoints([tmp_path], last=2)) == ["step000300.ckpt", "step000400.ckpt"]
     assert names(select_checkpoints([tmp_path], steps=(200, 300))) == ["step000200.ckpt", "step000300.ckpt"]

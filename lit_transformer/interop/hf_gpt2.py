@@ -22,13 +22,11 @@ from lit_transformer.model import Transformer
 log = logging.getLogger(__name__)
 
 # Our activation -> GPT-2's name. GPT-2's "gelu_new" is the tanh approximation; "gelu" is the exact erf GELU.
-TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 # GPT-2 names that compute the same function as one of ours (the tanh approximation has three spellings).
 FROM_HF_ACTIVATION = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"} | {
     "gelu": "gelu",
     "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
 }
 
 # Field -> (the only value GPT-2 can express, why).
@@ -51,11 +49,14 @@ HF_OPTIONS = {
 
 def gpt2_problems(cfg: TransformerConfig) -> list[str]:
     """Why `cfg` cannot be a GPT-2 model: one line per field, naming it; [] when it can."""
-    return [
+    problems = [
         f"{name}={getattr(cfg, name)!r}: GPT-2 can only express {name}={value!r} ({why})"
         for name, (value, why) in GPT2_SHAPE.items()
         if getattr(cfg, name) != value
     ]
+    if cfg.activation not in TO_HF_ACTIVATION:
+        problems.append(f"activation={cfg.activation!r}: GPT-2 can only express {', '.join(TO_HF_ACTIVATION)} here")
+    return problems
 
 
 def _check_gpt2(cfg: TransformerConfig) -> None:
