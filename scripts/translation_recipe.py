@@ -87,8 +87,9 @@ def evaluate(config: Path, checkpoint: Path, decoding: list[str]) -> dict:
     }
 
 
-def plot_curve(run: Path, plot: Path) -> list[tuple[int, float]]:
-    """Validation BLEU (and perplexity) against steps, from the run's TensorBoard events."""
+def plot_curve(run: Path, plot: Path, title: str = "") -> list[tuple[int, float]]:
+    """Validation BLEU (and perplexity) against steps, from the run's TensorBoard events. With an EMA callback,
+    validation sees the EMA weights, which hold the initial weights until the EMA starts."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,7 +110,9 @@ def plot_curve(run: Path, plot: Path) -> list[tuple[int, float]]:
     twin.plot(*zip(*[(s, p) for s, p in ppl if p < 1000], strict=True), color="gray", ls="--", label="validation ppl")
     twin.set_ylabel("perplexity")
     twin.set_yscale("log")
-    fig.legend(loc="upper center", ncols=2, fontsize=8)
+    fig.legend(loc="upper left", bbox_to_anchor=(0.08, 0.9), fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
     fig.tight_layout()
     plot.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(plot, dpi=110)
@@ -123,8 +126,12 @@ def main() -> None:
     parser.add_argument("--last", type=int, default=5, help="How many of the last checkpoints to average.")
     parser.add_argument("--jobs", type=int, default=2, help="`test` processes at a time.")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "en-es-val-bleu.png")
+    parser.add_argument("--title", default="", help="The plot's title.")
+    parser.add_argument("--plot_only", action="store_true", help="Draw the curve and stop.")
     args = parser.parse_args()
-    curve = plot_curve(args.run, args.plot)
+    curve = plot_curve(args.run, args.plot, args.title)
+    if args.plot_only:
+        return
     paths = build_checkpoints(args.run, args.last)
     jobs = [(name, path, label, flags) for name, path in paths.items() for label, flags in DECODINGS.items()]
     with ThreadPoolExecutor(args.jobs) as pool:
