@@ -87,7 +87,25 @@ def evaluate(config: Path, checkpoint: Path, decoding: list[str]) -> dict:
     }
 
 
-def plot_curve(run: Path, plot: Path, title: str = "") -> list[tuple[int, float]]:
+def raw_curve(run: Path, config: Path, jobs: int) -> list[tuple[int, float]]:
+    """Validation BLEU of the optimizer's own weights at every step checkpoint (the logged curve is the EMA's)."""
+    out = run / "recipe" / "raw"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def one(step_file: Path) -> tuple[int, float]:
+        raw = out / step_file.name
+        _cli("average", "--checkpoints", str(step_file), "--weights", "trained", "--output", str(raw))
+        output = _cli("validate", "--config", str(config), "--ckpt_path", str(raw), "--trainer.logger", "false")
+        return int(re.search(r"(\d+)", step_file.stem)[1]), _metric(output, "val/bleu")
+
+    steps = sorted((run / "checkpoints").glob("step*.ckpt"))
+    with ThreadPoolExecutor(jobs) as pool:
+        return sorted(pool.map(one, steps[1::2]))  # every 200 steps, where the logged validations are
+
+
+def plot_curve(
+    run: Path, plot: Path, title: str = "", raw: list[tuple[int, float]] | None = None
+) -> list[tuple[int, float]]:
     """Validation BLEU (and perplexity) against steps, from the run's TensorBoard events. With an EMA callback,
     validation sees the EMA weights, which hold the initial weights until the EMA starts."""
     import matplotlib
@@ -102,12 +120,23 @@ def plot_curve(run: Path, plot: Path, title: str = "") -> list[tuple[int, float]
     bleu = [(e.step + 1, e.value) for e in acc.Scalars("val/bleu")]
     ppl = [(e.step + 1, e.value) for e in acc.Scalars("val/ppl")]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*zip(*bleu, strict=True), marker="o", label="validation BLEU (EMA weights, 100 pairs, beam 4)")
+    ax.plot(
+        *zip(*bleu, strict=True), marker="o", label="validation BLEU, EMA weights (as logged: 100 pairs, beam 4, |Y|^1)"
+    )
+    if raw:
+        ax.plot(
+            *zip(*raw, strict=True), marker="s", label="validation BLEU, the optimizer's weights (paper's decoding)"
+        )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("BLEU")
     ax.grid(alpha=0.3)
     twin = ax.twinx()
-    twin.plot(*zip(*[(s, p) for s, p in ppl if p < 1000], strict=True), color="gray", ls="--", label="validation ppl")
+    twin.plot(
+        *zip(*[(s, p) for s, p in ppl if p < 1000], strict=True),
+        color="gray",
+        ls="--",
+        label="validation ppl, EMA weights",
+    )
     twin.set_ylabel("perplexity")
     twin.set_yscale("log")
     fig.legend(loc="upper left", bbox_to_anchor=(0.08, 0.9), fontsize=8)
@@ -128,8 +157,15 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "en-es-val-bleu.png")
     parser.add_argument("--title", default="", help="The plot's title.")
     parser.add_argument("--plot_only", action="store_true", help="Draw the curve and stop.")
+    parser.add_argument("--raw_curve", action="store_true", help="Also validate the optimizer's weights per step.")
     args = parser.parse_args()
-    curve = plot_curve(args.run, args.plot, args.title)
+    saved = args.run / "recipe" / "raw_validation_bleu.json"
+    raw = raw_curve(args.run, args.config, args.jobs) if args.raw_curve else None
+    if raw:
+        saved.write_text(json.dumps(raw) + "\n")
+    elif saved.is_file():  # drawn again from an earlier --raw_curve
+        raw = [tuple(point) for point in json.loads(saved.read_text())]
+    curve = plot_curve(args.run, args.plot, args.title, raw)
     if args.plot_only:
         return
     paths = build_checkpoints(args.run, args.last)
