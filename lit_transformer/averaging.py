@@ -139,10 +139,14 @@ def average_checkpoints(paths: Sequence[str | Path], weights: Weights = "saved")
         raise ValueError("average needs at least one checkpoint")
     sums: dict[str, torch.Tensor] = {}
     reference: dict[str, Any] | None = None
+    newest: tuple[int, dict[str, Any], dict[str, torch.Tensor]] | None = None  # (step, checkpoint, weights)
     steps = []
     for path in paths:
         checkpoint = load_checkpoint(path)
         state = _weights(checkpoint, weights, path)
+        step = checkpoint_step(checkpoint)
+        if newest is None or step >= newest[0]:
+            newest = (step, {k: v for k, v in checkpoint.items() if k not in TRAINING_STATE}, state)
         if reference is None:
             reference, ref_path, ref_state = checkpoint, path, state
             sums = {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
@@ -157,17 +161,14 @@ def average_checkpoints(paths: Sequence[str | Path], weights: Weights = "saved")
             for k, v in state.items():
                 if v.is_floating_point():
                     sums[k] += v.double()
-                else:
-                    sums[k] = v  # counters: the newest wins
-        steps.append(checkpoint_step(checkpoint))
-    assert reference is not None
+        steps.append(step)
+    assert newest is not None
+    _, result, newest_state = newest
+    # Means of the floating-point tensors; counters and other integers as the newest checkpoint holds them.
     averaged = {
-        k: (v / len(paths)).to(ref_state[k].dtype) if v.is_floating_point() else v.clone() for k, v in sums.items()
+        k: (v / len(paths)).to(ref_state[k].dtype) if v.is_floating_point() else newest_state[k].clone()
+        for k, v in sums.items()
     }
-    result = {k: v for k, v in reference.items() if k not in TRAINING_STATE}
-    # The newest checkpoint's metadata, with the step that ends the averaged span.
-    newest = max(range(len(paths)), key=steps.__getitem__)
-    result["global_step"] = steps[newest]
     result["state_dict"] = averaged
     result["averaged_from"] = [{"path": str(p), "step": s} for p, s in zip(paths, steps, strict=True)]
     result["averaged_weights"] = weights

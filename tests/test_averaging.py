@@ -53,6 +53,7 @@ def test_the_average_of_two_checkpoints_is_their_element_wise_mean(tmp_path, tok
     assert averaged["tokenizer"] == tokenizer_json and averaged["global_step"] == 200
     assert "optimizer_states" not in averaged
     assert [e["step"] for e in averaged["averaged_from"]] == [100, 200]
+    assert average_checkpoints([b, a])["global_step"] == 200  # the newest's metadata, whatever the order
 
 
 def test_a_mismatched_architecture_is_refused_naming_the_fields(tmp_path, tokenizer_json):
