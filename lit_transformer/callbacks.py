@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor, ThroughputMonitor
+from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
@@ -217,39 +219,114 @@ def _heads_figure(weights: torch.Tensor, queries: list[str], keys: list[str]):
     return fig
 
 
-class TokenThroughputMonitor(ThroughputMonitor):
-    """Lightning's ThroughputMonitor counting tokens, with MFU on any device and tokens/s in the progress bar.
+class TokenThroughputMonitor(L.Callback):
+    """Training throughput in tokens/s, samples/s and MFU, per logging interval, on any device.
 
-    Lightning knows the peak FLOP/s of datacenter GPUs only; elsewhere (a CPU) the peak is given or measured here
-    with a matmul, so that MFU is reported against what this machine can actually do.
+    Lightning's ThroughputMonitor synchronises the GPU after every batch to time it, which stalls the pipeline the
+    step is meant to keep full. Here the batches' token counts add up on the device, and the clock is read (after one
+    synchronisation) only at the steps the trainer logs: the figures are means over the interval since the last log.
+    Tags are Lightning's: train/device/items_per_sec (tokens), train/device/samples_per_sec, train/device/mfu, ...
+    Lightning knows the peak FLOP/s of datacenter GPUs only; elsewhere (a CPU) the peak is given or measured here with
+    a matmul, so that MFU is reported against what this machine can actually do.
     """
 
-    def __init__(self, peak_flops: float | None = None, window_size: int = 20) -> None:
+    def __init__(self, peak_flops: float | None = None) -> None:
         """
         Args:
             peak_flops: The device's peak FLOP/s for MFU; None uses Lightning's table, else measures a matmul.
-            window_size: Batches in the rolling average.
         """
-        super().__init__(batch_size_fn=_batch_size, length_fn=_token_count, window_size=window_size)
         self.peak_flops = peak_flops
+        self.available_flops: float | None = None
+        self.tokens_per_sec: float | None = None
+        self._reset(None)
+
+    def _reset(self, start: float | None) -> None:
+        self._start = start
+        self._batches = self._samples = 0
+        self._flops = 0.0
+        self._tokens: torch.Tensor | int = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        peak = self.peak_flops or self.available_flops
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        if stage != "fit":
+            return
+        device, dtype = trainer.strategy.root_device, _plugin_to_compute_dtype(trainer.precision_plugin)
+        peak = self.peak_flops or get_available_flops(device, dtype)
         if peak is None:
             from lit_transformer.parallelize import matmul_peak_flops
 
-            peak = matmul_peak_flops(trainer.strategy.root_device, _plugin_to_compute_dtype(trainer.precision_plugin))
+            peak = matmul_peak_flops(device, dtype)
         self.available_flops = peak
-        for throughput in self._throughputs.values():
-            throughput.available_flops = peak
+
+    def _now(self, trainer: L.Trainer) -> float:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()  # the one synchronisation per logging interval
+        return time.perf_counter()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset(self._now(trainer))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, *args) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)
-        throughput = self._throughputs.get(trainer.state.stage)
-        if throughput is not None and len(throughput._time) > 1:
-            rate = (throughput._lengths[-1] - throughput._lengths[0]) / (throughput._time[-1] - throughput._time[0])
-            pl_module.log("tok/s", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        self._batches += 1
+        self._samples += _batch_size(batch)
+        self._tokens = self._tokens + _token_count(batch)  # a tensor on the batch's device: nothing is read
+        self._flops += getattr(pl_module, "flops_per_batch", None) or 0.0
+        if trainer.fit_loop._should_accumulate() or not trainer._logger_connector.should_update_logs:
+            return
+        now = self._now(trainer)
+        elapsed = now - self._start
+        tokens = int(self._tokens)
+        rates = {
+            "batches_per_sec": self._batches / elapsed,
+            "samples_per_sec": self._samples / elapsed,
+            "items_per_sec": tokens / elapsed,
+        }
+        if self._flops:
+            rates["flops_per_sec"] = self._flops / elapsed
+            if self.available_flops:
+                rates["mfu"] = rates["flops_per_sec"] / self.available_flops
+        metrics = {f"train/device/{name}": value for name, value in rates.items()}
+        if trainer.world_size > 1:  # every rank runs the same step: the job's rate is world_size times one rank's
+            metrics.update({f"train/{name}": value * trainer.world_size for name, value in rates.items()})
+        if trainer.is_global_zero:
+            trainer._logger_connector.log_metrics(metrics, step=trainer.global_step)
+        self.tokens_per_sec = rates["items_per_sec"]  # shown by SyncFreeProgressBar
+        self._reset(now)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Validation time is not training time: the next interval starts when training resumes.
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._reset(self._now(trainer))
+
+
+class SyncFreeProgressBar(TQDMProgressBar):
+    """Lightning's TQDM bar, showing the training loss and tokens/s read only at the steps the trainer logs.
+
+    Reading a logged tensor makes the host wait for the GPU. Lightning converts every `prog_bar=True` tensor to a
+    number after every batch, so the training step logs nothing to the bar; this bar moves its counter every batch
+    and reads train/loss (and the TokenThroughputMonitor's rate) with the logs.
+    """
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        if trainer.training:
+            loss = trainer.callback_metrics.get("train/loss")
+            if loss is not None:
+                metrics["loss"] = f"{float(loss):.4g}"
+            monitor = next((c for c in trainer.callbacks if isinstance(c, TokenThroughputMonitor)), None)
+            if monitor is not None and monitor.tokens_per_sec is not None:
+                metrics["tok/s"] = f"{monitor.tokens_per_sec:,.0f}"
+        return metrics
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        n = batch_idx + 1
+        bar = self.train_progress_bar
+        if bar is None or not self._should_update(n, bar.total):
+            return
+        _update_n(bar, n)
+        if trainer._logger_connector.should_update_logs:
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
 
 
 def _sharded_across_ranks(trainer: L.Trainer, callback: L.Callback) -> bool:
@@ -269,12 +346,12 @@ def _batch_size(batch: dict[str, torch.Tensor]) -> int:
     return len(batch["labels"] if "labels" in batch else batch["input_ids"])
 
 
-def _token_count(batch: dict[str, torch.Tensor]) -> int:
+def _token_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Target tokens of a language-model or translation batch; input tokens of a batch that carries an attention_mask
-    (predict inputs and classification passages, whose labels are one per example)."""
+    (predict inputs and classification passages, whose labels are one per example). A tensor: never read here."""
     if "labels" in batch and "attention_mask" not in batch:
-        return int((batch["labels"] != -100).sum())
-    return int(batch["attention_mask"].sum())
+        return (batch["labels"] != -100).sum()
+    return batch["attention_mask"].sum()
 
 
 class LearningRateLogger(LearningRateMonitor):

@@ -285,7 +285,8 @@ def load_model_state(
 
 
 def check_tokenizer_vocabulary(tokenizer_vocab_size: int, config: TransformerConfig, what: str = "tokenizer") -> None:
-    """Refuse a tokenizer whose ids do not fit the model's embedding table."""
+    """Refuse a tokenizer whose ids do not fit the model's vocabulary: its true size, config.vocab_size, even when
+    the tables are padded (pad_vocab_to_multiple_of) beyond it, since logits never cover the padded ids."""
     if tokenizer_vocab_size > config.vocab_size:
         raise CheckpointError(
             f"The {what} has {tokenizer_vocab_size} tokens but the model's vocabulary holds {config.vocab_size} "

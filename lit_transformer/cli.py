@@ -4,6 +4,7 @@ python -m lit_transformer fit --config configs/base.yaml
 python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
 python -m lit_transformer generate --checkpoint runs/shakespeare/checkpoints/last.ckpt --prompt "ROMEO:"
 python -m lit_transformer translate --checkpoint runs/en-es/checkpoints/last.ckpt --text "In the beginning"
+python -m lit_transformer prepare --config configs/base.yaml   # the data once: token shards that fit then reads
 python -m lit_transformer average --checkpoints runs/en-es/checkpoints --last 5 --output runs/en-es/avg.ckpt
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import jsonargparse
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_transformer.callbacks import (
@@ -23,6 +24,7 @@ from lit_transformer.callbacks import (
     GenerateSamples,
     LearningRateLogger,
     PredictionWriter,
+    SyncFreeProgressBar,
     TokenThroughputMonitor,
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
@@ -85,6 +87,15 @@ class TransformerCLI(LightningCLI):
             strategy = getattr(strategy, "class_path", None) or str(strategy)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
 
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+        # The progress bar reads its metrics only when the trainer logs (see SyncFreeProgressBar), unless the run
+        # turned the bar off or brought its own.
+        existing = config.get("callbacks") or []
+        given = [*callbacks, *(existing if isinstance(existing, list) else [existing])]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, SyncFreeProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
+
     def _parse_ckpt_path(self) -> None:
         """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
         load the file safely first (a corrupt, truncated or hostile file fails with a message that says what is
@@ -136,8 +147,15 @@ def _extra_commands() -> dict[str, Callable[[Sequence[str]], None]]:
         "generate": inference.generate_main,
         "translate": inference.translate_main,
         "export": _export_main,
+        "prepare": _prepare_main,
         "average": average_main,
     }
+
+
+def _prepare_main(argv: Sequence[str]) -> None:
+    from lit_transformer.prepare import prepare_main
+
+    prepare_main(argv)
 
 
 def _export_main(argv: Sequence[str]) -> None:
@@ -148,7 +166,7 @@ def _export_main(argv: Sequence[str]) -> None:
 
 def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in ("generate", "translate", "export", "average"):
+    if argv and argv[0] in ("generate", "translate", "export", "prepare", "average"):
         _extra_commands()[argv[0]](argv[1:])
         return
     run_cli(argv)

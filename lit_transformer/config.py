@@ -34,6 +34,10 @@ class TransformerConfig:
     """Vocabulary size (source and target when shared). Linked from the tokenizer by the CLI."""
     target_vocab_size: int | None = None
     """encoder_decoder only: a separate target vocabulary size; None shares vocab_size."""
+    pad_vocab_to_multiple_of: int | None = None
+    """Allocate embedding tables and the output layer with rows rounded up to a multiple of this (64: GPT-2's 50,257
+    becomes 50,304, nanoGPT's size), as GPU matmuls run fastest at such widths. Token ids and logits stay within
+    the true vocabulary: the extra rows are zero, never looked up, and sliced off every output. None: no padding."""
     d_model: int = 384
     """Width of the residual stream."""
     n_heads: int = 6
@@ -116,6 +120,7 @@ class TransformerConfig:
                 yield f"{name}={getattr(self, name)} must be a positive integer"
         for name in (
             "target_vocab_size",
+            "pad_vocab_to_multiple_of",
             "n_encoder_layers",
             "n_decoder_layers",
             "d_ff",
@@ -182,6 +187,16 @@ class TransformerConfig:
         return self.target_vocab_size or self.vocab_size
 
     @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the (source or shared) embedding table: vocab_size rounded up to pad_vocab_to_multiple_of."""
+        return _round_up(self.vocab_size, self.pad_vocab_to_multiple_of)
+
+    @property
+    def padded_tgt_vocab_size(self) -> int:
+        """Rows of the target embedding and of the output layer: tgt_vocab_size rounded up likewise."""
+        return _round_up(self.tgt_vocab_size, self.pad_vocab_to_multiple_of)
+
+    @property
     def encoder_layers(self) -> int:
         return self.n_encoder_layers or self.n_layers
 
@@ -224,11 +239,16 @@ class TransformerConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
+def _round_up(n: int, multiple: int | None) -> int:
+    return n if not multiple else -(-n // multiple) * multiple
+
+
 _PAPER = dict(
     topology="encoder_decoder",
     norm_position="post",
     positions="sinusoidal",
     vocab_size=37000,
+    pad_vocab_to_multiple_of=64,  # 37,056 rows: a GPU-friendly output width
     n_layers=6,
     activation="relu",
     bias=True,
@@ -239,16 +259,17 @@ _PAPER = dict(
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Vaswani et al. 2017, Table 3 "base": 65M parameters.
+    # Vaswani et al. 2017, Table 3 "base": 65M parameters (63,082,496 counted unpadded, 63,111,168 allocated).
     "paper-base": {**_PAPER, "d_model": 512, "d_ff": 2048, "n_heads": 8, "dropout": 0.1},
-    # Table 3 "big": 213M parameters.
+    # Table 3 "big": 213M parameters (214,245,376 counted unpadded, 214,302,720 allocated).
     "paper-big": {**_PAPER, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3},
-    # The released GPT-2 small: 124,439,808 parameters.
+    # The released GPT-2 small: 124,439,808 parameters; 124,475,904 allocated with the vocabulary padded to 50,304.
     "gpt2-small": dict(
         topology="decoder_only",
         norm_position="pre",
         positions="learned",
         vocab_size=50257,
+        pad_vocab_to_multiple_of=64,
         d_model=768,
         n_heads=12,
         n_layers=12,

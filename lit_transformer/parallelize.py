@@ -6,6 +6,8 @@ so a checkpoint written with them loads without them and the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -64,10 +66,16 @@ def apply_activation_checkpointing(model: nn.Module, mode: str = "selective") ->
     _apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, BLOCK_CLASSES))
 
 
-def compile_blocks(model: nn.Module, **compile_kwargs) -> None:
+def compile_blocks(model: nn.Module, mode: str | None = None) -> None:
     """torch.compile each block in place: one graph serves every layer, and parameter names do not change."""
     for block in blocks(model):
-        block.compile(**compile_kwargs)
+        block.compile(mode=mode)
+
+
+def compile_function(fn: Callable, mode: str | None = None, fullgraph: bool = False) -> Callable:
+    """torch.compile a function (a training step's forward and loss): the one place the package calls it, so a test
+    can choose a faster backend."""
+    return torch.compile(fn, mode=mode, fullgraph=fullgraph)
 
 
 def matmul_peak_flops(

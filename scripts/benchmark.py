@@ -3,7 +3,8 @@
     .venv/bin/python scripts/benchmark.py                       # everything, CPU, 2 threads (~15 min)
     .venv/bin/python scripts/benchmark.py --quick               # smaller sizes, few repetitions (~3 min)
     .venv/bin/python scripts/benchmark.py --only decoder beam   # some sections
-    .venv/bin/python scripts/benchmark.py --device cuda         # GPT-2 small MFU on a GPU (bf16, compile)
+    .venv/bin/python scripts/benchmark.py --device cuda         # GPU: the CLI's step beside a hand-built one, MFU
+    .venv/bin/python scripts/benchmark.py --only cli --cli-steps 5   # the same CLI-vs-hand code path on a CPU, tiny
 
 Every contender of a section runs once per repetition, in alternating order, so drifting load on a shared machine
 touches all alike. Reported: the median time of each, and the median of the paired per-repetition ratios
@@ -22,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -486,12 +488,257 @@ def bench_cuda(reps: int, batches: list[int]) -> list[Row]:
     return rows
 
 
+# ---------------------------------------------------------------------------------------------- the CLI's step
+
+SPEC_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/s from the spec sheets
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class StepClock:
+    """Times optimizer steps warmup+1 .. warmup+steps with two synchronisations (none between), counting target
+    tokens on the device and the FLOPs the module reports; a Lightning callback and a hand loop's clock alike."""
+
+    def __init__(self, warmup: int, steps: int, device: str) -> None:
+        self.warmup, self.steps, self.device = warmup, steps, device
+        self.start = self.seconds = self.cpu_start = self.cpu_seconds = 0.0
+        self.tokens: Tensor | int = 0
+        self.flops = 0.0
+        self.peak_gb: float | None = None
+        self.syncs: list[str] = []
+
+    def after_step(self, step: int, batch: dict[str, Tensor], flops: float) -> bool:
+        """Call after optimizer step `step` (1-based) with its batch; True once the timed steps are done.
+
+        On CUDA the timed window runs under torch's sync debug mode: every operation that makes the host wait for
+        the GPU (a tensor read, a blocking copy) warns, and `host_syncs` counts those warnings."""
+        if step <= self.warmup:
+            progress(f"step {step} done (warm-up)")
+        if step == self.warmup:
+            _sync(self.device)
+            if self.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                torch.cuda.set_sync_debug_mode("warn")
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
+        elif step > self.warmup:
+            self.tokens = self.tokens + (batch["labels"] != -100).sum()
+            self.flops += flops
+            if step == self.warmup + self.steps:
+                if self.device == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+                _sync(self.device)
+                self.seconds = time.perf_counter() - self.start
+                self.cpu_seconds = time.process_time() - self.cpu_start
+                self.tokens = int(self.tokens)
+                if self.device == "cuda":
+                    self.peak_gb = torch.cuda.max_memory_allocated() / 2**30
+                return True
+        return False
+
+    def row(self, section: str, contender: str, peak_flops: float | None) -> Row:
+        return {
+            "section": section,
+            "contender": contender,
+            "median_s": self.seconds / self.steps,  # the mean step over the timed window
+            "tokens_per_s": self.tokens / self.seconds,
+            "achieved_tflops": self.flops / self.seconds / 1e12,
+            "mfu_vs_spec": self.flops / self.seconds / peak_flops if peak_flops else None,
+            "peak_memory_gb": self.peak_gb,
+            # The host's CPU time per step: what bounds the step when the device waits for the host (small batches).
+            "host_cpu_ms_per_step": self.cpu_seconds / self.steps * 1e3,
+            "host_syncs": len(self.syncs),
+            "reps": self.steps,
+        }
+
+    def __enter__(self) -> StepClock:
+        self._catch = warnings.catch_warnings(record=True)
+        self._recorded = self._catch.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._catch.__exit__(*exc)
+        self.syncs = [str(w.message) for w in self._recorded if "synchroniz" in str(w.message).lower()]
+        for message in dict.fromkeys(self.syncs):
+            progress(f"host synchronisation in the timed steps: {message[:300]}")
+
+
+def build_cli(args: list[str]):
+    """The CLI's own objects (LitTransformer, DataModule, Trainer with every default callback), not yet fitting."""
+    import lightning as L
+
+    from lit_transformer.cli import TransformerCLI, _trainer_defaults
+    from lit_transformer.module import LitTransformer
+
+    return TransformerCLI(
+        LitTransformer,
+        L.LightningDataModule,
+        subclass_mode_data=True,
+        trainer_defaults=_trainer_defaults(),
+        auto_configure_optimizers=False,
+        save_config_callback=None,
+        run=False,
+        args=args,
+    )
+
+
+def cli_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock:
+    """`python -m lit_transformer fit <args>` in this process, timed by a StepClock callback."""
+    import lightning as L
+
+    clock = StepClock(warmup, steps, device)
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if not trainer.fit_loop._should_accumulate() and clock.after_step(
+                trainer.global_step, batch, pl_module.flops_per_batch
+            ):
+                trainer.should_stop = True
+
+    cli = build_cli(args)
+    cli.trainer.callbacks.append(Clock())
+    with clock:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return clock
+
+
+def hand_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock:
+    """The same model, data and optimizer as `fit <args>`, in a hand-written loop: a compiled forward and
+    F.cross_entropy in one graph, bf16 autocast when the run asks for it, a fused optimizer on CUDA, nothing else."""
+    from contextlib import nullcontext
+
+    from lit_transformer.module import weight_decay_groups
+
+    cli = build_cli(args)
+    lit, data = cli.model, cli.datamodule
+    cfg, hp = lit.config, lit.hparams
+    torch.manual_seed(0)
+    model = Transformer(cfg).to(device).train()
+    decay, no_decay = weight_decay_groups(model, hp.decay_embeddings)
+    kind = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
+    wd = 0.0 if hp.optimizer == "adam" else hp.weight_decay
+    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = kind(groups, lr=1e-4, **({"fused": True} if device == "cuda" else {"foreach": True}))
+    bf16 = "bf16" in str(cli.trainer.precision)
+    smoothing = hp.label_smoothing
+
+    def loss_of(batch: dict[str, Tensor]) -> Tensor:
+        with torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext():
+            if cfg.is_encoder_decoder:
+                logits = model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"])
+            else:
+                logits = model(batch["input_ids"])
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), batch["labels"].reshape(-1), label_smoothing=smoothing
+        )
+
+    step_loss = torch.compile(loss_of) if hp.compile else loss_of
+    data.prepare_data()
+    data.setup("fit")
+    with StepClock(warmup, steps, device) as clock:
+        return _hand_loop(model, optimizer, step_loss, data, clock)
+
+
+def _hand_loop(model, optimizer, step_loss, data, clock: StepClock) -> StepClock:
+    cfg, device, step = model.config, clock.device, 0
+    while True:
+        for batch in data.train_dataloader():
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, Tensor)}
+            loss = step_loss(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            tokens = batch["tgt_in"] if cfg.is_encoder_decoder else batch["input_ids"]
+            if clock.after_step(step, batch, model.flops_per_token(tokens.size(1)) * tokens.numel()):
+                return clock
+
+
+def bench_cli(presets: dict[str, list[str]], warmup: int, steps: int, device: str) -> list[Row]:
+    """The CLI's training step (LitTransformer under Trainer.fit, the shipped configs, every default callback)
+    beside a hand-built step on the same model, data and batch, one after the other in this process."""
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    peak = next((v for k, v in SPEC_BF16.items() if k in name), None) if device == "cuda" else None
+    rows = []
+    for label, args in presets.items():
+        section = f"CLI vs hand-built training step ({name}): {label}"
+        pair = []
+        for contender, fit in (("hand-built step", hand_fit), ("CLI fit", cli_fit)):
+            torch._dynamo.reset()
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            progress(f"{section}: {contender}")
+            pair.append(fit(args, warmup, steps, device).row(section, contender, peak))
+            print(json.dumps(pair[-1]), flush=True)
+        hand, cli = pair
+        cli["ratio"] = cli["tokens_per_s"] / hand["tokens_per_s"]  # the CLI's share of the hand-built throughput
+        hand["ratio"] = 1.0
+        rows += pair
+    return rows
+
+
+def cli_presets(device: str, batches: list[int], steps: int, warmup: int) -> dict[str, list[str]]:
+    """fit arguments per benchmarked run: the shipped presets and trainer configs, sized for timing only."""
+    common = [
+        f"--trainer.max_steps={warmup + steps + 1}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.accumulate_grad_batches=1",
+        "--checkpoint.save_last=false",
+        "--checkpoint.every_n_train_steps=0",
+    ]
+    if device == "cpu":  # the same code path on the tiny preset; "host-bound" shrinks the model to ~nothing, so
+        # the step time is the host's own per-step work (what bounds a GPU run at small batches)
+        runs = {
+            f"tiny, batch {b}": ["--config=configs/presets/tiny.yaml", f"--data.init_args.batch_size={b}", *common]
+            for b in batches
+        }
+        runs["host-bound (d_model 8, batch 1 x 8 tokens)"] = [
+            "--config=configs/presets/tiny.yaml",
+            *common,
+            "--model.config.d_model=8",
+            "--model.config.n_heads=1",
+            "--model.config.n_layers=1",
+            "--model.config.d_ff=8",
+            "--data.init_args.batch_size=1",
+            "--data.init_args.block_size=8",
+            "--trainer.gradient_clip_val=1.0",
+        ]
+        return runs
+    gpu = ["--config=configs/trainer/bf16-mixed.yaml", "--config=configs/trainer/compile.yaml"]
+    runs = {
+        f"gpt2-small, ctx 1024, batch {b}": [
+            "--config=configs/presets/gpt2-small.yaml",
+            *gpu,
+            "--data.init_args.tokenizer=byte_bpe",  # GPT-2's own tokenizer is on the hub; same vocabulary size
+            "--data.init_args.vocab_size=50257",
+            f"--data.init_args.batch_size={b}",
+            *common,
+        ]
+        for b in batches
+    }
+    runs["paper-base (encoder-decoder), 25k-token batches"] = [
+        "--config=configs/presets/paper-base.yaml",
+        *gpu,
+        *common,
+    ]
+    return runs
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
 NOTES = {  # key in a row -> how the table shows it
     "speedup_vs_torch_nn": "{:.2f}x vs torch.nn.Transformer (post-LN)",
     "peak_rss_mb": "peak {:.0f} MB",
+    "tokens_per_s": "{:,.0f} tokens/s",
+    "peak_memory_gb": "peak {:.1f} GiB",
+    "host_cpu_ms_per_step": "host CPU {:.1f} ms/step",
+    "host_syncs": "{} host syncs in the timed steps",
     "memory_ratio": "({:.2f}x)",
     "activations_mb": "activations {:.0f} MB",
     "activation_ratio": "({:.2f}x)",
@@ -513,7 +760,8 @@ def markdown(rows: list[Row]) -> str:
             ref = (
                 "hand loop" if "Lightning" in section else "checkpointing=none" if "checkpointing" in section else OURS
             )
-            lines += ["", f"**{section}**", "", f"| contender | median | time / {ref} | notes |", "|---|---:|---:|---|"]
+            ratio = "tokens/s / hand-built's" if "CLI vs hand-built" in section else f"time / {ref}"
+            lines += ["", f"**{section}**", "", f"| contender | median | {ratio} | notes |", "|---|---:|---:|---|"]
         notes = [fmt.format(row[key]) for key, fmt in NOTES.items() if row.get(key) is not None]
         lines.append(
             f"| {row['contender']} | {row['median_s'] * 1e3:.0f} ms | {row['ratio']:.3f} | {' '.join(notes)} |"
@@ -528,14 +776,24 @@ def render(path: Path) -> None:
 
 
 def main() -> None:
-    sections = ["decoder", "seq2seq", "greedy", "sliding", "beam", "memory", "lightning"]
+    cpu_sections = ["decoder", "seq2seq", "greedy", "sliding", "beam", "memory", "lightning"]
+    sections = [*cpu_sections, "cli", "mfu"]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions: a smoke run")
-    parser.add_argument("--only", nargs="+", choices=sections, default=sections, help="sections to run")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=sections,
+        default=None,
+        help="sections to run (default: all but cli on a CPU; mfu and cli on cuda)",
+    )
+    parser.add_argument("--cli-steps", type=int, default=20, help="cli: timed optimizer steps per contender")
+    parser.add_argument("--cli-warmup", type=int, default=10, help="cli: untimed steps first (compilation)")
+    parser.add_argument("--cli-filter", default="", help="cli: only the runs whose label contains this")
     parser.add_argument("--reps", type=int, default=None, help="repetitions per contender (default 5, quick 3)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the GPU MFU run only")
-    parser.add_argument("--gpu-batches", type=int, nargs="+", default=[16, 32, 64], help="cuda: batch sizes")
+    parser.add_argument("--gpu-batches", type=int, nargs="+", default=[8, 16, 32], help="cuda: batch sizes")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and machine facts here")
     parser.add_argument("--render", type=Path, default=None, help="print the table of an earlier --json file")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -557,24 +815,31 @@ def main() -> None:
         "command": " ".join(sys.argv),
     }
     rows: list[Row] = []
+    only = args.only or (["mfu", "cli"] if args.device == "cuda" else cpu_sections)
+    if "cli" in only:
+        batches = args.gpu_batches if args.device == "cuda" else [8]
+        runs = cli_presets(args.device, batches, args.cli_steps, args.cli_warmup)
+        runs = {label: run for label, run in runs.items() if args.cli_filter in label}
+        rows += bench_cli(runs, args.cli_warmup, args.cli_steps, args.device)
     if args.device == "cuda":
-        rows += bench_cuda(reps, args.gpu_batches)
+        if "mfu" in only:
+            rows += bench_cuda(reps, args.gpu_batches)
     else:
         peak = matmul_peak_flops("cpu")
         flops_per_step: dict[str, float] = {}
-        if "decoder" in args.only:
+        if "decoder" in only:
             rows += bench_decoder(s["decoder"], reps, "cpu", flops_per_step)
-        if "seq2seq" in args.only:
+        if "seq2seq" in only:
             rows += bench_seq2seq(s["seq2seq"], reps, "cpu")
-        if "greedy" in args.only:
+        if "greedy" in only:
             rows += bench_greedy(s["decoder"], s["greedy"], reps, "cpu")
-        if "sliding" in args.only:
+        if "sliding" in only:
             rows += bench_sliding(s["decoder"], s["sliding"], reps, "cpu")
-        if "beam" in args.only:
+        if "beam" in only:
             rows += bench_beam(s["seq2seq"], s["beam"], reps, "cpu")
-        if "memory" in args.only:
+        if "memory" in only:
             rows += bench_memory(s["memory"], reps, args.quick, args.threads)
-        if "lightning" in args.only:
+        if "lightning" in only:
             rows += bench_lightning(s["decoder"], s["lightning"]["steps"], max(2, reps // 2))
         peak = max(peak, matmul_peak_flops("cpu"))
         machine["fp32_matmul_peak_gflops"] = peak / 1e9

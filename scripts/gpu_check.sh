@@ -1,54 +1,49 @@
 #!/usr/bin/env bash
-# The GPU checks, on one CUDA GPU (an H100/H200), a few minutes in all. Results go to $OUT (default runs/gpu):
-#   1. scripts/benchmark.py --device cuda: GPT-2 small, context 1024, bf16 autocast, flash SDPA, fused AdamW,
-#      torch.compile vs eager, with MFU against the spec sheet and a measured bf16 matmul;
-#   2. the CLI on the same model: fit with configs/trainer/{bf16-mixed,compile}.yaml; MFU from the ThroughputMonitor;
-#   3. FSDP (configs/trainer/fsdp.yaml) with bf16-mixed on a small model: fit, checkpoint, resume.
-#   bash scripts/gpu_check.sh          # PYTHON=... to choose the interpreter, ONLY="fsdp" for some checks only
+# The GPU checks, on one CUDA GPU (an H100/H200), under 10 minutes in all, most important first. Results go to $OUT
+# (default runs/gpu): rows.jsonl gets each measured row as soon as it is measured, so a part cut short loses only
+# itself; full logs go to $LOGS (default /tmp/gpu_check):
+#   1. the CLI's training step beside a hand-built one (scripts/benchmark.py --only cli): GPT-2 small at context
+#      1024 with configs/trainer/{bf16-mixed,compile}.yaml, batch 16; then the paper-base encoder-decoder on the
+#      embedded English-Spanish Bible; tokens/s, MFU against the spec sheet, peak memory;
+#   2. the gradient norm under FSDP (configs/trainer/fsdp.yaml) against a plain run: the same norms (fp32);
+#   3. GPT-2 small at batch 32 and 8, CLI and hand-built.
+#   bash scripts/gpu_check.sh          # PYTHON=... to choose the interpreter, ONLY="cli16 paper" for some parts only
 set -uo pipefail
 OUT=${OUT:-runs/gpu}
-ONLY=${ONLY:-"mfu cli fsdp"}
+ONLY=${ONLY:-"cli16 paper norm cli32 cli8"}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 $PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)" | tee -a "$OUT/gpu.txt"
+quiet() { grep -v -i -E "warning|warn\(|^ *$|litlogger"; }
 
-if [[ $ONLY == *mfu* ]]; then
-echo "== 1. benchmark: model MFU"
-timeout 250 $PY scripts/benchmark.py --device cuda --reps 3 --json "$OUT/mfu.json" 2>&1 | tee "$OUT/mfu.log"
+LOGS=${LOGS:-/tmp/gpu_check}  # full logs; $OUT keeps a few files (rows.jsonl: every measured row, as it is measured)
+mkdir -p "$LOGS"
+bench() {  # bench NAME SECONDS FILTER
+  [[ $ONLY == *$1* ]] || return 0
+  echo "== $1: CLI vs hand-built ($3)"
+  timeout "$2" $PY scripts/benchmark.py --device cuda --only cli --cli-filter "$3" > "$LOGS/$1.log" 2>&1
+  echo "exit $?"
+  grep -o '{"section".*}' "$LOGS/$1.log" | tee -a "$OUT/rows.jsonl"
+  grep -E "host synchronisation|Error|error:|Traceback" "$LOGS/$1.log" | sort | uniq -c | head -8
+  grep -v '{"section"' "$LOGS/$1.log" | quiet | tail -4
+}
 
-fi
-if [[ $ONLY == *cli* ]]; then
-echo "== 2. CLI fit: GPT-2 small, bf16-mixed, compile"
-timeout 150 $PY -m lit_transformer fit --config configs/presets/gpt2-small.yaml \
-  --config configs/trainer/bf16-mixed.yaml --config configs/trainer/compile.yaml \
-  --data.init_args.tokenizer byte_bpe --data.init_args.vocab_size 50304 --data.init_args.batch_size 16 \
-  --trainer.accumulate_grad_batches 1 --trainer.max_steps 100 --trainer.limit_val_batches 0 \
-  --trainer.log_every_n_steps 10 --trainer.enable_progress_bar false \
-  --trainer.default_root_dir "$OUT/gpt2" --trainer.logger.init_args.save_dir "$OUT/gpt2" \
-  --checkpoint.dirpath "$OUT/gpt2/checkpoints" 2>&1 | tee "$OUT/cli.log" | grep -v Warning
-$PY - "$OUT/gpt2" <<'PY' 2>&1 | tee "$OUT/cli_mfu.txt"
-import glob, sys
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-for path in glob.glob(f"{sys.argv[1]}/**/events.out.tfevents.*", recursive=True):
-    acc = EventAccumulator(path); acc.Reload()
-    for tag in acc.Tags()["scalars"]:
-        if any(key in tag for key in ("mfu", "tokens_per_sec", "batches_per_sec", "train/loss")):
-            values = acc.Scalars(tag)
-            print(tag, [(v.step, round(v.value, 4)) for v in values[-4:]])
-PY
+bench cli16 170 "batch 16"
+bench paper 170 "paper-base"
 
+if [[ $ONLY == *norm* ]]; then
+echo "== norm: train/grad_norm under FSDP against a plain run (GPT-2 small, fp32, 4 steps)"
+NORM=(--config configs/presets/gpt2-small.yaml --data.init_args.tokenizer byte_bpe --data.init_args.vocab_size 50257
+  --data.init_args.batch_size 4 --trainer.accumulate_grad_batches 1 --trainer.max_steps 4 --trainer.log_every_n_steps 1
+  --trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_progress_bar false
+  --trainer.logger false --checkpoint.save_last false --checkpoint.every_n_train_steps 0 --trainer.precision 32-true)
+timeout 90 $PY scripts/check_grad_norm.py --out "$LOGS/norm_plain.json" -- "${NORM[@]}" 2>&1 | quiet | tail -3
+timeout 120 $PY scripts/check_grad_norm.py --out "$LOGS/norm_fsdp.json" -- "${NORM[@]}" \
+  --config configs/trainer/fsdp.yaml --trainer.devices 1 2>&1 | quiet | tail -3
+$PY scripts/check_grad_norm.py --compare "$LOGS/norm_plain.json" "$LOGS/norm_fsdp.json" | tee "$OUT/norm.txt"
 fi
-if [[ $ONLY == *fsdp* ]]; then
-echo "== 3. FSDP: fit 20 steps, resume to 30"
-FSDP_ARGS=(--config configs/presets/tiny.yaml --config configs/trainer/fsdp.yaml --config configs/trainer/bf16-mixed.yaml
-  --trainer.accelerator gpu --trainer.devices 1 --trainer.default_root_dir "$OUT/fsdp" --trainer.logger false
-  --checkpoint.dirpath "$OUT/fsdp/checkpoints" --checkpoint.every_n_train_steps 10 --trainer.enable_progress_bar false)
-timeout 75 $PY -m lit_transformer fit "${FSDP_ARGS[@]}" --trainer.max_steps 20 2>&1 | tee "$OUT/fsdp.log" | tail -5
-ls -la "$OUT/fsdp/checkpoints"
-timeout 75 $PY -m lit_transformer fit "${FSDP_ARGS[@]}" --trainer.max_steps 30 \
-  --ckpt_path "$OUT/fsdp/checkpoints/last.ckpt" 2>&1 | tee -a "$OUT/fsdp.log" | tail -5
-$PY -c "import torch,sys; c=torch.load(sys.argv[1], weights_only=True); print('resumed to global_step', c['global_step'])" \
-  "$OUT/fsdp/checkpoints/last.ckpt"
-fi
+
+bench cli32 150 "batch 32"
+bench cli8 150 "batch 8"

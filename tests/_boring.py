@@ -51,7 +51,9 @@ class ResumableBatches:
 
 
 class TinyModule(pl.LightningModule):
-    def __init__(self, nan_at: tuple[int, ...] = (), nan_from: int | None = None, sleep: float = 0.0) -> None:
+    def __init__(
+        self, nan_at: tuple[int, ...] = (), nan_from: int | None = None, sleep: float = 0.0, fused: bool = False
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(
@@ -75,7 +77,8 @@ class TinyModule(pl.LightningModule):
         return self.batches
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        # fused: the kernel that skips a step on the device (NonFiniteLossGuard's path on GPUs), which CPUs have too
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2, fused=self.hparams.fused or None)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step) ** 0.5)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -243,11 +243,20 @@ def _count(name: str) -> Transformer:
         return Transformer(TransformerConfig.preset(name))
 
 
+def _count_unpadded(name: str) -> Transformer:
+    with torch.device("meta"):
+        return Transformer(TransformerConfig.preset(name, pad_vocab_to_multiple_of=None))
+
+
 def test_gpt2_small_has_exactly_the_released_parameter_count():
     model = _count("gpt2-small")
-    assert model.num_parameters() == 124_439_808
-    # nanoGPT's MFU count: 6 N (N without the position table; the tied output matrix counts) + 12 L d T
-    n = 124_439_808 - 1024 * 768
+    assert model.num_parameters(padding=False) == 124_439_808
+    # The preset pads the vocabulary's 50,257 rows to 50,304 (pad_vocab_to_multiple_of=64), as nanoGPT does.
+    assert model.num_parameters() == 124_439_808 + (50304 - 50257) * 768 == 124_475_904
+    assert _count_unpadded("gpt2-small").num_parameters() == 124_439_808
+    # nanoGPT's MFU count: 6 N (N without the position table; the tied output matrix counts at its padded width,
+    # the matmul the GPU runs) + 12 L d T
+    n = 124_475_904 - 1024 * 768
     assert model.flops_per_token(1024) == 6 * n + 12 * 12 * 768 * 1024
 
 
@@ -272,7 +281,9 @@ def test_paper_presets_have_exactly_the_counted_parameters(name, exact, paper_co
     model = _count(name)
     cfg = model.config
     assert _paper_parameter_count(cfg.d_model, cfg.ff_dim, cfg.n_layers, cfg.vocab_size) == exact
-    assert model.num_parameters() == exact
+    assert model.num_parameters(padding=False) == _count_unpadded(name).num_parameters() == exact
+    # The preset pads the shared table's 37,000 rows to 37,056 (pad_vocab_to_multiple_of=64).
+    assert model.num_parameters() == exact + (37056 - 37000) * cfg.d_model
     assert abs(exact - paper_count) / paper_count < 0.03
 
 
@@ -286,10 +297,11 @@ def test_tiny_preset_has_exactly_the_counted_parameters():
 def test_flops_per_token_counts_both_stacks():
     model = _count("paper-base")
     cfg = model.config
-    n_matmul = model.num_parameters(non_embedding=True) + 37000 * 512  # the tied output projection is a matmul
+    # The tied output projection is a matmul, run at the padded width (37,056 rows).
+    n_matmul = model.num_parameters(non_embedding=True) + 37056 * 512
     attention_layers = cfg.encoder_layers + 2 * cfg.decoder_layers  # encoder self, decoder self and cross
     assert model.flops_per_token(128) == 6 * n_matmul + 12 * attention_layers * 512 * 128
-    assert model.num_parameters(non_embedding=True) == model.num_parameters() - 37000 * 512
+    assert model.num_parameters(non_embedding=True) == model.num_parameters() - 37056 * 512
 
 
 def test_block_classes_are_exported_for_wrapping():

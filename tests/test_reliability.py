@@ -44,24 +44,46 @@ def _fit(root: Path, max_steps: int, module: pl.LightningModule | None = None, c
     return trainer
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 @pytest.mark.parametrize("accumulate", [1, 2])
-def test_a_non_finite_step_is_skipped_counted_and_training_goes_on(tmp_path: Path, accumulate: int) -> None:
-    trainer = _fit(tmp_path, 6, _boring.TinyModule(nan_at=(3,)), accumulate_grad_batches=accumulate)
+def test_a_non_finite_step_is_skipped_counted_and_training_goes_on(tmp_path: Path, accumulate: int, fused) -> None:
+    """foreach: the guard reads its flag and drops the gradients; fused: the kernel skips the step on the device."""
+    module = _boring.TinyModule(nan_at=(3,), fused=fused)
+    trainer = _fit(tmp_path, 6, module, accumulate_grad_batches=accumulate)
     guard = next(cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLossGuard))
     records = _records(tmp_path)
     assert guard.skipped == 1 and guard.consecutive == 0
     assert records[4]["weights"] == records[3]["weights"]  # the step from 3 to 4 changed nothing
     assert records[5]["weights"] != records[4]["weights"] and math.isfinite(records[6]["weights"])
     assert trainer.global_step == 6
+    # The optimizer did not count the skipped step (Adam's bias correction stays that of 5 real steps).
+    optimizer = trainer.optimizers[0]
+    assert all(float(optimizer.state[p]["step"]) == 5 for p in module.parameters())
+    assert not hasattr(optimizer, "found_inf")
 
 
-def test_too_many_non_finite_steps_stop_with_a_clear_error_and_keep_good_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_too_many_non_finite_steps_stop_with_a_clear_error_and_keep_good_weights(tmp_path: Path, fused) -> None:
     with pytest.raises(NonFiniteLossError, match="NaN/inf for 3 optimizer steps in a row") as error:
-        _fit(tmp_path, 20, _boring.TinyModule(nan_from=4), max_consecutive=3)
+        _fit(tmp_path, 20, _boring.TinyModule(nan_from=4, fused=fused), max_consecutive=3)
     assert "steps 4..6" in str(error.value)
     checkpoint = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert not non_finite_tensors(checkpoint["state_dict"])
     assert _records(tmp_path)[checkpoint["global_step"]]["weights"] == _records(tmp_path)[4]["weights"]
+
+
+def test_counts_read_every_n_steps_still_stop_at_the_longest_run(tmp_path: Path) -> None:
+    """Read every 5 steps (as on a GPU, at the logging interval): a run of 3 bad steps that ended before the read
+    still stops the run, and the message names it; the weights never took those steps."""
+    module = _boring.TinyModule(nan_at=(1, 2, 3), fused=True)
+    trainer = _boring.make_trainer(tmp_path, 20)
+    guard = next(cb for cb in trainer.callbacks if isinstance(cb, NonFiniteLossGuard))
+    guard.check_every_n_steps = 5
+    with pytest.raises(NonFiniteLossError, match=r"3 optimizer steps in a row \(steps 1\.\.3; 3 skipped"):
+        trainer.fit(module)
+    assert trainer.global_step == 4  # stopped at the first read, before the fifth step
+    records = _records(tmp_path)
+    assert records[1]["weights"] == records[4]["weights"]  # steps 1, 2 and 3 changed nothing
 
 
 @pytest.mark.parametrize("stop_at", [5, 16, 21])  # mid-epoch, on the last batch of an epoch, mid second epoch

@@ -141,10 +141,11 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
 
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """GPT2LMHeadModel's parameter names (lm_head is tied to wte, so not stored, as save_pretrained does)."""
+    """GPT2LMHeadModel's parameter names (lm_head is tied to wte, so not stored, as save_pretrained does). wte holds
+    the true vocabulary: padded rows (pad_vocab_to_multiple_of) are ours alone and are dropped."""
     s = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     out = {
-        "transformer.wte.weight": s["tgt_embed.weight"],
+        "transformer.wte.weight": s["tgt_embed.weight"][: model.config.vocab_size],
         "transformer.wpe.weight": s["tgt_positions.weight"],
         "transformer.ln_f.weight": s["decoder_norm.weight"],
         "transformer.ln_f.bias": s["decoder_norm.bias"],
@@ -159,10 +160,11 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def from_hf_state_dict(state: Mapping[str, torch.Tensor], cfg: TransformerConfig) -> dict[str, torch.Tensor]:
-    """Our parameter names from GPT-2's; accepts the `transformer.` prefix or none (the original hub files)."""
+    """Our parameter names from GPT-2's; accepts the `transformer.` prefix or none (the original hub files). A
+    padded config (pad_vocab_to_multiple_of) gets wte with zero rows appended, as a fresh padded model has."""
     s = {k.removeprefix("transformer."): v for k, v in state.items()}
     out = {
-        "tgt_embed.weight": s["wte.weight"],
+        "tgt_embed.weight": pad_rows(s["wte.weight"], cfg.padded_vocab_size),
         "tgt_positions.weight": s["wpe.weight"],
         "decoder_norm.weight": s["ln_f.weight"],
         "decoder_norm.bias": s["ln_f.bias"],
@@ -173,6 +175,13 @@ def from_hf_state_dict(state: Mapping[str, torch.Tensor], cfg: TransformerConfig
             out[f"decoder_blocks.{i}.{our_name}"] = tensor.T if hf_name in _CONV1D_WEIGHTS else tensor
     out["lm_head.weight"] = out["tgt_embed.weight"]
     return out
+
+
+def pad_rows(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """`table` with zero rows appended up to `rows` (a padded vocabulary); unchanged when it has them already."""
+    if table.shape[0] >= rows:
+        return table
+    return torch.cat([table, table.new_zeros(rows - table.shape[0], *table.shape[1:])])
 
 
 _BLOCK_NAMES = {

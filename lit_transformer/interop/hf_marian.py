@@ -140,10 +140,14 @@ def _permute(name: str, tensor: torch.Tensor, perm: torch.Tensor) -> torch.Tenso
 
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """MarianMTModel's parameters for `model`, in Marian's coordinate order (see the module docstring)."""
+    """MarianMTModel's parameters for `model`, in Marian's coordinate order (see the module docstring). Vocabulary
+    matrices keep their true rows: padded ones (pad_vocab_to_multiple_of) are ours alone and are dropped."""
     cfg = model.config
     d = cfg.d_model
     s = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    s["src_embed.weight"] = s["src_embed.weight"][: cfg.vocab_size]
+    s["tgt_embed.weight"] = s["tgt_embed.weight"][: cfg.tgt_vocab_size]
+    s["lm_head.weight"] = s["lm_head.weight"][: cfg.tgt_vocab_size]
     out: dict[str, torch.Tensor] = {}
     for i in range(cfg.encoder_layers):
         out |= _block(s, f"encoder_blocks.{i}.", f"model.encoder.layers.{i}.", d, cross=False)

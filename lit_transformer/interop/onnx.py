@@ -2,7 +2,8 @@
 dynamic. The graph is the plain causal forward pass (no KV cache, no padding mask: feed unpadded rows).
 
 An encoder-only model exports as input_ids and attention_mask (batch, sequence) -> logits: (batch, num_labels) for a
-classifier, (batch, sequence, vocab) for a masked LM; the mask is an input, so padded batches run as in PyTorch."""
+classifier, (batch, sequence, vocab) for a masked LM; the mask is an input, so padded batches run as in PyTorch.
+`vocab` is the true vocabulary: a padded output layer (pad_vocab_to_multiple_of) is sliced inside the graph."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class EncoderLogits(nn.Module):
         self.model = model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.model.encoder_only(input_ids, attention_mask, exact_mask=True)
+        return self.model.encoder_only(input_ids, attention_mask)
 
 
 def export_onnx(model: Transformer, path: str | os.PathLike, opset: int = 18) -> Path:

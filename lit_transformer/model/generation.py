@@ -59,14 +59,14 @@ class IncrementalDecoder:
         if cfg.is_encoder_decoder:
             if cfg.bos_token_id is None:
                 raise ValueError("encoder_decoder generation starts from bos_token_id; set it in the config")
-            src_keep = model.key_mask(input_ids, attention_mask)
+            src_keep = model.drop_if_unpadded(attention_mask)
             self.memory = model.encode(input_ids, src_keep).repeat_interleave(expand, 0)
             if src_keep is not None:
                 self.memory_mask = src_keep.repeat_interleave(expand, 0)
             tokens = input_ids.new_full((input_ids.shape[0] * expand, 1), cfg.bos_token_id)
             keep = None
         else:
-            keep = model.key_mask(input_ids, attention_mask)
+            keep = model.drop_if_unpadded(attention_mask)
             tokens = input_ids
             if keep is not None:  # left-align: padding first, then each row's tokens in order
                 order = torch.sort(keep.int(), dim=1, stable=True).indices
@@ -219,7 +219,7 @@ def _plan(
             )
             max_new = cfg.max_seq_len - 1
         if gen.max_source_offset is not None:
-            keep = model.key_mask(input_ids, attention_mask)
+            keep = model.drop_if_unpadded(attention_mask)
             lengths = keep.sum(1) if keep is not None else torch.full_like(input_ids[:, 0], input_ids.shape[1])
             limit = (lengths + gen.max_source_offset).clamp(max=max_new)
             max_new = min(max_new, int(limit.max()))

@@ -61,7 +61,7 @@ class Transformer(nn.Module):
         self.embed_scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
         self.embed_dropout = dropout(cfg.dropout)
         if cfg.is_encoder_decoder or cfg.is_encoder_only:
-            self.src_embed = nn.Embedding(cfg.vocab_size, d)
+            self.src_embed = nn.Embedding(cfg.padded_vocab_size, d)
             self.src_positions = build_positions(cfg)
             self.encoder_blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.encoder_layers))
             # Pre-LN leaves the residual stream unnormalised: a final LayerNorm, as torch.nn.Transformer does.
@@ -69,20 +69,20 @@ class Transformer(nn.Module):
         if cfg.is_encoder_only:
             # The encoder's output feeds a head: pooled into a classifier, or per token into a tied output layer.
             self.classifier = ClassificationHead(cfg) if cfg.is_classifier else None
-            self.lm_head = None if cfg.is_classifier else nn.Linear(d, cfg.vocab_size, bias=False)
+            self.lm_head = None if cfg.is_classifier else nn.Linear(d, cfg.padded_vocab_size, bias=False)
             if self.lm_head is not None and cfg.tie_embeddings:
                 self.lm_head.weight = self.src_embed.weight
             self.reset_parameters()
             self._matmul_params = self._count_matmul_params()
             return
         # The paper's three-way tying: one matrix for source, target and output when the vocabulary is shared.
-        self.tgt_embed = self.src_embed if cfg.shares_embeddings else nn.Embedding(cfg.tgt_vocab_size, d)
+        self.tgt_embed = self.src_embed if cfg.shares_embeddings else nn.Embedding(cfg.padded_tgt_vocab_size, d)
         self.tgt_positions = build_positions(cfg)
         self.decoder_blocks = nn.ModuleList(
             DecoderBlock(cfg, cross_attention=cfg.is_encoder_decoder) for _ in range(cfg.decoder_layers)
         )
         self.decoder_norm = layer_norm(cfg) if pre else None
-        self.lm_head = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+        self.lm_head = nn.Linear(d, cfg.padded_tgt_vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight
         self.reset_parameters()
@@ -120,6 +120,10 @@ class Transformer(nn.Module):
                 module.reset_parameters()
         if not cfg.tie_embeddings and self.lm_head is not None:
             nn.init.normal_(self.lm_head.weight, 0.0, embed_std)
+        # Padded vocabulary rows (pad_vocab_to_multiple_of) start at zero. No id looks them up and the logits are
+        # sliced before any loss, so they get no gradient; AdamW and weight decay then keep them exactly zero.
+        for table, rows in self._vocab_tables():
+            table.weight[rows:] = 0.0
         if gpt2:  # GPT-2: keep the residual stream's variance independent of depth
             for stack in (getattr(self, "encoder_blocks", []), getattr(self, "decoder_blocks", [])):
                 outs = [m.out for b in stack for m in (b.self_attn, getattr(b, "cross_attn", None)) if m is not None]
@@ -169,31 +173,33 @@ class Transformer(nn.Module):
         return self.decode(x, tgt_mask=self.key_mask(x, attention_mask), return_attention=return_attention)
 
     def encoder_only(
-        self, tokens: Tensor, attention_mask: Tensor | None = None, *, return_attention: bool = False, exact_mask=False
+        self, tokens: Tensor, attention_mask: Tensor | None = None, *, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, Attentions]:
         """The encoder-only forward: (B, num_labels) classification logits or (B, T, V) masked-LM logits.
 
         With pooling="cls" the [CLS] token (bos_token_id) is prepended here, so callers feed the same tokens whatever
-        the pooling. exact_mask uses attention_mask as given even when it pads nothing (a graph with no branch on
-        the mask's values, for export)."""
+        the pooling. The mask is used as given (no branch on its values: the graph exports and compiles whole)."""
         cfg = self.config
         if cfg.is_classifier and cfg.pooling == "cls":
             tokens = torch.cat([tokens.new_full((tokens.size(0), 1), cfg.bos_token_id), tokens], dim=1)
             if attention_mask is not None:
                 attention_mask = torch.cat([attention_mask.new_ones((tokens.size(0), 1)), attention_mask], dim=1)
-        keep = (
-            attention_mask.bool()
-            if exact_mask and attention_mask is not None
-            else self.key_mask(tokens, attention_mask)
-        )
+        keep = self.key_mask(tokens, attention_mask)
         hidden, weights = self._encode(tokens, keep, return_attention)
-        out = self.classifier(pool(hidden, keep, cfg.pooling)) if cfg.is_classifier else self.lm_head(hidden)
+        out = self.classifier(pool(hidden, keep, cfg.pooling)) if cfg.is_classifier else self._logits(hidden)
         return (out, {"encoder": weights}) if return_attention else out
 
     @staticmethod
     def key_mask(tokens: Tensor, mask: Tensor | None = None) -> Tensor | None:
-        """The (B, T) boolean mask of real tokens, or None when nothing is padded. Padding is only ever what `mask`
-        says: a token id (even pad_token_id) never means padding by itself."""
+        """The (B, T) boolean mask of real tokens as given, None without one. Padding is only ever what `mask` says:
+        a token id (even pad_token_id) never means padding by itself. A mask that pads nothing is kept: finding that
+        out would read the device, a host synchronisation in every training step (see drop_if_unpadded)."""
+        return None if mask is None else mask.bool()
+
+    @staticmethod
+    def drop_if_unpadded(mask: Tensor | None) -> Tensor | None:
+        """The boolean mask, or None when it pads nothing, so attention runs without one (flash kernels, is_causal).
+        One read of the device: generation and other once-per-call paths use it, training steps never do."""
         if mask is None:
             return None
         mask = mask.bool()
@@ -255,13 +261,35 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        logits = self.lm_head(x)
+        logits = self._logits(x)
         if not return_attention:
             return logits
         attentions = {"self": self_weights}
         if self.config.is_encoder_decoder:
             attentions["cross"] = cross_weights
         return logits, attentions
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """The output layer, (..., V): the matmul runs at the padded width (fast on GPUs), and the slice (a view)
+        hides padded ids from every caller: loss, metrics, sampling and beam search never see one."""
+        logits = self.lm_head(hidden)
+        vocab = self.config.vocab_size if self.config.is_encoder_only else self.config.tgt_vocab_size
+        return logits if logits.shape[-1] == vocab else logits[..., :vocab]
+
+    def _vocab_tables(self) -> list[tuple[nn.Module, int]]:
+        """Each distinct vocabulary-indexed matrix (embeddings, output layer) with its true number of rows."""
+        cfg = self.config
+        out_rows = cfg.vocab_size if cfg.is_encoder_only else cfg.tgt_vocab_size
+        candidates = [
+            (getattr(self, "src_embed", None), cfg.vocab_size),
+            (getattr(self, "tgt_embed", None), cfg.tgt_vocab_size),
+            (self.lm_head, out_rows),
+        ]
+        tables: dict[int, tuple[nn.Module, int]] = {}
+        for module, rows in candidates:
+            if module is not None:
+                tables.setdefault(id(module.weight), (module, rows))
+        return list(tables.values())
 
     def new_cache(self, max_len: int) -> list[LayerCache]:
         """Empty KV caches for decoding up to max_len target tokens (buffers are allocated on first use)."""
@@ -305,19 +333,25 @@ class Transformer(nn.Module):
                 params[id(p)] = p
         return list(params.values())
 
-    def num_parameters(self, non_embedding: bool = False) -> int:
+    def num_parameters(self, non_embedding: bool = False, padding: bool = True) -> int:
         """Unique parameters (tied matrices count once); non_embedding leaves out token and position tables (a tied
-        output projection with them; an untied one stays)."""
+        output projection with them; an untied one stays). padding=False leaves out the padded vocabulary rows
+        (pad_vocab_to_multiple_of): the count of the same model unpadded, e.g. the released GPT-2's."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= sum(p.numel() for p in self._embedding_parameters())
+        if not padding:
+            skip = {id(p) for p in self._embedding_parameters()} if non_embedding else set()
+            for module, rows in self._vocab_tables():
+                if id(module.weight) not in skip:
+                    n -= (module.weight.shape[0] - rows) * module.weight.shape[1]
         return n
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs (forward + backward) per target token at context seq_len, PaLM/nanoGPT style.
 
         6 per parameter used in a matmul (all but the embedding lookups; the output projection counts even when
-        tied) plus 12 * d_model * seq_len per attention layer (QK^T and AV, forward and backward, unmasked count).
+        tied, at its padded width: what the GPU runs) plus 12 * d_model * seq_len per attention layer (QK^T and AV, forward and backward, unmasked count).
         Encoder-decoder assumes a source as long as the target: per target token it includes one source token's
         encoder work, and the decoder's self- and cross-attention each attend seq_len keys.
         """
