@@ -15,7 +15,7 @@ Pooling = Literal["mean", "cls", "max"]
 NormPosition = Literal["pre", "post"]
 Positions = Literal["sinusoidal", "learned", "rope", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "geglu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 Init = Literal["gpt2", "xavier"]
 
@@ -70,8 +70,8 @@ class TransformerConfig:
     attention_dropout: float | None = None
     """Dropout on attention weights; None uses dropout."""
     activation: Activation = "gelu_tanh"
-    """Feed-forward activation: relu (paper), gelu (exact), gelu_tanh (GPT-2's tanh approximation); gated (Shazeer
-    2020): swiglu is silu(x W) * (x V) (Llama), geglu is gelu(x W) * (x V)."""
+    """Feed-forward activation: relu (paper), gelu (exact), gelu_tanh (GPT-2's tanh approximation), silu (swish,
+    OPUS-MT's Marian models); gated (Shazeer 2020): swiglu is silu(x W) * (x V) (Llama), geglu is gelu(x W) * (x V)."""
     bias: bool = True
     """Biases in linear layers and LayerNorms (RMSNorm has none)."""
     tie_embeddings: bool = True
@@ -130,7 +130,7 @@ class TransformerConfig:
         yield from choices("norm_position", ("pre", "post"))
         yield from choices("positions", ("sinusoidal", "learned", "rope", "alibi", "none"))
         yield from choices("norm", ("layernorm", "rmsnorm"))
-        yield from choices("activation", ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"))
+        yield from choices("activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))
         yield from choices("init", ("gpt2", "xavier"))
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
             if getattr(self, name) < 1:
@@ -373,6 +373,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Vaswani et al. 2017, section 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ... maximum
+# output length ... input length + 50, but terminate early when possible"; the penalty is GNMT's (Wu et al. 2016).
+TRANSLATION_DECODING: dict[str, Any] = dict(
+    num_beams=4, length_penalty=0.6, length_penalty_form="gnmt", max_source_offset=50, early_stopping=True
+)
+
+
 @dataclass
 class GenerationConfig:
     """How to decode: the one home of every decoding default (Transformer.generate, the generate, translate and
@@ -390,7 +397,14 @@ class GenerationConfig:
     num_beams: int = 1
     """Beam search with this many beams when above 1 (deterministic; temperature, top_k and top_p are ignored)."""
     length_penalty: float = 1.0
-    """Beam search: a hypothesis scores log p / length ** length_penalty (0 ranks by log p alone)."""
+    """Beam search's alpha: a hypothesis scores log p / lp(|Y|), lp as length_penalty_form says (0 ranks by log p
+    alone)."""
+    length_penalty_form: Literal["length", "gnmt"] = "length"
+    """Beam search: length: lp = |Y| ** alpha (Hugging Face's, and ours before the paper's rules); gnmt: lp =
+    ((5 + |Y|) / 6) ** alpha, Wu et al. 2016, the form the Transformer paper's alpha = 0.6 refers to."""
+    early_stopping: bool = False
+    """Beam search: True ends a row as soon as num_beams hypotheses have finished (the paper's rule); False also
+    waits until no live beam, scored at the current length, could beat the worst of them (Hugging Face's default)."""
     repetition_penalty: float = 1.0
     """Above 1, the logits of tokens already in the sequence (prompt included) shrink: divided by it when positive,
     multiplied when negative (Keskar et al. 2019, as Hugging Face does)."""
@@ -425,6 +439,8 @@ class GenerationConfig:
             problems.append(f"top_p={self.top_p} must lie in (0, 1] or be None")
         if self.num_beams < 1:
             problems.append(f"num_beams={self.num_beams} must be >= 1")
+        if self.length_penalty_form not in ("length", "gnmt"):
+            problems.append(f"length_penalty_form={self.length_penalty_form!r} must be 'length' or 'gnmt'")
         if self.repetition_penalty <= 0:
             problems.append(f"repetition_penalty={self.repetition_penalty} must be positive (1 is none)")
         if self.max_source_offset is not None and self.max_source_offset < 1:
@@ -440,7 +456,12 @@ class GenerationConfig:
 
     @classmethod
     def for_model(cls, config: TransformerConfig, **overrides: Any) -> GenerationConfig:
-        """The defaults of a topology: a language model samples (temperature 0.8, top-k 50), a translation model
-        searches 4 beams. Overrides with the value None are ignored, so CLI flags left unset keep the defaults."""
-        base = cls(num_beams=4) if config.is_encoder_decoder else cls(temperature=0.8, top_k=50)
+        """The defaults of a topology: a language model samples (temperature 0.8, top-k 50); a translation model
+        decodes by the Transformer paper's rules (beam 4, GNMT length penalty alpha = 0.6, at most source length +
+        50 tokens, a row ends once its 4 beams have finished). Overrides with the value None are ignored, so CLI flags
+        left unset keep the defaults."""
+        if config.is_encoder_decoder:
+            base = cls(**TRANSLATION_DECODING)
+        else:
+            base = cls(temperature=0.8, top_k=50)
         return base.replace(**{name: value for name, value in overrides.items() if value is not None})

@@ -204,7 +204,9 @@ class LitTransformer(L.LightningModule):
             generation: How `predict` and validation/test BLEU decode (any GenerationConfig field, e.g.
                 --model.generation.num_beams 4); None uses the topology's defaults (GenerationConfig.for_model).
             init_from: A Hugging Face GPT-2 folder (or hub name) to fine-tune: its config.json sets the architecture
-                and special token ids, its weights the parameters. Or a .ckpt of an encoder (a masked LM, or a
+                and special token ids, its weights the parameters. Or a Marian folder (an OPUS-MT download, or
+                `export --format hf` of an encoder-decoder): the same, and the data must use its tokenizer
+                (--data.init_args.tokenizer DIR/tokenizer.json). Or a .ckpt of an encoder (a masked LM, or a
                 classifier) for an encoder_only model: its architecture and encoder weights load, the task head (and
                 config's head, num_labels, pooling, dropout) are this run's and start fresh. Read once: the hyperparameters record the resolved
                 config and init_from=None, so loading or resuming a checkpoint never reads the folder again.
@@ -216,8 +218,13 @@ class LitTransformer(L.LightningModule):
             config, init_from = pretrained.config, None
         elif init_from:
             from lit_transformer.interop import load_hf_gpt2
+            from lit_transformer.interop.hf_marian import is_marian_folder, load_hf_marian, marian_tokenizer_json
 
-            pretrained = load_hf_gpt2(init_from, base=config).train()
+            if is_marian_folder(init_from):  # the encoder-decoder, and the tokenizer this run's data must use
+                pretrained = load_hf_marian(init_from, base=config).train()
+                self._init_tokenizer = marian_tokenizer_json(init_from)
+            else:
+                pretrained = load_hf_gpt2(init_from, base=config).train()
             # save_hyperparameters reads these arguments: checkpoints record the real architecture, not the folder.
             config, init_from = pretrained.config, None
         super().__init__()
@@ -309,9 +316,10 @@ class LitTransformer(L.LightningModule):
         self._check_tokenizer()
         if self._init_tokenizer is not None and self.tokenizer is not None:
             if self.tokenizer.to_str() != self._init_tokenizer:
+                spec = self.init_from if str(self.init_from).endswith(".ckpt") else f"{self.init_from}/tokenizer.json"
                 raise ValueError(
                     f"init_from {self.init_from} was trained with another tokenizer than this run's data: the encoder's "
-                    f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {self.init_from}"
+                    f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {spec}"
                 )
         self._class_weights = self._resolve_class_weights(datamodule)
 

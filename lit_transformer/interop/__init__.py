@@ -7,7 +7,12 @@ imported only by the function that needs it.
 from lit_transformer.interop.export import export, export_main
 from lit_transformer.interop.hf_gpt2 import from_hf_config, gpt2_problems, load_hf_gpt2, save_hf_gpt2
 from lit_transformer.interop.hf_llama import llama_problems, load_hf_llama, save_hf_llama
-from lit_transformer.interop.hf_marian import marian_problems, save_hf_marian
+from lit_transformer.interop.hf_marian import (
+    load_hf_marian,
+    load_hf_marian_tokenizers,
+    marian_problems,
+    save_hf_marian,
+)
 from lit_transformer.interop.native import load_safetensors, save_safetensors
 from lit_transformer.interop.onnx import export_onnx
 
@@ -20,6 +25,8 @@ __all__ = [
     "load_hf_gpt2",
     "load_hf_llama",
     "llama_problems",
+    "load_hf_marian",
+    "load_hf_marian_tokenizers",
     "load_safetensors",
     "marian_problems",
     "save_hf_gpt2",

@@ -32,7 +32,7 @@ def activate(h: Tensor, activation: str) -> Tensor:
     """The non-gated activations by name; a gated one's nonlinearity (silu for swiglu, gelu for geglu) elsewhere."""
     if activation == "relu":
         return F.relu(h)
-    if activation == "swiglu":
+    if activation in ("silu", "swiglu"):  # silu: swish, OPUS-MT's Marian models
         return F.silu(h)
     return F.gelu(h, approximate="tanh" if activation == "gelu_tanh" else "none")
 
