@@ -127,7 +127,8 @@ def _trainer_defaults() -> dict:
     }
 
 
-def run_cli(args: Sequence[str] | None = None) -> TransformerCLI:
+def run_cli(args: Sequence[str] | None = None, run: bool = True) -> TransformerCLI:
+    """The command line's LightningCLI; with run=False its objects (model, data, trainer) are built, not fitted."""
     return TransformerCLI(
         LitTransformer,
         L.LightningDataModule,
@@ -136,6 +137,7 @@ def run_cli(args: Sequence[str] | None = None) -> TransformerCLI:
         save_config_kwargs={"overwrite": True},
         args=args,
         auto_configure_optimizers=False,
+        run=run,
     )
 
 

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/benchmark.py --quick               # smaller sizes, few repetitions (~3 min)
     .venv/bin/python scripts/benchmark.py --only decoder beam   # some sections
     .venv/bin/python scripts/benchmark.py --device cuda         # GPU: the CLI's step beside a hand-built one, MFU
-    .venv/bin/python scripts/benchmark.py --only cli --cli-steps 5   # the same CLI-vs-hand code path on a CPU, tiny
+    .venv/bin/python scripts/benchmark.py --only cli --threads 1      # the same CLI-vs-hand code path on a CPU, tiny
 
 Every contender of a section runs once per repetition, in alternating order, so drifting load on a shared machine
 touches all alike. Reported: the median time of each, and the median of the paired per-repetition ratios
@@ -568,21 +568,9 @@ class StepClock:
 
 def build_cli(args: list[str]):
     """The CLI's own objects (LitTransformer, DataModule, Trainer with every default callback), not yet fitting."""
-    import lightning as L
+    from lit_transformer.cli import run_cli
 
-    from lit_transformer.cli import TransformerCLI, _trainer_defaults
-    from lit_transformer.module import LitTransformer
-
-    return TransformerCLI(
-        LitTransformer,
-        L.LightningDataModule,
-        subclass_mode_data=True,
-        trainer_defaults=_trainer_defaults(),
-        auto_configure_optimizers=False,
-        save_config_callback=None,
-        run=False,
-        args=args,
-    )
+    return run_cli(args, run=False)
 
 
 def cli_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock:

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from lit_transformer import parallelize
-from lit_transformer.cli import TransformerCLI, _trainer_defaults
-from lit_transformer.module import LitTransformer
+from lit_transformer.cli import TransformerCLI, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "configs" / "presets"
@@ -78,15 +77,8 @@ class SyncTrap(L.Callback):
 
 def cli(tmp_path: Path, preset: str, *args: str) -> TransformerCLI:
     """The CLI's own objects (model, data, trainer with its callbacks), built from a preset, not yet fitting."""
-    return TransformerCLI(
-        LitTransformer,
-        L.LightningDataModule,
-        subclass_mode_data=True,
-        trainer_defaults=_trainer_defaults(),
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,
-        run=False,
-        args=[
+    return run_cli(
+        [
             "--config",
             str(PRESETS / preset),
             f"--trainer.default_root_dir={tmp_path}",
@@ -96,6 +88,7 @@ def cli(tmp_path: Path, preset: str, *args: str) -> TransformerCLI:
             "--trainer.num_sanity_val_steps=0",
             *args,
         ],
+        run=False,
     )
 
 

@@ -91,3 +91,26 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, cfg: TransformerCon
         )
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special_tokens(tokenizer, cfg))
     fast.save_pretrained(os.fspath(directory))
+
+
+def write_hf_folder(
+    directory: str | os.PathLike,
+    hf_config: dict,
+    state: Mapping[str, torch.Tensor],
+    tokenizer: Tokenizer | None,
+    cfg: TransformerConfig,
+) -> Path:
+    """A Hugging Face model folder: config.json, model.safetensors and, with a tokenizer, its files."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    write_state_dict(state, directory)
+    if tokenizer is not None:
+        save_hf_tokenizer(tokenizer, directory, cfg)
+    return directory
+
+
+def read_hf_folder(directory: str | os.PathLike, what: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json as a dict, the weights) of a Hugging Face model folder or, when online, a hub name."""
+    folder = resolve_folder(str(directory), what=what)
+    return json.loads((folder / "config.json").read_text()), read_state_dict(folder)

@@ -6,7 +6,6 @@ embeddings, no embedding scaling. Its ``Conv1D`` layers store weights as (in, ou
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -16,7 +15,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.interop.hf_files import read_state_dict, resolve_folder, save_hf_tokenizer, write_state_dict
+from lit_transformer.interop.hf_files import read_hf_folder, write_hf_folder
 from lit_transformer.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -206,13 +205,7 @@ def save_hf_gpt2(model: Transformer, directory: str | os.PathLike, tokenizer: To
     with a tokenizer, its files (tokenizer.json, tokenizer_config.json). Refuses models GPT-2 cannot express."""
     cfg = model.config
     _check_gpt2(cfg)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(to_hf_config(cfg), indent=2) + "\n")
-    write_state_dict(to_hf_state_dict(model), directory)
-    if tokenizer is not None:
-        save_hf_tokenizer(tokenizer, directory, cfg)
-    return directory
+    return write_hf_folder(directory, to_hf_config(cfg), to_hf_state_dict(model), tokenizer, cfg)
 
 
 def load_hf_gpt2(directory: str | os.PathLike, base: TransformerConfig | None = None) -> Transformer:
@@ -220,9 +213,8 @@ def load_hf_gpt2(directory: str | os.PathLike, base: TransformerConfig | None = 
 
     The folder's config.json sets the architecture; `base`, when given, supplies dropout and initialisation.
     """
-    folder = resolve_folder(str(directory), what="GPT-2 model")
-    hf = json.loads((folder / "config.json").read_text())
+    hf, state = read_hf_folder(directory, what="GPT-2 model")
     cfg = from_hf_config(hf, base)
     model = Transformer(cfg)
-    model.load_state_dict(from_hf_state_dict(read_state_dict(folder), cfg))
+    model.load_state_dict(from_hf_state_dict(state, cfg))
     return model.eval()
