@@ -5,6 +5,7 @@
     .venv/bin/python scripts/benchmark.py --only decoder beam   # some sections
     .venv/bin/python scripts/benchmark.py --device cuda         # GPU: the CLI's step beside a hand-built one, MFU
     .venv/bin/python scripts/benchmark.py --only cli --cli-steps 5   # the same CLI-vs-hand code path on a CPU, tiny
+    .venv/bin/python scripts/benchmark.py --only quantized --threads 1   # int8 greedy vs fp32 and HF (docs/performance.md)
 
 Every contender of a section runs once per repetition, in alternating order, so drifting load on a shared machine
 touches all alike. Reported: the median time of each, and the median of the paired per-repetition ratios
