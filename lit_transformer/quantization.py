@@ -9,7 +9,7 @@ The output layer is a choice (`lm_head`): it is tied to the embedding in most pr
 copy for the projection while the embedding lookup keeps the fp32 matrix, so the tie stays exact where it matters
 (the embedding) and the projection, the largest single matmul of a decoding step, streams a quarter of the bytes.
 It is the default because it is the faster choice (docs/performance.md, "int8 dynamic quantization": batch-1 greedy
-1.92x fp32 against 1.54x with an fp32 head); `lm_head=False` keeps it fp32.
+3.09x fp32 against 2.11x with an fp32 head); `lm_head=False` keeps it fp32.
 
 The KV cache, sampling and beam search are untouched: they see fp32 activations and fp32 logits.
 """

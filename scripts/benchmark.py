@@ -366,7 +366,9 @@ def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], rep
         OURS + " int8 (lm_head int8, default)": quantize_int8(ours),
         OURS + " int8 (lm_head fp32)": quantize_int8(ours, lm_head=False),
     }
-    contenders = {name: (lambda m=m: m.generate(src, max_new_tokens=n, num_beams=1)) for name, m in models.items()}
+    # max_source_offset=None: all n tokens, as HF's min_new_tokens forces (by default a translation stops at source + 50)
+    flags = dict(max_new_tokens=n, num_beams=1, max_source_offset=None)
+    contenders = {name: (lambda m=m: m.generate(src, **flags)) for name, m in models.items()}
     contenders["HF Marian generate fp32"] = hf_run(marian, src)
     contenders["HF Marian generate int8"] = hf_run(_int8(marian), src)
     with torch.inference_mode():
