@@ -4,6 +4,8 @@ python -m lit_transformer fit --config configs/base.yaml
 python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
 python -m lit_transformer generate --checkpoint runs/shakespeare/checkpoints/last.ckpt --prompt "ROMEO:"
 python -m lit_transformer translate --checkpoint runs/en-es/checkpoints/last.ckpt --text "In the beginning"
+python -m lit_transformer prepare --config configs/base.yaml   # the data once: token shards that fit then reads
+python -m lit_transformer average --checkpoints runs/en-es/checkpoints --last 5 --output runs/en-es/avg.ckpt
 """
 
 from __future__ import annotations
@@ -140,8 +142,21 @@ def run_cli(args: Sequence[str] | None = None) -> TransformerCLI:
 
 def _extra_commands() -> dict[str, Callable[[Sequence[str]], None]]:
     from lit_transformer import inference
+    from lit_transformer.averaging import average_main
 
-    return {"generate": inference.generate_main, "translate": inference.translate_main, "export": _export_main}
+    return {
+        "generate": inference.generate_main,
+        "translate": inference.translate_main,
+        "export": _export_main,
+        "prepare": _prepare_main,
+        "average": average_main,
+    }
+
+
+def _prepare_main(argv: Sequence[str]) -> None:
+    from lit_transformer.prepare import prepare_main
+
+    prepare_main(argv)
 
 
 def _export_main(argv: Sequence[str]) -> None:
@@ -152,7 +167,7 @@ def _export_main(argv: Sequence[str]) -> None:
 
 def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in ("generate", "translate", "export"):
+    if argv and argv[0] in ("generate", "translate", "export", "prepare", "average"):
         _extra_commands()[argv[0]](argv[1:])
         return
     run_cli(argv)

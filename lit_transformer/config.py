@@ -13,8 +13,10 @@ Topology = Literal["decoder_only", "encoder_decoder", "encoder_only"]
 Head = Literal["classification", "masked_lm"]
 Pooling = Literal["mean", "cls", "max"]
 NormPosition = Literal["pre", "post"]
-Positions = Literal["sinusoidal", "learned"]
-Activation = Literal["relu", "gelu", "gelu_tanh"]
+Positions = Literal["sinusoidal", "learned", "rope", "alibi", "none"]
+Norm = Literal["layernorm", "rmsnorm"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
+GATED_ACTIVATIONS = ("swiglu", "geglu")
 Init = Literal["gpt2", "xavier"]
 
 
@@ -29,7 +31,12 @@ class TransformerConfig:
     norm_position: NormPosition = "pre"
     """post: LayerNorm(x + Dropout(Sublayer(x))) as in the paper; pre: x + Dropout(Sublayer(LayerNorm(x))) and a final LayerNorm."""
     positions: Positions = "learned"
-    """sinusoidal: the paper's fixed encoding (works past max_seq_len); learned: a trained table (GPT-2)."""
+    """sinusoidal: the paper's fixed encoding (works past max_seq_len); learned: a trained table (GPT-2); rope: rotary
+    embeddings of queries and keys (Su et al. 2021, Llama); alibi: a per-head linear distance penalty on attention
+    scores (Press et al. 2021); none: no position signal at all (NoPE: decoder_only, where the causal mask alone
+    orders tokens)."""
+    rope_theta: float = 10000.0
+    """rope: the base of the rotary frequencies, theta^(-2i/head_dim) (Llama 2: 10,000; Llama 3: 500,000)."""
     vocab_size: int = 8192
     """Vocabulary size (source and target when shared). Linked from the tokenizer by the CLI."""
     target_vocab_size: int | None = None
@@ -42,6 +49,10 @@ class TransformerConfig:
     """Width of the residual stream."""
     n_heads: int = 6
     """Attention heads; d_model must be divisible by it."""
+    n_kv_heads: int | None = None
+    """Key/value heads of self-attention (grouped-query attention, Ainslie et al. 2023): n_heads must be divisible
+    by it, each group of n_heads / n_kv_heads query heads shares one K/V head, and the KV cache stores only these;
+    1 is multi-query attention; None uses n_heads (standard multi-head attention)."""
     n_layers: int = 6
     """Blocks per stack (decoder-only depth; encoder and decoder depth unless set apart below)."""
     n_encoder_layers: int | None = None
@@ -49,7 +60,9 @@ class TransformerConfig:
     n_decoder_layers: int | None = None
     """encoder_decoder only: decoder depth; None uses n_layers."""
     d_ff: int | None = None
-    """Inner width of the feed-forward sublayer; None uses 4 * d_model."""
+    """Inner width of the feed-forward sublayer; None uses 4 * d_model. With a gated activation (swiglu, geglu) it is
+    the width of each of the two input projections (gate and value: 3 * d_model * d_ff weights, Llama's
+    intermediate_size), and None uses gated_d_ff(4 * d_model), the parameters of the 4 * d_model non-gated MLP."""
     max_seq_len: int = 256
     """Longest sequence: the size of a learned position table and of the KV cache."""
     dropout: float = 0.1
@@ -57,17 +70,21 @@ class TransformerConfig:
     attention_dropout: float | None = None
     """Dropout on attention weights; None uses dropout."""
     activation: Activation = "gelu_tanh"
-    """Feed-forward activation: relu (paper), gelu (exact), gelu_tanh (GPT-2's tanh approximation)."""
+    """Feed-forward activation: relu (paper), gelu (exact), gelu_tanh (GPT-2's tanh approximation), silu (swish,
+    OPUS-MT's Marian models); gated (Shazeer 2020): swiglu is silu(x W) * (x V) (Llama), geglu is gelu(x W) * (x V)."""
     bias: bool = True
-    """Biases in linear layers and LayerNorms."""
+    """Biases in linear layers and LayerNorms (RMSNorm has none)."""
     tie_embeddings: bool = True
     """Tie the output projection to the (target) input embedding."""
     share_embeddings: bool | None = None
     """encoder_decoder: one embedding matrix for source and target (with tie_embeddings, the paper's three-way tying); None shares when the vocabulary is shared."""
     scale_embeddings: bool = False
     """Multiply token embeddings by sqrt(d_model), as in the paper."""
+    norm: Norm = "layernorm"
+    """Every normalisation layer: layernorm (centre and scale, with a gain and a bias) or rmsnorm (scale by the root
+    mean square only, with a gain: Zhang & Sennrich 2019, Llama)."""
     layer_norm_eps: float = 1e-5
-    """Epsilon of every LayerNorm."""
+    """Epsilon of every norm layer (LayerNorm or RMSNorm)."""
     pad_token_id: int | None = None
     """Padding token: what fills padded batches and finished rows in generation. Padding itself is said by an
     attention mask, never inferred from this id (a real vocabulary may use it). Linked from the tokenizer by the CLI."""
@@ -111,8 +128,9 @@ class TransformerConfig:
         yield from choices("head", ("classification", "masked_lm"))
         yield from choices("pooling", ("mean", "cls", "max"))
         yield from choices("norm_position", ("pre", "post"))
-        yield from choices("positions", ("sinusoidal", "learned"))
-        yield from choices("activation", ("relu", "gelu", "gelu_tanh"))
+        yield from choices("positions", ("sinusoidal", "learned", "rope", "alibi", "none"))
+        yield from choices("norm", ("layernorm", "rmsnorm"))
+        yield from choices("activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))
         yield from choices("init", ("gpt2", "xavier"))
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
             if getattr(self, name) < 1:
@@ -125,6 +143,7 @@ class TransformerConfig:
             "d_ff",
             "num_labels",
             "classifier_hidden",
+            "n_kv_heads",
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -132,6 +151,24 @@ class TransformerConfig:
         if self.n_heads >= 1 and self.d_model % self.n_heads:
             divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
             yield f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; valid n_heads: {divisors}"
+        if self.n_kv_heads is not None and self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads:
+            divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
+            yield (
+                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}: each K/V head serves a "
+                f"whole group of query heads; valid n_kv_heads: {divisors}"
+            )
+        if self.positions == "rope" and self.n_heads >= 1 and self.d_model % self.n_heads == 0 and self.head_dim % 2:
+            yield (
+                f"positions='rope' rotates pairs of channels, but the head dimension d_model / n_heads = "
+                f"{self.d_model} / {self.n_heads} = {self.head_dim} is odd; choose d_model and n_heads with an even quotient"
+            )
+        if self.positions == "rope" and self.rope_theta <= 1:
+            yield f"rope_theta={self.rope_theta} must be greater than 1"
+        if self.positions == "none" and self.topology != "decoder_only":
+            yield (
+                f"positions='none' (NoPE) needs topology='decoder_only': only a causal mask orders tokens without a "
+                f"position signal, and {self.topology!r} has a bidirectional encoder; use sinusoidal, learned, rope or alibi"
+            )
         for name in ("dropout", "attention_dropout", "classifier_dropout"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
@@ -204,8 +241,19 @@ class TransformerConfig:
         return self.n_decoder_layers or self.n_layers
 
     @property
+    def is_gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
     def ff_dim(self) -> int:
-        return self.d_ff or 4 * self.d_model
+        """The feed-forward inner width; for a gated activation, the width of each of its two input projections."""
+        if self.d_ff:
+            return self.d_ff
+        return gated_d_ff(4 * self.d_model) if self.is_gated else 4 * self.d_model
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
 
     @property
     def attn_dropout(self) -> float:
@@ -240,6 +288,16 @@ class TransformerConfig:
 
 def _round_up(n: int, multiple: int | None) -> int:
     return n if not multiple else -(-n // multiple) * multiple
+
+
+def gated_d_ff(d_ff: int, multiple_of: int = 1) -> int:
+    """The d_ff of a gated MLP (swiglu, geglu) with the weights of a non-gated one of inner width `d_ff`.
+
+    A non-gated MLP has two d_model x d_ff matrices, a gated one three of d_model x h: equal weights at h = 2 d_ff / 3
+    (Shazeer 2020; Llama rounds it up to a multiple of 256). Rounded to the nearest multiple of `multiple_of`, so the
+    counts agree to within 1.5 * multiple_of * d_model weights (0.1% for d_ff = 512).
+    """
+    return max(multiple_of, multiple_of * round(2 * d_ff / 3 / multiple_of))
 
 
 _PAPER = dict(
@@ -283,11 +341,43 @@ PRESETS: dict[str, dict[str, Any]] = {
         eos_token_id=50256,
         init="gpt2",
     ),
+    # A small Llama (Touvron et al. 2023): RoPE, RMSNorm, SwiGLU, grouped-query attention (4 K/V heads for 12 query
+    # heads), no biases, untied output; GPT-2 small's width and depth, 2,048 = gated_d_ff(4 * 768). 124.7M parameters.
+    "llama-small": dict(
+        topology="decoder_only",
+        norm_position="pre",
+        positions="rope",
+        rope_theta=10000.0,
+        norm="rmsnorm",
+        layer_norm_eps=1e-5,
+        vocab_size=32000,
+        d_model=768,
+        n_heads=12,
+        n_kv_heads=4,
+        n_layers=12,
+        d_ff=2048,
+        max_seq_len=2048,
+        dropout=0.0,
+        activation="swiglu",
+        bias=False,
+        tie_embeddings=False,
+        pad_token_id=None,
+        bos_token_id=1,
+        eos_token_id=2,
+        init="gpt2",
+    ),
     # For tests and debugging: seconds on a CPU.
     "tiny": dict(
         vocab_size=128, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=64, dropout=0.0, pad_token_id=0
     ),
 }
+
+
+# Vaswani et al. 2017, section 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ... maximum
+# output length ... input length + 50, but terminate early when possible"; the penalty is GNMT's (Wu et al. 2016).
+TRANSLATION_DECODING: dict[str, Any] = dict(
+    num_beams=4, length_penalty=0.6, length_penalty_form="gnmt", max_source_offset=50, early_stopping=True
+)
 
 
 @dataclass
@@ -307,7 +397,14 @@ class GenerationConfig:
     num_beams: int = 1
     """Beam search with this many beams when above 1 (deterministic; temperature, top_k and top_p are ignored)."""
     length_penalty: float = 1.0
-    """Beam search: a hypothesis scores log p / length ** length_penalty (0 ranks by log p alone)."""
+    """Beam search's alpha: a hypothesis scores log p / lp(|Y|), lp as length_penalty_form says (0 ranks by log p
+    alone)."""
+    length_penalty_form: Literal["length", "gnmt"] = "length"
+    """Beam search: length: lp = |Y| ** alpha (Hugging Face's, and ours before the paper's rules); gnmt: lp =
+    ((5 + |Y|) / 6) ** alpha, Wu et al. 2016, the form the Transformer paper's alpha = 0.6 refers to."""
+    early_stopping: bool = False
+    """Beam search: True ends a row as soon as num_beams hypotheses have finished (the paper's rule); False also
+    waits until no live beam, scored at the current length, could beat the worst of them (Hugging Face's default)."""
     repetition_penalty: float = 1.0
     """Above 1, the logits of tokens already in the sequence (prompt included) shrink: divided by it when positive,
     multiplied when negative (Keskar et al. 2019, as Hugging Face does)."""
@@ -342,6 +439,8 @@ class GenerationConfig:
             problems.append(f"top_p={self.top_p} must lie in (0, 1] or be None")
         if self.num_beams < 1:
             problems.append(f"num_beams={self.num_beams} must be >= 1")
+        if self.length_penalty_form not in ("length", "gnmt"):
+            problems.append(f"length_penalty_form={self.length_penalty_form!r} must be 'length' or 'gnmt'")
         if self.repetition_penalty <= 0:
             problems.append(f"repetition_penalty={self.repetition_penalty} must be positive (1 is none)")
         if self.max_source_offset is not None and self.max_source_offset < 1:
@@ -357,7 +456,12 @@ class GenerationConfig:
 
     @classmethod
     def for_model(cls, config: TransformerConfig, **overrides: Any) -> GenerationConfig:
-        """The defaults of a topology: a language model samples (temperature 0.8, top-k 50), a translation model
-        searches 4 beams. Overrides with the value None are ignored, so CLI flags left unset keep the defaults."""
-        base = cls(num_beams=4) if config.is_encoder_decoder else cls(temperature=0.8, top_k=50)
+        """The defaults of a topology: a language model samples (temperature 0.8, top-k 50); a translation model
+        decodes by the Transformer paper's rules (beam 4, GNMT length penalty alpha = 0.6, at most source length +
+        50 tokens, a row ends once its 4 beams have finished). Overrides with the value None are ignored, so CLI flags
+        left unset keep the defaults."""
+        if config.is_encoder_decoder:
+            base = cls(**TRANSLATION_DECODING)
+        else:
+            base = cls(temperature=0.8, top_k=50)
         return base.replace(**{name: value for name, value in overrides.items() if value is not None})

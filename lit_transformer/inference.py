@@ -202,8 +202,8 @@ def _parser(prog: str, description: str) -> ArgumentParser:
     GenerationConfig.for_model)."""
     description += (
         " Decoding flags left unset (null) keep the defaults of the model's topology, GenerationConfig.for_model: a"
-        " language model samples at temperature 0.8 among the 50 most likely tokens, a translation model searches"
-        " 4 beams."
+        " language model samples at temperature 0.8 among the 50 most likely tokens, a translation model decodes"
+        " by the Transformer paper's rules (4 beams, GNMT length penalty 0.6, source length + 50, early stopping)."
     )
     parser = ArgumentParser(prog=f"python -m lit_transformer {prog}", description=description)
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")

@@ -16,13 +16,16 @@ A grid file (YAML):
     seeds: [1, 2]
     seed_flags: [seed_everything, data.init_args.seed]   # flags that receive the seed
     test: true                                   # then `test` from the best checkpoint: BLEU on the test split
+    evaluate: [128, 256, 512, 1024]              # then `validate` from last.ckpt at each context length (LM data)
     cells:                                       # name -> flags (mapping, or a list of "--flag value" strings)
       heads-1: {model.config.n_heads: 1}
       pre-ln: ["--config configs/variants/pre_ln.yaml"]
 
 Outputs, in --out (default runs/ablations/<grid name>): <cell>/seed-<n>/ run folders, results.md (mean ± sample
 standard deviation over seeds), results.json (every run's numbers) and one PNG per curve (mean over seeds, band
-from min to max).
+from min to max); with `evaluate`, a second table and eval_bpc.png: validation bits per character against the
+context length each checkpoint was scored at. A model that refuses a length (learned positions past max_seq_len)
+is reported as "cannot extrapolate".
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
+# What a model that cannot take a longer context says (positions.LearnedPositions): recorded as such, not a failure.
+REFUSED = "cannot extrapolate"
+EVAL_FLAG = "data.init_args.block_size"
 CURVES = ("val/loss", "val/ppl", "val/bleu", "train/loss")
 # (column title, run folder's TensorBoard version, tag, digits)
 COLUMNS = (
@@ -109,6 +115,7 @@ class Grid:
     seed_flags: list[str] = field(default_factory=lambda: ["seed_everything"])
     test: bool = False
     description: str = ""
+    evaluate: list[int] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Grid:
@@ -116,7 +123,9 @@ class Grid:
         raw = yaml.safe_load(path.read_text()) or {}
         if not isinstance(raw, dict) or not raw.get("cells"):
             raise ValueError(f"{path} is not an ablation grid: it needs a non-empty `cells:` mapping")
-        unknown = set(raw) - {"name", "description", "base", "overrides", "cells", "seeds", "seed_flags", "test"}
+        unknown = set(raw) - {
+            "name", "description", "base", "overrides", "cells", "seeds", "seed_flags", "test", "evaluate"
+        }  # fmt: skip
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
         base = raw.get("base") or []
@@ -130,6 +139,7 @@ class Grid:
             seed_flags=[f.removeprefix("--") for f in raw.get("seed_flags", ["seed_everything"])],
             test=bool(raw.get("test", False)),
             description=str(raw.get("description", "")).strip(),
+            evaluate=[int(n) for n in raw.get("evaluate") or []],
         )
 
     def runs(self, out: Path, extra: list[str]) -> list[Run]:
@@ -163,7 +173,8 @@ class Run:
         return (self.folder / f"{stage}.done").exists()
 
     def stages(self) -> list[str]:
-        return [s for s in ("fit", "test") if (s == "fit" or self.grid.test) and not self.done(s)]
+        wanted = ["fit", *(["test"] if self.grid.test else []), *(f"eval-{n}" for n in self.grid.evaluate)]
+        return [s for s in wanted if not self.done(s)]
 
     def _common(self, stage: str) -> list[str]:
         configs = [token for path in self.grid.base for token in ("--config", path)]
@@ -184,7 +195,13 @@ class Run:
         ]
 
     def command(self, stage: str) -> list[str]:
-        """The `fit` (resuming from last.ckpt when there is one) or `test` (from the best checkpoint) command."""
+        """The `fit` (resuming from last.ckpt when there is one), `test` (from the best checkpoint) or `eval-N`
+        (`validate` from last.ckpt with the data in blocks of N tokens: the trained model scored at context N)."""
+        if stage.startswith("eval-"):
+            return [
+                *[sys.executable, "-m", "lit_transformer", "validate", *self._common(stage)],
+                *["--ckpt_path", str(self.last_checkpoint), f"--{EVAL_FLAG}", stage.removeprefix("eval-")],
+            ]
         argv = [sys.executable, "-m", "lit_transformer", stage, *self._common(stage)]
         if stage == "fit" and self.last_checkpoint.exists():
             argv += ["--ckpt_path", str(self.last_checkpoint)]
@@ -219,11 +236,18 @@ class Run:
         wall = time.monotonic() - start
         with open(self.folder / "timings.jsonl", "a") as timings:
             timings.write(json.dumps({"stage": stage, "wall_s": round(wall, 2), "returncode": code}) + "\n")
-        if code == 0:
-            (self.folder / f"{stage}.done").write_text(json.dumps({"wall_s": round(wall, 2)}) + "\n")
-            if stage == "fit":  # a new fit makes an earlier test stale
-                (self.folder / "test.done").unlink(missing_ok=True)
-        return code
+        refused = code != 0 and stage.startswith("eval-") and REFUSED in (self.folder / f"{stage}.log").read_text()
+        if code == 0 or refused:
+            marker = {"wall_s": round(wall, 2)} | ({"refused": True} if refused else {})
+            (self.folder / f"{stage}.done").write_text(json.dumps(marker) + "\n")
+            if stage == "fit":  # a new fit makes earlier scores stale
+                for stale in self.folder.glob("*.done"):
+                    if stale.name != "fit.done":
+                        stale.unlink()
+        return 0 if refused else code
+
+    def refused(self, stage: str) -> bool:
+        return self.done(stage) and bool(json.loads((self.folder / f"{stage}.done").read_text()).get("refused"))
 
     def wall_seconds(self, stage: str = "fit") -> float | None:
         """Wall time of a stage, summed over attempts (an interrupted run counts what it spent)."""
@@ -300,6 +324,11 @@ def run_results(run: Run) -> dict[str, Any]:
         curve = scalars[stage].get(tag)
         row[tag] = curve[-1][1] if curve else None
     row["curves"] = {tag: scalars["fit"][tag] for tag in CURVES if tag in scalars["fit"]}
+    row["eval"] = {}
+    for n in run.grid.evaluate:
+        stage = f"eval-{n}"
+        curve = read_scalars(run.folder / "tb" / stage).get("val/bpc")
+        row["eval"][str(n)] = REFUSED if run.refused(stage) else (curve[-1][1] if curve else None)
     return row
 
 
@@ -338,7 +367,53 @@ def markdown_table(grid: Grid, rows: list[dict[str, Any]]) -> str:
             )
             + " |"
         )
+    if grid.evaluate:
+        lines += ["", f"Validation bits per character by evaluation context (`validate --{EVAL_FLAG} N`):", ""]
+        header = ["cell", *(f"N={n}" for n in grid.evaluate)]
+        lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        for cell in grid.cells:
+            mine = [r for r in rows if r["cell"] == cell]
+            cells = []
+            for n in grid.evaluate:
+                values = [r["eval"].get(str(n)) for r in mine]
+                cells.append(REFUSED if REFUSED in values else summarize(values, 3))
+            lines.append("| " + " | ".join([cell, *cells]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def plot_evaluation(grid: Grid, rows: list[dict[str, Any]], out: Path) -> Path | None:
+    """eval_bpc.png: bits per character against evaluation context, one line per cell (mean, band min-max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    for cell in grid.cells:
+        points = []
+        for n in grid.evaluate:
+            values = [r["eval"].get(str(n)) for r in rows if r["cell"] == cell]
+            values = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+            if values:
+                points.append((n, statistics.fmean(values), min(values), max(values)))
+        if not points:
+            continue
+        ns, mean, low, high = zip(*points, strict=True)
+        (line,) = axes.plot(ns, mean, marker="o", label=cell)
+        axes.fill_between(ns, low, high, color=line.get_color(), alpha=0.2)
+        drawn = True
+    path = None
+    if drawn:
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(grid.evaluate, [str(n) for n in grid.evaluate])
+        axes.set(xlabel="evaluation context (tokens)", ylabel="val bits per character", title=f"{grid.name}")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+        path = out / "eval_bpc.png"
+        figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return path
 
 
 def mean_curve(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -388,6 +463,8 @@ def report(grid: Grid, runs: list[Run], out: Path) -> Path:
     table.write_text(markdown_table(grid, rows))
     (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
     plots = plot_curves(grid, rows, out)
+    if grid.evaluate and (evaluation := plot_evaluation(grid, rows, out)) is not None:
+        plots.append(evaluation)
     print(table.read_text())
     print("plots: " + ", ".join(str(p) for p in plots))
     return table

@@ -18,13 +18,43 @@ SWITCHES = {
     "tie_embeddings": (True, False),
     "scale_embeddings": (True, False),
 }
-VARIANTS = [dict(zip(SWITCHES, values, strict=True)) for values in itertools.product(*SWITCHES.values())]
+PAPER_VARIANTS = [dict(zip(SWITCHES, values, strict=True)) for values in itertools.product(*SWITCHES.values())]
+# The post-2017 switches (issue 18), each on its own and in the combinations that meet in one code path (Llama's;
+# ALiBi's bias with grouped K/V heads), on a GPT-2-like base, for both topologies; NoPE is decoder-only.
+MODERN_BASE = {
+    "norm_position": "pre",
+    "positions": "learned",
+    "activation": "gelu_tanh",
+    "tie_embeddings": True,
+    "scale_embeddings": False,
+}
+MODERN_SWITCHES = {
+    "rope": {"positions": "rope"},
+    "alibi": {"positions": "alibi"},
+    "rmsnorm": {"norm": "rmsnorm"},
+    "rmsnorm-post": {"norm": "rmsnorm", "norm_position": "post"},
+    "swiglu": {"activation": "swiglu"},
+    "geglu": {"activation": "geglu"},
+    "gqa": {"n_kv_heads": 2},
+    "mqa": {"n_kv_heads": 1},
+    "alibi-gqa": {"positions": "alibi", "n_kv_heads": 2},
+    "llama": {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "n_kv_heads": 2, "bias": False},
+}
+MODERN_VARIANTS = [
+    {"topology": topology, **MODERN_BASE, **switch}
+    for switch in MODERN_SWITCHES.values()
+    for topology in ("decoder_only", "encoder_decoder")
+] + [{"topology": "decoder_only", **MODERN_BASE, "positions": "none"}]
+VARIANTS = PAPER_VARIANTS + MODERN_VARIANTS
 # The switches that change decoding paths (activation, tying and scaling do not): enough for slower generation tests.
+# Every modern variant changes attention, positions or the cache, so all of them decode.
 DECODING_VARIANTS = [
-    v for v in VARIANTS if v["activation"] == "gelu_tanh" and v["tie_embeddings"] == v["scale_embeddings"]
+    v for v in PAPER_VARIANTS if v["activation"] == "gelu_tanh" and v["tie_embeddings"] == v["scale_embeddings"]
+] + MODERN_VARIANTS
+# The encoder-only model over the same switches (tying only matters to its masked-LM head); NoPE needs a causal mask.
+ENCODER_VARIANTS = [
+    {**v, "topology": "encoder_only"} for v in VARIANTS if v["topology"] == "decoder_only" and v["positions"] != "none"
 ]
-# The encoder-only model over the same switches (tying only matters to its masked-LM head).
-ENCODER_VARIANTS = [{**v, "topology": "encoder_only"} for v in VARIANTS if v["topology"] == "decoder_only"]
 FIRST_TOKEN = 3  # tiny's pad, bos, eos are 0, 1, 2: random inputs avoid them
 
 
@@ -46,6 +76,9 @@ def variant_id(v: dict) -> str:
             v["activation"],
         ]
         + ["tie" * v["tie_embeddings"] or "untied", "scale" * v["scale_embeddings"] or "noscale"]
+        + (["rmsnorm"] if v.get("norm") == "rmsnorm" else [])
+        + ([f"kv{v['n_kv_heads']}"] if v.get("n_kv_heads") else [])
+        + (["nobias"] if v.get("bias") is False else [])
     )
 
 

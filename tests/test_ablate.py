@@ -128,3 +128,30 @@ def test_every_cell_parses_as_a_fit_config(path: Path, capsys):
     assert config["checkpoint"]["dirpath"].endswith("checkpoints")
     if "ablations/base/en-es-cpu.yaml" in " ".join(args):  # the CPU budget wins over the preset it follows
         assert config["data"]["init_args"]["vocab_size"] == 4000
+
+
+def test_evaluate_scores_the_last_checkpoint_at_each_context_and_records_a_refusal(tmp_path: Path, monkeypatch):
+    """`evaluate: [N, ...]` adds one `validate` per N from last.ckpt with blocks of N tokens; a model that cannot take
+    N (learned positions past max_seq_len) is recorded as "cannot extrapolate", not as a failed run."""
+    path = tmp_path / "grid.yaml"
+    path.write_text("base: [configs/base.yaml]\nevaluate: [128, 512]\ncells:\n  rope: {model.config.positions: rope}\n")
+    grid = ablate.Grid.load(path)
+    (run,) = grid.runs(tmp_path / "out", extra=[])
+    assert run.stages() == ["fit", "eval-128", "eval-512"]
+    argv = run.command("eval-512")
+    assert argv[3] == "validate" and argv[-4:] == [
+        "--ckpt_path",
+        str(run.last_checkpoint),
+        f"--{ablate.EVAL_FLAG}",
+        "512",
+    ]
+    assert '"version": "eval-512"' in " ".join(argv)  # its own TensorBoard folder
+    script = "import sys; print('ValueError: ... learned positions cannot extrapolate'); sys.exit(1)"
+    monkeypatch.setattr(ablate.Run, "command", lambda self, stage: [sys.executable, "-c", script])
+    assert run.execute("eval-512", {}) == 0 and run.refused("eval-512") and run.stages() == ["fit", "eval-128"]
+    monkeypatch.setattr(ablate.Run, "command", lambda self, stage: [sys.executable, "-c", "raise SystemExit(3)"])
+    assert run.execute("eval-128", {}) == 3 and not run.done("eval-128")  # any other failure stays a failure
+    row = ablate.run_results(run)
+    assert row["eval"] == {"128": None, "512": ablate.REFUSED}
+    table = ablate.markdown_table(grid, [row])
+    assert "| rope | – | cannot extrapolate |" in table

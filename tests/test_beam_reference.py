@@ -2,9 +2,9 @@
 time, the model's full forward pass at every step (no cache, no batching, no masks).
 
 Both follow the same rules: each step keeps the num_beams best continuations that do not end in EOS; an EOS among
-the num_beams best candidates makes a hypothesis scored log p / length ** length_penalty; a row stops once it holds
-num_beams hypotheses and its best live beam, normalised at the current length, cannot beat the worst; at the step limit
-the live beams compete too. docs/performance.md's "identical to the loop version" claim is this test.
+the num_beams best candidates makes a hypothesis scored log p / lp(length) (length ** alpha, or GNMT's
+((5 + length) / 6) ** alpha); a row stops once it holds num_beams hypotheses and (unless early stopping) its best live
+beam, normalised at the current length, cannot beat the worst; at the step limit the live beams compete too. docs/performance.md's "identical to the loop version" claim is this test.
 """
 
 from __future__ import annotations
@@ -30,9 +30,20 @@ def next_log_probs(model: Transformer, source: torch.Tensor, prefix: list[int]) 
 
 
 def reference_beam_search(
-    model: Transformer, source: torch.Tensor, max_new: int, beams: int, length_penalty: float, eos: int | None
+    model: Transformer,
+    source: torch.Tensor,
+    max_new: int,
+    beams: int,
+    length_penalty: float,
+    eos: int | None,
+    form: str = "length",
+    early_stopping: bool = False,
 ) -> list[int]:
     """One row (1, S); returns the best hypothesis's tokens (ending in EOS unless it ran out of steps)."""
+
+    def lp(length: int) -> float:  # written out here, not imported: the reference must not share the code it checks
+        return ((5 + length) / 6) ** length_penalty if form == "gnmt" else length**length_penalty
+
     live: list[tuple[float, list[int]]] = [(0.0, [])]
     hypotheses: list[tuple[float, list[int]]] = []  # best first; ties keep the earlier one first
 
@@ -52,21 +63,32 @@ def reference_beam_search(
         for rank, (score, sequence) in enumerate(candidates[: 2 * beams]):
             if sequence[-1] == eos:
                 if rank < beams:
-                    add(score / length**length_penalty, sequence)
+                    add(score / lp(length), sequence)
             elif len(live) < beams:
                 live.append((score, sequence))
-        if len(hypotheses) == beams and hypotheses[-1][0] >= live[0][0] / length**length_penalty:
+        if len(hypotheses) == beams and (early_stopping or hypotheses[-1][0] >= live[0][0] / lp(length)):
             return hypotheses[0][1]
     for score, sequence in live:
-        add(score / max_new**length_penalty, sequence)
+        add(score / lp(max_new), sequence)
     return hypotheses[0][1]
 
 
-CASES = list(itertools.product(["decoder_only", "encoder_decoder"], [2, 3, 4], [0.6, 1.0, 1.2], ["none", "frequent"]))
+CASES = [
+    (*case, "length", False)
+    for case in itertools.product(["decoder_only", "encoder_decoder"], [2, 3, 4], [0.6, 1.0, 1.2], ["none", "frequent"])
+]
+# The paper's rules: GNMT's length penalty, with and without stopping as soon as num_beams hypotheses have finished.
+CASES += [
+    (topology, beams, 0.6, "frequent", "gnmt", early)
+    for topology, beams, early in itertools.product(["decoder_only", "encoder_decoder"], [2, 4], [False, True])
+]
 
 
-@pytest.mark.parametrize(("topology", "beams", "length_penalty", "eos_kind"), CASES)
-def test_vectorised_beam_search_equals_the_reference_loop(topology, beams, length_penalty, eos_kind):
+@pytest.mark.parametrize(("topology", "beams", "length_penalty", "eos_kind", "form", "early_stopping"), CASES)
+def test_vectorised_beam_search_equals_the_reference_loop(
+    topology, beams, length_penalty, eos_kind, form, early_stopping
+):
+    rules = dict(form=form, early_stopping=early_stopping)
     # Large weights give peaked distributions: no near-ties that rounding could order differently.
     model = build({"topology": topology}, init_std=0.3)
     sources = tokens(3, 5, seed=11)
@@ -76,13 +98,23 @@ def test_vectorised_beam_search_equals_the_reference_loop(topology, beams, lengt
         eos = next(
             t
             for t in dict.fromkeys(greedy)
-            if any(reference_beam_search(model, s[None], NEW, beams, length_penalty, t)[-1] == t for s in sources)
+            if any(
+                reference_beam_search(model, s[None], NEW, beams, length_penalty, t, **rules)[-1] == t for s in sources
+            )
         )
-    out = model.generate(sources, max_new_tokens=NEW, num_beams=beams, length_penalty=length_penalty, eos_token_id=eos)
+    out = model.generate(
+        sources,
+        max_new_tokens=NEW,
+        num_beams=beams,
+        length_penalty=length_penalty,
+        eos_token_id=eos,
+        length_penalty_form=form,
+        early_stopping=early_stopping,
+    )
     fill = model.config.pad_token_id
     ended = 0
     for row in range(3):
-        expected = reference_beam_search(model, sources[row : row + 1], NEW, beams, length_penalty, eos)
+        expected = reference_beam_search(model, sources[row : row + 1], NEW, beams, length_penalty, eos, **rules)
         got = out[row].tolist()
         assert got[: len(expected)] == expected, (row, got, expected)
         assert all(t == fill for t in got[len(expected) :])

@@ -156,6 +156,14 @@ def test_validate_and_test_run_from_the_checkpoint(tiny_run: Path):
         assert f"{'val' if command == 'validate' else 'test'}/bpc" in out
 
 
+def test_validate_scores_a_checkpoint_at_another_context_length(tiny_run: Path):
+    """The evaluation of a trained model at context N is `validate` with blocks of N tokens (scripts/ablate.py's
+    `evaluate`); the tiny run's learned position table (64) refuses 128-token blocks, saying why."""
+    common = _tiny_common(tiny_run)
+    failed = _cli("validate", *common, "--data.init_args.block_size", "128", cwd=tiny_run, ok=False)
+    assert "learned positions cannot extrapolate" in failed.stderr + failed.stdout
+
+
 def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
     """predict reads prompts (one per line; an empty line is a prompt too), generates with any GenerationConfig field
     from the command line, and writes {"input", "output", "tokens"} per line, in order."""
@@ -293,6 +301,8 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
         "In the beginning God created the heaven and the earth.",
         "--max_new_tokens",
         "12",
+        "--num_beams",  # greedy: the paper's length penalty makes a 20-step model's beams prefer the empty output
+        "1",
         cwd=run,
     )
     assert out.stdout.strip()

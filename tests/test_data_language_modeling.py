@@ -110,7 +110,7 @@ def test_second_run_reuses_the_cache_and_a_change_invalidates_it(tmp_path):
     changed = make(tmp_path, path)
     changed.prepare_data()
     changed.setup()
-    assert "Lancaster" in changed.decode(changed._blocks["validation"].tokens[:2000])
+    assert "Lancaster" in changed.decode(changed._splits["validation"].head(2000))
     assert len(list((tmp_path / "cache" / "tokenizers").glob("*.json"))) == 2
 
 

@@ -49,7 +49,7 @@ def test_state_saved_at_epoch_end_resumes_with_next_epoch():
     loader = make_loader()
     first, second = firsts(loader), firsts(loader)
     fresh = make_loader()
-    fresh.load_state_dict({**loader.state_dict(), "epoch": 0, "position": len(first)})
+    fresh.load_state_dict({**loader.state_dict(), "consumed": len(first), "steps_in_epoch": len(first)})
     assert firsts(fresh) == second
 
 
@@ -59,18 +59,24 @@ def test_state_loaded_after_an_iterator_was_built_is_not_replayed():
     loader = make_loader()
     stale = iter(loader)
     next(stale)
-    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "position": 3})
+    loader.load_state_dict({**loader.state_dict(), "consumed": 3, "steps_in_epoch": 3})
     assert firsts(loader) == reference[3:]
     assert list(stale) == []  # the superseded iterator stops instead of interleaving
 
 
-def test_mismatched_state_is_refused():
-    with pytest.raises(ValueError, match="does not match"):
-        make_loader().load_state_dict({"epoch": 0, "position": 1, "seed": 99, "num_batches": 1})
-    # a checkpoint of a 2-process run says so, instead of blaming the data
+@pytest.mark.parametrize("change", [{"seed": 99}, {"num_items": 1}])
+def test_state_of_other_data_is_refused(change):
     loader = make_loader()
-    with pytest.raises(ValueError, match="written by a run of 2 process\\(es\\) and this run has 1"):
-        loader.load_state_dict({**loader.state_dict(), "world_size": 2, "num_batches": len(loader) // 2})
+    with pytest.raises(ValueError, match="does not match .* the data or its settings changed"):
+        loader.load_state_dict({**loader.state_dict(), **change})
+
+
+def test_state_of_the_former_layout_still_resumes():
+    """Checkpoints written before the elastic stream hold (epoch, position, world_size): they resume the same."""
+    reference = firsts(make_loader())
+    loader = make_loader()
+    loader.load_state_dict({"epoch": 0, "position": 5, "seed": 7, "num_batches": len(loader), "world_size": 1})
+    assert firsts(loader) == reference[5:]
 
 
 def test_blocks_are_shifted_inputs_and_labels_without_gaps():
@@ -138,3 +144,38 @@ def test_lightning_resumes_mid_epoch_on_the_next_batch(tmp_path):
     second = _Recorder()
     _trainer(tmp_path / "b", total).fit(second, _Data(), ckpt_path=str(next((tmp_path / "ckpt").glob("*.ckpt"))))
     assert first.seen + second.seen == full.seen
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1), (3, 2)])
+def test_batch_lists_resume_elastically_on_another_process_count(monkeypatch, before, after):
+    """Translation and classification batches (token-budget index lists): a state saved by N ranks resumes on M with
+    the global order of batches going on, none repeated or skipped, across the epoch boundary too."""
+    from lit_transformer.data import loaders
+
+    def run(world: int, steps: int, state: dict | None) -> tuple[list[list[int]], dict]:
+        ranks = []
+        for rank in range(world):
+            monkeypatch.setattr(loaders, "_rank_and_world", lambda rank=rank: (rank, world))
+            loader = make_loader()
+            if state is not None:
+                loader.load_state_dict(state)
+            ranks.append([rank, loader, iter(loader)])
+        seen = []
+        for _ in range(steps):
+            for entry in ranks:
+                rank, loader, iterator = entry
+                monkeypatch.setattr(loaders, "_rank_and_world", lambda rank=rank: (rank, world))
+                batch = next(iterator, None)
+                if batch is None:  # Lightning starts the next epoch
+                    entry[2] = iterator = iter(loader)
+                    batch = next(iterator)
+                seen.append(batch["input_ids"][:, 0].tolist())
+        return seen, ranks[0][1].state_dict()
+
+    steps_per_epoch = len(make_loader())  # 31 batches of one epoch
+    single = make_loader()
+    reference = firsts(itertools.chain(single, single, single, single))  # four epochs, one process
+    first, state = run(before, 20, None)
+    second, _ = run(after, 20, state)
+    total = 20 * before + 20 * after
+    assert total > steps_per_epoch and first + second == reference[:total]

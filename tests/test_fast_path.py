@@ -172,3 +172,24 @@ def test_compile_scope_blocks_compiles_each_block(tmp_path: Path, monkeypatch) -
     run.trainer.strategy._lightning_module = run.model
     run.model.configure_model()
     assert calls == ["DecoderBlock", "DecoderBlock"] and run.model._compiled_sums is None
+
+
+def test_right_padded_targets_need_no_mask_and_other_padding_is_refused() -> None:
+    """Training attends targets with is_causal alone: for right padding, every labelled position gets the logits the
+    explicit mask gives; a left-padded target mask is refused before it can be silently wrong."""
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.model import Transformer
+    from lit_transformer.module import check_right_padded
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig.preset("tiny", topology="encoder_decoder", bos_token_id=1, eos_token_id=2)
+    model = Transformer(cfg).eval()
+    src, tgt = torch.randint(3, cfg.vocab_size, (3, 9)), torch.randint(3, cfg.vocab_size, (3, 7))
+    src_mask = torch.arange(9) < torch.tensor([9, 5, 7])[:, None]
+    tgt_mask = torch.arange(7) < torch.tensor([7, 3, 5])[:, None]  # right padding
+    masked = model(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+    causal = model(src, tgt, src_mask=src_mask)
+    torch.testing.assert_close(causal[tgt_mask], masked[tgt_mask])
+    check_right_padded(tgt_mask)
+    with pytest.raises(ValueError, match="pads targets on the left or in the middle"):
+        check_right_padded(tgt_mask.flip(1))

@@ -310,3 +310,62 @@ def test_column_major_weights_are_put_back_after_an_error():
             assert weight.stride() == (1, weight.shape[0])
             raise RuntimeError("inside")
     assert weight.stride() == stride
+
+
+# ---- the Transformer paper's decoding rules ---------------------------------------------------------------------
+
+
+def test_the_gnmt_length_penalty_against_values_written_out():
+    from lit_transformer.model.generation import length_penalty
+
+    # ((5 + |Y|) / 6) ** alpha: 1 at |Y| = 1; 2 ** 0.6 at |Y| = 7; 5 ** 0.6 at |Y| = 25.
+    assert length_penalty(1, 0.6, "gnmt") == 1.0
+    assert length_penalty(7, 0.6, "gnmt") == pytest.approx(1.5157165665103982, rel=1e-12)
+    assert length_penalty(25, 0.6, "gnmt") == pytest.approx(2.6265278044037674, rel=1e-12)
+    assert length_penalty(13, 1.0, "gnmt") == pytest.approx(3.0)
+    # The older form, still the GenerationConfig default: |Y| ** alpha.
+    assert length_penalty(4, 0.5, "length") == 2.0 and length_penalty(25, 0.0, "gnmt") == 1.0
+    with pytest.raises(ValueError, match="length_penalty_form='wu': use 'length' or 'gnmt'"):
+        length_penalty(3, 0.6, "wu")
+
+
+def test_translation_defaults_are_the_papers_decoding_rules():
+    from lit_transformer.config import GenerationConfig, TransformerConfig
+
+    gen = GenerationConfig.for_model(TransformerConfig(topology="encoder_decoder"))
+    assert (gen.num_beams, gen.length_penalty, gen.length_penalty_form) == (4, 0.6, "gnmt")
+    assert (gen.max_source_offset, gen.early_stopping) == (50, True)
+    # Each is overridable; a plain GenerationConfig keeps the old meaning (|Y| ** 1.0, Hugging Face's criterion).
+    assert GenerationConfig.for_model(TransformerConfig(topology="encoder_decoder"), num_beams=1).num_beams == 1
+    plain = GenerationConfig()
+    assert (plain.length_penalty, plain.length_penalty_form, plain.early_stopping) == (1.0, "length", False)
+    with pytest.raises(ValueError, match="length_penalty_form='wu' must be 'length' or 'gnmt'"):
+        GenerationConfig(length_penalty_form="wu")
+
+
+def test_a_finished_beam_set_stops_decoding_early(monkeypatch):
+    """Scripted next-token distributions (EOS = 2, tokens a = 5, b = 6) give 2 beams two finished hypotheses after
+    step 2, while a live beam, at alpha = 3, still scores better than the worse of them: early_stopping ends the row
+    there (2 decoder passes), Hugging Face's criterion decodes on to the limit."""
+    model = build({"topology": "encoder_decoder"})
+    V, eos, a, b = model.config.vocab_size, 2, 5, 6
+    calls = []
+
+    def scripted(tokens, memory, **kwargs):
+        calls.append(tokens.shape)
+        probs = {eos: 0.5, a: 0.3, b: 0.2} if len(calls) == 1 else {a: 0.45, eos: 0.4, b: 0.15}
+        logits = torch.full((tokens.shape[0], 1, V), float("-inf"))
+        for token, p in probs.items():
+            logits[:, :, token] = torch.tensor(p).log()
+        return logits
+
+    monkeypatch.setattr(model, "decode", scripted)
+    src = tokens(1, 5, seed=3)
+    rules = dict(num_beams=2, length_penalty=3.0, eos_token_id=eos, max_new_tokens=10, max_source_offset=None)
+    out = model.generate(src, **rules, early_stopping=True)
+    assert len(calls) == 2
+    # Hypotheses: [eos] scores log 0.5 / 1; [a, eos] scores (log 0.3 + log 0.4) / 2 ** 3, the better one.
+    assert out.tolist() == [[a, eos]]
+    calls.clear()
+    assert model.generate(src, **rules, early_stopping=False).shape[1] == 10
+    assert len(calls) == 10

@@ -1,21 +1,24 @@
-"""LanguageModelingDataModule: text from the hub, local files or the embedded Shakespeare, tokenized, packed into blocks."""
+"""LanguageModelingDataModule: text from the hub, local files or the embedded Shakespeare, streamed into token shards
+once (`python -m lit_transformer prepare`, or the first `fit`), then read as packed blocks through memory maps."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
 import lightning as L
-import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer
 
 from . import corpora
-from .cache import resolve_cache_dir
-from .common import SPLITS, SingleTokenizer, SplitLoaders, cached_stream, hash_bucket, normalise_splits, require_columns
+from .cache import fingerprint, resolve_cache_dir
+from .common import SPLITS, SingleTokenizer, SplitLoaders
 from .encoding import token_ids
-from .loaders import BlockDataset, ResumableLoader, fixed_size_batches
-from .sources import load_any
+from .loaders import BlockStreamLoader, ResumableLoader, fixed_size_batches
+from .shards import ShardBlocks, TokenShards, load_prepared, prepare_corpus, sample_texts
+from .streaming import HELD_OUT, CorpusStream
 from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
-
-HELD_OUT = 0.05  # validation and test fractions carved from train when the source has no such split
 
 
 class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataModule):
@@ -41,6 +44,8 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
         predict_file: str | None = None,
         predict_batch_size: int = 16,
         mask_token: bool = False,
+        sampling: Literal["random", "sequential"] = "random",
+        tokenizer_sample_chars: int = 20_000_000,
     ) -> None:
         """
         Args:
@@ -64,10 +69,19 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
             predict_batch_size: Inputs generated for at once by `predict`.
             mask_token: Add a <mask> token after the vocabulary, for masked-LM pretraining of an encoder_only model on
                 this text (head: masked_lm; the packed blocks serve as inputs, their next-token labels are ignored).
+            sampling: Training order of the blocks: random (a seeded permutation per epoch) or sequential. Either
+                way the order is a function of (seed, epoch, global sample index), so a run resumes exactly on any
+                number of processes.
+            tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters from the start of
+                the training split (a bounded sample: the whole split when it is smaller).
         """
         super().__init__()
         if block_size < 1 or batch_size < 1:
             raise ValueError(f"block_size={block_size} and batch_size={batch_size} must be positive")
+        if sampling not in ("random", "sequential"):
+            raise ValueError(f"sampling={sampling!r}: choose random or sequential")
+        if tokenizer_sample_chars < 1:
+            raise ValueError(f"tokenizer_sample_chars={tokenizer_sample_chars} must be positive")
         if max_chars is not None and max_chars < 1:
             raise ValueError(f"max_chars={max_chars} must be positive or None")
         self.dataset = dataset
@@ -84,37 +98,45 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
         self.predict_file = predict_file
         self.predict_batch_size = predict_batch_size
         self.mask_token = mask_token
-        self._texts: dict[str, list[str]] | None = None
+        self.sampling = sampling
+        self.tokenizer_sample_chars = tokenizer_sample_chars
+        self._stream: CorpusStream | None = None
         self._tokenizer: Tokenizer | None = None
         self._tokenizer_key = ""
-        self._blocks: dict[str, BlockDataset] = {}
-        self._characters_per_token: dict[str, float] = {}
+        self._root: Path | None = None
+        self._splits: dict[str, TokenShards] = {}
+        self._blocks: dict[str, ShardBlocks] = {}
 
     # ------------------------------------------------------------------ text
 
-    def texts(self) -> dict[str, list[str]]:
-        """Each split's documents (train cut to max_chars), with validation/test carved out when missing."""
-        if self._texts is None:
-            self._texts = self._load_texts()
-        return self._texts
+    @property
+    def stream(self) -> CorpusStream:
+        """The corpus as a stream of documents per split (held-out splits carved from train when missing)."""
+        if self._stream is None:
+            embedded = corpora.shakespeare() if self.dataset in corpora.EMBEDDED_LM else None
+            self._stream = CorpusStream(self.dataset, self.dataset_config, self.text_column, embedded=embedded)
+        return self._stream
 
-    def _load_texts(self) -> dict[str, list[str]]:
-        if self.dataset in corpora.EMBEDDED_LM:
-            data = corpora.shakespeare()
-        else:
-            data = load_any(self.dataset, self.dataset_config, self.cache_dir, self.text_column)
-        data = normalise_splits(data)
-        require_columns(data, [self.text_column], f"dataset {self.dataset!r}")
-        texts = {name: [t for t in split[self.text_column] if t and t.strip()] for name, split in data.items()}
+    def texts(self) -> dict[str, list[str]]:
+        """Each split's documents (train cut to max_chars), held whole in memory: for inspection and small corpora
+        only; training never calls this (it streams the corpus into shards)."""
+        texts = {split: list(self.stream.documents(split)) for split in SPLITS}
+        texts["train"] = list(_prefix(texts["train"], self.max_chars))
         if not texts["train"]:
-            raise ValueError(
-                f"The training split of {self.dataset!r} is empty (no non-blank {self.text_column!r} rows)"
-            )
-        texts = _carve_held_out(texts)
-        texts["train"] = _prefix(texts["train"], self.max_chars)
-        sizes = {name: sum(map(len, docs)) for name, docs in texts.items()}
-        rank_zero_info(f"{self.dataset}: characters per split {sizes}")
+            raise self._empty()
         return texts
+
+    def _empty(self) -> ValueError:
+        return ValueError(f"The training split of {self.dataset!r} is empty (no non-blank {self.text_column!r} rows)")
+
+    def _tokenizer_sample(self) -> list[str]:
+        limit = (
+            self.tokenizer_sample_chars if self.max_chars is None else min(self.max_chars, self.tokenizer_sample_chars)
+        )
+        sample = sample_texts(self.stream, limit)
+        if not sample:
+            raise self._empty()
+        return sample
 
     # ------------------------------------------------------------------ tokenizer
 
@@ -123,7 +145,7 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
         """The tokenizer (trained on the training split and cached on first access when tokenizer is a kind)."""
         if self._tokenizer is None:
             self._tokenizer, self._tokenizer_key = load_or_train_tokenizer(
-                self.tokenizer_spec, lambda: self.texts()["train"], self.requested_vocab_size, self.cache_dir
+                self.tokenizer_spec, self._tokenizer_sample, self.requested_vocab_size, self.cache_dir
             )
             if self.mask_token and special_token_id(self._tokenizer, "mask") is None:
                 self._tokenizer.add_special_tokens([MASK])
@@ -140,47 +162,81 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
     def characters_per_token(self, split: str = "validation") -> float:
         """Characters of the split's text per token of its stream (EOS included): converts a per-token NLL into
         bits per character, a scale that does not depend on the tokenizer."""
-        if split not in self._characters_per_token:  # asked at every validation: hashing the split each time is waste
-            self._characters_per_token[split] = sum(map(len, self.texts()[split])) / len(self._stream(split))
-        return self._characters_per_token[split]
+        shards = self._prepared()[split]
+        return shards.characters / max(1, len(shards))
 
     # ------------------------------------------------------------------ Lightning hooks
 
-    def _stream(self, split: str) -> np.ndarray:
-        tokenizer = self.tokenizer
-        return cached_stream(self.cache_dir, tokenizer, self._tokenizer_key, self.texts()[split], self.eos_token_id)
+    def _prepared(self) -> dict[str, TokenShards]:
+        """The token shards of every split, prepared first when the cache lacks them."""
+        if not self._splits:
+            if self._root is None:
+                tokenizer = self.tokenizer
+                self._root = prepare_corpus(
+                    self.stream, tokenizer, self._tokenizer_key, self.eos_token_id, self.cache_dir, self.max_chars
+                )
+            info, self._splits = load_prepared(self._root)
+            if len(self._splits["train"]) == 0:
+                raise self._empty()
+            sizes = {s: (shards.characters, len(shards)) for s, shards in self._splits.items()}
+            rank_zero_info(f"{self.dataset}: (characters, tokens) per split {sizes}; held-out: {info['held_out']}")
+        return self._splits
+
+    def prepare(self) -> Path:
+        """Stream the corpus into token shards (train the tokenizer first when needed); the prepared folder."""
+        self._prepared()
+        return self._root
 
     def prepare_data(self) -> None:
-        """Once per node: train the tokenizer and tokenize every split into the cache."""
-        for split in SPLITS:
-            self._stream(split)
+        """Once per node: train the tokenizer and tokenize every split into shards (cached by content)."""
+        self.prepare()
 
     def setup(self, stage: str | None = None) -> None:
-        """Every rank: load the cached token streams (memory-mapped) and view them as blocks."""
+        """Every rank: open the shards (memory-mapped per batch) and view them as blocks."""
+        splits = self._prepared()
         for split in SPLITS:
             if split not in self._blocks:
-                stream = self._stream(split)
-                if len(stream) < self.block_size + 1:
-                    raise ValueError(
-                        f"The {split} split of {self.dataset!r} has {len(stream)} tokens, fewer than one block of "
-                        f"block_size + 1 = {self.block_size + 1}; use a smaller block_size or more text"
-                    )
-                self._blocks[split] = BlockDataset(stream, self.block_size)
+                blocks = splits[split].blocks(self.block_size)
+                if len(blocks) == 0:
+                    raise ValueError(self._too_small(split, len(splits[split])))
+                self._blocks[split] = blocks
         rank_zero_info(
             f"{self.dataset}: blocks of {self.block_size} tokens per split { {s: len(b) for s, b in self._blocks.items()} }"
         )
 
-    def _loader(self, split: str, shuffle: bool) -> ResumableLoader:
+    def _too_small(self, split: str, tokens: int) -> str:
+        splits = self._splits
+        total_tokens = sum(len(s) for s in splits.values())
+        total_chars = sum(s.characters for s in splits.values())
+        documents = sum(s.documents for s in splits.values())
+        need = self.block_size + 1
+        minimum = int(need / HELD_OUT) if self.stream.missing else need
+        chars = int(minimum * total_chars / max(1, total_tokens))
+        return (
+            f"The {split} split of {self.dataset!r} has {tokens} tokens, fewer than one block of block_size + 1 = "
+            f"{need}. The corpus holds {total_chars:,} characters in {documents:,} documents ({total_tokens:,} "
+            f"tokens); "
+            + (
+                f"validation and test take {HELD_OUT:.0%} of it each, so it needs at least about {minimum:,} tokens "
+                f"(~{chars:,} characters) for block_size={self.block_size}. "
+                if self.stream.missing
+                else ""
+            )
+            + "Give more text, a smaller block_size, or files named train*/valid*/test* to choose the splits yourself"
+        )
+
+    def _loader(self, split: str, shuffle: bool) -> BlockStreamLoader | ResumableLoader:
         if split not in self._blocks:
             self.setup()
         blocks = self._blocks[split]
-        batches = fixed_size_batches(len(blocks), self.batch_size, self.seed, shuffle=shuffle, drop_last=shuffle)
-        if not batches:
-            raise ValueError(f"The {split} split has {len(blocks)} blocks, fewer than batch_size={self.batch_size}")
-        epoch = self.trainer.current_epoch if shuffle and self.trainer is not None else 0
-        return ResumableLoader(
-            blocks, batches, shuffle=shuffle, seed=self.seed, num_workers=self.num_workers, start_epoch=epoch
-        )
+        if shuffle:  # training: an endless stream of blocks in a seeded order, elastic across process counts
+            if len(blocks) < self.batch_size:
+                raise ValueError(f"The {split} split has {len(blocks)} blocks, fewer than batch_size={self.batch_size}")
+            return BlockStreamLoader(
+                blocks, self.batch_size, seed=self.seed, shuffle=self.sampling == "random", num_workers=self.num_workers
+            )
+        batches = fixed_size_batches(len(blocks), self.batch_size, self.seed, shuffle=False, drop_last=False)
+        return ResumableLoader(blocks, batches, shuffle=False, seed=self.seed, num_workers=self.num_workers)
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the tokenizer, so a checkpoint can always be decoded."""
@@ -190,56 +246,16 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
         saved = state_dict.get("tokenizer")
         if saved is not None and self._tokenizer is None:
             self._tokenizer = Tokenizer.from_str(saved)
+            self._tokenizer_key = fingerprint("tokenizer", saved)
 
 
-def _prefix(docs: list[str], max_chars: int | None) -> list[str]:
+def _prefix(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:
     if max_chars is None:
-        return docs
-    kept, total = [], 0
+        yield from docs
+        return
+    total = 0
     for doc in docs:
         if total >= max_chars:
             break
-        kept.append(doc[: max_chars - total])
-        total += len(kept[-1])
-    return kept
-
-
-def _carve_held_out(texts: dict[str, list[str]]) -> dict[str, list[str]]:
-    """Deterministic validation/test splits from train when the source lacks them.
-
-    Few long documents (files, books) are each cut at line boundaries 90/5/5; many rows go by a hash of their text,
-    so duplicate rows land in the same split.
-    """
-    missing = [s for s in ("validation", "test") if s not in texts]
-    if not missing:
-        return texts
-    train = texts["train"]
-    out = {k: v for k, v in texts.items()}
-    if len(train) < 1000:
-        cut = {"train": [], "validation": [], "test": []}
-        for doc in train:
-            a = _line_cut(doc, 1 - HELD_OUT * len(missing))
-            b = _line_cut(doc, 1 - HELD_OUT) if len(missing) == 2 else len(doc)
-            cut["train"].append(doc[:a])
-            cut[missing[0]].append(doc[a:b])
-            if len(missing) == 2:
-                cut[missing[1]].append(doc[b:])
-        for name, docs in cut.items():
-            if name == "train" or name in missing:
-                out[name] = [d for d in docs if d.strip()]
-    else:
-        out["train"] = []
-        out.update({name: [] for name in missing})
-        for doc in train:
-            bucket = hash_bucket(doc)
-            index = int(bucket // (HELD_OUT * 100))
-            out[missing[index] if index < len(missing) else "train"].append(doc)
-    for name in missing:
-        if not out[name]:
-            raise ValueError(f"Could not carve a {name} split from the training data: too little text")
-    return out
-
-
-def _line_cut(text: str, fraction: float) -> int:
-    at = text.find("\n", int(len(text) * fraction))
-    return len(text) if at < 0 else at + 1
+        yield doc[: max_chars - total]
+        total += len(doc[: max_chars - total])

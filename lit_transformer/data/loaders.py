@@ -1,10 +1,19 @@
-"""Resumable loaders and the batch layouts behind them.
+"""Resumable, elastic loaders and the batch layouts behind them.
 
-`ResumableLoader` iterates precomputed batches of indices in an order fixed by (seed, epoch). Its `state_dict()` is the
-epoch and the number of batches handed out, so Lightning (which saves the state of any train loader that has
-`state_dict`/`load_state_dict`) resumes a run on exactly the next batch with the same shuffle order. The state is
-applied when the next iterator is built, which is the order Lightning 2.6 uses (load state, then `iter()`), and a
-state loaded after an iterator was built still applies to the next one: no batch is replayed or skipped.
+A training loader reads an endless stream of items (precomputed batches for translation and classification, blocks
+of tokens for language modelling). The item at global position p is a pure function of (seed, epoch = p // n,
+p % n): a seeded permutation of the n items per epoch. Each optimizer step consumes the next `per_rank * world_size`
+positions, rank r taking its `per_rank` consecutive ones, so the global sequence of items does not depend on the
+number of processes. The checkpointed state is the number of positions consumed (plus the steps taken in Lightning's
+current epoch, which Lightning counts too): a run checkpointed with N processes resumes with M, continuing the same
+global sequence, no item repeated or skipped.
+
+Lightning (2.6) saves the state of a train loader that has `state_dict`/`load_state_dict` and loads it before the
+next `iter()`. The state is applied when the next iterator is built, and a state loaded after an iterator was built
+still applies to the next one: no batch is replayed or skipped.
+
+Evaluation loaders (`shuffle=False`) read their items in order from the start at every iteration, each rank taking
+every world_size-th batch.
 """
 
 from __future__ import annotations
@@ -28,12 +37,167 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
-class ResumableLoader:
-    """Batches of `dataset` in a per-epoch seeded order, with a checkpointable position.
+# ---------------------------------------------------------------------------------------------------- permutations
+
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a cheap, well-mixed hash of each uint64."""
+    x = x + _MIX[0]
+    x = (x ^ (x >> np.uint64(30))) * _MIX[1]
+    x = (x ^ (x >> np.uint64(27))) * _MIX[2]
+    return x ^ (x >> np.uint64(31))
+
+
+def permute(positions: np.ndarray, n: int, seed: int, epoch: int, rounds: int = 4) -> np.ndarray:
+    """A seeded permutation of range(n), evaluated at `positions` only: O(len(positions)) time and memory.
+
+    A balanced Feistel network is a bijection on [0, 2^bits); cycle-walking (applying it again while the value is
+    out of range) restricts it to a bijection on [0, n). Nothing of size n is ever built, so a corpus of billions of
+    blocks costs no memory to shuffle.
+    """
+    x = np.asarray(positions, dtype=np.uint64)
+    if n <= 1:
+        return x.astype(np.int64)
+    bits = max(2, (n - 1).bit_length())
+    bits += bits % 2
+    half = np.uint64(bits // 2)
+    mask = np.uint64((1 << (bits // 2)) - 1)
+    with np.errstate(over="ignore"):
+        keys = _mix64(np.array([seed * 1_000_003 + epoch * 7919 + r for r in range(rounds)], dtype=np.uint64))
+
+        def once(v: np.ndarray) -> np.ndarray:
+            left, right = v >> half, v & mask
+            for key in keys:
+                left, right = right, left ^ (_mix64(right ^ key) & mask)
+            return (left << half) | right
+
+        x = once(x)
+        out = x >= n
+        while out.any():
+            x[out] = once(x[out])
+            out = x >= n
+    return x.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------------- loaders
+
+
+class _ElasticStream:
+    """What the elastic training loaders share: the position in the global stream and its checkpointed state."""
+
+    num_items: int
+    per_rank: int  # items one rank takes per step
+    seed: int
+    shuffle: bool
+
+    def _init_stream(self, start_epoch: int = 0) -> None:
+        self.consumed = start_epoch * self.num_items  # global stream positions consumed by all ranks together
+        self.steps_in_epoch = 0  # steps taken in Lightning's current epoch (Lightning's own count after a resume)
+        self._started = False
+        self._pending: dict[str, int] | None = None
+        self._generation = 0  # bumped by every __iter__ so a superseded iterator stops
+
+    @property
+    def global_step_items(self) -> int:
+        return self.per_rank * _rank_and_world()[1]
+
+    def __len__(self) -> int:
+        """Steps in one Lightning epoch: one pass over the items at this process count."""
+        return max(1, self.num_items // self.global_step_items)
+
+    def items_at(self, positions: np.ndarray) -> np.ndarray:
+        """The item at each global stream position: a per-epoch seeded permutation (or identity)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        epochs, within = np.divmod(positions, self.num_items)
+        if not self.shuffle:
+            return within
+        items = np.empty_like(within)
+        for epoch in np.unique(epochs):
+            chosen = epochs == epoch
+            items[chosen] = self._permute(within[chosen], int(epoch))
+        return items
+
+    def _permute(self, within: np.ndarray, epoch: int) -> np.ndarray:
+        return permute(within, self.num_items, self.seed, epoch)
+
+    def step_positions(self, consumed: int, rank: int, world: int) -> np.ndarray:
+        """The global positions rank `rank` reads in the step that starts after `consumed` positions."""
+        start = consumed + rank * self.per_rank
+        return np.arange(start, start + self.per_rank, dtype=np.int64)
+
+    def _begin(self) -> tuple[int, int, int]:
+        """Apply a loaded state or start the next Lightning epoch; returns (consumed, steps to yield, generation)."""
+        if self._pending is not None:
+            self.consumed, self.steps_in_epoch = self._pending["consumed"], self._pending["steps_in_epoch"]
+            self._pending = None
+        elif self._started:
+            self.steps_in_epoch = 0
+        if self.steps_in_epoch >= len(self):  # saved at the end of an epoch: go on with the next one
+            self.steps_in_epoch = 0
+        self._started = True
+        self._generation += 1
+        return self.consumed, len(self) - self.steps_in_epoch, self._generation
+
+    def _advance(self, generation: int) -> bool:
+        """Account for one step handed out; False when a newer iterator or a loaded state took over."""
+        if generation != self._generation or self._pending is not None:
+            return False
+        self.consumed += self.global_step_items
+        self.steps_in_epoch += 1
+        return True
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "consumed": self.consumed,
+            "steps_in_epoch": self.steps_in_epoch,
+            "seed": self.seed,
+            "num_items": self.num_items,
+            "world_size": _rank_and_world()[1],  # informational: any process count may resume
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        items = state.get("num_items", state.get("num_batches"))
+        if state.get("seed", self.seed) != self.seed or items not in (None, self.num_items):
+            raise ValueError(
+                f"Loader state {state} does not match this loader (seed={self.seed}, items={self.num_items}): "
+                "the data or its settings changed since the checkpoint; resume with the same data, or start a new "
+                "run from the checkpoint's weights"
+            )
+        if "consumed" in state:
+            consumed, steps = int(state["consumed"]), int(state.get("steps_in_epoch", 0))
+        else:  # a checkpoint of the former layout: (epoch, position) of one rank among world_size
+            world = int(state.get("world_size", 1))
+            steps = int(state["position"])
+            consumed = int(state["epoch"]) * self.num_items + steps * world * self.per_rank
+        self._pending = {"consumed": consumed, "steps_in_epoch": steps}
+
+
+class _PositionBatches:
+    """The batch sampler of one iterator: this rank's index lists for `steps` steps from `consumed`."""
+
+    def __init__(self, stream: _ElasticStream, consumed: int, steps: int, indices: Callable) -> None:
+        self.stream, self.consumed, self.steps, self.indices = stream, consumed, steps, indices
+        self.rank, self.world = _rank_and_world()
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step_items = self.stream.per_rank * self.world
+        for k in range(self.steps):
+            positions = self.stream.step_positions(self.consumed + k * step_items, self.rank, self.world)
+            yield self.indices(positions)
+
+
+class ResumableLoader(_ElasticStream):
+    """Batches of `dataset` in a per-epoch seeded order, with a checkpointable, elastic position.
 
     batches: the index lists of one epoch (their order is shuffled per epoch when `shuffle`).
     collate_fn: turns the list of items (or the result of `dataset.__getitems__`) into a batch.
-    Under DDP each rank takes every world_size-th batch of the common order, so ranks never overlap.
+    Training (`shuffle=True`): each step every rank takes the next batch of the global stream (see the module
+    docstring). Evaluation (`shuffle=False`): each rank takes every world_size-th batch, from the first, every time.
     """
 
     def __init__(
@@ -55,75 +219,121 @@ class ResumableLoader:
         self.num_workers = num_workers
         # Pinned batches copy to a GPU without making the host wait (None: pin when CUDA is available).
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.epoch = start_epoch
-        self.position = 0  # batches handed out in the current epoch (by this rank)
-        self._started = False  # whether an iterator has run for `self.epoch`
-        self._pending: dict[str, int] | None = None
-        self._generation = 0  # bumped by every __iter__ so a superseded iterator stops
+        self.num_items = len(self.batches)
+        self.per_rank = 1
+        self._init_stream(start_epoch)
+
+    def _permute(self, within: np.ndarray, epoch: int) -> np.ndarray:
+        # A materialised permutation: batch lists are short, and this order is the one earlier releases used.
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_items)[within]
 
     def epoch_order(self, epoch: int) -> list[list[int]]:
-        """This rank's batches for `epoch`, in order."""
-        order = self.batches
-        if self.shuffle:
-            generator = np.random.default_rng([self.seed, epoch])
-            order = [self.batches[i] for i in generator.permutation(len(self.batches))]
-        rank, world = _rank_and_world()
-        per_rank = len(order) // world
-        return order[rank : per_rank * world : world]
+        """The global order of the batches in `epoch` (every rank's)."""
+        items = self.items_at(np.arange(epoch * self.num_items, (epoch + 1) * self.num_items))
+        return [self.batches[i] for i in items]
 
     def __len__(self) -> int:
-        return len(self.batches) // _rank_and_world()[1]
+        return self.num_items // _rank_and_world()[1] if not self.shuffle else super().__len__()
 
     def __iter__(self) -> Iterator[Any]:
-        if self._pending is not None:
-            self.epoch, self.position = self._pending["epoch"], self._pending["position"]
-            self._pending = None
-            if self.position >= len(self):  # saved at the end of an epoch: go on with the next one
-                self.epoch, self.position = self.epoch + 1, 0
-        elif self._started:
-            self.epoch, self.position = self.epoch + 1, 0
-        self._started = True
-        self._generation += 1
-        remaining = self.epoch_order(self.epoch)[self.position :]
-        return self._generate(remaining, self._generation)
+        if not self.shuffle:
+            rank, world = _rank_and_world()
+            per_rank = self.num_items // world
+            return iter(self._loader(self.batches[rank : per_rank * world : world]))
+        consumed, steps, generation = self._begin()
+        sampler = _PositionBatches(self, consumed, steps, lambda positions: self.batches[self.items_at(positions)[0]])
+        return self._generate(sampler, generation)
 
-    def _generate(self, remaining: list[list[int]], generation: int) -> Iterator[Any]:
-        loader = DataLoader(
+    def _loader(self, batch_sampler) -> DataLoader:
+        return DataLoader(
             self.dataset,
-            batch_sampler=remaining,
+            batch_sampler=batch_sampler,
             collate_fn=self.collate_fn,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
         )
-        for batch in loader:
-            if generation != self._generation or self._pending is not None:
-                return  # a newer iterator or a loaded state took over
-            self.position += 1
+
+    def _generate(self, sampler, generation: int) -> Iterator[Any]:
+        for batch in self._loader(sampler):
+            if not self._advance(generation):
+                return
             yield batch
 
-    def state_dict(self) -> dict[str, int]:
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "num_batches": len(self),
-            "world_size": _rank_and_world()[1],
-        }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        saved_world, world = state.get("world_size", _rank_and_world()[1]), _rank_and_world()[1]
-        if saved_world != world:
+class BlockStreamLoader(_ElasticStream):
+    """Training batches of `batch_size` blocks drawn from a token-block dataset by global stream position.
+
+    Each batch also carries "sample_index": the global positions it holds (the exact-accounting tests read them).
+    `shuffle=False` reads the blocks in order (sequential sampling), epoch after epoch.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        pin_memory: bool | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.num_items = len(dataset)
+        self.per_rank = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.num_workers = num_workers
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory  # see ResumableLoader
+        self._init_stream()
+
+    def _check(self) -> None:
+        world = _rank_and_world()[1]
+        if self.num_items < self.per_rank * world:
             raise ValueError(
-                f"The checkpoint was written by a run of {saved_world} process(es) and this run has {world}: the data "
-                f"position cannot be carried across process counts yet. Resume with {saved_world} process(es) (the "
-                "checkpoint's trainer settings), or start a new run from its weights"
+                f"The training split has {self.num_items} blocks, fewer than one step's batch_size x processes = "
+                f"{self.per_rank} x {world}; use a smaller batch_size or block_size, or more text"
             )
-        if state.get("seed", self.seed) != self.seed or state.get("num_batches", len(self)) != len(self):
-            raise ValueError(
-                f"Loader state {state} does not match this loader (seed={self.seed}, num_batches={len(self)}): "
-                "the data or its settings changed since the checkpoint"
-            )
-        self._pending = {"epoch": int(state["epoch"]), "position": int(state["position"])}
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self._check()
+        consumed, steps, generation = self._begin()
+        sampler = _PositionBatches(self, consumed, steps, lambda positions: positions.tolist())
+        loader = DataLoader(
+            _StreamView(self),
+            batch_sampler=sampler,
+            collate_fn=_identity,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+        )
+        return self._generate(loader, generation)
+
+    def _generate(self, loader: DataLoader, generation: int) -> Iterator[dict[str, torch.Tensor]]:
+        for batch in loader:
+            if not self._advance(generation):
+                return
+            yield batch
+
+
+class _StreamView(Dataset):
+    """Stream positions to blocks: what the DataLoader workers index (picklable: no loader state inside)."""
+
+    def __init__(self, loader: BlockStreamLoader) -> None:
+        self.dataset = loader.dataset
+        self.num_items, self.seed, self.shuffle = loader.num_items, loader.seed, loader.shuffle
+
+    def __len__(self) -> int:
+        return self.num_items
+
+    def __getitems__(self, positions: Sequence[int]) -> dict[str, torch.Tensor]:
+        positions = np.asarray(positions, dtype=np.int64)
+        epochs, within = np.divmod(positions, self.num_items)
+        blocks = within.copy()
+        if self.shuffle:
+            for epoch in np.unique(epochs):
+                chosen = epochs == epoch
+                blocks[chosen] = permute(within[chosen], self.num_items, self.seed, int(epoch))
+        batch = self.dataset.__getitems__(blocks.tolist())
+        batch["sample_index"] = torch.from_numpy(positions)
+        return batch
 
 
 def fixed_size_batches(num_items: int, batch_size: int, seed: int, shuffle: bool, drop_last: bool) -> list[list[int]]:

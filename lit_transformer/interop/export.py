@@ -30,12 +30,14 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path) -> Path:
     if fmt == "hf":
         if model.config.is_encoder_only:
             raise ValueError(
-                "--format hf covers GPT-2 and Marian layouts; an encoder_only model exports as onnx or safetensors "
+                "--format hf covers GPT-2, Llama and Marian layouts; an encoder_only model exports as onnx or safetensors "
                 "(BERT's layout differs: an embedding LayerNorm, token-type embeddings and a transform before its "
                 "masked-LM output, see docs/classification.md)"
             )
         if model.config.is_encoder_decoder:
             return interop.save_hf_marian(model, out, source, target)
+        if model.config.positions == "rope":  # the Llama family; save_hf_llama names any field Llama cannot express
+            return interop.save_hf_llama(model, out, source)
         return interop.save_hf_gpt2(model, out, source)
     path = interop.export_onnx(model, out / "model.onnx")
     source.save(str(out / "tokenizer.json"))
@@ -46,9 +48,9 @@ def export_main(argv: Sequence[str]) -> None:
     """Parse the arguments of `export` and write the export."""
     parser = ArgumentParser(
         prog="python -m lit_transformer export",
-        description="Export a checkpoint: hf (GPT2LMHeadModel or MarianMTModel folder), onnx (decoder-only or "
-        "encoder-only logits graph, dynamic batch and sequence), safetensors (our weights + config.json + tokenizer.json; "
-        "with --quantize int8, int8 weights and their scales).",
+        description="Export a checkpoint: hf (GPT2LMHeadModel, LlamaForCausalLM or MarianMTModel folder), onnx "
+        "(decoder-only or encoder-only logits graph, dynamic batch and sequence), safetensors (our weights + "
+        "config.json + tokenizer.json; with --quantize int8, int8 weights and their scales).",
     )
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
     parser.add_argument("--format", type=Format, required=True, help="hf, onnx or safetensors.")

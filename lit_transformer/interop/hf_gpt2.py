@@ -49,11 +49,14 @@ HF_OPTIONS = {
 
 def gpt2_problems(cfg: TransformerConfig) -> list[str]:
     """Why `cfg` cannot be a GPT-2 model: one line per field, naming it; [] when it can."""
-    return [
+    problems = [
         f"{name}={getattr(cfg, name)!r}: GPT-2 can only express {name}={value!r} ({why})"
         for name, (value, why) in GPT2_SHAPE.items()
         if getattr(cfg, name) != value
     ]
+    if cfg.activation not in TO_HF_ACTIVATION:
+        problems.append(f"activation={cfg.activation!r}: GPT-2 can only express {', '.join(TO_HF_ACTIVATION)} here")
+    return problems
 
 
 def _check_gpt2(cfg: TransformerConfig) -> None:

@@ -14,19 +14,26 @@ Attention heads and the feed-forward's inner units are untouched.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.interop.hf_files import save_hf_tokenizer
+from lit_transformer.interop.hf_files import read_state_dict, save_hf_tokenizer
 from lit_transformer.model import Transformer
 
-# Marian's names for our activations: gelu_pytorch_tanh is F.gelu(approximate="tanh"), the very function we call.
-TO_HF_ACTIVATION = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
-FROM_HF_ACTIVATION = {v: k for k, v in TO_HF_ACTIVATION.items()} | {"gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+# Marian's names for our activations: gelu_pytorch_tanh is F.gelu(approximate="tanh"), the very function we call;
+# OPUS-MT's models use swish, which is SiLU.
+TO_HF_ACTIVATION = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}
+FROM_HF_ACTIVATION = {v: k for k, v in TO_HF_ACTIVATION.items()} | {
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "silu": "silu",
+}
 
 MARIAN_SHAPE = {
     "topology": ("encoder_decoder", "Marian is an encoder-decoder; save decoder-only models with save_hf_gpt2"),
@@ -186,3 +193,213 @@ def save_hf_marian(
     if target_tokenizer is not None and target_tokenizer is not tokenizer:
         save_hf_tokenizer(target_tokenizer, directory / "target_tokenizer", cfg)
     return directory
+
+
+# ---- the way back: a Marian folder (ours, or OPUS-MT's) as our Transformer -------------------------------------
+
+
+def is_marian_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` is a local folder whose config.json describes a Marian model."""
+    config = Path(path) / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == "marian"
+
+
+def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> TransformerConfig:
+    """Our config for a Marian config.json. The folder decides the architecture and the special ids (decoding starts
+    from its decoder_start_token_id: OPUS-MT's is its pad token); dropout and initialisation come from `base` when
+    given (training choices), else from the folder. Refuses what our Transformer cannot compute, naming the fields."""
+    problems = []
+    if hf.get("model_type", "marian") != "marian":
+        problems.append(f"model_type={hf.get('model_type')!r}: not a Marian model")
+    for ours, theirs in (
+        ("encoder_attention_heads", "decoder_attention_heads"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ):
+        if hf.get(ours) != hf.get(theirs):
+            problems.append(f"{ours}={hf.get(ours)} and {theirs}={hf.get(theirs)}: we use one value for both sides")
+    activation = hf.get("activation_function", "swish")
+    if activation not in FROM_HF_ACTIVATION:
+        problems.append(f"activation_function={activation!r}: we support {', '.join(FROM_HF_ACTIVATION)}")
+    for option, value in (("normalize_before", False), ("add_final_layer_norm", False), ("normalize_embedding", False)):
+        if hf.get(option, value) != value:
+            problems.append(f"{option}={hf[option]!r}: Marian as we read it has {option}={value!r}")
+    if problems:
+        raise ValueError("This Marian model cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems))
+    vocab = hf["vocab_size"]
+    target_vocab = hf.get("decoder_vocab_size") or vocab
+    start = hf.get("decoder_start_token_id", hf.get("pad_token_id"))
+    share = hf.get("share_encoder_decoder_embeddings", True)
+    architecture = dict(
+        topology="encoder_decoder",
+        norm_position="post",
+        positions="sinusoidal",
+        vocab_size=vocab,
+        target_vocab_size=None if target_vocab == vocab else target_vocab,
+        # Stated only where it differs from our default (shared when the vocabularies are one).
+        share_embeddings=None if share == (target_vocab == vocab) else share,
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        d_model=hf["d_model"],
+        n_heads=hf["encoder_attention_heads"],
+        n_layers=hf["encoder_layers"],
+        n_encoder_layers=None,
+        n_decoder_layers=None if hf["decoder_layers"] == hf["encoder_layers"] else hf["decoder_layers"],
+        d_ff=hf["encoder_ffn_dim"],
+        max_seq_len=hf.get("max_position_embeddings", 512),
+        activation=FROM_HF_ACTIVATION[activation],
+        bias=True,
+        scale_embeddings=hf.get("scale_embedding", True),
+        layer_norm_eps=1e-5,
+        pad_token_id=hf["pad_token_id"],
+        bos_token_id=start,
+        eos_token_id=hf["eos_token_id"],
+    )
+    if base is None:
+        dropout, attention = hf.get("dropout", 0.1), hf.get("attention_dropout", 0.0)
+        training = dict(dropout=dropout, attention_dropout=attention, init_std=hf.get("init_std", 0.02))
+        return TransformerConfig(**architecture, **training)
+    return base.replace(**architecture)
+
+
+def _inverse_permute(name: str, tensor: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Undo _permute: Marian's coordinate j back to our coordinate perm[j]."""
+    inverse = torch.argsort(perm)
+    return _permute(name, tensor, inverse)
+
+
+def from_hf_state_dict(state: Mapping[str, torch.Tensor], cfg: TransformerConfig) -> dict[str, torch.Tensor]:
+    """Our parameters from MarianMTModel's (the inverse of to_hf_state_dict): coordinates permuted back to the
+    paper's interleaved order, q/k/v fused. A non-zero final_logits_bias is refused: our output has no bias."""
+    bias = state.get("final_logits_bias")
+    if bias is not None and bool(bias.abs().max() > 0):
+        raise ValueError(
+            "final_logits_bias is not zero in this Marian model: our output layer has no bias, so the logits would "
+            "differ; this model cannot be loaded exactly"
+        )
+    perm = stream_permutation(cfg.d_model)
+    s = {k.removeprefix("model.") if k != "lm_head.weight" else k: v for k, v in state.items()}
+    s = {k: _inverse_permute(f"model.{k}" if k == "shared.weight" else k, v, perm) for k, v in s.items()}
+    out: dict[str, torch.Tensor] = {}
+
+    def attention(ours: str, theirs: str, fused: str) -> None:
+        w = [s[f"{theirs}.{n}_proj.weight"] for n in "qkv"]
+        b = [s[f"{theirs}.{n}_proj.bias"] for n in "qkv"]
+        if fused == "qkv":
+            out[f"{ours}.qkv.weight"], out[f"{ours}.qkv.bias"] = torch.cat(w), torch.cat(b)
+        else:
+            out[f"{ours}.q.weight"], out[f"{ours}.q.bias"] = w[0], b[0]
+            out[f"{ours}.kv.weight"], out[f"{ours}.kv.bias"] = torch.cat(w[1:]), torch.cat(b[1:])
+        out[f"{ours}.out.weight"], out[f"{ours}.out.bias"] = (
+            s[f"{theirs}.out_proj.weight"],
+            s[f"{theirs}.out_proj.bias"],
+        )
+
+    for side, count in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
+        for i in range(count):
+            ours, theirs = f"{side}_blocks.{i}.", f"{side}.layers.{i}."
+            attention(ours + "self_attn", theirs + "self_attn", "qkv")
+            norms = {"self_attn_norm": "self_attn_layer_norm", "ff_norm": "final_layer_norm"}
+            if side == "decoder":
+                attention(ours + "cross_attn", theirs + "encoder_attn", "q_kv")
+                norms["cross_attn_norm"] = "encoder_attn_layer_norm"
+            for our_norm, hf_norm in norms.items():
+                for p in ("weight", "bias"):
+                    out[f"{ours}{our_norm}.{p}"] = s[f"{theirs}{hf_norm}.{p}"]
+            for our_fc, hf_fc in (("up", "fc1"), ("down", "fc2")):
+                for p in ("weight", "bias"):
+                    out[f"{ours}ff.{our_fc}.{p}"] = s[f"{theirs}{hf_fc}.{p}"]
+    shared = s.get("shared.weight")
+    out["src_embed.weight"] = s.get("encoder.embed_tokens.weight", shared)
+    out["tgt_embed.weight"] = s.get("decoder.embed_tokens.weight", shared)
+    # save_pretrained leaves out tied tensors: the output layer is then the target embedding.
+    out["lm_head.weight"] = s.get("lm_head.weight", out["tgt_embed.weight"])
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def load_hf_marian(directory: str | os.PathLike, base: TransformerConfig | None = None) -> Transformer:
+    """Our Transformer (eval mode) from a Marian folder: one written by save_hf_marian, an OPUS-MT download, or any
+    MarianMTModel.save_pretrained. config.json sets the architecture; `base`, when given, dropout and initialisation.
+    Its tokenizers: load_hf_marian_tokenizers."""
+    folder = Path(directory)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{folder} holds no config.json: give the folder of a Marian model (e.g. opus-mt-en-es)"
+        )
+    cfg = from_hf_config(json.loads((folder / "config.json").read_text()), base)
+    model = Transformer(cfg)
+    state = from_hf_state_dict(read_state_dict(folder), cfg)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state and not k.endswith("positions.weight")]  # sinusoids: ours
+    if missing:
+        raise ValueError(f"{folder}: the Marian weights lack {missing[:5]}")
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    return model.eval()
+
+
+def load_hf_marian_tokenizers(directory: str | os.PathLike) -> tuple[Tokenizer, Tokenizer]:
+    """(source, target) tokenizers of a Marian folder: tokenizer.json (and target_tokenizer/tokenizer.json) as
+    save_hf_marian writes them, else OPUS-MT's SentencePiece models source.spm / target.spm with the shared id table
+    vocab.json (target_vocab.json when the vocabularies are separate), converted to `tokenizers` Unigram models."""
+    folder = Path(directory)
+    if (folder / "tokenizer.json").is_file():
+        source = _without_post_processor(Tokenizer.from_file(str(folder / "tokenizer.json")))
+        target_file = folder / "target_tokenizer" / "tokenizer.json"
+        return source, Tokenizer.from_file(str(target_file)) if target_file.is_file() else source
+    if (folder / "source.spm").is_file() and (folder / "vocab.json").is_file():
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        target_vocab_file = folder / "target_vocab.json"
+        target_vocab = (
+            json.loads(target_vocab_file.read_text(encoding="utf-8")) if target_vocab_file.is_file() else vocab
+        )
+        target_spm = folder / "target.spm" if (folder / "target.spm").is_file() else folder / "source.spm"
+        return spm_tokenizer(folder / "source.spm", vocab), spm_tokenizer(target_spm, target_vocab)
+    raise FileNotFoundError(
+        f"{folder} holds neither tokenizer.json nor OPUS-MT's source.spm + vocab.json: no tokenizer to load"
+    )
+
+
+def marian_tokenizer_json(directory: str | os.PathLike) -> str:
+    """The source tokenizer of a Marian folder as the JSON string a DataModule reading DIR/tokenizer.json holds
+    (to check that fine-tuning data uses it); OPUS-MT's SentencePiece one, converted, when there is no tokenizer.json
+    (save it with ``load_hf_marian_tokenizers(DIR)[0].save("tokenizer.json")``)."""
+    path = Path(directory) / "tokenizer.json"
+    if path.is_file():
+        return Tokenizer.from_file(str(path)).to_str()
+    return load_hf_marian_tokenizers(directory)[0].to_str()
+
+
+def _without_post_processor(tokenizer: Tokenizer) -> Tokenizer:
+    """save_hf_marian's tokenizer appends EOS for transformers' sake; our encoding appends it itself."""
+    tokenizer.post_processor = None
+    return tokenizer
+
+
+def spm_tokenizer(spm_file: str | os.PathLike, vocab: Mapping[str, int]) -> Tokenizer:
+    """A `tokenizers` Unigram tokenizer that segments as the SentencePiece model `spm_file` does and numbers pieces
+    as Marian's `vocab` (piece -> id) does. Read with the protobuf schema transformers ships, so the sentencepiece
+    package is not needed. Pieces of the id table the model lacks (the other language's) get a score below every
+    real piece, so segmentation prefers the model's own; the control tokens are special (skipped when decoding)."""
+    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import Unigram
+    from transformers.convert_slow_tokenizer import import_protobuf
+
+    proto = import_protobuf().ModelProto()
+    proto.ParseFromString(Path(spm_file).read_bytes())
+    scores = {p.piece: p.score for p in proto.pieces}
+    floor = min(scores.values(), default=0.0) - 10.0
+    ordered = sorted(vocab.items(), key=lambda item: item[1])
+    if [i for _, i in ordered] != list(range(len(ordered))):
+        raise ValueError(f"The id table beside {spm_file} does not number its pieces 0..{len(ordered) - 1}")
+    unk = vocab.get(proto.trainer_spec.unk_piece or "<unk>", vocab.get("<unk>"))
+    tokenizer = Tokenizer(Unigram([(piece, scores.get(piece, floor)) for piece, _ in ordered], unk_id=unk))
+    steps = []
+    if proto.normalizer_spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+    steps.append(normalizers.Replace(Regex(" {2,}"), " "))
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    prepend = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+    control = [p.piece for p in proto.pieces if p.type in (2, 3)] + ["<pad>"]  # UNKNOWN, CONTROL
+
+    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in dict.fromkeys(control) if t in vocab])
+    return tokenizer

@@ -1,7 +1,9 @@
 """Multi-head attention: fused projections, F.scaled_dot_product_attention, optional weights, KV cache.
 
-Masks are boolean and broadcast to (B, H, T_q, T_k); True means "may attend" (the convention of
-F.scaled_dot_product_attention). No mask is built when ``is_causal`` alone describes the pattern.
+Masks broadcast to (B, H, T_q, T_k) and follow F.scaled_dot_product_attention: boolean, True means "may attend";
+or float, added to the scores (ALiBi's bias, with -inf where attending is forbidden). No mask is built when
+``is_causal`` alone describes the pattern. Rotary positions rotate queries and keys before the cache; grouped-query
+attention caches n_kv_heads K/V heads and shares each among a group of query heads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.model.positions import rotate
+
+Rope = tuple[Tensor, Tensor] | None
 
 
 class KVCache:
@@ -56,7 +61,15 @@ class KVCache:
 def attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float, need_weights: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T / sqrt(d)) v over (B, H, T, D) tensors; the weights (B, H, T_q, T_k) only when asked."""
+    """softmax(q k^T / sqrt(d) + bias) v over (B, H, T, D) tensors; the weights (B, H, T_q, T_k) only when asked.
+
+    k and v may have fewer heads than q (grouped-query attention): each serves H_q / H_kv consecutive query heads.
+    """
+    if k.shape[1] != q.shape[1]:  # (B, H_kv, T, D) -> (B, H_q, T, D): a view, then one copy; exports anywhere
+        group = q.shape[1] // k.shape[1]
+        k, v = (t[:, :, None].expand(-1, -1, group, -1, -1).flatten(1, 2) for t in (k, v))
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(q.dtype)
     if not need_weights:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal), None
     # The explicit path, for visualisation: same mathematics, weights materialised.
@@ -64,19 +77,21 @@ def attend(
     if is_causal:
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores + mask if mask.is_floating_point() else scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
     return F.dropout(weights, dropout_p) @ v, weights
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with one fused QKV projection."""
+    """Multi-head self-attention with one fused QKV projection: rows [Q (n_heads), K (n_kv_heads), V (n_kv_heads)]
+    heads of head_dim each, so with n_kv_heads == n_heads it is GPT-2's c_attn layout."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.n_heads = cfg.n_heads
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.dropout = cfg.attn_dropout
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.split_sizes = (cfg.d_model, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim)
+        self.qkv = nn.Linear(cfg.d_model, sum(self.split_sizes), bias=cfg.bias)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
 
     def forward(
@@ -86,10 +101,19 @@ class SelfAttention(nn.Module):
         is_causal: bool = False,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        rope: Rope = None,
     ) -> tuple[Tensor, Tensor | None]:
+        """rope: (cos, sin) of the new tokens' positions, applied to queries and keys (cached keys are rotated)."""
         B, T, C = x.shape
-        # (B, T, 3C) -> (3, B, H, T, D): one matmul, views only.
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        D = self.head_dim
+        if self.n_kv_heads == self.n_heads:  # (B, T, 3C) -> (3, B, H, T, D): one matmul, views only
+            q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D).permute(2, 0, 3, 1, 4).unbind(0)
+        else:  # (B, T, C + 2 H_kv D) -> (B, H, T, D), (B, H_kv, T, D) twice
+            q, k, v = self.qkv(x).split(self.split_sizes, dim=-1)
+            q = q.view(B, T, self.n_heads, D).transpose(1, 2)
+            k, v = (t.view(B, T, self.n_kv_heads, D).transpose(1, 2) for t in (k, v))
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
         if cache is not None:
             k, v = cache.append(k, v)
         p = self.dropout if self.training else 0.0

@@ -1,7 +1,9 @@
 """Encoder and decoder blocks. Norm placement (pre/post) lives here and only here.
 
-post (the paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
-pre  (GPT-2):      x = x + Dropout(Sublayer(LayerNorm(x)))   (the model adds a final LayerNorm)
+post (the paper):  x = Norm(x + Dropout(Sublayer(x)))
+pre  (GPT-2):      x = x + Dropout(Sublayer(Norm(x)))   (the model adds a final Norm)
+
+Norm is LayerNorm or RMSNorm (config.norm); the feed-forward sublayer is plain or gated (swiglu, geglu).
 """
 
 from __future__ import annotations
@@ -13,13 +15,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.model.attention import CrossAttention, KVCache, SelfAttention
+from lit_transformer.model.attention import CrossAttention, KVCache, Rope, SelfAttention
 
 Weights = Tensor | None
+NORM_CLASSES = (nn.LayerNorm, nn.RMSNorm)
 
 
-def layer_norm(cfg: TransformerConfig) -> nn.LayerNorm:
+def layer_norm(cfg: TransformerConfig) -> nn.LayerNorm | nn.RMSNorm:
+    """The configured norm layer: LayerNorm (with a bias when cfg.bias) or RMSNorm (a gain only), eps from the config."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
     return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+
+
+def activate(h: Tensor, activation: str) -> Tensor:
+    """The non-gated activations by name; a gated one's nonlinearity (silu for swiglu, gelu for geglu) elsewhere."""
+    if activation == "relu":
+        return F.relu(h)
+    if activation in ("silu", "swiglu"):  # silu: swish, OPUS-MT's Marian models
+        return F.silu(h)
+    return F.gelu(h, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
 def dropout(p: float) -> nn.Module:
@@ -28,21 +43,25 @@ def dropout(p: float) -> nn.Module:
 
 
 class FeedForward(nn.Module):
-    """Position-wise Linear -> activation -> Linear. Dropout is on the sublayer output only, as in the paper."""
+    """Position-wise Linear -> activation -> Linear. Dropout is on the sublayer output only, as in the paper.
+
+    Gated (Shazeer 2020): down(act(x W_gate) * (x W_value)), with W_gate and W_value fused into one `up` Linear of
+    2 * d_ff outputs, gate rows first (one matmul; Llama's gate_proj and up_proj stacked).
+    """
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.ff_dim, bias=cfg.bias)
+        self.gated = cfg.is_gated
+        self.up = nn.Linear(cfg.d_model, (2 if self.gated else 1) * cfg.ff_dim, bias=cfg.bias)
         self.down = nn.Linear(cfg.ff_dim, cfg.d_model, bias=cfg.bias)
-        self.activation = cfg.activation
+        self.activation = "gelu" if cfg.activation == "geglu" else cfg.activation
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.up(x)
-        if self.activation == "relu":
-            h = F.relu(h)
-        else:
-            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
-        return self.down(h)
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)
+            return self.down(activate(gate, self.activation) * value)
+        return self.down(activate(h, self.activation))
 
 
 @dataclass
@@ -60,7 +79,7 @@ class _Block(nn.Module):
         self.dropout = dropout(cfg.dropout)
 
     def _sublayer(
-        self, x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], tuple[Tensor, Weights]]
+        self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], tuple[Tensor, Weights]]
     ) -> tuple[Tensor, Weights]:
         out, weights = sublayer(norm(x) if self.pre_norm else x)
         x = x + self.dropout(out)
@@ -77,9 +96,11 @@ class EncoderBlock(_Block):
         self.ff = FeedForward(cfg)
         self.ff_norm = layer_norm(cfg)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, Weights]:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, rope: Rope = None
+    ) -> tuple[Tensor, Weights]:
         x, weights = self._sublayer(
-            x, self.self_attn_norm, lambda h: self.self_attn(h, mask, need_weights=need_weights)
+            x, self.self_attn_norm, lambda h: self.self_attn(h, mask, need_weights=need_weights, rope=rope)
         )
         x, _ = self._sublayer(x, self.ff_norm, lambda h: (self.ff(h), None))
         return x, weights
@@ -106,11 +127,13 @@ class DecoderBlock(_Block):
         memory_mask: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        rope: Rope = None,
     ) -> tuple[Tensor, Weights, Weights]:
-        """Returns (x, self-attention weights, cross-attention weights); weights are None unless asked for."""
+        """Returns (x, self-attention weights, cross-attention weights); weights are None unless asked for. rope
+        rotates self-attention only: cross-attention relates a target token to source tokens, not positions."""
         self_cache = cache.self_attn if cache is not None else None
         x, self_weights = self._sublayer(
-            x, self.self_attn_norm, lambda h: self.self_attn(h, mask, is_causal, self_cache, need_weights)
+            x, self.self_attn_norm, lambda h: self.self_attn(h, mask, is_causal, self_cache, need_weights, rope)
         )
         cross_weights = None
         if self.cross_attn is not None:

@@ -309,15 +309,30 @@ def beam_search(
         )
 
 
+def length_penalty(length: int, alpha: float, form: str = "length") -> float:
+    """The divisor of a hypothesis's log-probability: |Y| ** alpha ("length"), or GNMT's ((5 + |Y|) / 6) ** alpha
+    ("gnmt", Wu et al. 2016, which the Transformer paper uses with alpha = 0.6). Both are 1 at alpha = 0; GNMT's is
+    1 at |Y| = 1 and grows more slowly, so it favours long outputs less than |Y| ** alpha does."""
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if form == "length":
+        return float(length) ** alpha
+    raise ValueError(f"length_penalty_form={form!r}: use 'length' or 'gnmt'")
+
+
 def _beam_search(model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, plan: _Plan) -> Tensor:
     """Each step keeps the num_beams best live continuations per row; a beam that emits a stop token becomes a
-    hypothesis scored log p / length ** length_penalty. A row is done when it holds num_beams hypotheses and its best
-    live beam, normalised at the current length, cannot beat the worst of them (Hugging Face's default criterion),
-    or when it reaches its length limit (its live beams then compete as they are)."""
+    hypothesis scored log p / lp(length) (see length_penalty). A row is done when it holds num_beams hypotheses and,
+    unless early_stopping, its best live beam, normalised at the current length, cannot beat the worst of them
+    (Hugging Face's default criterion), or when it reaches its length limit (its live beams then compete as they are).
+    """
     gen, max_new_tokens, limit, stop_ids = plan.gen, plan.max_new_tokens, plan.limit, plan.stop_ids
     fill = 0 if plan.fill is None else plan.fill
     B, K = input_ids.shape[0], gen.num_beams
-    alpha = gen.length_penalty
+
+    def lp(length: int) -> float:
+        return length_penalty(length, gen.length_penalty, gen.length_penalty_form)
+
     device = input_ids.device
     decoder = IncrementalDecoder(
         model, input_ids, attention_mask, max_new_tokens, expand=K, use_cache=gen.use_cache, window_keep=gen.window_keep
@@ -343,7 +358,7 @@ def _beam_search(model: Transformer, input_ids: Tensor, attention_mask: Tensor |
         # A stop token among the K best ends a hypothesis (rare: a short Python loop over those only).
         for b, rank in (is_stop[:, :K] & ~done[:, None]).nonzero().tolist():
             history = torch.cat([generated[b * K + top_beams[b, rank]], top_tokens[b, rank, None]])
-            _add_hypothesis(hypotheses[b], top_scores[b, rank].item() / length**alpha, history, K)
+            _add_hypothesis(hypotheses[b], top_scores[b, rank].item() / lp(length), history, K)
             if len(hypotheses[b]) == K:
                 worst[b] = hypotheses[b][-1][0]
         # The K best non-stop candidates live on, in rank order (a stable sort moves stop candidates last).
@@ -356,12 +371,15 @@ def _beam_search(model: Transformer, input_ids: Tensor, attention_mask: Tensor |
         tokens = tokens.masked_fill(done[:, None], fill)
         scores = scores.masked_fill(done[:, None], float("-inf"))
         generated = torch.cat([generated.index_select(0, rows.view(-1)), tokens.view(-1, 1)], dim=1)
-        done |= worst >= scores[:, 0] / length**alpha
+        if gen.early_stopping:  # num_beams finished hypotheses end the row
+            done |= ~worst.isnan()
+        else:
+            done |= worst >= scores[:, 0] / lp(length)
         # Rows at their length limit: their live beams compete as they are.
         for b in ((limit <= length) & ~done).nonzero().view(-1).tolist():
             for k in range(K):
                 if (score := scores[b, k].item()) > float("-inf"):
-                    _add_hypothesis(hypotheses[b], score / length**alpha, generated[b * K + k], K)
+                    _add_hypothesis(hypotheses[b], score / lp(length), generated[b * K + k], K)
         done |= limit <= length
         if bool(done.all()):
             break

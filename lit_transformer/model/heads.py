@@ -6,11 +6,10 @@ The masked-LM head is the model's `lm_head` (a Linear tied to the token embeddin
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.model.blocks import dropout
+from lit_transformer.model.blocks import activate, dropout
 
 
 def pool(hidden: Tensor, keep: Tensor | None, how: str) -> Tensor:
@@ -43,12 +42,8 @@ class ClassificationHead(nn.Module):
         self.dense = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
         self.dropout = dropout(cfg.head_dropout)
         self.out = nn.Linear(hidden, cfg.num_labels or 1, bias=True)
-        self.activation = cfg.activation
+        # A gated activation's nonlinearity alone: the head has one hidden layer, not a gate.
+        self.activation = "gelu" if cfg.activation == "geglu" else cfg.activation
 
     def forward(self, pooled: Tensor) -> Tensor:
-        h = self.dense(pooled)
-        if self.activation == "relu":
-            h = F.relu(h)
-        else:
-            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
-        return self.out(self.dropout(h))
+        return self.out(self.dropout(activate(self.dense(pooled), self.activation)))

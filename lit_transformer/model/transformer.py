@@ -16,11 +16,11 @@ from torch import Tensor, nn
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.model import generation
-from lit_transformer.model.attention import KVCache
-from lit_transformer.model.blocks import DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
+from lit_transformer.model.attention import KVCache, Rope
+from lit_transformer.model.blocks import NORM_CLASSES, DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
 from lit_transformer.model.generation import Streamer
 from lit_transformer.model.heads import ClassificationHead, pool
-from lit_transformer.model.positions import LearnedPositions, build_positions
+from lit_transformer.model.positions import AlibiBias, LearnedPositions, RotaryEmbedding, build_positions
 
 Attentions = dict[str, list[Tensor]]
 
@@ -60,6 +60,9 @@ class Transformer(nn.Module):
         pre = cfg.norm_position == "pre"
         self.embed_scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
         self.embed_dropout = dropout(cfg.dropout)
+        # Positions that act inside self-attention (no parameters): shared by every layer and both stacks.
+        self.rotary = RotaryEmbedding(cfg) if cfg.positions == "rope" else None
+        self.alibi = AlibiBias(cfg) if cfg.positions == "alibi" else None
         if cfg.is_encoder_decoder or cfg.is_encoder_only:
             self.src_embed = nn.Embedding(cfg.padded_vocab_size, d)
             self.src_positions = build_positions(cfg)
@@ -109,14 +112,20 @@ class Transformer(nn.Module):
                 if gpt2:
                     nn.init.normal_(module.weight, 0.0, cfg.init_std)
                 else:
-                    parts = 3 if name.endswith(".qkv") else 2 if name.endswith(".kv") else 1
-                    for matrix in module.weight.chunk(parts):
+                    # Each projection matrix of a fused Linear on its own: Q, K, V (K and V narrower with
+                    # grouped-query attention), the cross-attention's K and V, a gated MLP's gate and value.
+                    sizes = [module.weight.shape[0]]
+                    if name.endswith(".qkv"):
+                        sizes = list(self.get_submodule(name.removesuffix(".qkv")).split_sizes)
+                    elif name.endswith(".kv") or (name.endswith(".up") and cfg.is_gated):
+                        sizes = [module.weight.shape[0] // 2] * 2
+                    for matrix in module.weight.split(sizes):
                         nn.init.xavier_uniform_(matrix)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.Embedding, LearnedPositions)):
                 nn.init.normal_(module.weight, 0.0, embed_std)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, NORM_CLASSES):
                 module.reset_parameters()
         if not cfg.tie_embeddings and self.lm_head is not None:
             nn.init.normal_(self.lm_head.weight, 0.0, embed_std)
@@ -206,23 +215,44 @@ class Transformer(nn.Module):
         return None if bool(mask.all()) else mask
 
     def _embed(
-        self, tokens: Tensor, embed: nn.Embedding, positions: nn.Module, start: int, ids: Tensor | None
+        self, tokens: Tensor, embed: nn.Embedding, positions: nn.Module | None, start: int, ids: Tensor | None
     ) -> Tensor:
         x = embed(tokens)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
-        return self.embed_dropout(x + positions(start, tokens.shape[1], ids))
+        if positions is not None:  # rope, alibi and none add nothing here
+            x = x + positions(start, tokens.shape[1], ids)
+        return self.embed_dropout(x)
+
+    def _attention_positions(
+        self, q_positions: Tensor, k_positions: Tensor, mask: Tensor | None, is_causal: bool
+    ) -> tuple[Rope, Tensor | None, bool]:
+        """Rotary (cos, sin) for the queries (keys are the same tokens, or cached already rotated), and the mask as
+        attention takes it: with alibi, the distance bias with -inf where `mask` (or the causal pattern) forbids.
+        Positions are (T,) or (B, T) position ids of the new queries and of all keys."""
+        rope = self.rotary(q_positions) if self.rotary is not None else None
+        if self.alibi is not None:
+            if is_causal:
+                t, total = q_positions.shape[-1], k_positions.shape[-1]
+                mask = torch.ones(t, total, dtype=torch.bool, device=q_positions.device).tril(total - t)
+            mask, is_causal = self.alibi(q_positions, k_positions, mask), False
+        return rope, mask, is_causal
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """The encoder's memory (B, S, d_model) for a source (B, S); src_mask is derived from padding when None."""
         return self._encode(src, self.key_mask(src, src_mask))[0]
 
     def _encode(self, src: Tensor, keep: Tensor | None, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
-        x = self._embed(src, self.src_embed, self.src_positions, 0, position_ids(keep))
+        ids = position_ids(keep)
+        x = self._embed(src, self.src_embed, self.src_positions, 0, ids)
         mask = None if keep is None else keep[:, None, None, :]
+        rope = None
+        if self.rotary is not None or self.alibi is not None:
+            positions = ids if ids is not None else torch.arange(src.shape[1], device=src.device)
+            rope, mask, _ = self._attention_positions(positions, positions, mask, False)
         weights = []
         for block in self.encoder_blocks:
-            x, w = block(x, mask, need_weights)
+            x, w = block(x, mask, need_weights, rope)
             weights.append(w)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
@@ -250,11 +280,15 @@ class Transformer(nn.Module):
         ids = position_ids(tgt_mask)
         x = self._embed(tgt, self.tgt_embed, self.tgt_positions, past, None if ids is None else ids[:, past:])
         mask, is_causal = causal_self_mask(t, past + t, tgt_mask, tgt.device)
+        rope = None
+        if self.rotary is not None or self.alibi is not None:
+            k_positions = ids if ids is not None else torch.arange(past + t, device=tgt.device)
+            rope, mask, is_causal = self._attention_positions(k_positions[..., past:], k_positions, mask, is_causal)
         memory_mask = None if memory_mask is None else memory_mask[:, None, None, :]
         self_weights, cross_weights = [], []
         for i, block in enumerate(self.decoder_blocks):
             layer_cache = cache[i] if cache else None
-            x, w_self, w_cross = block(x, mask, is_causal, memory, memory_mask, layer_cache, return_attention)
+            x, w_self, w_cross = block(x, mask, is_causal, memory, memory_mask, layer_cache, return_attention, rope)
             self_weights.append(w_self)
             cross_weights.append(w_cross)
         if last_only:

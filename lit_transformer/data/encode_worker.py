@@ -1,0 +1,45 @@
+"""The tokenizing worker of `prepare`: a spawned process that imports only numpy and tokenizers.
+
+Each worker encodes whole chunks on one thread. Two such processes keep two cores busy with less overhead than one
+process running the tokenizer's thread pool (whose idle threads spin, which on a shared machine burns CPU), and the
+parent meanwhile reads, parses and routes the next chunks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+
+_tokenizer = None
+
+
+def init(tokenizer_json: str) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    from tokenizers import Tokenizer
+
+    global _tokenizer
+    _tokenizer = Tokenizer.from_str(tokenizer_json)
+
+
+def encode(
+    texts: list[str], ends: list[bool], continues: bool, eos_id: int | None, dtype: str, tokenizer=None
+) -> tuple[np.ndarray, list[int]]:
+    """A chunk's ids as one array (EOS after each text that ends a document) and the offsets where documents start."""
+    tokenizer = tokenizer or _tokenizer
+    batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    encoded = batch(texts, add_special_tokens=False)
+    lists, starts, at, new_document = [], [], 0, not continues
+    for encoding, end in zip(encoded, ends):
+        ids = encoding.ids
+        if new_document and (ids or end):
+            starts.append(at)
+            new_document = False
+        if end and eos_id is not None:
+            ids.append(eos_id)
+        lists.append(ids)
+        at += len(ids)
+        if end:
+            new_document = True
+    return np.fromiter(itertools.chain.from_iterable(lists), dtype=np.dtype(dtype), count=at), starts

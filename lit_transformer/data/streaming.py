@@ -1,0 +1,426 @@
+"""A corpus as a stream of text pieces: local files read file by file and row by row, or a hub dataset streamed.
+
+Nothing here holds a whole corpus: a .txt file arrives in line-bounded chunks of about a megabyte, JSON lines one row
+at a time, CSV and parquet in record batches, a hub dataset through `datasets`' `streaming=True`. Each piece carries
+the index of its document and whether it ends it, so the writer can place an end-of-document token.
+
+Held-out splits, for a source without them, are carved here too: by a hash of each document when there are enough
+documents for each held-out split to get a fair share (`HASH_MIN_DOCUMENTS`), else by lines within each document
+(90/5/5 at line boundaries), which suits a handful of long texts.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cache import fingerprint
+from .sources import BUILDERS, LOCAL_HINT, OfflineError, _split_of, ensure_online, is_local, local_files
+
+HELD_OUT = 0.05  # validation and test fractions carved from train when the source lacks them
+HASH_MIN_DOCUMENTS = 200  # from this many training documents on, held-out splits are whole documents picked by hash
+CHUNK_BYTES = 1 << 20  # a .txt file is read in line-bounded chunks of about this size
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass
+class Piece:
+    """A piece of one document's text; `last` marks the document's end (where the writer places EOS)."""
+
+    text: str
+    document: int
+    last: bool
+    nbytes: int  # input bytes this piece accounts for (progress in MB/s)
+
+
+@dataclass
+class SourceSplit:
+    """Where one split's documents come from: local files, an embedded corpus's rows, or a hub split."""
+
+    files: list[str] = field(default_factory=list)
+    rows: list[str] | None = None  # an in-memory corpus (the embedded ones, a few MB)
+    hub_split: str | None = None
+
+
+def _bucket(digest: str) -> int:
+    return int(digest, 16) % 100
+
+
+def _text_bucket(text: str) -> int:
+    return _bucket(hashlib.md5(text.encode("utf-8", "surrogatepass")).hexdigest())
+
+
+class CorpusStream:
+    """Each split of a corpus as a stream of `Piece`s, with held-out splits carved from train when missing.
+
+    dataset: a local file, folder or glob; a hub name; or an embedded corpus's DatasetDict (given as `embedded`).
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        embedded=None,
+    ) -> None:
+        self.dataset = dataset
+        self.dataset_config = dataset_config
+        self.text_column = text_column
+        self.sources: dict[str, SourceSplit] = {}
+        self._hub = None
+        if embedded is not None:
+            for name, split in embedded.items():
+                if text_column not in split.column_names:
+                    raise ValueError(f"dataset {dataset!r}: split {name!r} has no column {text_column!r}")
+                self.sources[name] = SourceSplit(rows=list(split[text_column]))
+        elif not is_local(dataset) and _looks_like_a_path(dataset):
+            raise FileNotFoundError(
+                f"{dataset!r} does not exist: give an existing local file, folder or glob (.txt, .jsonl/.json, "
+                ".csv/.tsv, .parquet), a hub dataset name, or an embedded corpus"
+            )
+        elif is_local(dataset):
+            files = local_files(dataset)
+            for f in files:
+                split = _split_of(f) if len(files) > 1 else "train"
+                self.sources.setdefault(split, SourceSplit()).files.append(f)
+            if "train" not in self.sources:
+                raise ValueError(
+                    f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
+                )
+            for split in self.sources.values():
+                for f in split.files:
+                    self._check_columns(f)
+        else:
+            self._open_hub()
+        self.missing = [s for s in ("validation", "test") if s not in self.sources]
+        self.mode = self._carving_mode() if self.missing else "given"
+
+    # ------------------------------------------------------------------ identity
+
+    def content_key(self, file_hash) -> str:
+        """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
+        parts = []
+        for name in sorted(self.sources):
+            source = self.sources[name]
+            if source.rows is not None:
+                digest = hashlib.sha256()
+                for row in source.rows:
+                    data = (row or "").encode("utf-8", "surrogatepass")
+                    digest.update(len(data).to_bytes(8, "little") + data)
+                parts.append((name, "rows", digest.hexdigest()[:20]))
+            elif source.hub_split is not None:
+                parts.append((name, "hub", self.dataset, self.dataset_config, source.hub_split))
+            else:
+                parts.append((name, "files", [(Path(f).suffix.lower(), file_hash(f)) for f in source.files]))
+        return fingerprint("corpus", 1, parts, self.text_column, self.mode)
+
+    def input_bytes(self, source: str) -> int | None:
+        """Bytes a pass over a source split reads (None when unknown: rows in memory or a hub stream)."""
+        files = self.sources[source].files
+        return sum(os.path.getsize(f) for f in files) if files else None
+
+    # ------------------------------------------------------------------ the stream of a split
+
+    def passes(self) -> list[tuple[str, list[str]]]:
+        """(source split, the splits one pass over it fills): the training source also fills carved splits."""
+        out = []
+        for name in self.sources:
+            out.append((name, ["train", *self.missing] if name == "train" else [name]))
+        return sorted(out, key=lambda item: SPLITS.index(item[0]))
+
+    def pieces(self, split: str, skip_documents: int = 0) -> Iterator[Piece]:
+        """The pieces of `split`'s documents in order; the first `skip_documents` source documents are read past."""
+        source = split if split in self.sources else "train"
+        if split not in self.sources and split not in self.missing:
+            raise ValueError(f"Unknown split {split!r}")
+        for owner, piece in self.routed(source, skip_documents):
+            if owner == split:
+                yield piece
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Piece]]:
+        """(split, piece) for every piece of one pass over a source split; the first `skip` source documents are
+        read past (a resumed preparation continues where its last finished shard ended). The training source feeds
+        the carved held-out splits too: whole documents by hash, or each document's lines (see the module)."""
+        source = self.sources[source_name]
+        carving = source_name == "train" and bool(self.missing)
+        line_mode = carving and self.mode == "lines"
+        document = 0
+        for kind, payload, digest in self._documents(source):
+            if document < skip:
+                document += 1
+                continue
+            if kind == "file":  # a .txt file: one document, read in line-bounded chunks
+                path = payload
+                if line_mode:
+                    for split in ("train", *self.missing):
+                        for piece in self._file_lines(path, document, *self._line_range(split)):
+                            yield split, piece
+                else:
+                    owner = self._owner(_bucket(digest())) if carving else source_name
+                    for piece in _file_chunks(path, document):
+                        yield owner, piece
+            else:
+                text, nbytes = payload
+                if line_mode:
+                    for split in ("train", *self.missing):
+                        start, end = self._line_range(split)
+                        a = 0 if start == 0 else _line_cut(text, start)
+                        b = len(text) if end >= 1 else _line_cut(text, end)
+                        yield split, Piece(text[a:b], document, True, nbytes if split == "train" else 0)
+                else:
+                    owner = self._owner(_text_bucket(text)) if carving else source_name
+                    yield owner, Piece(text, document, True, nbytes)
+            document += 1
+
+    def _owner(self, bucket: int) -> str:
+        """The split a document of this hash bucket belongs to (hash mode): 5% to each missing held-out split."""
+        index = int(bucket // (HELD_OUT * 100))
+        return self.missing[index] if index < len(self.missing) else "train"
+
+    def _line_range(self, split: str) -> tuple[float, float]:
+        """The fraction of each document `split` takes in line mode: train first, then the held-out splits."""
+        n = len(self.missing)
+        train_end = 1 - HELD_OUT * n
+        if split == "train":
+            return 0.0, train_end
+        i = self.missing.index(split)
+        return train_end + HELD_OUT * i, train_end + HELD_OUT * (i + 1) if i + 1 < n else 1.0
+
+    def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
+        """The lines of a .txt file between two fractions of its bytes, cut at line boundaries."""
+        size = os.path.getsize(path)
+        lo = 0 if start == 0 else _byte_line_cut(path, int(size * start))
+        hi = size if end >= 1 else _byte_line_cut(path, int(size * end))
+        yield from _file_chunks(path, document, lo, hi)
+
+    def _documents(self, source: SourceSplit):
+        """(kind, payload, digest) per document: ("file", path, lazy hash) for .txt files, ("row", (text, bytes),
+        None) for rows. Blank rows are dropped."""
+        if source.rows is not None:
+            for text in source.rows:
+                if text and text.strip():
+                    yield "row", (text, len(text)), None
+            return
+        if source.hub_split is not None:
+            for row in self._hub[source.hub_split]:
+                text = row.get(self.text_column)
+                if isinstance(text, str) and text.strip():
+                    yield "row", (text, len(text)), None
+            return
+        for path in source.files:
+            suffix = Path(path).suffix.lower()
+            if suffix not in BUILDERS:
+                yield "file", path, lambda path=path: _file_digest(path)
+                continue
+            for text, nbytes in _rows(path, self.text_column):
+                if text and text.strip():
+                    yield "row", (text, nbytes), None
+
+    # ------------------------------------------------------------------ splits
+
+    def _carving_mode(self) -> str:
+        """hash when the training source has at least HASH_MIN_DOCUMENTS documents, else lines."""
+        count = 0
+        for _ in self._documents(self.sources["train"]):
+            count += 1
+            if count >= HASH_MIN_DOCUMENTS:
+                return "hash"
+        return "lines"
+
+    def documents(self, split: str) -> Iterator[str]:
+        """Each document of `split` as one string (for inspection and small corpora: a document is held whole)."""
+        parts: list[str] = []
+        for piece in self.pieces(split):
+            parts.append(piece.text)
+            if piece.last:
+                text = "".join(parts)
+                parts = []
+                if text.strip():
+                    yield text
+
+    # ------------------------------------------------------------------ hub
+
+    def _open_hub(self) -> None:
+        import datasets
+
+        what = f"dataset {self.dataset!r}" + (f" (config {self.dataset_config!r})" if self.dataset_config else "")
+        ensure_online(what, LOCAL_HINT)
+        try:
+            loaded = datasets.load_dataset(self.dataset, self.dataset_config, streaming=True)
+        except ConnectionError as error:
+            raise OfflineError(f"Cannot load {what} from the hub: {error}. {LOCAL_HINT}") from error
+        if isinstance(loaded, datasets.IterableDataset):
+            loaded = {"train": loaded}
+        from .sources import SPLIT_ALIASES
+
+        self._hub = {}
+        for name, split in loaded.items():
+            canonical = SPLIT_ALIASES.get(name.lower())
+            if canonical and canonical not in self.sources:
+                self._hub[name] = split
+                self.sources[canonical] = SourceSplit(hub_split=name)
+        if "train" not in self.sources:
+            raise ValueError(f"The dataset has no training split (found splits: {sorted(loaded)})")
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_columns(self, path: str) -> None:
+        """A row file without the text column fails at once, naming the columns it has."""
+        suffix = Path(path).suffix.lower()
+        if suffix not in BUILDERS:
+            return
+        columns = _columns(path)
+        if columns is not None and self.text_column not in columns:
+            raise ValueError(
+                f"dataset {self.dataset!r}: {path} has no column {self.text_column!r}; its columns are {columns} "
+                "(choose one with --data.init_args.text_column)"
+            )
+
+
+# ---------------------------------------------------------------------------------------------------- readers
+
+
+def _looks_like_a_path(spec: str) -> bool:
+    """A spec that names a local file (a leading / . ~ or a data file suffix), never a hub name like owner/name."""
+    suffixes = (".txt", ".text", ".md", *BUILDERS)
+    return spec.startswith(("/", "./", "../", "~")) or Path(spec).suffix.lower() in suffixes
+
+
+def _file_digest(path: str) -> str:
+    from .cache import hash_file
+
+    return hash_file(path)
+
+
+def _line_cut(text: str, fraction: float) -> int:
+    at = text.find("\n", int(len(text) * fraction))
+    return len(text) if at < 0 else at + 1
+
+
+def _byte_line_cut(path: str, offset: int) -> int:
+    """The first line start at or after byte `offset` of a file."""
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        while True:
+            chunk = handle.read(1 << 16)
+            if not chunk:
+                return os.path.getsize(path)
+            at = chunk.find(b"\n")
+            if at >= 0:
+                return offset + at + 1
+            offset += len(chunk)
+
+
+def _decode(data: bytes, path: str, bad: list[int]) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        bad[0] += text.count("\ufffd") - data.count("\ufffd".encode())
+        return text
+
+
+def _warn_bad(path: str, bad: list[int]) -> None:
+    if bad[0]:
+        warnings.warn(f"{path}: {bad[0]} undecodable byte sequence(s) replaced with U+FFFD", stacklevel=3)
+
+
+def _file_chunks(path: str, document: int, start: int = 0, end: int | None = None) -> Iterator[Piece]:
+    """A text file (bytes start..end) in chunks of about CHUNK_BYTES that end at line boundaries.
+
+    A newline byte never occurs inside a UTF-8 sequence, so each chunk decodes on its own."""
+    end = os.path.getsize(path) if end is None else end
+    bad = [0]
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        position, carry = start, b""
+        while position < end:
+            data = handle.read(min(CHUNK_BYTES, end - position))
+            if not data:
+                break
+            position += len(data)
+            data = carry + data
+            cut = data.rfind(b"\n") + 1 if position < end else len(data)
+            if cut == 0:  # a line longer than a chunk: keep reading
+                carry = data
+                continue
+            carry = data[cut:]
+            yield Piece(_decode(data[:cut], path, bad), document, False, cut)
+        if carry:
+            yield Piece(_decode(carry, path, bad), document, False, len(carry))
+    yield Piece("", document, True, 0)
+    _warn_bad(path, bad)
+
+
+def _columns(path: str) -> list[str] | None:
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).schema_arrow.names
+    with open(path, "rb") as handle:
+        first = handle.readline(1 << 24).decode("utf-8", errors="replace")
+    if suffix in (".csv", ".tsv"):
+        return next(csv.reader([first], delimiter="\t" if suffix == ".tsv" else ","), [])
+    stripped = first.strip()
+    if not stripped or stripped.startswith("["):
+        return None  # a JSON array: checked when read
+    try:
+        row = json.loads(stripped)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:1 is not valid JSON ({error.msg}); write one object per line") from None
+    return list(row) if isinstance(row, dict) else None
+
+
+def _rows(path: str, column: str) -> Iterator[tuple[str, int]]:
+    """(text, input bytes) per row of a JSON-lines, JSON, CSV/TSV or parquet file, streamed."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(path)
+        per_row = os.path.getsize(path) / max(1, parquet.metadata.num_rows)
+        for batch in parquet.iter_batches(columns=[column], batch_size=1024):
+            for text in batch.column(0).to_pylist():
+                yield (text if isinstance(text, str) else ""), int(per_row)
+        return
+    if suffix in (".csv", ".tsv"):
+        bad = [0]
+        with open(path, "rb") as raw:
+            lines = (_decode(line, path, bad) for line in raw)
+            reader = csv.DictReader(lines, delimiter="\t" if suffix == ".tsv" else ",")
+            for row in reader:
+                text = row.get(column) or ""
+                yield text, len(text)
+        _warn_bad(path, bad)
+        return
+    with open(path, "rb") as handle:
+        head = handle.read(4096).lstrip()
+    if head.startswith(b"["):  # a JSON array cannot be streamed line by line: read whole (write JSON lines instead)
+        warnings.warn(f"{path} is one JSON array, read whole; JSON lines stream in bounded memory", stacklevel=2)
+        bad = [0]
+        rows = json.loads(_decode(Path(path).read_bytes(), path, bad))
+        for row in rows:
+            text = row.get(column) if isinstance(row, dict) else None
+            yield (text if isinstance(text, str) else ""), 0
+        return
+    bad = [0]
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(_decode(line, path, bad))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number} is not valid JSON ({error.msg}); write one object per line"
+                ) from None
+            text = row.get(column) if isinstance(row, dict) else None
+            yield (text if isinstance(text, str) else ""), len(line)
+    _warn_bad(path, bad)

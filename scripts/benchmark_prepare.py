@@ -1,0 +1,291 @@
+"""Benchmark data preparation at scale: our streaming `prepare` against nanoGPT's openwebtext recipe, side by side.
+
+    python scripts/benchmark_prepare.py corpus --size_mb 200 --out /tmp/bench/corpus-200.jsonl
+    python scripts/benchmark_prepare.py tokenizer --out /tmp/bench/tokenizer.json
+    python scripts/benchmark_prepare.py ours --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
+    python scripts/benchmark_prepare.py nanogpt --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
+    python scripts/benchmark_prepare.py train_rss --corpus /tmp/bench/corpus-1000.jsonl --tokenizer ... --steps 1000
+
+`corpus` writes JSON lines {"text": ...} of documents of a few KB (1-6 KB windows of whole lines from the 42
+Shakespeare works, drawn with a fixed seed) up to the size asked. `tokenizer` trains one byte-level BPE of 8,192
+tokens on the Shakespeare training split: both preparations use that same file. `ours` runs
+`python -m lit_transformer prepare` on a fresh cache; `nanogpt` runs nanoGPT's data/openwebtext/prepare.py recipe
+(load_dataset, train_test_split(test_size=0.0005, seed=2357), datasets.map with num_proc=2 that encodes each document
+and appends the end-of-text id, then each split concatenated into a uint16 np.memmap in 1,024 batches), with the
+same tokenizer in place of tiktoken. Each runs in a subprocess; wall time, CPU time (user + system, all processes), MB/s of JSONL and the
+peak resident memory are reported: the largest single process (getrusage) and the sum over the process tree (sampled every 0.1 s; forked
+workers share pages, so the sum overstates). `train_rss` trains a tiny model from the prepared shards and reports
+the resident memory after 100 steps and after the last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+
+def make_corpus(size_mb: float, out: Path, seed: int = 0) -> None:
+    from lit_transformer.data.corpora import shakespeare_files
+
+    works = [path.read_text(encoding="utf-8").splitlines(keepends=True) for path in shakespeare_files()]
+    rng = random.Random(seed)
+    target = int(size_mb * 1e6)
+    written = 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as handle:
+        while written < target:
+            lines = works[rng.randrange(len(works))]
+            start = rng.randrange(len(lines))
+            want, size, end = rng.randint(1000, 6000), 0, start
+            while end < len(lines) and size < want:
+                size += len(lines[end])
+                end += 1
+            line = json.dumps({"text": "".join(lines[start:end])}) + "\n"
+            handle.write(line)
+            written += len(line.encode())
+    print(f"{out}: {written / 1e6:.1f} MB")
+
+
+def make_tokenizer(out: Path, vocab_size: int = 8192) -> None:
+    from lit_transformer.data import corpora
+    from lit_transformer.data.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(corpora.shakespeare()["train"]["text"], "byte_bpe", vocab_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out))
+    print(f"{out}: byte-level BPE, {tokenizer.get_vocab_size()} tokens")
+
+
+# ---------------------------------------------------------------------------------------------------- measuring
+
+
+def _tree_rss_kb(root: int) -> int:
+    """The summed VmRSS of `root` and its descendants."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/status") as handle:
+                for line in handle:
+                    if line.startswith("VmRSS:"):
+                        rss[int(entry)] = int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def measure(command: list[str], env: dict | None = None) -> dict:
+    """Run `command`; its wall time, the largest process's peak RSS and the sampled peak of the tree's sum."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, cpu_before = usage.ru_maxrss, usage.ru_utime + usage.ru_stime
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **(env or {})})
+    peak_tree = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak_tree
+        while not stop.is_set():
+            peak_tree = max(peak_tree, _tree_rss_kb(process.pid))
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    code = process.wait()
+    stop.set()
+    thread.join()
+    wall = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_process = usage.ru_maxrss
+    if code != 0:
+        raise SystemExit(f"{command} failed with exit code {code}")
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime - cpu_before, 1),  # all processes, user + system
+        "peak_rss_process_gb": round(peak_process / 1e6, 3) if peak_process > before else None,
+        "peak_rss_tree_gb": round(peak_tree / 1e6, 3),
+    }
+
+
+def _report(name: str, corpus: Path, result: dict) -> None:
+    size = corpus.stat().st_size / 1e6
+    result = {"run": name, "corpus_mb": round(size, 1), **result, "mb_per_s": round(size / result["wall_s"], 2)}
+    print(json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------- the two recipes
+
+
+def run_ours(corpus: Path, tokenizer: Path, cache_dir: Path | None, threads: int) -> None:
+    cache = cache_dir or Path(tempfile.mkdtemp(prefix="bench-ours-"))
+    config = cache / "prepare.yaml"
+    cache.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        json.dumps(
+            {
+                "data": {
+                    "class_path": "lit_transformer.data.LanguageModelingDataModule",
+                    "init_args": {"dataset": str(corpus), "tokenizer": str(tokenizer), "cache_dir": str(cache)},
+                }
+            }
+        )
+    )
+    command = [sys.executable, "-m", "lit_transformer", "prepare", "--config", str(config)]
+    env = {"PYTHONPATH": str(REPO), "RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
+    _report("ours", corpus, measure(command, env))
+
+
+def nanogpt_recipe(corpus: str, tokenizer_path: str, out: str, num_proc: int) -> None:
+    """nanoGPT's data/openwebtext/prepare.py, with a local JSONL and a `tokenizers` tokenizer in place of tiktoken."""
+    import numpy as np
+    from datasets import load_dataset
+    from tokenizers import Tokenizer
+    from tqdm import tqdm
+
+    enc = Tokenizer.from_file(tokenizer_path)
+    eot = enc.token_to_id("<eos>")
+    dataset = load_dataset("json", data_files={"train": corpus}, cache_dir=os.path.join(out, "hf"))
+    split_dataset = dataset["train"].train_test_split(test_size=0.0005, seed=2357, shuffle=True)
+    split_dataset["val"] = split_dataset.pop("test")
+
+    def process(example):
+        ids = enc.encode(example["text"], add_special_tokens=False).ids
+        ids.append(eot)
+        return {"ids": ids, "len": len(ids)}
+
+    tokenized = split_dataset.map(process, remove_columns=["text"], desc="tokenizing the splits", num_proc=num_proc)
+    for split, dset in tokenized.items():
+        arr_len = np.sum(dset["len"], dtype=np.uint64)
+        filename = os.path.join(out, f"{split}.bin")
+        arr = np.memmap(filename, dtype=np.uint16, mode="w+", shape=(arr_len,))
+        total_batches = min(1024, len(dset))  # nanoGPT: 1024 (its val split has 4,007 rows; ours can have fewer)
+        idx = 0
+        for batch_idx in tqdm(range(total_batches), desc=f"writing {filename}"):
+            batch = dset.shard(num_shards=total_batches, index=batch_idx, contiguous=True).with_format("numpy")
+            arr_batch = np.concatenate(batch["ids"])
+            arr[idx : idx + len(arr_batch)] = arr_batch
+            idx += len(arr_batch)
+        arr.flush()
+
+
+def run_nanogpt(corpus: Path, tokenizer: Path, out: Path | None, num_proc: int) -> None:
+    out = out or Path(tempfile.mkdtemp(prefix="bench-nanogpt-"))
+    command = [sys.executable, __file__, "_nanogpt", str(corpus), str(tokenizer), str(out), str(num_proc)]
+    _report("nanogpt", corpus, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}))
+
+
+# ---------------------------------------------------------------------------------------------------- training memory
+
+
+def run_train_rss(corpus: Path, tokenizer: Path, cache_dir: Path, steps: int) -> None:
+    """A tiny model trained from the prepared shards: resident memory after 100 steps and after `steps`."""
+    import lightning as L
+    import torch
+
+    from lit_transformer import TransformerConfig
+    from lit_transformer.data import LanguageModelingDataModule
+    from lit_transformer.module import LitTransformer
+
+    torch.set_num_threads(1)
+    data = LanguageModelingDataModule(
+        dataset=str(corpus), tokenizer=str(tokenizer), block_size=64, batch_size=8, cache_dir=str(cache_dir)
+    )
+    config = TransformerConfig.preset(
+        "tiny", vocab_size=data.vocab_size, pad_token_id=data.pad_token_id, eos_token_id=data.eos_token_id
+    )
+    rss: dict[int, float] = {}
+
+    class Probe(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            step = trainer.global_step
+            if step in (100, 500, steps):
+                with open("/proc/self/status") as handle:
+                    kb = next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
+                rss[step] = kb / 1e3
+
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[Probe()],
+    )
+    started = time.perf_counter()
+    trainer.fit(LitTransformer(config, warmup_steps=10), data)
+    blocks = len(data._blocks["train"])
+    growth = (rss[steps] - rss[100]) / rss[100]
+    print(
+        json.dumps(
+            {
+                "run": "train_rss",
+                "train_blocks": blocks,
+                "rss_mb": {str(k): round(v, 1) for k, v in sorted(rss.items())},
+                "growth_100_to_last": f"{growth:+.2%}",
+                "wall_s": round(time.perf_counter() - started, 1),
+            }
+        )
+    )
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_nanogpt":
+        corpus, tokenizer, out, num_proc = sys.argv[2:6]
+        nanogpt_recipe(corpus, tokenizer, out, int(num_proc))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    corpus = sub.add_parser("corpus", help="write a JSONL corpus of documents of a few KB")
+    corpus.add_argument("--size_mb", type=float, required=True)
+    corpus.add_argument("--out", type=Path, required=True)
+    tok = sub.add_parser("tokenizer", help="the fixed byte-level BPE both recipes use")
+    tok.add_argument("--out", type=Path, required=True)
+    for name in ("ours", "nanogpt", "train_rss"):
+        run = sub.add_parser(name)
+        run.add_argument("--corpus", type=Path, required=True)
+        run.add_argument("--tokenizer", type=Path, required=True)
+        run.add_argument("--out", type=Path, default=None, help="cache (ours, train_rss) or output folder")
+        run.add_argument("--threads", type=int, default=2, help="tokenizer threads (ours) / map processes (nanogpt)")
+        run.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args()
+    if args.command == "corpus":
+        make_corpus(args.size_mb, args.out)
+    elif args.command == "tokenizer":
+        make_tokenizer(args.out)
+    elif args.command == "ours":
+        run_ours(args.corpus, args.tokenizer, args.out, args.threads)
+    elif args.command == "nanogpt":
+        run_nanogpt(args.corpus, args.tokenizer, args.out, args.threads)
+    else:
+        run_train_rss(args.corpus, args.tokenizer, args.out or Path(tempfile.mkdtemp()), args.steps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""A callback for the elastic-resume tests: each rank appends the global sample indices of every step it trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+
+class SampleRecorder(Callback):
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        row = {"step": trainer.global_step, "rank": trainer.global_rank, "samples": batch["sample_index"].tolist()}
+        with open(self.path.with_suffix(f".rank{trainer.global_rank}.jsonl"), "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+
+def read_samples(path: Path) -> list[dict]:
+    rows = []
+    for file in sorted(path.parent.glob(path.stem + ".rank*.jsonl")):
+        rows += [json.loads(line) for line in file.read_text().splitlines()]
+    return rows

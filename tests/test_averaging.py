@@ -1,0 +1,165 @@
+"""Checkpoint averaging: the mean of weights, which checkpoints it takes, what it refuses, and that the result is a
+checkpoint every command reads. EMA of weights through Lightning's own callback, and `average --weights trained`."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_transformer.averaging import average_checkpoints, average_main, parse_steps, select_checkpoints
+from lit_transformer.checkpointing import CheckpointError, load_checkpoint
+from lit_transformer.config import TransformerConfig
+from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.inference import load_model
+from lit_transformer.model import Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_TRANSLATE = ROOT / "configs" / "presets" / "tiny-translate.yaml"
+CONFIG = TransformerConfig(vocab_size=104, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_seq_len=32, pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json() -> str:
+    return train_tokenizer([string.printable * 3], kind="char", vocab_size=128).to_str()
+
+
+def _write(path: Path, step: int, tokenizer: str, config: TransformerConfig = CONFIG, seed: int | None = None) -> Path:
+    """A checkpoint as `fit` writes it (weights under model., config in hyper_parameters, the tokenizer as JSON)."""
+    torch.manual_seed(step if seed is None else seed)
+    state = {f"model.{k}": v for k, v in Transformer(config).state_dict().items()}
+    checkpoint = {
+        "global_step": step,
+        "state_dict": state,
+        "hyper_parameters": {"config": config},
+        "tokenizer": tokenizer,
+        "optimizer_states": [{"state": {}}],
+    }
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_the_average_of_two_checkpoints_is_their_element_wise_mean(tmp_path, tokenizer_json):
+    a, b = _write(tmp_path / "a.ckpt", 100, tokenizer_json), _write(tmp_path / "b.ckpt", 200, tokenizer_json)
+    averaged = average_checkpoints([a, b])
+    sa, sb = torch.load(a)["state_dict"], torch.load(b)["state_dict"]
+    assert set(averaged["state_dict"]) == set(sa)
+    for name, value in averaged["state_dict"].items():
+        assert value.dtype == sa[name].dtype
+        torch.testing.assert_close(value, (sa[name] + sb[name]) / 2, rtol=0, atol=1e-7)
+    # Everything a loader needs, and no training state to resume from by mistake.
+    assert averaged["tokenizer"] == tokenizer_json and averaged["global_step"] == 200
+    assert "optimizer_states" not in averaged
+    assert [e["step"] for e in averaged["averaged_from"]] == [100, 200]
+    assert average_checkpoints([b, a])["global_step"] == 200  # the newest's metadata, whatever the order
+
+
+def test_a_mismatched_architecture_is_refused_naming_the_fields(tmp_path, tokenizer_json):
+    a = _write(tmp_path / "a.ckpt", 100, tokenizer_json)
+    b = _write(tmp_path / "b.ckpt", 200, tokenizer_json, CONFIG.replace(d_model=32, d_ff=64))
+    with pytest.raises(CheckpointError, match=r"different architectures(.|\n)*d_ff: (.|\n)*d_model: checkpoint 16"):
+        average_checkpoints([a, b])
+    other_tokenizer = train_tokenizer([string.ascii_letters * 3], kind="char", vocab_size=128).to_str()
+    c = _write(tmp_path / "c.ckpt", 300, other_tokenizer)
+    with pytest.raises(CheckpointError, match="different tokenizers"):
+        average_checkpoints([a, c])
+
+
+def test_checkpoints_are_chosen_by_last_n_and_by_step_range_once_per_step(tmp_path, tokenizer_json):
+    for step in (100, 200, 300, 400):
+        _write(tmp_path / f"step{step:06d}.ckpt", step, tokenizer_json)
+    _write(tmp_path / "last.ckpt", 400, tokenizer_json)  # the same step twice counts once
+    torch.save(average_checkpoints([tmp_path / "last.ckpt"]), tmp_path / "avg.ckpt")  # an earlier average: skipped
+    names = lambda paths: [p.name for p in paths]  # noqa: E731
+    assert names(select_checkpoints([tmp_path], last=2)) == ["step000300.ckpt", "step000400.ckpt"]
+    assert names(select_checkpoints([tmp_path], steps=(200, 300))) == ["step000200.ckpt", "step000300.ckpt"]
+    assert names(select_checkpoints([tmp_path / "step000100.ckpt", tmp_path / "last.ckpt"])) == [
+        "step000100.ckpt",
+        "last.ckpt",
+    ]
+    assert parse_steps("200:") == (200, 2**62) and parse_steps(":300") == (0, 300)
+    with pytest.raises(ValueError, match="more checkpoints than there are"):
+        select_checkpoints([tmp_path], last=9)
+    with pytest.raises(ValueError, match="write FIRST:LAST"):
+        parse_steps("200-300")
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        select_checkpoints([tmp_path / "missing"])
+
+
+def test_the_command_writes_a_checkpoint_that_generate_loads(tmp_path, tokenizer_json, capsys):
+    for step in (10, 20, 30):
+        _write(tmp_path / f"step{step:06d}.ckpt", step, tokenizer_json)
+    average_main(["--checkpoints", str(tmp_path), "--last", "2", "--output", str(tmp_path / "avg" / "avg.ckpt")])
+    assert "the mean of 2 checkpoints" in capsys.readouterr().out
+    loaded = load_model(tmp_path / "avg" / "avg.ckpt")
+    expected = (load_checkpoint(tmp_path / "step000020.ckpt")["state_dict"]["model.lm_head.weight"] * 0.5) + (
+        load_checkpoint(tmp_path / "step000030.ckpt")["state_dict"]["model.lm_head.weight"] * 0.5
+    )
+    torch.testing.assert_close(loaded.model.lm_head.weight, expected)
+    assert loaded.model.generate(torch.tensor([loaded.encode("ab")]), max_new_tokens=3).shape == (1, 3)
+    with pytest.raises(SystemExit, match="error: --last 5 asks for more checkpoints"):
+        average_main(["--checkpoints", str(tmp_path), "--last", "5", "--output", str(tmp_path / "x.ckpt")])
+
+
+def _run(*args: str) -> None:
+    from lit_transformer.cli import run_cli
+
+    run_cli([*args, "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"])
+
+
+@pytest.fixture(scope="module")
+def ema_run(tmp_path_factory) -> Path:
+    """One tiny translation run with Lightning's EMAWeightAveraging, a step checkpoint every 10 steps kept, and the
+    best checkpoint chosen by validation BLEU (mode max)."""
+    run = tmp_path_factory.mktemp("ema_run")
+    ema = ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay", "0.5"]
+    steps = ["--checkpoint.save_top_k", "-1", "--checkpoint.filename", "step{step:06d}"]
+    steps += ["--checkpoint.auto_insert_metric_name", "false", "--checkpoint.dirpath", str(run / "checkpoints")]
+    best = ["--best_checkpoint.monitor", "val/bleu", "--best_checkpoint.mode", "max"]
+    best += ["--best_checkpoint.filename", "best-bleu{val/bleu:.2f}"]
+    _run("fit", *_common(run), *steps, *ema, *best, "--model.generation.max_new_tokens", "8")
+    return run
+
+
+def _common(run: Path) -> list[str]:
+    return ["--config", str(TINY_TRANSLATE), "--data.init_args.cache_dir", str(run / "cache")]
+
+
+def test_ema_checkpoints_hold_the_ema_in_state_dict_and_the_trained_weights_beside_it(ema_run):
+    last = load_checkpoint(ema_run / "checkpoints" / "step000020.ckpt")
+    ema_w, trained = last["state_dict"]["model.lm_head.weight"], last["current_model_state"]["model.lm_head.weight"]
+    assert not torch.equal(ema_w, trained)  # test/translate read the EMA; `average --weights trained` the other
+
+
+def test_the_best_checkpoint_is_chosen_by_validation_bleu(ema_run):
+    (best,) = (ema_run / "checkpoints").glob("best-bleu*.ckpt")
+    state = next(v for k, v in load_checkpoint(best)["callbacks"].items() if "'monitor': 'val/bleu'" in k)
+    assert state["best_model_path"].endswith(best.name)
+    assert best.name == f"best-bleu{float(state['best_model_score']):.2f}.ckpt"
+
+
+def test_the_average_of_an_ema_run_loads_in_test_translate_predict_and_export(ema_run, capsys, monkeypatch):
+    from lit_transformer.inference import translate_main
+    from lit_transformer.interop import export_main
+
+    monkeypatch.chdir(ema_run)
+    ckpts = ema_run / "checkpoints"
+    average_main(["--checkpoints", str(ckpts), "--last", "2", "--weights", "trained", "--output", "avg.ckpt"])
+    avg = load_checkpoint(ema_run / "avg.ckpt")
+    first = load_checkpoint(ckpts / "step000010.ckpt")["current_model_state"]["model.lm_head.weight"]
+    second = load_checkpoint(ckpts / "step000020.ckpt")["current_model_state"]["model.lm_head.weight"]
+    torch.testing.assert_close(avg["state_dict"]["model.lm_head.weight"], (first + second) / 2)
+    capsys.readouterr()
+    _run("test", *_common(ema_run), "--ckpt_path", "avg.ckpt", "--model.generation.max_new_tokens", "8")
+    assert "test/bleu" in capsys.readouterr().out
+    source = "In the beginning God created the heaven and the earth."
+    translate_main(["--checkpoint", "avg.ckpt", "--text", source, "--max_new_tokens", "8"])
+    assert capsys.readouterr().out.strip()
+    (ema_run / "sources.txt").write_text(source + "\n")
+    predict = ["--data.init_args.predict_file", "sources.txt", "--predictions.output", "out.jsonl"]
+    _run("predict", *_common(ema_run), "--ckpt_path", "avg.ckpt", *predict, "--model.generation.max_new_tokens", "8")
+    assert (ema_run / "out.jsonl").read_text().count("\n") == 1
+    export_main(["--checkpoint", "avg.ckpt", "--format", "safetensors", "--out", "exported"])
+    assert (ema_run / "exported" / "config.json").is_file()

@@ -1,0 +1,171 @@
+"""Marian the other way: load_hf_marian reads a Marian folder (ours, a save_pretrained MarianMTModel, OPUS-MT's
+SentencePiece tokenizers) into our Transformer with the same logits, and `fit --model.init_from DIR` starts from one."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
+
+from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.interop import load_hf_marian, load_hf_marian_tokenizers, save_hf_marian
+from lit_transformer.interop.hf_marian import from_hf_config, spm_tokenizer
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+
+PAPER = {"topology": "encoder_decoder", "norm_position": "post", "positions": "sinusoidal", "activation": "relu"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _large(model, std: float = 0.3):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+    return model
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {**PAPER, "scale_embeddings": True, "tie_embeddings": True},
+        {**PAPER, "scale_embeddings": True, "tie_embeddings": False, "activation": "silu"},
+        {**PAPER, "scale_embeddings": False, "target_vocab_size": 100, "activation": "gelu"},
+    ],
+    ids=["paper", "untied-silu", "two-vocabularies-gelu"],
+)
+def test_export_then_import_gives_identical_logits_and_beam_outputs(tmp_path, variant):
+    model = _large(build(variant, init="xavier"))
+    save_hf_marian(model, tmp_path)
+    back = load_hf_marian(tmp_path)
+    training = ("dropout", "attention_dropout", "init", "init_std")  # not in the folder's architecture
+    assert back.config.replace(**{k: getattr(model.config, k) for k in training}) == model.config
+    src = tokens(2, 11)
+    mask = torch.ones_like(src, dtype=torch.bool)
+    mask[1, 7:] = False
+    tgt = tokens(2, 9, seed=2, vocab=100)
+    tgt[:, 0] = model.config.bos_token_id
+    with torch.no_grad():
+        assert torch.equal(model(src, tgt, src_mask=mask), back(src, tgt, src_mask=mask))
+    rules = dict(max_new_tokens=8, num_beams=4, length_penalty=0.6, length_penalty_form="gnmt", early_stopping=True)
+    assert torch.equal(
+        model.generate(src, attention_mask=mask, **rules), back.generate(src, attention_mask=mask, **rules)
+    )
+
+
+def _random_opus_mt(folder: Path, vocab: int = 40) -> transformers.MarianMTModel:
+    """A randomly initialised MarianMTModel shaped like OPUS-MT's (swish, decoding starts from the pad token, the
+    last id), saved with save_pretrained: no hub needed."""
+    config = transformers.MarianConfig(
+        vocab_size=vocab,
+        decoder_vocab_size=vocab,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        activation_function="swish",
+        max_position_embeddings=64,
+        scale_embedding=True,
+        pad_token_id=vocab - 1,
+        eos_token_id=0,
+        decoder_start_token_id=vocab - 1,
+        init_std=0.3,
+    )
+    torch.manual_seed(0)
+    hf = transformers.MarianMTModel(config).eval()
+    hf.save_pretrained(folder)
+    return hf
+
+
+def test_a_random_marian_saved_with_save_pretrained_loads_with_its_logits(tmp_path):
+    hf = _random_opus_mt(tmp_path)
+    ours = load_hf_marian(tmp_path)
+    cfg = ours.config
+    assert (cfg.activation, cfg.bos_token_id, cfg.pad_token_id, cfg.eos_token_id) == ("silu", 39, 39, 0)
+    assert (cfg.encoder_layers, cfg.decoder_layers) == (2, 1)
+    src = tokens(2, 7, vocab=38)
+    src[:, -1] = 0  # </s> ends each source, as Marian's tokenizer writes it
+    mask = torch.ones_like(src, dtype=torch.bool)
+    mask[1, 5:] = False
+    tgt = tokens(2, 6, seed=3, vocab=38)
+    tgt[:, 0] = 39  # decoding starts from the pad token
+    with torch.no_grad():
+        theirs = hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(ours(src, tgt, src_mask=mask), theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_a_marian_model_we_cannot_compute_is_refused_naming_the_fields():
+    config = dict(model_type="marian", vocab_size=10, d_model=8, encoder_layers=1, decoder_layers=1)
+    config |= dict(encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=16, decoder_ffn_dim=16)
+    config |= dict(activation_function="tanh", pad_token_id=9, eos_token_id=0)
+    with pytest.raises(ValueError) as error:
+        from_hf_config(config)
+    assert "decoder_attention_heads=4" in str(error.value) and "activation_function='tanh'" in str(error.value)
+
+
+def _spm_model(path: Path, pieces: list[tuple[str, float, int]]) -> None:
+    """A SentencePiece model file (protobuf), written with the schema transformers ships: no sentencepiece needed."""
+    from transformers.convert_slow_tokenizer import import_protobuf
+
+    proto = import_protobuf().ModelProto()
+    for piece, score, kind in pieces:
+        entry = proto.pieces.add()
+        entry.piece, entry.score, entry.type = piece, score, kind
+    proto.trainer_spec.model_type = 1  # UNIGRAM
+    proto.trainer_spec.unk_id = 0
+    proto.normalizer_spec.add_dummy_prefix = True
+    path.write_bytes(proto.SerializeToString())
+
+
+def test_opus_mt_sentencepiece_tokenizers_segment_and_number_as_marian_does(tmp_path):
+    # Types: 1 normal, 2 unknown, 3 control. Marian numbers pieces by vocab.json, not by the model's order.
+    _spm_model(
+        tmp_path / "source.spm",
+        [("<unk>", 0, 2), ("<s>", 0, 3), ("</s>", 0, 3), ("\u2581ab", -1.0, 1), ("\u2581a", -2.0, 1), ("b", -2.0, 1)]
+        + [("a", -3.0, 1), ("\u2581", -3.0, 1)],
+    )
+    vocab = {"</s>": 0, "<unk>": 1, "\u2581a": 2, "b": 3, "\u2581ab": 4, "a": 5, "\u2581": 6, "\u2581la": 7, "<pad>": 8}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    source, target = load_hf_marian_tokenizers(tmp_path)
+    # "ab" is one piece (score -1 beats -2 + -2); "a" alone is "▁a"; ▁la (the other language's) is never chosen.
+    assert source.encode("ab a").ids == [4, 2]
+    assert source.decode([4, 2, 0, 8], skip_special_tokens=True) == "ab a"
+    assert target.get_vocab_size() == 9 and source.token_to_id("<pad>") == 8
+    with pytest.raises(ValueError, match="does not number its pieces"):
+        spm_tokenizer(tmp_path / "source.spm", {"a": 0, "b": 2})
+
+
+def test_fit_starts_from_a_marian_folder_with_its_tokenizer(tmp_path, monkeypatch):
+    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.cli import run_cli
+
+    tokenizer = train_tokenizer([string.printable * 3], kind="char", vocab_size=128)
+    model = build({**PAPER, "scale_embeddings": True, "d_model": 48}, vocab_size=tokenizer.get_vocab_size())
+    save_hf_marian(model, tmp_path / "marian", tokenizer)
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", str(ROOT / "configs" / "presets" / "tiny-translate.yaml")]
+    args += ["--model.init_from", str(tmp_path / "marian")]
+    args += ["--data.init_args.tokenizer", str(tmp_path / "marian" / "tokenizer.json")]
+    args += ["--data.init_args.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "1"]
+    args += ["--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "0"]
+    args += ["--checkpoint.dirpath", "ckpt", "--checkpoint.every_n_train_steps", "1"]
+    args += ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+    run_cli(args)
+    checkpoint = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+    assert checkpoint["hyper_parameters"]["config"]["d_model"] == 48  # the folder's architecture, not the preset's
+    assert checkpoint["init_from"] == str(tmp_path / "marian")
+    # After one step of Noam warmup the weights are still close to the folder's.
+    start = model.state_dict()["decoder_blocks.0.ff.up.weight"]
+    after = checkpoint["state_dict"]["model.decoder_blocks.0.ff.up.weight"]
+    assert (after - start).abs().max() < 0.05 < start.abs().max()
+    # Another tokenizer is refused, with the fix in the message.
+    args[args.index("--data.init_args.tokenizer") + 1] = "char"
+    with pytest.raises(ValueError, match=r"another tokenizer(.|\n)*--data.init_args.tokenizer .*tokenizer.json"):
+        run_cli(args)
