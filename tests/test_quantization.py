@@ -28,12 +28,13 @@ PAPER = {
     "scale_embeddings": True,
     "tie_embeddings": True,
 }
-VARIANTS = [GPT2, PAPER, {**GPT2, "pad_vocab_to_multiple_of": 64}, {**PAPER, "pad_vocab_to_multiple_of": 64}]
+MODERN = {**GPT2, "positions": "rope", "activation": "swiglu", "norm": "rmsnorm", "bias": False}
+VARIANTS = [GPT2, PAPER, {**GPT2, "pad_vocab_to_multiple_of": 64}, {**PAPER, "pad_vocab_to_multiple_of": 64}, MODERN]
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _id(v: dict) -> str:
-    return v["topology"] + ("-padded" if "pad_vocab_to_multiple_of" in v else "")
+    return v["topology"] + ("-padded" if "pad_vocab_to_multiple_of" in v else "") + ("-modern" if v is MODERN else "")
 
 
 def _logits(model: Transformer, x: torch.Tensor) -> torch.Tensor:
