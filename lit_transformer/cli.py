@@ -99,8 +99,8 @@ class TransformerCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
         load the file safely first (a corrupt, truncated or hostile file fails with a message that says what is
-        wrong, and nothing in it ever runs), and keep the command line's `generation`: how to decode is chosen per
-        run (`predict --model.generation.temperature 0`), not inherited from training."""
+        wrong, and nothing in it ever runs), and keep the command line's `generation` and `quantize`: how to decode is
+        chosen per run (`predict --model.generation.temperature 0`), not inherited from training."""
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
@@ -111,6 +111,7 @@ class TransformerCLI(LightningCLI):
         hparams = dict(load_checkpoint(path).get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         hparams.pop("generation", None)
+        hparams.pop("quantize", None)  # like generation: a choice of this run (predict --model.quantize int8)
         if hparams:
             try:
                 self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)

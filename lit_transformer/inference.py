@@ -15,7 +15,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 import torch
 from jsonargparse import ArgumentParser
@@ -208,6 +208,7 @@ def _parser(prog: str, description: str) -> ArgumentParser:
     parser = ArgumentParser(prog=f"python -m lit_transformer {prog}", description=description)
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
     parser.add_argument("--device", type=str, default="auto", help="cpu, cuda, or auto.")
+    add_quantize_argument(parser)
     hints, docs = typing.get_type_hints(GenerationConfig), _field_docs(GenerationConfig)
     for field in dataclasses.fields(GenerationConfig):
         hint = hints[field.name]
@@ -231,13 +232,39 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
+def add_quantize_argument(parser: ArgumentParser) -> None:
+    """--quantize none|int8, shared by generate, translate and export."""
+    parser.add_argument(
+        "--quantize",
+        type=Literal["none", "int8"],
+        default="none",
+        help="int8: dynamic int8 Linear layers (lit_transformer.quantization), CPU only; faster decoding on a CPU.",
+    )
+
+
+def quantize_loaded(loaded: LoadedModel, quantize: str) -> LoadedModel:
+    """`loaded` with its model quantized as --quantize says; a QuantizationError becomes the command's error."""
+    if quantize == "none":
+        return loaded
+    from lit_transformer.quantization import QuantizationError, quantize_int8
+
+    try:
+        return dataclasses.replace(loaded, model=quantize_int8(loaded.model, inplace=True))
+    except QuantizationError as error:
+        raise SystemExit(f"error: --quantize {quantize}: {error}") from None
+
+
 def _load(args) -> LoadedModel:
     from lit_transformer.checkpointing import CheckpointError
 
+    device = args.device
+    if device == "auto" and args.quantize != "none":
+        device = "cpu"  # the int8 kernels are CPU kernels
     try:
-        return load_model(args.checkpoint, _device(args.device))
+        loaded = load_model(args.checkpoint, _device(device))
     except CheckpointError as error:
         raise SystemExit(f"error: {error}") from None
+    return quantize_loaded(loaded, args.quantize)
 
 
 def generate_main(argv: Sequence[str]) -> None:

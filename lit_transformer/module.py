@@ -168,6 +168,7 @@ class LitTransformer(L.LightningModule):
         compile_scope: Literal["auto", "step", "blocks"] = "auto",
         generation: GenerationConfig | None = None,
         init_from: str | None = None,
+        quantize: Literal["none", "int8"] = "none",
     ) -> None:
         """
         Args:
@@ -210,6 +211,9 @@ class LitTransformer(L.LightningModule):
                 classifier) for an encoder_only model: its architecture and encoder weights load, the task head (and
                 config's head, num_labels, pooling, dropout) are this run's and start fresh. Read once: the hyperparameters record the resolved
                 config and init_from=None, so loading or resuming a checkpoint never reads the folder again.
+            quantize: int8: `validate`, `test` and `predict` run the model with dynamic int8 Linear layers
+                (lit_transformer.quantization; CPU only), e.g. `predict --ckpt_path C --model.quantize int8`, or
+                `validate` to measure what int8 costs. Never applies to `fit`, which refuses it.
         """
         source, pretrained = init_from, None
         self._init_tokenizer: str | None = None
@@ -322,6 +326,31 @@ class LitTransformer(L.LightningModule):
                     f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {spec}"
                 )
         self._class_weights = self._resolve_class_weights(datamodule)
+        if stage == "fit" and self.hparams.get("quantize", "none") != "none":
+            raise ValueError(
+                "--model.quantize int8 is for validate, test and predict: int8 Linear layers have no gradient. Train "
+                "in fp32 and quantize the checkpoint (`predict --ckpt_path C --model.quantize int8`)"
+            )
+
+    def _quantize_for_inference(self) -> None:
+        """Swap in int8 Linear layers once the checkpoint's weights are loaded and the model is in eval mode (in
+        setup they are not loaded yet: the fp32 checkpoint could not fill int8 layers)."""
+        if self.hparams.get("quantize", "none") == "none":
+            return
+        from lit_transformer.quantization import is_quantized, quantize_int8
+
+        if not is_quantized(self.model):
+            quantize_int8(self.model, inplace=True)
+
+    def on_validation_start(self) -> None:
+        if self.trainer.state.fn == "validate":  # not the validation inside fit
+            self._quantize_for_inference()
+
+    def on_test_start(self) -> None:
+        self._quantize_for_inference()
+
+    def on_predict_start(self) -> None:
+        self._quantize_for_inference()
 
     def _resolve_class_weights(self, datamodule: Any) -> torch.Tensor | None:
         weights = self.hparams.get("class_weights")

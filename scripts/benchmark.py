@@ -5,6 +5,7 @@
     .venv/bin/python scripts/benchmark.py --only decoder beam   # some sections
     .venv/bin/python scripts/benchmark.py --device cuda         # GPU: the CLI's step beside a hand-built one, MFU
     .venv/bin/python scripts/benchmark.py --only cli --threads 1      # the same CLI-vs-hand code path on a CPU, tiny
+    .venv/bin/python scripts/benchmark.py --only quantized --threads 1   # int8 greedy vs fp32 and HF (docs/performance.md)
 
 Every contender of a section runs once per repetition, in alternating order, so drifting load on a shared machine
 touches all alike. Reported: the median time of each, and the median of the paired per-repetition ratios
@@ -113,6 +114,7 @@ def sizes(quick: bool) -> dict[str, dict[str, int]]:
             "decoder": dict(vocab=4096, d=256, heads=4, layers=4, d_ff=1024, ctx=128, batch=4),
             "seq2seq": dict(vocab=4096, d=128, heads=4, layers=2, d_ff=512, ctx=32, batch=16),
             "greedy": dict(prompt=16, new=32),
+            "translation": dict(vocab=1024, d=64, heads=4, layers=2, d_ff=256, ctx=128),
             "sliding": dict(new=192),
             "beam": dict(batch=4, src=32, new=16, beams=4),
             "memory": dict(layers=6, ctx=256, batch=4),
@@ -122,6 +124,8 @@ def sizes(quick: bool) -> dict[str, dict[str, int]]:
         "decoder": dict(vocab=8192, d=384, heads=6, layers=6, d_ff=1536, ctx=256, batch=8),
         "seq2seq": dict(vocab=8192, d=256, heads=4, layers=3, d_ff=1024, ctx=64, batch=32),
         "greedy": dict(prompt=32, new=128),
+        # configs/presets/translate-en-es.yaml's model: shared 6000-token BPE, three-way tying
+        "translation": dict(vocab=6000, d=256, heads=4, layers=2, d_ff=1024, ctx=256),
         "sliding": dict(new=768),
         "beam": dict(batch=8, src=64, new=64, beams=4),
         "memory": dict(layers=12, ctx=512, batch=8),
@@ -292,6 +296,87 @@ def bench_beam(s: dict[str, int], b: dict[str, int], reps: int, device: str) -> 
     with torch.inference_mode():
         times = alternate(contenders, reps)
     return summarize(f"beam search ({k} beams)", times, batch=b["batch"], new_tokens=n)
+
+
+def _hf_linear(model: nn.Module) -> nn.Module:
+    """HF GPT-2 with its Conv1D layers (x @ W + b, W stored (in, out)) as nn.Linear, values unchanged, so that
+    quantize_dynamic({nn.Linear}) reaches them: applied to the Conv1D model it would quantize the output layer alone."""
+    from transformers.pytorch_utils import Conv1D
+
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, Conv1D):
+                linear = nn.Linear(child.weight.shape[0], child.weight.shape[1])
+                linear.weight.data = child.weight.data.t().contiguous()
+                linear.bias.data = child.bias.data.clone()
+                setattr(module, child_name, linear)
+    return model
+
+
+def _int8(model: nn.Module) -> nn.Module:
+    """torch's dynamic int8 quantization of every nn.Linear, per-channel weight scales: what quantize_int8 does."""
+    import copy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(model), {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8
+        )
+
+
+def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], reps: int) -> list[Row]:
+    """Greedy generation, batch 1, fp32 vs int8 dynamic quantization (lit_transformer.quantization), our decoder-only
+    model against HF GPT-2 generate and our translation-preset-sized encoder-decoder against HF Marian generate, each
+    with and without the same int8 quantization of its Linear layers."""
+    from lit_transformer.quantization import quantize_int8
+
+    n = g["new"]
+    rows: list[Row] = []
+    torch.manual_seed(0)
+    dims = {k: s[k] for k in ("vocab", "d", "heads", "layers", "d_ff", "ctx")}
+    prompt = torch.randint(3, s["vocab"], (1, g["prompt"]))
+    ours = Transformer(decoder_config(s, eos_token_id=None)).eval()
+    hf = _hf_linear(peers.hf_gpt2(**dims).model.eval())
+    hf.generation_config.pad_token_id = 0
+    hf8 = _int8(hf)
+
+    def hf_run(model: nn.Module, ids: Tensor) -> Callable[[], object]:
+        flags = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, eos_token_id=None)
+        return lambda: model.generate(ids, **flags)
+
+    models = {
+        OURS + " fp32": ours,
+        OURS + " int8 (lm_head int8, default)": quantize_int8(ours),
+        OURS + " int8 (lm_head fp32)": quantize_int8(ours, lm_head=False),
+    }
+    contenders = {name: (lambda m=m: m.generate(prompt, max_new_tokens=n)) for name, m in models.items()}
+    contenders["HF GPT-2 generate fp32"] = hf_run(hf, prompt)
+    contenders["HF GPT-2 generate int8"] = hf_run(hf8, prompt)
+    with torch.inference_mode():
+        times = alternate(contenders, reps)
+    rows += summarize("int8 greedy, decoder-only", times, reference=OURS + " fp32", new_tokens=n, prompt=g["prompt"])
+
+    torch.manual_seed(0)
+    dims = {k: t[k] for k in ("vocab", "d", "heads", "layers", "d_ff", "ctx")}
+    src = torch.randint(3, t["vocab"], (1, g["prompt"]))
+    ours = Transformer(seq2seq_config(t, "post", eos_token_id=None, tie_embeddings=True)).eval()
+    marian = peers.hf_seq2seq("marian", **dims).eval()
+    models = {
+        OURS + " fp32": ours,
+        OURS + " int8 (lm_head int8, default)": quantize_int8(ours),
+        OURS + " int8 (lm_head fp32)": quantize_int8(ours, lm_head=False),
+    }
+    # max_source_offset=None: all n tokens, as HF's min_new_tokens forces (by default a translation stops at source + 50)
+    flags = dict(max_new_tokens=n, num_beams=1, max_source_offset=None)
+    contenders = {name: (lambda m=m: m.generate(src, **flags)) for name, m in models.items()}
+    contenders["HF Marian generate fp32"] = hf_run(marian, src)
+    contenders["HF Marian generate int8"] = hf_run(_int8(marian), src)
+    with torch.inference_mode():
+        times = alternate(contenders, reps)
+    rows += summarize("int8 greedy, encoder-decoder", times, reference=OURS + " fp32", new_tokens=n, src=g["prompt"])
+    for row in rows:
+        row["tokens_per_s"] = n / row["median_s"]
+    return rows
 
 
 def checkpointed_step(mode: str, m: dict[str, int], quick: bool) -> Callable[[], None]:
@@ -764,7 +849,7 @@ def render(path: Path) -> None:
 
 
 def main() -> None:
-    cpu_sections = ["decoder", "seq2seq", "greedy", "sliding", "beam", "memory", "lightning"]
+    cpu_sections = ["decoder", "seq2seq", "greedy", "sliding", "beam", "quantized", "memory", "lightning"]
     sections = [*cpu_sections, "cli", "mfu"]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions: a smoke run")
@@ -825,6 +910,8 @@ def main() -> None:
             rows += bench_sliding(s["decoder"], s["sliding"], reps, "cpu")
         if "beam" in only:
             rows += bench_beam(s["seq2seq"], s["beam"], reps, "cpu")
+        if "quantized" in only:
+            rows += bench_quantized(s["decoder"], s["translation"], s["greedy"], reps)
         if "memory" in only:
             rows += bench_memory(s["memory"], reps, args.quick, args.threads)
         if "lightning" in only:

@@ -1,5 +1,6 @@
 """Our own portable format: a folder with model.safetensors (our parameter names), config.json (TransformerConfig)
-and tokenizer.json (plus target_tokenizer.json for a separate target vocabulary). No pickle anywhere."""
+and tokenizer.json (plus target_tokenizer.json for a separate target vocabulary). No pickle anywhere. An int8 model
+(lit_transformer.quantization) is written as int8 weights with per-channel scales and loads back int8."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
@@ -23,10 +24,17 @@ def save_safetensors(
     target_tokenizer: Tokenizer | None = None,
 ) -> Path:
     """Write the folder; tied matrices are stored once (safetensors refuses aliased tensors)."""
+    from lit_transformer.quantization import is_quantized, quantized_state
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_model(model, os.fspath(directory / "model.safetensors"), metadata={"format": "pt", "library": FORMAT})
     config = {"format": FORMAT, **model.config.to_dict()}
+    metadata = {"format": "pt", "library": FORMAT}
+    if is_quantized(model):  # int8 weights with per-channel scales, as plain tensors (see quantization.py)
+        config["quantization"] = dict(model.quantization)
+        save_file(quantized_state(model), os.fspath(directory / "model.safetensors"), metadata=metadata)
+    else:
+        save_model(model, os.fspath(directory / "model.safetensors"), metadata=metadata)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save(os.fspath(directory / "tokenizer.json"))
@@ -41,6 +49,12 @@ def load_safetensors(directory: str | os.PathLike) -> Transformer:
     config = json.loads((directory / "config.json").read_text())
     if config.pop("format", None) != FORMAT:
         raise ValueError(f"{directory}/config.json was not written by lit_transformer's safetensors export")
+    quantization = config.pop("quantization", None)
     model = Transformer(TransformerConfig(**config))
+    if quantization is not None:  # an int8 export: the model comes back int8 (CPU)
+        from lit_transformer.quantization import load_quantized_state
+
+        tensors = load_file(os.fspath(directory / "model.safetensors"))
+        return load_quantized_state(model, tensors, lm_head=quantization["lm_head"])
     load_model(model, os.fspath(directory / "model.safetensors"))
     return model.eval()

@@ -123,7 +123,7 @@ def vector_friendly_weights(model: Transformer, enabled: bool = True) -> Iterato
     (measured in docs/performance.md, "Greedy generation"). The copy (one pass over the weights) is paid once per generate call;
     the original tensors are put back on exit. GPUs and batches are left alone: there the layout does not help.
     """
-    if not enabled or model.lm_head.weight.device.type != "cpu":
+    if not enabled or model.tgt_embed.weight.device.type != "cpu":
         yield
         return
     weights = {}

@@ -1,0 +1,166 @@
+"""int8 dynamic quantization (lit_transformer.quantization): the quantized model decodes with the KV cache and beam
+search, stays close to fp32, saves and loads as int8, refuses what it cannot serve, and every command's --quantize
+flag works end to end on tiny checkpoints. Behaviour only: the speed-up is measured by scripts/benchmark.py."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
+
+from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.interop import export_main, load_safetensors
+from lit_transformer.model import Transformer
+from lit_transformer.quantization import QuantizationError, is_quantized, quantize_int8
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+GPT2 = {"topology": "decoder_only", "norm_position": "pre", "positions": "learned", "tie_embeddings": True}
+PAPER = {
+    "topology": "encoder_decoder",
+    "norm_position": "post",
+    "positions": "sinusoidal",
+    "activation": "relu",
+    "scale_embeddings": True,
+    "tie_embeddings": True,
+}
+MODERN = {**GPT2, "positions": "rope", "activation": "swiglu", "norm": "rmsnorm", "bias": False}
+VARIANTS = [GPT2, PAPER, {**GPT2, "pad_vocab_to_multiple_of": 64}, {**PAPER, "pad_vocab_to_multiple_of": 64}, MODERN]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _id(v: dict) -> str:
+    return v["topology"] + ("-padded" if "pad_vocab_to_multiple_of" in v else "") + ("-modern" if v is MODERN else "")
+
+
+def _logits(model: Transformer, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(x, x) if model.config.is_encoder_decoder else model(x)
+
+
+@pytest.mark.parametrize("lm_head", [True, False], ids=["lm_head_int8", "lm_head_fp32"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+def test_int8_model_stays_close_and_decodes(variant, lm_head):
+    """Linear layers become int8 (the output layer as chosen), embeddings stay fp32 and tied; logits keep the true
+    vocabulary (a padded one is sliced); greedy and beam search run on the cache. Max logit difference printed."""
+    model = build(variant, vocab_size=100, eos_token_id=None).eval()
+    q = quantize_int8(model, lm_head=lm_head)
+    assert is_quantized(q) and not is_quantized(model)  # a copy: the fp32 model is untouched
+    assert isinstance(q.lm_head, torch.nn.Linear) != lm_head
+    embed = q.tgt_embed
+    assert embed.weight.dtype == torch.float32
+    if not lm_head:
+        assert q.lm_head.weight is embed.weight  # the tie survives
+    x = tokens(2, 12, vocab=100)
+    expected, got = _logits(model, x), _logits(q, x)
+    assert got.shape == expected.shape == (2, 12, 100)
+    diff = (got - expected).abs().max().item()
+    print(
+        f"{_id(variant)} lm_head_int8={lm_head}: max |logit difference| {diff:.4f} (logit range {expected.abs().max():.2f})"
+    )
+    assert diff < 0.05 * expected.abs().max().item() + 1e-3
+    greedy = q.generate(x[:, :5], max_new_tokens=6)
+    beams = q.generate(x[:, :5], max_new_tokens=6, num_beams=3)
+    assert greedy.shape == beams.shape == (2, 6)
+    assert int(greedy.max()) < 100 and int(beams.max()) < 100  # a padded id is never chosen
+    # the cache gives what recomputing gives, quantized too
+    torch.testing.assert_close(greedy, q.generate(x[:, :5], max_new_tokens=6, use_cache=False), atol=0, rtol=0)
+    fp32 = model.generate(x[:, :5], max_new_tokens=6)
+    print(f"  greedy agreement with fp32: {(fp32 == greedy).float().mean():.0%}")
+
+
+def test_refuses_training_mode_gpu_and_double_quantization():
+    model = build(GPT2, vocab_size=100)
+    with pytest.raises(QuantizationError, match="for inference.*model.eval"):
+        quantize_int8(model.train())
+    q = quantize_int8(model.eval())
+    with pytest.raises(QuantizationError, match="already quantized"):
+        quantize_int8(q)
+    with pytest.raises(QuantizationError, match="starts from fp32"):
+        quantize_int8(build(GPT2, vocab_size=100).eval().to(torch.bfloat16))
+    meta = build(GPT2, vocab_size=100).eval().to("meta")  # any non-CPU device takes the GPU's path
+    with pytest.raises(QuantizationError, match="CPU only.*--device cpu"):
+        quantize_int8(meta)
+
+
+@pytest.mark.parametrize("lm_head", [True, False], ids=["lm_head_int8", "lm_head_fp32"])
+@pytest.mark.parametrize("variant", [GPT2, {**PAPER, "pad_vocab_to_multiple_of": 64}], ids=_id)
+def test_int8_safetensors_round_trip(tmp_path, variant, lm_head):
+    """The native export of an int8 model holds int8 weights and loads back as the same int8 model."""
+    q = quantize_int8(build(variant, vocab_size=100).eval(), lm_head=lm_head)
+    from lit_transformer.interop import save_safetensors
+
+    save_safetensors(q, tmp_path)
+    back = load_safetensors(tmp_path)
+    assert (
+        is_quantized(back) and json.loads((tmp_path / "config.json").read_text())["quantization"]["lm_head"] == lm_head
+    )
+    x = tokens(2, 9, vocab=100)
+    torch.testing.assert_close(_logits(back, x), _logits(q, x), atol=0, rtol=0)
+
+
+# ---- the commands ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer([string.printable * 3], kind="char", vocab_size=128)
+
+
+def _checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
+    """A checkpoint as LitTransformer writes it: the model under "model.", the config and the tokenizer."""
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    payload = {"state_dict": state, "hyper_parameters": {"config": model.config}, "tokenizer": tokenizer.to_str()}
+    torch.save(payload, path)
+    return path
+
+
+def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, capsys):
+    from lit_transformer.inference import generate_main, translate_main
+
+    vocab = tokenizer.get_vocab_size()
+    lm = _checkpoint(tmp_path / "lm.ckpt", build(GPT2, vocab_size=vocab, pad_token_id=0, eos_token_id=2), tokenizer)
+    common = ["--checkpoint", str(lm), "--prompt", "abc", "--max_new_tokens", "8", "--temperature", "0"]
+    generate_main([*common, "--quantize", "int8"])
+    assert capsys.readouterr().out.startswith("abc")
+    mt = build(PAPER, vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    mt_ckpt = _checkpoint(tmp_path / "mt.ckpt", mt, tokenizer)
+    translate_main(["--checkpoint", str(mt_ckpt), "--text", "hello", "--max_new_tokens", "6", "--quantize", "int8"])
+    assert capsys.readouterr().out.endswith("\n")
+    export_main(
+        ["--checkpoint", str(mt_ckpt), "--format", "safetensors", "--out", str(tmp_path / "q"), "--quantize", "int8"]
+    )
+    assert "Wrote" in capsys.readouterr().out
+    back = load_safetensors(tmp_path / "q")
+    assert is_quantized(back)
+    assert (tmp_path / "q" / "model.safetensors").stat().st_size < 0.5 * (tmp_path / "mt.ckpt").stat().st_size
+    with pytest.raises(SystemExit, match="safetensors only"):
+        export_main(["--checkpoint", str(lm), "--format", "onnx", "--out", str(tmp_path / "o"), "--quantize", "int8"])
+    with pytest.raises(SystemExit, match="--quantize int8: int8 dynamic quantization runs on the CPU only"):
+        generate_main([*common, "--quantize", "int8", "--device", "meta"])
+
+
+def test_predict_quantizes_and_fit_refuses(tmp_path, monkeypatch):
+    """predict --model.quantize int8 runs an int8 model on the checkpoint's weights (the checkpoint's own quantize
+    value does not override the command line); fit refuses the flag with a message that says what to do."""
+    from lit_transformer.cli import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    base = ["--config", str(ROOT / "configs" / "presets" / "tiny.yaml"), "--trainer.logger", "false"]
+    base += ["--data.init_args.cache_dir", str(tmp_path / "cache"), "--trainer.enable_progress_bar", "false"]
+    run_cli(
+        ["fit", *base, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--checkpoint.dirpath", "ck"]
+    )
+    (tmp_path / "prompts.txt").write_text("ROMEO:\nJULIET:\n")
+    args = [*base, "--ckpt_path", "ck/last.ckpt", "--data.init_args.predict_file", "prompts.txt"]
+    args += ["--model.generation.max_new_tokens", "5", "--model.generation.temperature", "0"]
+    cli = run_cli(["predict", *args, "--predictions.output", "int8.jsonl", "--model.quantize", "int8"])
+    assert is_quantized(cli.model.model)
+    rows = [json.loads(line) for line in (tmp_path / "int8.jsonl").read_text().splitlines()]
+    assert [r["input"] for r in rows] == ["ROMEO:", "JULIET:"] and all(len(r["tokens"]) <= 5 for r in rows)
+    with pytest.raises(ValueError, match="quantize int8 is for validate, test and predict"):
+        run_cli(["fit", *base, "--trainer.max_steps", "1", "--model.quantize", "int8", "--checkpoint.dirpath", "ck2"])
