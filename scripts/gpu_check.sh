@@ -8,6 +8,9 @@
 #   2. the gradient norm under FSDP (configs/trainer/fsdp.yaml) against a plain run: the same norms (fp32);
 #   3. GPT-2 small at batch 32 and 8, CLI and hand-built.
 #   bash scripts/gpu_check.sh          # PYTHON=... to choose the interpreter, ONLY="cli16 paper" for some parts only
+# On a GPU machine without internet: carry this machine's ~/.cache/lit_transformer (tokenizers, token caches, the
+# extracted Bible) and point LIT_TRANSFORMER_CACHE at it, SWORD_PATH at a copy of /usr/share/sword, and have
+# jsonargparse[signatures], datasets and pysword importable (PYTHONPATH): then nothing is trained or fetched there.
 set -uo pipefail
 OUT=${OUT:-runs/gpu}
 ONLY=${ONLY:-"cli16 paper norm cli32 cli8"}
