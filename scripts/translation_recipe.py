@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -35,7 +36,11 @@ DECODINGS = {
 
 
 def _cli(*args: str) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     done = subprocess.run(
         [sys.executable, "-m", "lit_transformer", *args], env=env, capture_output=True, text=True, cwd=ROOT
     )
@@ -75,10 +80,10 @@ def build_checkpoints(run: Path, last: int) -> dict[str, Path]:
     return paths
 
 
-def evaluate(config: Path, checkpoint: Path, decoding: list[str]) -> dict:
+def evaluate(config: Path, checkpoint: Path, decoding: list[str], flags: list[str] = ()) -> dict:
     start = time.perf_counter()
     output = _cli(
-        "test", "--config", str(config), "--ckpt_path", str(checkpoint), "--trainer.logger", "false", *decoding
+        "test", "--config", str(config), "--ckpt_path", str(checkpoint), "--trainer.logger", "false", *flags, *decoding
     )
     return {
         "bleu": _metric(output, "test/bleu"),
@@ -87,7 +92,7 @@ def evaluate(config: Path, checkpoint: Path, decoding: list[str]) -> dict:
     }
 
 
-def raw_curve(run: Path, config: Path, jobs: int) -> list[tuple[int, float]]:
+def raw_curve(run: Path, config: Path, jobs: int, flags: list[str] = ()) -> list[tuple[int, float]]:
     """Validation BLEU of the optimizer's own weights at every step checkpoint (the logged curve is the EMA's)."""
     out = run / "recipe" / "raw"
     out.mkdir(parents=True, exist_ok=True)
@@ -95,7 +100,7 @@ def raw_curve(run: Path, config: Path, jobs: int) -> list[tuple[int, float]]:
     def one(step_file: Path) -> tuple[int, float]:
         raw = out / step_file.name
         _cli("average", "--checkpoints", str(step_file), "--weights", "trained", "--output", str(raw))
-        output = _cli("validate", "--config", str(config), "--ckpt_path", str(raw), "--trainer.logger", "false")
+        output = _cli("validate", "--config", str(config), "--ckpt_path", str(raw), "--trainer.logger", "false", *flags)
         return int(re.search(r"(\d+)", step_file.stem)[1]), _metric(output, "val/bleu")
 
     steps = sorted((run / "checkpoints").glob("step*.ckpt"))
@@ -121,7 +126,9 @@ def plot_curve(
     ppl = [(e.step + 1, e.value) for e in acc.Scalars("val/ppl")]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(
-        *zip(*bleu, strict=True), marker="o", label="validation BLEU, EMA weights (as logged: 100 pairs, beam 4, |Y|^1)"
+        *zip(*bleu, strict=True),
+        marker="o",
+        label="validation BLEU, EMA weights (as logged: the first 100 pairs, the run's decoding)",
     )
     if raw:
         ax.plot(
@@ -156,11 +163,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="`test` processes at a time.")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "en-es-val-bleu.png")
     parser.add_argument("--title", default="", help="The plot's title.")
+    parser.add_argument(
+        "--flags",
+        default="",
+        help="More flags for every `test`/`validate`, e.g. '--trainer.accelerator gpu' (the config's device is the fit's).",
+    )
     parser.add_argument("--plot_only", action="store_true", help="Draw the curve and stop.")
     parser.add_argument("--raw_curve", action="store_true", help="Also validate the optimizer's weights per step.")
     args = parser.parse_args()
+    flags = shlex.split(args.flags)
     saved = args.run / "recipe" / "raw_validation_bleu.json"
-    raw = raw_curve(args.run, args.config, args.jobs) if args.raw_curve else None
+    raw = raw_curve(args.run, args.config, args.jobs, flags) if args.raw_curve else None
     if raw:
         saved.write_text(json.dumps(raw) + "\n")
     elif saved.is_file():  # drawn again from an earlier --raw_curve
@@ -171,7 +184,7 @@ def main() -> None:
     paths = build_checkpoints(args.run, args.last)
     jobs = [(name, path, label, flags) for name, path in paths.items() for label, flags in DECODINGS.items()]
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda job: evaluate(args.config, job[1], job[3]), jobs))
+        results = list(pool.map(lambda job: evaluate(args.config, job[1], job[3], flags), jobs))
     rows = [
         {"weights": name, "decoding": label, **result}
         for (name, _, label, _), result in zip(jobs, results, strict=True)
