@@ -266,19 +266,21 @@ def export_onnx_folder(
     *,
     quantize: Literal["none", "int8"] = "none",
     cross_kv: CrossKV = "cached",
+    logits_graph: bool = True,
     opset: int = 18,
 ) -> Path:
     """Every graph of `model` and onnx.json describing them, the tokenizer(s) beside; returns the folder.
 
     decoder-only: model.onnx (the logits graph) and decoder.onnx (a step with past K/V); encoder-decoder:
     encoder.onnx and decoder.onnx; encoder-only: model.onnx. quantize="int8" quantizes every graph's weights with
-    onnxruntime (quantize_onnx_int8)."""
+    onnxruntime (quantize_onnx_int8). logits_graph=False leaves out a decoder-only model's model.onnx (generation
+    needs decoder.onnx alone)."""
     cfg = model.config
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = model.cpu().eval()
     graphs: dict[str, Any] = {}
-    if not cfg.is_encoder_decoder:
+    if cfg.is_encoder_only or (logits_graph and not cfg.is_encoder_decoder):
         export_onnx(model, directory / "model.onnx", opset)
         inputs = ["input_ids", "attention_mask"] if cfg.is_encoder_only else ["input_ids"]
         graphs["logits"] = {"file": "model.onnx", "inputs": inputs, "outputs": ["logits"]}
