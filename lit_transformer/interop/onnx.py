@@ -27,6 +27,7 @@ padding on either side, the sliding window): only the forward passes run in onnx
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -251,10 +252,18 @@ def quantize_onnx_int8(path: str | os.PathLike, out: str | os.PathLike | None = 
 
     path = Path(path)
     out = Path(out) if out is not None else path
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / path.name
-        quantize_dynamic(path, target, weight_type=QuantType.QInt8, per_channel=True)
-        out.write_bytes(target.read_bytes())
+    # Its advice to run shape inference first concerns static (QDQ) quantization of CNNs; every MatMul weight here
+    # is an initializer that quantize_dynamic finds without it.
+    quiet = logging.Filter()
+    quiet.filter = lambda record: "pre-processing before quantization" not in record.getMessage()  # type: ignore[method-assign]
+    logging.getLogger().addFilter(quiet)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            target = Path(tmp) / path.name
+            quantize_dynamic(path, target, weight_type=QuantType.QInt8, per_channel=True)
+            out.write_bytes(target.read_bytes())
+    finally:
+        logging.getLogger().removeFilter(quiet)
     return out
 
 
