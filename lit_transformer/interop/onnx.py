@@ -246,16 +246,21 @@ def export_decoding_graphs(
     return graphs
 
 
+class _NoPreprocessingAdvice(logging.Filter):
+    """quantize_dynamic advises running shape inference first: that concerns static (QDQ) quantization of CNNs; every
+    MatMul weight here is an initializer that quantize_dynamic finds without it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
+
+
 def quantize_onnx_int8(path: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """onnxruntime's dynamic int8 quantization of a graph's MatMul weights (per output channel); in place by default."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     path = Path(path)
     out = Path(out) if out is not None else path
-    # Its advice to run shape inference first concerns static (QDQ) quantization of CNNs; every MatMul weight here
-    # is an initializer that quantize_dynamic finds without it.
-    quiet = logging.Filter()
-    quiet.filter = lambda record: "pre-processing before quantization" not in record.getMessage()  # type: ignore[method-assign]
+    quiet = _NoPreprocessingAdvice()
     logging.getLogger().addFilter(quiet)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -284,7 +289,14 @@ def export_onnx_folder(
     encoder.onnx and decoder.onnx; encoder-only: model.onnx. quantize="int8" quantizes every graph's weights with
     onnxruntime (quantize_onnx_int8). logits_graph=False leaves out a decoder-only model's model.onnx (generation
     needs decoder.onnx alone)."""
+    from lit_transformer.quantization import is_quantized
+
     cfg = model.config
+    if is_quantized(model):
+        raise ValueError(
+            "the ONNX graphs are traced from the fp32 model: export it with quantize='int8' (onnxruntime quantizes "
+            "the graphs) rather than a quantize_int8 model"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = model.cpu().eval()
