@@ -5,7 +5,7 @@
     .venv/bin/python scripts/benchmark.py --only decoder beam   # some sections
     .venv/bin/python scripts/benchmark.py --device cuda         # GPU: the CLI's step beside a hand-built one, MFU
     .venv/bin/python scripts/benchmark.py --only cli --threads 1      # the same CLI-vs-hand code path on a CPU, tiny
-    .venv/bin/python scripts/benchmark.py --only quantized --threads 1   # int8 greedy vs fp32 and HF (docs/performance.md)
+    .venv/bin/python scripts/benchmark.py --only quantized --threads 1   # int8 and ONNX greedy vs fp32 and HF (docs/performance.md)
 
 Every contender of a section runs once per repetition, in alternating order, so drifting load on a shared machine
 touches all alike. Reported: the median time of each, and the median of the paired per-repetition ratios
@@ -324,10 +324,30 @@ def _int8(model: nn.Module) -> nn.Module:
         )
 
 
-def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], reps: int) -> list[Row]:
+def _onnx_contenders(model: Transformer, threads: int, cross_kv: tuple[str, ...] = ("cached",)) -> dict[str, object]:
+    """Our exported decoding graphs (past K/V) in onnxruntime, fp32 and onnxruntime's dynamic int8, each driven by
+    OnnxModel.generate (lit_transformer.interop.onnx). With several cross_kv modes, one fp32 row per mode."""
+    import tempfile
+
+    from lit_transformer.interop.onnx import OnnxModel, export_onnx_folder
+
+    folders = {}
+    root = Path(tempfile.mkdtemp(prefix="bench_onnx_"))
+    for mode in cross_kv:
+        progress(f"exporting ONNX graphs ({mode} cross K/V)" if model.config.is_encoder_decoder else "exporting ONNX")
+        label = f", cross K/V {mode}" if len(cross_kv) > 1 else ""
+        folders[f"onnxruntime fp32{label}"] = export_onnx_folder(model, root / mode, cross_kv=mode, logits_graph=False)
+    folders["onnxruntime int8"] = export_onnx_folder(
+        model, root / "int8", cross_kv=cross_kv[0], logits_graph=False, quantize="int8"
+    )
+    return {name: OnnxModel(folder, threads=threads) for name, folder in folders.items()}
+
+
+def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], reps: int, threads: int) -> list[Row]:
     """Greedy generation, batch 1, fp32 vs int8 dynamic quantization (lit_transformer.quantization), our decoder-only
     model against HF GPT-2 generate and our translation-preset-sized encoder-decoder against HF Marian generate, each
-    with and without the same int8 quantization of its Linear layers."""
+    with and without the same int8 quantization of its Linear layers; and our exported ONNX decoding graphs in
+    onnxruntime (fp32, and int8 by onnxruntime's quantize_dynamic)."""
     from lit_transformer.quantization import quantize_int8
 
     n = g["new"]
@@ -349,6 +369,7 @@ def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], rep
         OURS + " int8 (lm_head int8, default)": quantize_int8(ours),
         OURS + " int8 (lm_head fp32)": quantize_int8(ours, lm_head=False),
     }
+    models.update(_onnx_contenders(ours, threads))
     contenders = {name: (lambda m=m: m.generate(prompt, max_new_tokens=n)) for name, m in models.items()}
     contenders["HF GPT-2 generate fp32"] = hf_run(hf, prompt)
     contenders["HF GPT-2 generate int8"] = hf_run(hf8, prompt)
@@ -366,6 +387,8 @@ def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], rep
         OURS + " int8 (lm_head int8, default)": quantize_int8(ours),
         OURS + " int8 (lm_head fp32)": quantize_int8(ours, lm_head=False),
     }
+    # Cross-attention K/V: computed once by the encoder graph ("cached", the default) or by every step from the memory.
+    models.update(_onnx_contenders(ours, threads, cross_kv=("cached", "memory")))
     # max_source_offset=None: all n tokens, as HF's min_new_tokens forces (by default a translation stops at source + 50)
     flags = dict(max_new_tokens=n, num_beams=1, max_source_offset=None)
     contenders = {name: (lambda m=m: m.generate(src, **flags)) for name, m in models.items()}
@@ -916,7 +939,7 @@ def main() -> None:
         if "beam" in only:
             rows += bench_beam(s["seq2seq"], s["beam"], reps, "cpu")
         if "quantized" in only:
-            rows += bench_quantized(s["decoder"], s["translation"], s["greedy"], reps)
+            rows += bench_quantized(s["decoder"], s["translation"], s["greedy"], reps, args.threads)
         if "memory" in only:
             rows += bench_memory(s["memory"], reps, args.quick, args.threads)
         if "lightning" in only:

@@ -13,7 +13,7 @@ import torch
 from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
 
 from lit_transformer.data.tokenizer import train_tokenizer
-from lit_transformer.interop import export_main, load_safetensors
+from lit_transformer.interop import OnnxModel, export_main, load_safetensors
 from lit_transformer.model import Transformer
 from lit_transformer.quantization import QuantizationError, is_quantized, quantize_int8
 
@@ -138,8 +138,18 @@ def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, c
     back = load_safetensors(tmp_path / "q")
     assert is_quantized(back)
     assert (tmp_path / "q" / "model.safetensors").stat().st_size < 0.5 * (tmp_path / "mt.ckpt").stat().st_size
-    with pytest.raises(SystemExit, match="safetensors only"):
-        export_main(["--checkpoint", str(lm), "--format", "onnx", "--out", str(tmp_path / "o"), "--quantize", "int8"])
+    # ONNX: the fp32 graphs quantized by onnxruntime (MatMulInteger), a translation of the same length limits.
+    export_main(["--checkpoint", str(mt_ckpt), "--format", "onnx", "--out", str(tmp_path / "o"), "--quantize", "int8"])
+    assert "Wrote" in capsys.readouterr().out
+    description = json.loads((tmp_path / "o" / "onnx.json").read_text())
+    assert description["quantization"] == "int8" and set(description["graphs"]) == {"encoder", "decoder"}
+    onnx = pytest.importorskip("onnx")
+    assert "MatMulInteger" in {n.op_type for n in onnx.load(tmp_path / "o" / "decoder.onnx").graph.node}
+    source = tokens(2, 5, vocab=vocab)
+    translation = OnnxModel(tmp_path / "o", threads=1).generate(source, max_new_tokens=6, eos_token_id=-1)
+    assert translation.shape == (2, 6)
+    with pytest.raises(SystemExit, match="safetensors or onnx, not hf"):
+        export_main(["--checkpoint", str(lm), "--format", "hf", "--out", str(tmp_path / "o"), "--quantize", "int8"])
     with pytest.raises(SystemExit, match="--quantize int8: int8 dynamic quantization runs on the CPU only"):
         generate_main([*common, "--quantize", "int8", "--device", "meta"])
 

@@ -14,12 +14,14 @@ from lit_transformer.interop.hf_marian import (
     save_hf_marian,
 )
 from lit_transformer.interop.native import load_safetensors, save_safetensors
-from lit_transformer.interop.onnx import export_onnx
+from lit_transformer.interop.onnx import OnnxModel, export_onnx, export_onnx_folder, quantize_onnx_int8
 
 __all__ = [
+    "OnnxModel",
     "export",
     "export_main",
     "export_onnx",
+    "export_onnx_folder",
     "from_hf_config",
     "gpt2_problems",
     "load_hf_gpt2",
@@ -29,6 +31,7 @@ __all__ = [
     "load_hf_marian_tokenizers",
     "load_safetensors",
     "marian_problems",
+    "quantize_onnx_int8",
     "save_hf_gpt2",
     "save_hf_llama",
     "save_hf_marian",

@@ -9,12 +9,14 @@ from typing import Literal
 from jsonargparse import ArgumentParser
 
 from lit_transformer.inference import LoadedModel, add_quantize_argument, load_model, quantize_loaded
+from lit_transformer.quantization import Quantize
 
 Format = Literal["hf", "onnx", "safetensors"]
 
 
-def export(loaded: LoadedModel, fmt: Format, out: str | Path) -> Path:
-    """Write `loaded` to the folder `out`; returns the main file or folder written."""
+def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Quantize = "none") -> Path:
+    """Write `loaded` to the folder `out`; returns the main file or folder written. onnx_quantize="int8" quantizes
+    the ONNX graphs with onnxruntime's own tools (the PyTorch int8 model does not export to ONNX)."""
     from lit_transformer import interop
     from lit_transformer.quantization import is_quantized
 
@@ -22,8 +24,9 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path) -> Path:
     model, source, target = loaded.model.cpu().eval(), loaded.tokenizer, loaded.target_tokenizer
     if is_quantized(model) and fmt != "safetensors":
         raise ValueError(
-            f"an int8 model exports as --format safetensors (int8 weights and their scales, our layout); --format "
-            f"{fmt} writes fp32 weights: export without --quantize"
+            f"an int8 PyTorch model exports as --format safetensors (int8 weights and their scales, our layout); "
+            f"--format {fmt} takes the fp32 model (for int8 ONNX graphs: export(..., onnx_quantize='int8'), or "
+            "`export --format onnx --quantize int8`)"
         )
     if fmt == "safetensors":
         return interop.save_safetensors(model, out, source, target)
@@ -39,9 +42,7 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path) -> Path:
         if model.config.positions == "rope":  # the Llama family; save_hf_llama names any field Llama cannot express
             return interop.save_hf_llama(model, out, source)
         return interop.save_hf_gpt2(model, out, source)
-    path = interop.export_onnx(model, out / "model.onnx")
-    source.save(str(out / "tokenizer.json"))
-    return path
+    return interop.export_onnx_folder(model, out, source, target, quantize=onnx_quantize)
 
 
 def export_main(argv: Sequence[str]) -> None:
@@ -49,16 +50,21 @@ def export_main(argv: Sequence[str]) -> None:
     parser = ArgumentParser(
         prog="python -m lit_transformer export",
         description="Export a checkpoint: hf (GPT2LMHeadModel, LlamaForCausalLM or MarianMTModel folder), onnx "
-        "(decoder-only or encoder-only logits graph, dynamic batch and sequence), safetensors (our weights + "
-        "config.json + tokenizer.json; with --quantize int8, int8 weights and their scales).",
+        "(decoding graphs with past keys and values for decoder-only and encoder-decoder models, the logits graph "
+        "for decoder-only and encoder-only ones, onnx.json describing them; with --quantize int8, onnxruntime's int8 "
+        "graphs), safetensors (our weights + config.json + tokenizer.json; with --quantize int8, int8 weights and "
+        "their scales).",
     )
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
     parser.add_argument("--format", type=Format, required=True, help="hf, onnx or safetensors.")
     parser.add_argument("--out", type=str, required=True, help="Output folder (created if missing).")
     add_quantize_argument(parser)
     args = parser.parse_args(list(argv))
-    if args.quantize != "none" and args.format != "safetensors":
-        raise SystemExit(f"error: --quantize {args.quantize} exports as --format safetensors only, not {args.format}")
-    loaded = quantize_loaded(load_model(args.checkpoint), args.quantize)
-    path = export(loaded, args.format, args.out)
+    if args.quantize != "none" and args.format == "hf":
+        raise SystemExit(f"error: --quantize {args.quantize} exports as --format safetensors or onnx, not hf")
+    loaded = load_model(args.checkpoint)
+    if args.format == "onnx":  # the fp32 graphs are traced, then onnxruntime quantizes them
+        path = export(loaded, args.format, args.out, onnx_quantize=args.quantize)
+    else:
+        path = export(quantize_loaded(loaded, args.quantize), args.format, args.out)
     print(f"Wrote {path}")

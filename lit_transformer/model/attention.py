@@ -132,6 +132,12 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=cfg.bias)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
 
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (B, H, S, D) of the memory (B, S, C): what a decoding cache keeps for every step."""
+        B, S, C = memory.shape
+        k, v = self.kv(memory).view(B, S, 2, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        return k, v
+
     def forward(
         self,
         x: Tensor,
@@ -146,8 +152,7 @@ class CrossAttention(nn.Module):
         if cache is not None and cache.length:  # the memory's keys and values are computed once per generation
             k, v = cache.k, cache.v
         else:
-            S = memory.shape[1]
-            k, v = self.kv(memory).view(B, S, 2, self.n_heads, D).permute(2, 0, 3, 1, 4).unbind(0)
+            k, v = self.memory_kv(memory)
             if cache is not None:
                 cache.append(k, v)
         p = self.dropout if self.training else 0.0

@@ -39,6 +39,9 @@ class IncrementalDecoder:
     moves only when the window overflows, to keep the last `window_keep` tokens; with the cache, that is one pass
     over window_keep tokens per (max_seq_len - window_keep) new tokens. Recomputation follows the same rule, so the
     two give the same tokens.
+
+    Where the model runs is four methods (_encode, _new_cache, _reorder_cache, _run): a subclass drives an exported
+    graph with the same windows, padding and beam bookkeeping (lit_transformer.interop.onnx).
     """
 
     def __init__(
@@ -60,7 +63,7 @@ class IncrementalDecoder:
             if cfg.bos_token_id is None:
                 raise ValueError("encoder_decoder generation starts from bos_token_id; set it in the config")
             src_keep = model.drop_if_unpadded(attention_mask)
-            self.memory = model.encode(input_ids, src_keep).repeat_interleave(expand, 0)
+            self.memory = self._encode(input_ids, src_keep, expand)
             if src_keep is not None:
                 self.memory_mask = src_keep.repeat_interleave(expand, 0)
             tokens = input_ids.new_full((input_ids.shape[0] * expand, 1), cfg.bos_token_id)
@@ -78,8 +81,19 @@ class IncrementalDecoder:
         self.tokens, self.keep = tokens, keep  # the window the model sees
         self.use_cache = use_cache
         cache_len = self.window if not cfg.is_encoder_decoder else tokens.shape[1] + max_new_tokens
-        self.cache = model.new_cache(cache_len) if use_cache else None
+        self.cache = self._new_cache(cache_len) if use_cache else None
         self.logits = self._run(tokens)
+
+    def _encode(self, input_ids: Tensor, src_keep: Tensor | None, expand: int) -> Tensor:
+        """The encoder's memory, each row repeated `expand` times (beams)."""
+        return self.model.encode(input_ids, src_keep).repeat_interleave(expand, 0)
+
+    def _new_cache(self, max_len: int) -> list:
+        return self.model.new_cache(max_len)
+
+    def _reorder_cache(self, rows: Tensor) -> None:
+        for layer in self.cache or []:
+            layer.self_attn.reorder(rows)  # cross-attention K/V are identical across a row's beams
 
     @staticmethod
     def _crop(tokens: Tensor, keep: Tensor | None, n: int) -> tuple[Tensor, Tensor | None]:
@@ -99,15 +113,14 @@ class IncrementalDecoder:
             self.tokens = self.tokens.index_select(0, rows)
             if self.keep is not None:
                 self.keep = self.keep.index_select(0, rows)
-            for layer in self.cache or []:
-                layer.self_attn.reorder(rows)  # cross-attention K/V are identical across a row's beams
+            self._reorder_cache(rows)
         self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
         if self.keep is not None:
             self.keep = torch.cat([self.keep, self.keep.new_ones(len(next_tokens), 1)], dim=1)
         if self.memory is None and self.tokens.shape[1] > self.window:  # slide: keep the window's last tokens
             self.tokens, self.keep = self._crop(self.tokens, self.keep, self.window_keep)
             if self.cache is not None:  # refill the cache from the kept tokens, once
-                self.cache = self.model.new_cache(self.window)
+                self.cache = self._new_cache(self.window)
                 self.logits = self._run(self.tokens)
                 return self.logits
         self.logits = self._run(next_tokens[:, None])
@@ -257,40 +270,54 @@ def generate(
     """
     plan = _plan(model, input_ids, attention_mask, config, overrides)
     gen = plan.gen
+    single_row = input_ids.shape[0] == 1 and gen.use_cache and gen.num_beams == 1
+    with _eval_mode(model), vector_friendly_weights(model, enabled=single_row and plan.max_new_tokens >= 16):
+        return decode(model, IncrementalDecoder, input_ids, attention_mask, plan, generator, streamer)
+
+
+def decode(
+    model,
+    decoder_class: type[IncrementalDecoder],
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    plan: _Plan,
+    generator: torch.Generator | None = None,
+    streamer: Streamer | None = None,
+) -> Tensor:
+    """Greedy decoding, sampling or beam search (as plan.gen says) over `decoder_class(model, ...)`: PyTorch's
+    IncrementalDecoder, or a subclass that runs an exported graph. `model` needs config and drop_if_unpadded."""
+    gen = plan.gen
     if plan.max_new_tokens < 1:
         return input_ids.new_empty(input_ids.shape[0], 0)
     if gen.num_beams > 1:
         if streamer is not None:
             raise ValueError("streaming needs num_beams=1: beam search settles its tokens only at the end")
-        with _eval_mode(model):
-            return _beam_search(model, input_ids, attention_mask, plan)
+        return _beam_search(model, input_ids, attention_mask, plan, decoder_class)
     if generator is None and gen.seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(gen.seed)
-    single_row = input_ids.shape[0] == 1 and gen.use_cache
-    with _eval_mode(model), vector_friendly_weights(model, enabled=single_row and plan.max_new_tokens >= 16):
-        decoder = IncrementalDecoder(
-            model, input_ids, attention_mask, plan.max_new_tokens, use_cache=gen.use_cache, window_keep=gen.window_keep
-        )
-        penalty = RepetitionPenalty(gen.repetition_penalty, decoder.tokens, decoder.keep, decoder.logits.shape[-1])
-        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        out = []
-        logits = decoder.logits
-        for i in range(plan.max_new_tokens):
-            token = next_token(penalty(logits), gen, generator)
-            if plan.fill is not None:
-                token = token.masked_fill(finished, plan.fill)
-            out.append(token)
-            if plan.stop_ids is not None:
-                finished |= torch.isin(token, plan.stop_ids)
-            if plan.limit is not None:
-                finished |= plan.limit <= i + 1
-            if streamer is not None and (ended := streamer(token)) is not None:
-                finished |= ended.to(finished.device)
-            if i == plan.max_new_tokens - 1 or bool(finished.all()):
-                break
-            penalty.update(token)
-            logits = decoder.step(token)
-        return torch.stack(out, dim=1)
+    decoder = decoder_class(
+        model, input_ids, attention_mask, plan.max_new_tokens, use_cache=gen.use_cache, window_keep=gen.window_keep
+    )
+    penalty = RepetitionPenalty(gen.repetition_penalty, decoder.tokens, decoder.keep, decoder.logits.shape[-1])
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    out = []
+    logits = decoder.logits
+    for i in range(plan.max_new_tokens):
+        token = next_token(penalty(logits), gen, generator)
+        if plan.fill is not None:
+            token = token.masked_fill(finished, plan.fill)
+        out.append(token)
+        if plan.stop_ids is not None:
+            finished |= torch.isin(token, plan.stop_ids)
+        if plan.limit is not None:
+            finished |= plan.limit <= i + 1
+        if streamer is not None and (ended := streamer(token)) is not None:
+            finished |= ended.to(finished.device)
+        if i == plan.max_new_tokens - 1 or bool(finished.all()):
+            break
+        penalty.update(token)
+        logits = decoder.step(token)
+    return torch.stack(out, dim=1)
 
 
 def beam_search(
@@ -304,9 +331,8 @@ def beam_search(
     """Beam search even with num_beams=1 (which equals greedy decoding): for tests and callers that want it whatever
     the config says."""
     with _eval_mode(model):
-        return _beam_search(
-            model, input_ids, attention_mask, _plan(model, input_ids, attention_mask, config, overrides)
-        )
+        plan = _plan(model, input_ids, attention_mask, config, overrides)
+        return _beam_search(model, input_ids, attention_mask, plan, IncrementalDecoder)
 
 
 def length_penalty(length: int, alpha: float, form: str = "length") -> float:
@@ -320,7 +346,13 @@ def length_penalty(length: int, alpha: float, form: str = "length") -> float:
     raise ValueError(f"length_penalty_form={form!r}: use 'length' or 'gnmt'")
 
 
-def _beam_search(model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, plan: _Plan) -> Tensor:
+def _beam_search(
+    model: Transformer,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    plan: _Plan,
+    decoder_class: type[IncrementalDecoder],
+) -> Tensor:
     """Each step keeps the num_beams best live continuations per row; a beam that emits a stop token becomes a
     hypothesis scored log p / lp(length) (see length_penalty). A row is done when it holds num_beams hypotheses and,
     unless early_stopping, its best live beam, normalised at the current length, cannot beat the worst of them
@@ -334,7 +366,7 @@ def _beam_search(model: Transformer, input_ids: Tensor, attention_mask: Tensor |
         return length_penalty(length, gen.length_penalty, gen.length_penalty_form)
 
     device = input_ids.device
-    decoder = IncrementalDecoder(
+    decoder = decoder_class(
         model, input_ids, attention_mask, max_new_tokens, expand=K, use_cache=gen.use_cache, window_keep=gen.window_keep
     )
     V = decoder.logits.shape[-1]
