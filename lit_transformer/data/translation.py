@@ -1,8 +1,9 @@
 """TranslationDataModule: sentence pairs from the hub, local files or the embedded KJV-RV1909, batched by token budget.
 
-Local files and hub datasets are streamed once into token shards (`pairs.py`: `python -m lit_transformer prepare`,
-or the first `fit`) and read through memory maps, so a corpus of any size trains in flat memory; the embedded corpus
-(31k pairs) is tokenized in memory (see `storage`). Both give the same batches for the same pairs.
+The pairs (local files, a hub stream or the embedded corpus) are streamed once into token shards (`pairs.py`:
+`python -m lit_transformer prepare`, or the first `fit`) and read through memory maps, so a corpus of any size trains
+in flat memory. `storage="memory"` keeps the former path (every pair and its ids in memory): the same batches, bit for
+bit (measured in docs/performance.md, "Data preparation at scale").
 
 Batches: {"src": (B, S), "tgt_in": (B, T), "labels": (B, T)}. src is the source followed by eos and padded with
 pad_token_id; tgt_in is bos followed by the target; labels are the target followed by eos, -100 at padding.
@@ -118,7 +119,7 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
         cache_dir: str | None = None,
         predict_file: str | None = None,
         predict_batch_size: int = 16,
-        storage: Literal["auto", "shards", "memory"] = "auto",
+        storage: Literal["shards", "memory"] = "shards",
         tokenizer_sample_chars: int = 20_000_000,
     ) -> None:
         """
@@ -146,15 +147,15 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
                 "text" field per line; the outputs go to a JSONL file (see --predictions.output).
             predict_batch_size: Inputs generated for at once by `predict`.
             storage: How the pairs are held. shards: streamed row by row into token shards on disk once (`prepare`),
-                read through memory maps, memory flat in corpus size. memory: every pair and its ids in memory.
-                auto: shards for local files and hub datasets, memory for the embedded corpus (31k pairs; both give
-                the same batches).
+                read through memory maps, memory flat in corpus size; held-out splits carved by a hash of the pair
+                when the source has none. memory: every pair and its ids in memory (a source must then have its own
+                validation and test splits). Both give the same batches for the same pairs.
             tokenizer_sample_chars: With shards, a tokenizer kind is trained on at most this many characters (both
                 sides) of the first training pairs (the whole split when it is smaller).
         """
         super().__init__()
-        if storage not in ("auto", "shards", "memory"):
-            raise ValueError(f"storage={storage!r}: choose auto, shards or memory")
+        if storage not in ("shards", "memory"):
+            raise ValueError(f"storage={storage!r}: choose shards or memory")
         if tokenizer_sample_chars < 1:
             raise ValueError(f"tokenizer_sample_chars={tokenizer_sample_chars} must be positive")
         if max_length < 2 or max_tokens < max_length:
@@ -189,8 +190,6 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
     @property
     def uses_shards(self) -> bool:
         """Whether the pairs go through token shards on disk (see `storage`)."""
-        if self.storage == "auto":
-            return self.dataset not in corpora.EMBEDDED_TRANSLATION
         return self.storage == "shards"
 
     @property
