@@ -313,6 +313,37 @@ def kjv_child(storage: str, cache: str) -> None:
                       "digest": digest.hexdigest()[:16]}))  # fmt: skip
 
 
+def run_pairs_loader_rss(corpus: Path, tokenizer: Path, cache_dir: Path, batches: int) -> None:
+    """Training batches read from prepared pair shards: setup time (the plan from the index) and the resident memory
+    after 100 batches and after `batches` (the loader alone: no model)."""
+    import torch
+
+    from lit_transformer.data import TranslationDataModule
+
+    torch.set_num_threads(1)
+
+    def rss_mb() -> float:
+        with open("/proc/self/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:")) / 1e3
+
+    before = rss_mb()
+    started = time.perf_counter()
+    dm = TranslationDataModule(str(corpus), tokenizer=str(tokenizer), max_length=256, max_tokens=4096,
+                               cache_dir=str(cache_dir))  # fmt: skip
+    dm.setup()
+    loader = dm.train_dataloader()
+    setup = time.perf_counter() - started
+    rss, started = {"setup": rss_mb()}, time.perf_counter()
+    for step, _ in enumerate(itertools.islice(itertools.chain.from_iterable(itertools.repeat(loader)), batches), 1):
+        if step in (100, 1000, batches):
+            rss[str(step)] = rss_mb()
+    took = time.perf_counter() - started
+    print(json.dumps({"run": "pairs_loader_rss", "train_pairs": len(dm._datasets["train"]),
+                      "batches_per_epoch": len(loader), "setup_s": round(setup, 2), "rss_before_mb": round(before, 1),
+                      "rss_mb": {k: round(v, 1) for k, v in rss.items()}, "ms_per_batch": round(1e3 * took / batches, 2),
+                      "growth_100_to_last": f"{(rss[str(batches)] - rss['100']) / rss['100']:+.2%}"}))  # fmt: skip
+
+
 def run_kjv_storage(out: Path | None) -> None:
     """Both storages of the embedded corpus, each in a fresh token cache (the extracted corpus is shared)."""
     from lit_transformer.data.cache import resolve_cache_dir
@@ -410,6 +441,11 @@ def main() -> None:
     pairs.add_argument("--tokenizer", type=Path, required=True)
     pairs.add_argument("--storage", choices=("shards", "memory"), default="shards")
     pairs.add_argument("--out", type=Path, default=None, help="cache folder (default: a fresh temporary one)")
+    loader_rss = sub.add_parser("pairs_loader_rss", help="read training batches from prepared pair shards")
+    loader_rss.add_argument("--corpus", type=Path, required=True)
+    loader_rss.add_argument("--tokenizer", type=Path, required=True)
+    loader_rss.add_argument("--out", type=Path, required=True, help="the cache `pairs --storage shards` prepared")
+    loader_rss.add_argument("--batches", type=int, default=5000)
     kjv = sub.add_parser("kjv_storage", help="the embedded corpus through both storages")
     kjv.add_argument("--out", type=Path, default=None)
     for name in ("ours", "nanogpt", "train_rss"):
@@ -430,6 +466,8 @@ def main() -> None:
         make_pair_tokenizer(args.out)
     elif args.command == "pairs":
         run_pairs(args.corpus, args.tokenizer, args.out, args.storage)
+    elif args.command == "pairs_loader_rss":
+        run_pairs_loader_rss(args.corpus, args.tokenizer, args.out, args.batches)
     elif args.command == "kjv_storage":
         run_kjv_storage(args.out)
     elif args.command == "ours":
