@@ -6,6 +6,7 @@ CLI's `prepare` and `fit` on a local file."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from lit_transformer.data import TranslationDataModule, encode_worker, loaders, pairs, streaming
 from lit_transformer.data.pairs import load_prepared_pairs, prepare_pairs
@@ -343,3 +345,50 @@ def test_prepare_then_fit_on_a_local_file_of_pairs(tmp_path, fmt):
     assert (tmp_path / "ckpt" / "last.ckpt").is_file(), fitted.stderr[-2000:]
     assert "held-out: hash" in fitted.stdout + fitted.stderr
     assert [p.name for p in (tmp_path / "cache" / "pairs").iterdir() if p.is_dir()] == [folder.name]  # reused
+
+
+def _fit_recorded(root: Path, corpus: Path, devices: int, max_steps: int, *extra: str) -> None:
+    config = {
+        "trainer": {
+            "max_steps": max_steps, "limit_val_batches": 0, "num_sanity_val_steps": 0, "enable_progress_bar": False,
+            "devices": devices, "logger": False,
+            "callbacks": [{"class_path": "_samples.BatchRecorder", "init_args": {"path": str(root / "batches")}}],
+        },
+        "data": {"init_args": {"dataset": str(corpus), "cache_dir": str(root.parent / "cache")}},
+        "checkpoint": {"dirpath": str(root / "ckpt"), "every_n_train_steps": 1, "monitor": None, "save_top_k": 0},
+    }  # fmt: skip
+    if devices > 1:
+        config["trainer"].update(strategy="ddp", accelerator="cpu")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "run.yaml").write_text(yaml.safe_dump(config))
+    preset = str(ROOT / "configs" / "presets" / "tiny-translate.yaml")
+    env = {**ENV, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT}"}
+    command = [sys.executable, "-m", "lit_transformer", "fit", "--config", preset, "--config", str(root / "run.yaml")]
+    result = subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_translation_run_of_one_process_resumes_on_two_with_the_same_global_batches(tmp_path):
+    """DDP on CPU (gloo): 4 steps on 1 process, resumed on 2 processes to step 7, trains the first 10 batches of the
+    training stream in order (each step of 2 processes takes the next 2), none repeated or skipped."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import _samples
+
+    corpus = write_pairs(tmp_path / "pairs", pair_rows(600), "jsonl")
+    _fit_recorded(tmp_path / "run", corpus, 1, 4)
+    _fit_recorded(tmp_path / "run", corpus, 2, 7, "--ckpt_path", "last")
+    # The reference: the first 10 batches of the same data's training stream on one process (epoch after epoch).
+    preset = yaml.safe_load((ROOT / "configs" / "presets" / "tiny-translate.yaml").read_text())["data"]["init_args"]
+    dm = TranslationDataModule(**{**preset, "dataset": str(corpus), "cache_dir": str(tmp_path / "cache")})
+    loader = dm.train_dataloader()
+    assert len(loader) < 10  # the run crosses an epoch boundary
+    batches = itertools.islice(itertools.chain(loader, loader), 10)
+    digest = [
+        hashlib.sha1(b["src"].numpy().tobytes() + b["tgt_in"].numpy().tobytes()).hexdigest()[:16] for b in batches
+    ]
+    rows = sorted(_samples.read_samples(tmp_path / "run" / "batches"), key=lambda r: (r["step"], r["rank"]))
+    assert [(r["step"], r["rank"]) for r in rows] == [(s, 0) for s in range(1, 5)] + [
+        (s, r) for s in range(5, 8) for r in (0, 1)
+    ]
+    assert [r["batch"] for r in rows] == digest
