@@ -236,6 +236,28 @@ def test_a_second_preparation_reads_the_cache(tmp_path, monkeypatch):
         make(tmp_path, path).prepare()
 
 
+def test_max_pairs_cuts_the_training_split_and_stops_reading_a_source_with_its_own_held_out_splits(
+    tmp_path, monkeypatch
+):
+    folder = tmp_path / "d"
+    for split, rows in (("train", pair_rows(2000)), ("valid", pair_rows(40, 1)), ("test", pair_rows(40, 2))):
+        write_pairs(folder / split, rows, "tsv")
+    monkeypatch.setattr(pairs, "CHUNK_CHARS", 2000)
+    real_records, read = streaming.records, {}
+
+    def counting_records(path, *args, **kwargs):
+        for record in real_records(path, *args, **kwargs):
+            read[Path(path).stem] = read.get(Path(path).stem, 0) + 1
+            yield record
+
+    monkeypatch.setattr(pairs, "records", counting_records)
+    dm = make(tmp_path, folder, max_pairs=100)
+    _, splits = load_prepared_pairs(dm.prepare())
+    assert {s: len(shards) for s, shards in splits.items()} == {"train": 100, "validation": 40, "test": 40}
+    assert read["train"] <= 2 * 100 + 10  # the tokenizer's sample, then the pass: the head of the file only
+    assert split_pairs(dm, "train") == [(ids(dm.tokenizer, s), ids(dm.tokenizer, t)) for s, t in pair_rows(100)]
+
+
 # ---------------------------------------------------------------------------------------------------- batches
 
 

@@ -318,6 +318,11 @@ class _PairChunker:
         self.start_rows, self.left = start_rows, max_pairs
         self.source, self.target = _Chunk(start_rows), _Chunk(start_rows)
 
+    @property
+    def done(self) -> bool:
+        """max_pairs reached: the rest of the source is not this split's."""
+        return self.left == 0
+
     def add(self, pair: Pair) -> tuple[_Chunk, _Chunk] | None:
         if pair.row < self.start_rows or self.left == 0:
             return None
@@ -487,6 +492,8 @@ def prepare_pair_pass(
             chunk = chunker.add(pair) if chunker is not None else None
             if chunk is not None:
                 yield split, chunk
+            if chunk is not None and all(c.done for c in chunkers.values()):
+                break  # max_pairs reached and no carved split to fill: the rest of the source is not read
         for split, chunker in chunkers.items():
             chunk = chunker.finish()
             if chunk is not None:
