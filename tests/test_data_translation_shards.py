@@ -185,6 +185,20 @@ def test_preparation_encodes_bounded_chunks_while_reading_row_by_row(tmp_path, m
     assert sum(len(s) for s in load_prepared_pairs(dm.prepare())[1].values()) == len(rows)
 
 
+def test_worker_processes_write_the_same_shards_with_separate_tokenizers(tmp_path, monkeypatch):
+    """A big source is encoded by spawned workers, each holding both tokenizers: the same bytes as in process."""
+    monkeypatch.setattr(pairs, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(pairs, "CHUNK_CHARS", 5000)
+    dm = make(tmp_path, write_pairs(tmp_path / "corpus", pair_rows(800), "jsonl"), shared_vocab=False)
+    tokenizers, keys = dm._load_tokenizers(), dm._tokenizer_keys
+    assert tokenizers[0].to_str() != tokenizers[1].to_str()
+    files = {}
+    for workers in (1, 2):
+        root = prepare_pairs(dm.pair_stream, tokenizers, keys, tmp_path / f"w{workers}", workers=workers)
+        files[workers] = {p.relative_to(root): p.read_bytes() for p in sorted(root.glob("*/shard-*"))}
+    assert len(files[1]) == 3 * 3 + 2 * 2 and files[1] == files[2]  # src, tgt, pairs; + text for held-out splits
+
+
 def test_a_killed_preparation_resumes_after_its_last_finished_shard(tmp_path, monkeypatch):
     rows = pair_rows(1500)
     path = write_pairs(tmp_path / "corpus", rows, "tsv")
