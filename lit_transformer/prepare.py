@@ -2,8 +2,9 @@
 
 It reads only the `data` section of the configs (later files and `--data.*` flags win, as with `fit`), builds that
 DataModule and runs its `prepare()` (for the language-model DataModule: stream the corpus, train the tokenizer on a
-bounded sample, write the token shards). `fit` with the same configs then finds the shards in the cache and starts at
-once; every rank and node of a multi-process run reads the same shards.
+bounded sample, write the token shards; for the translation DataModule the same with sentence pairs: source and
+target ids and per-pair offsets). `fit` with the same configs then finds the shards in the cache and starts at once;
+every rank and node of a multi-process run reads the same shards.
 """
 
 from __future__ import annotations

@@ -6,6 +6,14 @@
     python scripts/benchmark_prepare.py nanogpt --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
     python scripts/benchmark_prepare.py train_rss --corpus /tmp/bench/corpus-1000.jsonl --tokenizer ... --steps 1000
 
+Translation (pairs through token shards, against the in-memory path on the same files):
+
+    python scripts/benchmark_prepare.py pairs_corpus --size_mb 200 --out /tmp/bench/pairs-200
+    python scripts/benchmark_prepare.py pairs_tokenizer --out /tmp/bench/pairs-tokenizer.json
+    python scripts/benchmark_prepare.py pairs --corpus /tmp/bench/pairs-200 --tokenizer /tmp/bench/pairs-tokenizer.json --storage shards
+    python scripts/benchmark_prepare.py pairs --corpus /tmp/bench/pairs-20 --tokenizer /tmp/bench/pairs-tokenizer.json --storage memory
+    python scripts/benchmark_prepare.py kjv_storage    # the embedded corpus: both storages, time, memory, same batches?
+
 `corpus` writes JSON lines {"text": ...} of documents of a few KB (1-6 KB windows of whole lines from the 42
 Shakespeare works, drawn with a fixed seed) up to the size asked. `tokenizer` trains one byte-level BPE of 8,192
 tokens on the Shakespeare training split: both preparations use that same file. `ours` runs
@@ -21,6 +29,7 @@ the resident memory after 100 steps and after the last.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -68,6 +77,45 @@ def make_tokenizer(out: Path, vocab_size: int = 8192) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out))
     print(f"{out}: byte-level BPE, {tokenizer.get_vocab_size()} tokens")
+
+
+def make_pair_corpus(size_mb: float, out: Path, seed: int = 0, held_out: int = 1000) -> None:
+    """A folder of JSON lines {"en", "es"}: valid.jsonl and test.jsonl of `held_out` pairs and train.jsonl of about
+    `size_mb`; each pair is 1-3 consecutive verses of the embedded KJV-RV1909 training split, drawn with a fixed seed."""
+    from lit_transformer.data import corpora
+    from lit_transformer.data.cache import resolve_cache_dir
+
+    train = corpora.kjv_rv1909(resolve_cache_dir())["train"]
+    en, es = list(train["en"]), list(train["es"])
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def pair() -> str:
+        start, count = rng.randrange(len(en) - 3), rng.randint(1, 3)
+        return json.dumps({"en": " ".join(en[start : start + count]), "es": " ".join(es[start : start + count])})
+
+    for name in ("valid", "test"):
+        (out / f"{name}.jsonl").write_text("".join(pair() + "\n" for _ in range(held_out)), encoding="utf-8")
+    target, written, pairs = int(size_mb * 1e6), 0, 0
+    with open(out / "train.jsonl", "w", encoding="utf-8") as handle:
+        while written < target:
+            line = pair() + "\n"
+            handle.write(line)
+            written += len(line.encode())
+            pairs += 1
+    print(f"{out}/train.jsonl: {written / 1e6:.1f} MB, {pairs:,} pairs (+ {held_out:,} valid, {held_out:,} test)")
+
+
+def make_pair_tokenizer(out: Path, vocab_size: int = 8000) -> None:
+    from lit_transformer.data import corpora
+    from lit_transformer.data.cache import resolve_cache_dir
+    from lit_transformer.data.tokenizer import train_tokenizer
+
+    train = corpora.kjv_rv1909(resolve_cache_dir())["train"]
+    tokenizer = train_tokenizer(list(train["en"]) + list(train["es"]), "bpe", vocab_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out))
+    print(f"{out}: BPE, {tokenizer.get_vocab_size()} tokens")
 
 
 # ---------------------------------------------------------------------------------------------------- measuring
@@ -199,6 +247,119 @@ def run_nanogpt(corpus: Path, tokenizer: Path, out: Path | None, num_proc: int) 
     _report("nanogpt", corpus, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}))
 
 
+# ---------------------------------------------------------------------------------------------------- translation
+
+
+def run_pairs(corpus: Path, tokenizer: Path, cache_dir: Path | None, storage: str) -> None:
+    """`python -m lit_transformer prepare` of a folder of pair files with one storage, on a fresh cache."""
+    cache = cache_dir or Path(tempfile.mkdtemp(prefix=f"bench-pairs-{storage}-"))
+    cache.mkdir(parents=True, exist_ok=True)
+    config = cache / "prepare.yaml"
+    init = {"dataset": str(corpus), "tokenizer": str(tokenizer), "cache_dir": str(cache), "storage": storage}
+    init |= {"max_length": 256, "max_tokens": 4096}
+    config.write_text(
+        json.dumps({"data": {"class_path": "lit_transformer.data.TranslationDataModule", "init_args": init}})
+    )
+    command = [sys.executable, "-m", "lit_transformer", "prepare", "--config", str(config)]
+    train = corpus / "train.jsonl" if corpus.is_dir() else corpus
+    _report(f"pairs-{storage}", train, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}))
+
+
+def kjv_child(storage: str, cache: str) -> None:
+    """One storage on the embedded corpus with translate-en-es.yaml's data settings: preparation (tokenizer
+    training, tokenizing), then one epoch of training batches; times and a digest of every batch."""
+    import hashlib
+
+    import torch
+
+    from lit_transformer.data import TranslationDataModule
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    dm = TranslationDataModule(
+        "kjv-rv1909", tokenizer="bpe", vocab_size=6000, max_tokens=2048, max_length=96, storage=storage, cache_dir=cache
+    )
+    dm.prepare_data()
+    dm.setup()
+    prepared = time.perf_counter() - started
+    digest, batches, tokens = hashlib.sha256(), 0, 0
+    started = time.perf_counter()
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        for batch in loader:
+            for key in ("src", "tgt_in", "labels"):
+                digest.update(batch[key].numpy().tobytes())
+            batches += 1
+            tokens += int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
+    iterate = time.perf_counter() - started
+    with open("/proc/self/status") as handle:  # the peak so far: data only, before a model exists
+        data_peak_mb = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) / 1e3
+    # For scale: one training step (forward, loss, backward) of translate-en-es.yaml's model on these batches.
+    import yaml
+
+    from lit_transformer import Transformer, TransformerConfig
+
+    spec = yaml.safe_load((REPO / "configs" / "presets" / "translate-en-es.yaml").read_text())["model"]["config"]
+    ids = {"pad_token_id": dm.pad_token_id, "bos_token_id": dm.bos_token_id, "eos_token_id": dm.eos_token_id}
+    model = Transformer(TransformerConfig(**spec, vocab_size=dm.vocab_size, **ids))
+    steps = list(itertools.islice(iter(dm.train_dataloader()), 6))
+    started = time.perf_counter()
+    for batch in steps[1:]:
+        logits = model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten()).backward()
+    step = (time.perf_counter() - started) / (len(steps) - 1)
+    print(json.dumps({"storage": storage, "prepare_and_setup_s": round(prepared, 2), "epoch_batches": batches,
+                      "epoch_s": round(iterate, 2), "ms_per_batch": round(1e3 * iterate / batches, 3), "data_peak_rss_mb": round(data_peak_mb),
+                      "train_step_ms_1_thread": round(1e3 * step, 1), "tokens": tokens,
+                      "digest": digest.hexdigest()[:16]}))  # fmt: skip
+
+
+def run_pairs_loader_rss(corpus: Path, tokenizer: Path, cache_dir: Path, batches: int) -> None:
+    """Training batches read from prepared pair shards: setup time (the plan from the index) and the resident memory
+    after 100 batches and after `batches` (the loader alone: no model)."""
+    import torch
+
+    from lit_transformer.data import TranslationDataModule
+
+    torch.set_num_threads(1)
+
+    def rss_mb() -> float:
+        with open("/proc/self/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:")) / 1e3
+
+    before = rss_mb()
+    started = time.perf_counter()
+    dm = TranslationDataModule(str(corpus), tokenizer=str(tokenizer), max_length=256, max_tokens=4096,
+                               cache_dir=str(cache_dir))  # fmt: skip
+    dm.setup()
+    loader = dm.train_dataloader()
+    setup = time.perf_counter() - started
+    rss, started = {"setup": rss_mb()}, time.perf_counter()
+    for step, _ in enumerate(itertools.islice(itertools.chain.from_iterable(itertools.repeat(loader)), batches), 1):
+        if step in (100, 1000, batches):
+            rss[str(step)] = rss_mb()
+    took = time.perf_counter() - started
+    print(json.dumps({"run": "pairs_loader_rss", "train_pairs": len(dm._datasets["train"]),
+                      "batches_per_epoch": len(loader), "setup_s": round(setup, 2), "rss_before_mb": round(before, 1),
+                      "rss_mb": {k: round(v, 1) for k, v in rss.items()}, "ms_per_batch": round(1e3 * took / batches, 2),
+                      "growth_100_to_last": f"{(rss[str(batches)] - rss['100']) / rss['100']:+.2%}"}))  # fmt: skip
+
+
+def run_kjv_storage(out: Path | None) -> None:
+    """Both storages of the embedded corpus, each in a fresh token cache (the extracted corpus is shared)."""
+    from lit_transformer.data.cache import resolve_cache_dir
+
+    root = out or Path(tempfile.mkdtemp(prefix="bench-kjv-"))
+    for storage in ("memory", "shards"):
+        cache = root / storage
+        cache.mkdir(parents=True, exist_ok=True)
+        corpora = cache / "corpora"
+        if not corpora.exists():
+            corpora.symlink_to(resolve_cache_dir() / "corpora")
+        command = [sys.executable, __file__, "_kjv", storage, str(cache)]
+        result = measure(command, {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+        print(json.dumps({"run": f"kjv-{storage}", **result}), flush=True)
+
+
 # ---------------------------------------------------------------------------------------------------- training memory
 
 
@@ -260,6 +421,9 @@ def main() -> None:
         corpus, tokenizer, out, num_proc = sys.argv[2:6]
         nanogpt_recipe(corpus, tokenizer, out, int(num_proc))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "_kjv":
+        kjv_child(sys.argv[2], sys.argv[3])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     corpus = sub.add_parser("corpus", help="write a JSONL corpus of documents of a few KB")
@@ -267,6 +431,23 @@ def main() -> None:
     corpus.add_argument("--out", type=Path, required=True)
     tok = sub.add_parser("tokenizer", help="the fixed byte-level BPE both recipes use")
     tok.add_argument("--out", type=Path, required=True)
+    pairs_corpus = sub.add_parser("pairs_corpus", help="write a folder of JSON-lines pairs (train/valid/test)")
+    pairs_corpus.add_argument("--size_mb", type=float, required=True)
+    pairs_corpus.add_argument("--out", type=Path, required=True)
+    pairs_tok = sub.add_parser("pairs_tokenizer", help="the fixed BPE both translation storages use")
+    pairs_tok.add_argument("--out", type=Path, required=True)
+    pairs = sub.add_parser("pairs", help="prepare a folder of pairs with one storage")
+    pairs.add_argument("--corpus", type=Path, required=True)
+    pairs.add_argument("--tokenizer", type=Path, required=True)
+    pairs.add_argument("--storage", choices=("shards", "memory"), default="shards")
+    pairs.add_argument("--out", type=Path, default=None, help="cache folder (default: a fresh temporary one)")
+    loader_rss = sub.add_parser("pairs_loader_rss", help="read training batches from prepared pair shards")
+    loader_rss.add_argument("--corpus", type=Path, required=True)
+    loader_rss.add_argument("--tokenizer", type=Path, required=True)
+    loader_rss.add_argument("--out", type=Path, required=True, help="the cache `pairs --storage shards` prepared")
+    loader_rss.add_argument("--batches", type=int, default=5000)
+    kjv = sub.add_parser("kjv_storage", help="the embedded corpus through both storages")
+    kjv.add_argument("--out", type=Path, default=None)
     for name in ("ours", "nanogpt", "train_rss"):
         run = sub.add_parser(name)
         run.add_argument("--corpus", type=Path, required=True)
@@ -279,6 +460,16 @@ def main() -> None:
         make_corpus(args.size_mb, args.out)
     elif args.command == "tokenizer":
         make_tokenizer(args.out)
+    elif args.command == "pairs_corpus":
+        make_pair_corpus(args.size_mb, args.out)
+    elif args.command == "pairs_tokenizer":
+        make_pair_tokenizer(args.out)
+    elif args.command == "pairs":
+        run_pairs(args.corpus, args.tokenizer, args.out, args.storage)
+    elif args.command == "pairs_loader_rss":
+        run_pairs_loader_rss(args.corpus, args.tokenizer, args.out, args.batches)
+    elif args.command == "kjv_storage":
+        run_kjv_storage(args.out)
     elif args.command == "ours":
         run_ours(args.corpus, args.tokenizer, args.out, args.threads)
     elif args.command == "nanogpt":

@@ -12,22 +12,30 @@ import os
 
 import numpy as np
 
-_tokenizer = None
+_tokenizers: list = []
 
 
-def init(tokenizer_json: str) -> None:
+def init(*tokenizer_jsons: str) -> None:
+    """Load the tokenizers (one, or a translation's source and target) once per worker."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     from tokenizers import Tokenizer
 
-    global _tokenizer
-    _tokenizer = Tokenizer.from_str(tokenizer_json)
+    _tokenizers[:] = [Tokenizer.from_str(text) for text in tokenizer_jsons]
 
 
 def encode(
-    texts: list[str], ends: list[bool], continues: bool, eos_id: int | None, dtype: str, tokenizer=None
+    texts: list[str],
+    ends: list[bool],
+    continues: bool,
+    eos_id: int | None,
+    dtype: str,
+    tokenizer=None,
+    side: int = 0,
 ) -> tuple[np.ndarray, list[int]]:
-    """A chunk's ids as one array (EOS after each text that ends a document) and the offsets where documents start."""
-    tokenizer = tokenizer or _tokenizer
+    """A chunk's ids as one array (EOS after each text that ends a document) and the offsets where documents start.
+
+    side: which of the worker's tokenizers encodes (0, or 1 for a translation's separate target tokenizer)."""
+    tokenizer = tokenizer or _tokenizers[side]
     batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     encoded = batch(texts, add_special_tokens=False)
     lists, starts, at, new_document = [], [], 0, not continues

@@ -212,7 +212,8 @@ class ResumableLoader(_ElasticStream):
         start_epoch: int = 0,
     ) -> None:
         self.dataset = dataset
-        self.batches = [list(map(int, b)) for b in batches]
+        # A BatchPlan stays two arrays; lists are normalised to lists of ints.
+        self.batches = batches if isinstance(batches, BatchPlan) else [list(map(int, b)) for b in batches]
         self.collate_fn = collate_fn
         self.shuffle = shuffle
         self.seed = seed
@@ -343,33 +344,64 @@ def fixed_size_batches(num_items: int, batch_size: int, seed: int, shuffle: bool
     return [indices[i : i + batch_size].tolist() for i in range(0, stop, batch_size)]
 
 
-def token_budget_batches(
+class BatchPlan:
+    """Batches as two arrays, not lists: `order` (the items, batch after batch) and `bounds` (where each batch
+    starts in it, and the end). Indexing gives one batch's item list. A million pairs cost 16 MB, not a list of lists."""
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray) -> None:
+        self.order = np.asarray(order, dtype=np.int64)
+        self.bounds = np.asarray(bounds, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        return self.order[self.bounds[index] : self.bounds[index + 1]].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (self[i] for i in range(len(self)))
+
+
+def token_budget_plan(
     src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int = 0, max_sentences: int | None = None
-) -> list[list[int]]:
+) -> BatchPlan:
     """fairseq-style batches: samples sorted by length, grouped so that batch_size * longest <= max_tokens.
 
     Sorting by the longer side, then by the total, keeps neighbours alike on both sides, so padding stays small
-    (about 6% of tokens on KJV-RV1909); ties break by `seed`.
+    (about 6% of tokens on KJV-RV1909); ties break by `seed`. The batches depend on the lengths and the seed only
+    (the order of the batches in each epoch is the loader's, from (seed, epoch)).
     """
     jitter = np.random.default_rng(seed).random(len(src_lengths))
     src_lengths, tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
-    order = np.lexsort((jitter, src_lengths + tgt_lengths, np.maximum(src_lengths, tgt_lengths)))
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    longest = 0
-    for i in order.tolist():
-        length = max(int(src_lengths[i]), int(tgt_lengths[i]))
-        if length > max_tokens:
-            raise ValueError(f"Sample {i} has {length} tokens, more than max_tokens={max_tokens}")
-        grown = max(longest, length)
-        if batch and (grown * (len(batch) + 1) > max_tokens or (max_sentences and len(batch) >= max_sentences)):
-            batches.append(batch)
-            batch, grown = [], length
-        batch.append(i)
-        longest = grown
-    if batch:
-        batches.append(batch)
-    return batches
+    longer = np.maximum(src_lengths, tgt_lengths)
+    order = np.lexsort((jitter, src_lengths + tgt_lengths, longer))
+    too_long = np.flatnonzero(longer > max_tokens)
+    if len(too_long):
+        i = int(too_long[0])
+        raise ValueError(f"Sample {i} has {int(longer[i])} tokens, more than max_tokens={max_tokens}")
+    # In this order the current sample is the longest of its batch so far (lengths only grow), so a batch is cut
+    # when one more sample of this length would pass the budget.
+    bounds, size = [0], 0
+    for at, length in enumerate(longer[order].tolist()):
+        if size and (length * (size + 1) > max_tokens or (max_sentences and size >= max_sentences)):
+            bounds.append(at)
+            size = 0
+        size += 1
+    if size:
+        bounds.append(len(order))
+    return BatchPlan(order, np.asarray(bounds, dtype=np.int64))
+
+
+def token_budget_batches(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int = 0, max_sentences: int | None = None
+) -> list[list[int]]:
+    """`token_budget_plan`'s batches as lists of indices."""
+    return list(token_budget_plan(src_lengths, tgt_lengths, max_tokens, seed, max_sentences))
 
 
 def stack_blocks(blocks: np.ndarray) -> dict[str, torch.Tensor]:

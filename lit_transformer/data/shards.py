@@ -231,26 +231,31 @@ class _Encoder:
     chunks in flight: memory stays bounded whatever the corpus size.
     """
 
-    def __init__(self, tokenizer: Tokenizer, eos_id: int | None, dtype: np.dtype, workers: int) -> None:
-        self.tokenizer, self.eos_id, self.dtype, self.workers = tokenizer, eos_id, dtype, workers
+    def __init__(
+        self, tokenizer: Tokenizer | Sequence[Tokenizer], eos_id: int | None, dtype: np.dtype, workers: int
+    ) -> None:
+        # Several tokenizers (a translation's source and target) are told apart by `side` in `submit`.
+        self.tokenizers = [tokenizer] if isinstance(tokenizer, Tokenizer) else list(tokenizer)
+        self.eos_id, self.dtype, self.workers = eos_id, dtype, workers
         self.pending: collections.deque = collections.deque()
         self.pool = None
         if workers > 1:
             context = multiprocessing.get_context("spawn")  # no fork of a process with threads and torch
+            jsons = tuple(t.to_str() for t in self.tokenizers)
             self.pool = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=context, initializer=encode_worker.init, initargs=(tokenizer.to_str(),)
+                workers, mp_context=context, initializer=encode_worker.init, initargs=jsons
             )
 
-    def _encode(self, chunk: _Chunk):
+    def _encode(self, chunk: _Chunk, side: int = 0):
         if not chunk.texts:
             return np.zeros(0, dtype=self.dtype), []
-        return encode_chunk(self.tokenizer, chunk, self.eos_id, self.dtype)
+        return encode_chunk(self.tokenizers[side], chunk, self.eos_id, self.dtype)
 
-    def submit(self, split: str, chunk: _Chunk) -> Iterator[tuple[str, _Chunk, np.ndarray, list]]:
+    def submit(self, split, chunk: _Chunk, side: int = 0) -> Iterator[tuple[str, _Chunk, np.ndarray, list]]:
         if self.pool is None:
-            yield split, chunk, *self._encode(chunk)
+            yield split, chunk, *self._encode(chunk, side)
             return
-        args = (chunk.texts, chunk.ends, chunk.continues, self.eos_id, self.dtype.name)
+        args = (chunk.texts, chunk.ends, chunk.continues, self.eos_id, self.dtype.name, None, side)
         future = self.pool.submit(encode_worker.encode, *args) if chunk.texts else None
         self.pending.append((split, chunk, future))
         while len(self.pending) > 2 * self.workers:

@@ -247,26 +247,10 @@ class CorpusStream:
     # ------------------------------------------------------------------ hub
 
     def _open_hub(self) -> None:
-        import datasets
-
-        what = f"dataset {self.dataset!r}" + (f" (config {self.dataset_config!r})" if self.dataset_config else "")
-        ensure_online(what, LOCAL_HINT)
-        try:
-            loaded = datasets.load_dataset(self.dataset, self.dataset_config, streaming=True)
-        except ConnectionError as error:
-            raise OfflineError(f"Cannot load {what} from the hub: {error}. {LOCAL_HINT}") from error
-        if isinstance(loaded, datasets.IterableDataset):
-            loaded = {"train": loaded}
-        from .sources import SPLIT_ALIASES
-
         self._hub = {}
-        for name, split in loaded.items():
-            canonical = SPLIT_ALIASES.get(name.lower())
-            if canonical and canonical not in self.sources:
-                self._hub[name] = split
-                self.sources[canonical] = SourceSplit(hub_split=name)
-        if "train" not in self.sources:
-            raise ValueError(f"The dataset has no training split (found splits: {sorted(loaded)})")
+        for canonical, (name, split) in hub_streams(self.dataset, self.dataset_config).items():
+            self._hub[name] = split
+            self.sources[canonical] = SourceSplit(hub_split=name)
 
     # ------------------------------------------------------------------ checks
 
@@ -284,6 +268,31 @@ class CorpusStream:
 
 
 # ---------------------------------------------------------------------------------------------------- readers
+
+
+def hub_streams(dataset: str, config: str | None) -> dict[str, tuple[str, object]]:
+    """A hub dataset's splits as streams (`datasets` with streaming=True): {canonical split: (hub name, stream)}.
+    Offline, it fails at once and says how to use local files instead."""
+    import datasets
+
+    from .sources import SPLIT_ALIASES
+
+    what = f"dataset {dataset!r}" + (f" (config {config!r})" if config else "")
+    ensure_online(what, LOCAL_HINT)
+    try:
+        loaded = datasets.load_dataset(dataset, config, streaming=True)
+    except ConnectionError as error:
+        raise OfflineError(f"Cannot load {what} from the hub: {error}. {LOCAL_HINT}") from error
+    if isinstance(loaded, datasets.IterableDataset):
+        loaded = {"train": loaded}
+    out: dict[str, tuple[str, object]] = {}
+    for name, split in loaded.items():
+        canonical = SPLIT_ALIASES.get(name.lower())
+        if canonical and canonical not in out:
+            out[canonical] = (name, split)
+    if "train" not in out:
+        raise ValueError(f"The dataset has no training split (found splits: {sorted(loaded)})")
+    return out
 
 
 def _looks_like_a_path(spec: str) -> bool:
@@ -380,24 +389,43 @@ def _columns(path: str) -> list[str] | None:
 
 def _rows(path: str, column: str) -> Iterator[tuple[str, int]]:
     """(text, input bytes) per row of a JSON-lines, JSON, CSV/TSV or parquet file, streamed."""
+    for row, nbytes, _ in records(path, [column]):
+        text = row.get(column)
+        yield (text if isinstance(text, str) else ""), nbytes
+
+
+def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict, int, int]]:
+    """(row, input bytes, line number) per row of a JSON-lines, JSON, CSV/TSV or parquet file, streamed: one row at a
+    time, parquet in record batches of `columns` only (all when None). A line that does not parse fails with a
+    message naming the file and the line."""
     suffix = Path(path).suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(path)
         per_row = os.path.getsize(path) / max(1, parquet.metadata.num_rows)
-        for batch in parquet.iter_batches(columns=[column], batch_size=1024):
-            for text in batch.column(0).to_pylist():
-                yield (text if isinstance(text, str) else ""), int(per_row)
+        number = 0
+        for batch in parquet.iter_batches(columns=columns, batch_size=1024):
+            for row in batch.to_pylist():
+                number += 1
+                yield row, int(per_row), number
         return
     if suffix in (".csv", ".tsv"):
         bad = [0]
         with open(path, "rb") as raw:
             lines = (_decode(line, path, bad) for line in raw)
-            reader = csv.DictReader(lines, delimiter="\t" if suffix == ".tsv" else ",")
-            for row in reader:
-                text = row.get(column) or ""
-                yield text, len(text)
+            reader = csv.reader(lines, delimiter="\t" if suffix == ".tsv" else ",")
+            header = next(reader, None) or []
+            for fields in reader:
+                if not fields:
+                    continue
+                if len(fields) != len(header):
+                    raise ValueError(
+                        f"{path}:{reader.line_num} has {len(fields)} fields where the header has {len(header)} "
+                        f"({header}); quote fields that hold the delimiter"
+                    )
+                row = dict(zip(header, fields, strict=True))
+                yield row, sum(map(len, fields)) + len(fields), reader.line_num
         _warn_bad(path, bad)
         return
     with open(path, "rb") as handle:
@@ -406,9 +434,8 @@ def _rows(path: str, column: str) -> Iterator[tuple[str, int]]:
         warnings.warn(f"{path} is one JSON array, read whole; JSON lines stream in bounded memory", stacklevel=2)
         bad = [0]
         rows = json.loads(_decode(Path(path).read_bytes(), path, bad))
-        for row in rows:
-            text = row.get(column) if isinstance(row, dict) else None
-            yield (text if isinstance(text, str) else ""), 0
+        for number, row in enumerate(rows, 1):
+            yield (row if isinstance(row, dict) else {}), 0, number
         return
     bad = [0]
     with open(path, "rb") as handle:
@@ -421,6 +448,5 @@ def _rows(path: str, column: str) -> Iterator[tuple[str, int]]:
                 raise ValueError(
                     f"{path}:{number} is not valid JSON ({error.msg}); write one object per line"
                 ) from None
-            text = row.get(column) if isinstance(row, dict) else None
-            yield (text if isinstance(text, str) else ""), len(line)
+            yield (row if isinstance(row, dict) else {}), len(line), number
     _warn_bad(path, bad)

@@ -1,5 +1,10 @@
 """TranslationDataModule: sentence pairs from the hub, local files or the embedded KJV-RV1909, batched by token budget.
 
+The pairs (local files, a hub stream or the embedded corpus) are streamed once into token shards (`pairs.py`:
+`python -m lit_transformer prepare`, or the first `fit`) and read through memory maps, so a corpus of any size trains
+in flat memory. `storage="memory"` keeps the former path (every pair and its ids in memory): the same batches, bit for
+bit (measured in docs/performance.md, "Data preparation at scale").
+
 Batches: {"src": (B, S), "tgt_in": (B, T), "labels": (B, T)}. src is the source followed by eos and padded with
 pad_token_id; tgt_in is bos followed by the target; labels are the target followed by eos, -100 at padding.
 Validation, test and predict batches also carry "src_text" and "ref_text" (lists of strings) for BLEU.
@@ -7,12 +12,13 @@ Validation, test and predict batches also carry "src_text" and "ref_text" (lists
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import numpy as np
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
@@ -20,11 +26,20 @@ from torch.utils.data import Dataset
 from . import corpora
 from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
 from .common import SPLITS, SplitLoaders, encode_ragged, normalise_splits, require_columns
-from .loaders import ResumableLoader, token_budget_batches
+from .loaders import ResumableLoader, token_budget_plan
+from .pairs import (
+    IGNORE_INDEX,
+    PairStream,
+    ShardPairDataset,
+    collate_pairs,
+    load_prepared_pairs,
+    prepare_pairs,
+    sample_pairs,
+)
 from .sources import load_any
 from .tokenizer import load_or_train_tokenizer, special_token_id
 
-IGNORE_INDEX = -100
+__all__ = ["IGNORE_INDEX", "PairDataset", "TranslationDataModule"]
 
 
 class PairDataset(Dataset):
@@ -65,26 +80,10 @@ class PairDataset(Dataset):
         rows = [int(self.keep[i]) for i in indices]
         srcs = [self._side(self.src_ids, self.src_offsets, r) for r in rows]
         tgts = [self._side(self.tgt_ids, self.tgt_offsets, r) for r in rows]
-        batch_size, src_len, tgt_len = len(rows), max(map(len, srcs)) + 1, max(map(len, tgts)) + 1
-        src = torch.full((batch_size, src_len), self.pad_id, dtype=torch.long)
-        tgt_in = torch.full((batch_size, tgt_len), self.pad_id, dtype=torch.long)
-        labels = torch.full((batch_size, tgt_len), IGNORE_INDEX, dtype=torch.long)
-        for b, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
-            s, t = torch.from_numpy(s.astype(np.int64)), torch.from_numpy(t.astype(np.int64))
-            src[b, : len(s)] = s
-            src[b, len(s)] = self.eos_id
-            tgt_in[b, 0] = self.bos_id
-            tgt_in[b, 1 : len(t) + 1] = t
-            labels[b, : len(t)] = t
-            labels[b, len(t)] = self.eos_id
-        # Padding is said by masks built from the lengths, never inferred from a token id.
-        src_mask = torch.arange(src_len)[None, :] <= torch.tensor([len(s) for s in srcs])[:, None]
-        tgt_mask = torch.arange(tgt_len)[None, :] <= torch.tensor([len(t) for t in tgts])[:, None]
-        batch = {"src": src, "tgt_in": tgt_in, "labels": labels, "src_mask": src_mask, "tgt_mask": tgt_mask}
+        texts = None
         if self.texts is not None:
-            batch["src_text"] = [self.texts[0][r] for r in rows]
-            batch["ref_text"] = [self.texts[1][r] for r in rows]
-        return batch
+            texts = [self.texts[0][r] for r in rows], [self.texts[1][r] for r in rows]
+        return collate_pairs(srcs, tgts, self.pad_id, self.bos_id, self.eos_id, texts)
 
 
 def _collate(batch: dict) -> dict:
@@ -120,6 +119,8 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
         cache_dir: str | None = None,
         predict_file: str | None = None,
         predict_batch_size: int = 16,
+        storage: Literal["shards", "memory"] = "shards",
+        tokenizer_sample_chars: int = 20_000_000,
     ) -> None:
         """
         Args:
@@ -145,8 +146,18 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
             predict_file: Inputs of `predict`: a text file with one source sentence per line, or a JSONL file with a
                 "text" field per line; the outputs go to a JSONL file (see --predictions.output).
             predict_batch_size: Inputs generated for at once by `predict`.
+            storage: How the pairs are held. shards: streamed row by row into token shards on disk once (`prepare`),
+                read through memory maps, memory flat in corpus size; held-out splits carved by a hash of the pair
+                when the source has none. memory: every pair and its ids in memory (a source must then have its own
+                validation and test splits). Both give the same batches for the same pairs.
+            tokenizer_sample_chars: With shards, a tokenizer kind is trained on at most this many characters (both
+                sides) of the first training pairs (the whole split when it is smaller).
         """
         super().__init__()
+        if storage not in ("shards", "memory"):
+            raise ValueError(f"storage={storage!r}: choose shards or memory")
+        if tokenizer_sample_chars < 1:
+            raise ValueError(f"tokenizer_sample_chars={tokenizer_sample_chars} must be positive")
         if max_length < 2 or max_tokens < max_length:
             raise ValueError(f"Need max_length >= 2 and max_tokens >= max_length (got {max_length}, {max_tokens})")
         self.dataset = dataset
@@ -165,6 +176,10 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
         self.cache_dir = resolve_cache_dir(cache_dir)
         self.predict_file = predict_file
         self.predict_batch_size = predict_batch_size
+        self.storage = storage
+        self.tokenizer_sample_chars = tokenizer_sample_chars
+        self._stream: PairStream | None = None
+        self._root: Path | None = None
         self._pairs: dict[str, tuple[list[str], list[str]]] | None = None
         self._tokenizers: tuple[Tokenizer, Tokenizer] | None = None
         self._tokenizer_keys = ("", "")
@@ -172,11 +187,50 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
 
     # ------------------------------------------------------------------ pairs
 
+    @property
+    def uses_shards(self) -> bool:
+        """Whether the pairs go through token shards on disk (see `storage`)."""
+        return self.storage == "shards"
+
+    @property
+    def pair_stream(self) -> PairStream:
+        """The pairs of each split as a stream, read row by row (held-out splits carved from train when missing)."""
+        if self._stream is None:
+            embedded = None
+            if self.dataset in corpora.EMBEDDED_TRANSLATION:
+                embedded = corpora.kjv_rv1909(self.cache_dir)
+            self._stream = PairStream(
+                self.dataset,
+                self.dataset_config,
+                self.source_lang,
+                self.target_lang,
+                self.source_column,
+                self.target_column,
+                embedded=embedded,
+            )
+        return self._stream
+
     def pairs(self) -> dict[str, tuple[list[str], list[str]]]:
-        """Each split's (sources, targets), blank pairs dropped (and counted)."""
+        """Each split's (sources, targets), blank pairs dropped (and counted). With shards this reads every pair into
+        memory: for inspection and small corpora; training never calls it then."""
         if self._pairs is None:
-            self._pairs = self._load_pairs()
+            self._pairs = self._streamed_pairs() if self.uses_shards else self._load_pairs()
         return self._pairs
+
+    def _streamed_pairs(self) -> dict[str, tuple[list[str], list[str]]]:
+        out = {}
+        for split in SPLITS:
+            items = self.pair_stream.pairs(split)
+            if split == "train" and self.max_pairs is not None:
+                items = itertools.islice(items, self.max_pairs)
+            pairs = list(items)
+            out[split] = ([s for s, _ in pairs], [t for _, t in pairs])
+        if not out["train"][0]:
+            raise ValueError(f"{self.dataset!r} has no sentence pairs in its training split")
+        for name in ("validation", "test"):
+            if not out[name][0]:
+                raise ValueError(f"{self.dataset!r} has no {name} pairs (held-out: {self.pair_stream.mode})")
+        return out
 
     def _load_pairs(self) -> dict[str, tuple[list[str], list[str]]]:
         if self.dataset in corpora.EMBEDDED_TRANSLATION:
@@ -229,7 +283,12 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
         if self._tokenizers is None:
 
             def train_texts(side: int | None):
-                sources, targets = self.pairs()["train"]
+                if self.uses_shards:  # a bounded sample of the first training pairs, read from the stream
+                    sources, targets = sample_pairs(self.pair_stream, self.tokenizer_sample_chars, self.max_pairs)
+                    if not sources:
+                        raise ValueError(f"{self.dataset!r} has no sentence pairs in its training split")
+                else:
+                    sources, targets = self.pairs()["train"]
                 return sources + targets if side is None else (sources, targets)[side]
 
             args = (self.requested_vocab_size, self.cache_dir)
@@ -310,28 +369,57 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
 
         return cached(self.cache_dir / "tokens" / f"pairs-{key}.npz", build, save, lambda p: dict(np.load(p)))
 
+    def prepare(self) -> Path | None:
+        """Tokenize every split once (training the tokenizers first when needed): into token shards (the prepared
+        folder is returned), or into the in-memory path's cache (see `storage`)."""
+        if not self.uses_shards:
+            for split in SPLITS:
+                self._encoded(split)
+            return None
+        if self._root is None:
+            self._root = prepare_pairs(self.pair_stream, self._load_tokenizers(), self._tokenizer_keys, self.cache_dir,
+                                       self.max_pairs)  # fmt: skip
+        return self._root
+
     def prepare_data(self) -> None:
         """Once per node: train the tokenizer(s) and tokenize every split into the cache."""
-        for split in SPLITS:
-            self._encoded(split)
+        self.prepare()
+
+    def _keep(self, split: str, src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
+        """The pairs that fit max_length on both sides (with bos/eos); the others are counted in a warning."""
+        keep = np.flatnonzero((src_len <= self.max_length) & (tgt_len <= self.max_length))
+        dropped = len(src_len) - len(keep)
+        if dropped:
+            rank_zero_warn(
+                f"{self.dataset} {split}: dropped {dropped} of {len(src_len)} pairs longer than "
+                f"max_length={self.max_length} tokens on either side (with bos/eos)"
+            )
+        if not len(keep):
+            raise ValueError(f"No {split} pair of {self.dataset!r} fits max_length={self.max_length}")
+        return keep
 
     def setup(self, stage: str | None = None) -> None:
-        """Every rank: load the cached token arrays and drop over-long pairs (counted in a warning)."""
+        """Every rank: open the token shards (or load the cached token arrays) and drop over-long pairs (counted in a
+        warning). With shards only the index is read: 16 bytes per pair."""
+        if self.uses_shards:
+            splits = None
+            for split in SPLITS:
+                if split in self._datasets:
+                    continue
+                if splits is None:
+                    info, splits = load_prepared_pairs(self.prepare())
+                    sizes = {s: len(shards) for s, shards in splits.items()}
+                    rank_zero_info(f"{self.dataset}: pairs per split {sizes}; held-out: {info['held_out']}")
+                shards = splits[split]
+                keep = self._keep(split, shards.source_lengths + 1, shards.target_lengths + 1)
+                ids = self.pad_token_id, self.bos_token_id, self.eos_token_id
+                self._datasets[split] = ShardPairDataset(shards, keep, *ids)
+            return
         for split in SPLITS:
             if split in self._datasets:
                 continue
             arrays = self._encoded(split)
-            src_len = np.diff(arrays["src_offsets"]) + 1
-            tgt_len = np.diff(arrays["tgt_offsets"]) + 1
-            keep = np.flatnonzero((src_len <= self.max_length) & (tgt_len <= self.max_length))
-            dropped = len(src_len) - len(keep)
-            if dropped:
-                rank_zero_warn(
-                    f"{self.dataset} {split}: dropped {dropped} of {len(src_len)} pairs longer than "
-                    f"max_length={self.max_length} tokens on either side (with bos/eos)"
-                )
-            if not len(keep):
-                raise ValueError(f"No {split} pair of {self.dataset!r} fits max_length={self.max_length}")
+            keep = self._keep(split, np.diff(arrays["src_offsets"]) + 1, np.diff(arrays["tgt_offsets"]) + 1)
             texts = None if split == "train" else self.pairs()[split]
             self._datasets[split] = PairDataset(
                 (arrays["src_ids"], arrays["src_offsets"]),
@@ -347,7 +435,8 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
         if split not in self._datasets:
             self.setup()
         data = self._datasets[split]
-        batches = token_budget_batches(data.source_lengths(), data.target_lengths(), self.max_tokens, seed=self.seed)
+        # The batches depend on the lengths and the seed only; their order in each epoch on (seed, epoch).
+        batches = token_budget_plan(data.source_lengths(), data.target_lengths(), self.max_tokens, seed=self.seed)
         epoch = self.trainer.current_epoch if shuffle and self.trainer is not None else 0
         return ResumableLoader(
             data, batches, _collate, shuffle=shuffle, seed=self.seed, num_workers=self.num_workers, start_epoch=epoch
@@ -359,6 +448,8 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict) -> None:
         if self._tokenizers is None and "tokenizer" in state_dict:
-            source = Tokenizer.from_str(state_dict["tokenizer"])
-            target = Tokenizer.from_str(state_dict.get("target_tokenizer", state_dict["tokenizer"]))
-            self._tokenizers = (source, source if self.shared_vocab else target)
+            saved = state_dict["tokenizer"]
+            source = Tokenizer.from_str(saved)
+            target = source if self.shared_vocab else Tokenizer.from_str(state_dict.get("target_tokenizer", saved))
+            self._tokenizers = (source, target)
+            self._tokenizer_keys = (fingerprint("tokenizer", saved), fingerprint("tokenizer", target.to_str()))
