@@ -78,7 +78,7 @@ class GenerateSamples(L.Callback):
             return []
         if pl_module.config.is_encoder_decoder:
             batch = _first_validation_batch(trainer)
-            if batch is None or "src_text" not in batch:
+            if batch is None or "src_text" not in batch or self.num_translations <= 0:
                 return []
             src = batch["src"][: self.num_translations].to(pl_module.device)
             outputs = pl_module.translate_batch(src, batch["src_mask"][: self.num_translations].to(pl_module.device))

@@ -350,3 +350,22 @@ def test_validation_bleu_is_sacrebleus_corpus_score_of_the_translations(tmp_path
     expected = float(cli.stdout.strip())
     assert 10 < expected < 90  # neither trivially 0 nor 100
     assert logged["val/bleu"] == pytest.approx(expected, abs=0.01)
+
+
+def test_no_translation_samples_asked_for_translates_nothing(monkeypatch):
+    """`--samples.num_translations 0` turns the translation samples off; it used to decode an empty batch and crash."""
+
+    import lit_transformer.callbacks as callbacks
+
+    batch = {"src": torch.ones(3, 5, dtype=torch.long), "src_mask": torch.ones(3, 5, dtype=torch.bool)}
+    batch["src_text"] = ["a", "b", "c"]
+    monkeypatch.setattr(callbacks, "_first_validation_batch", lambda trainer: batch)
+
+    def translate_batch(src, mask):
+        assert len(src) > 0, "an empty batch reached generation"
+        return ["x"] * len(src)
+
+    config = SimpleNamespace(is_encoder_only=False, is_encoder_decoder=True)
+    module = SimpleNamespace(config=config, device=torch.device("cpu"), translate_batch=translate_batch)
+    assert GenerateSamples(num_translations=0).samples(None, module) == []
+    assert len(GenerateSamples(num_translations=2).samples(None, module)) == 2
