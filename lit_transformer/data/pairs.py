@@ -48,7 +48,9 @@ from .shards import (
     _prefetch,
     _progress_bar,
     _save_npy,
+    open_splits,
     token_dtype,
+    write_indexes,
 )
 from .sources import BUILDERS, _split_of, is_local, local_files
 from .streaming import HELD_OUT, SPLITS, _columns, _looks_like_a_path, hub_streams, records
@@ -457,25 +459,14 @@ def prepare_pair_pass(
     own last finished shard. Their indexes."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    splits = dict(stream.passes())[source]
-    indexes = {
-        s: json.loads((root / s / "index.json").read_text()) for s in splits if (root / s / "index.json").exists()
-    }
-    todo = [s for s in splits if s not in indexes]
+    indexes, progresses = open_splits(root, dict(stream.passes())[source], _load_progress)
+    todo = list(progresses)
     if not todo:
         return indexes
     writers, chunkers = {}, {}
-    for split in todo:
-        directory = root / split
-        directory.mkdir(parents=True, exist_ok=True)
-        for stale in directory.glob("*.tmp"):  # a killed run's unfinished shard
-            stale.unlink()
-        progress = _load_progress(directory)
-        if progress["shards"]:
-            log.info("prepare %s: resuming after shard %d", split, len(progress["shards"]) - 1)
-        writers[split] = _PairWriter(directory, dtype, shard_tokens, progress, keep_text=split != "train")
-        if not (directory / "progress.json").exists():
-            writers[split]._save_progress()
+    for split, progress in progresses.items():
+        writers[split] = _PairWriter(root / split, dtype, shard_tokens, progress, keep_text=split != "train")
+        writers[split]._save_progress()
         done = sum(s["pairs"] for s in progress["shards"])
         cut = None if max_pairs is None or split != "train" else max(0, max_pairs - done)
         chunkers[split] = _PairChunker(progress["rows"], cut)
@@ -535,9 +526,7 @@ def prepare_pair_pass(
         bar.close()
     elapsed = max(time.perf_counter() - started, 1e-9)
     read = (sum(w.progress["bytes"] for w in writers.values()) - already) / 1e6
-    for split, writer in writers.items():
-        indexes[split] = _index(writer.progress, dtype, writer.keep_text)
-        atomic_write(root / split / "index.json", lambda tmp, i=indexes[split]: Path(tmp).write_text(json.dumps(i)))
+    indexes.update(write_indexes(root, {s: _index(w.progress, dtype, w.keep_text) for s, w in writers.items()}))
     log.info(
         "prepare %s pairs: %.1f MB in %.1f s (%.1f MB/s), %d tokens (%.2fM tokens/s), pairs %s",
         names, read, elapsed, read / elapsed, tokens, tokens / elapsed / 1e6,

@@ -369,6 +369,32 @@ def _index(progress: dict, dtype: np.dtype) -> dict:
     }
 
 
+def open_splits(root: Path, splits, load_progress) -> tuple[dict[str, dict], dict[str, dict]]:
+    """A preparation pass's splits: the indexes of those already finished, and the progress of the others, whose
+    folders are made and cleaned of a killed run's unfinished shard (`*.tmp`) so that they resume after their last
+    finished one."""
+    indexes = {
+        s: json.loads((root / s / "index.json").read_text()) for s in splits if (root / s / "index.json").exists()
+    }
+    progresses = {}
+    for split in (s for s in splits if s not in indexes):
+        directory = root / split
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.tmp"):
+            stale.unlink()
+        progresses[split] = load_progress(directory)
+        if progresses[split]["shards"]:
+            log.info("prepare %s: resuming after shard %d", split, len(progresses[split]["shards"]) - 1)
+    return indexes, progresses
+
+
+def write_indexes(root: Path, indexes: dict[str, dict]) -> dict[str, dict]:
+    """Each split's index.json, written last and atomically: its presence marks the split finished."""
+    for split, index in indexes.items():
+        atomic_write(root / split / "index.json", lambda tmp, i=index: Path(tmp).write_text(json.dumps(i)))
+    return indexes
+
+
 def prepare_pass(
     stream: CorpusStream,
     source: str,
@@ -386,25 +412,14 @@ def prepare_pass(
     workers: tokenizing processes for a big source (default: the CPUs this process may use)."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    splits = dict(stream.passes())[source]
-    indexes = {
-        s: json.loads((root / s / "index.json").read_text()) for s in splits if (root / s / "index.json").exists()
-    }
-    todo = [s for s in splits if s not in indexes]
+    indexes, progresses = open_splits(root, dict(stream.passes())[source], _load_progress)
+    todo = list(progresses)
     if not todo:
         return indexes
     writers, chunkers = {}, {}
-    for split in todo:
-        directory = root / split
-        directory.mkdir(parents=True, exist_ok=True)
-        for stale in directory.glob("*.tmp"):  # a killed run's unfinished shard
-            stale.unlink()
-        progress = _load_progress(directory)
-        if progress["shards"]:
-            log.info("prepare %s: resuming after shard %d", split, len(progress["shards"]) - 1)
-        writers[split] = _ShardWriter(directory, dtype, shard_tokens, progress)
-        if not (directory / "progress.json").exists():
-            writers[split]._save_progress()
+    for split, progress in progresses.items():
+        writers[split] = _ShardWriter(root / split, dtype, shard_tokens, progress)
+        writers[split]._save_progress()
         cut = None if max_chars is None or split != "train" else max(0, max_chars - progress["characters"])
         chunkers[split] = _Chunker(progress["documents"], cut)
     skip = min(chunker.start_documents for chunker in chunkers.values())
@@ -451,9 +466,7 @@ def prepare_pass(
         bar.close()
     elapsed = max(time.perf_counter() - started, 1e-9)
     read = (sum(w.progress["bytes"] for w in writers.values()) - already) / 1e6
-    for split, writer in writers.items():
-        indexes[split] = _index(writer.progress, dtype)
-        atomic_write(root / split / "index.json", lambda tmp, i=indexes[split]: Path(tmp).write_text(json.dumps(i)))
+    indexes.update(write_indexes(root, {split: _index(w.progress, dtype) for split, w in writers.items()}))
     log.info(
         "prepare %s: %.1f MB in %.1f s (%.1f MB/s), %d tokens (%.2fM tokens/s), shards %s",
         names, read, elapsed, read / elapsed, tokens, tokens / elapsed / 1e6,
