@@ -411,11 +411,12 @@ class PredictionWriter(BasePredictionWriter):
             self._file = None
 
 
-def _rss_mb(pid: int | str = "self") -> float | None:
-    """A process's resident memory (VmRSS) in MB, from /proc (Linux); None where it cannot be read."""
+def _rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float | None:
+    """A process's resident memory (VmRSS; VmHWM: its peak so far) in MB, from /proc (Linux); None where it cannot be
+    read."""
     try:
         with open(f"/proc/{pid}/status") as handle:
-            return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:")) / 1e3
+            return next(int(line.split()[1]) for line in handle if line.startswith(f"{field}:")) / 1e3
     except (OSError, StopIteration, ValueError):
         return None
 
@@ -426,7 +427,8 @@ class HostMemoryMonitor(L.Callback):
     Off by default; add it where memory growth over a long run is in question, e.g.
     `--trainer.callbacks+=lit_transformer.callbacks.HostMemoryMonitor`. It logs host/rss_mb and host/children_rss_mb
     to the trainer's loggers, and with `path` also appends one JSON line per record to that file
-    ({"stage", "step", "rank", "time", "rss_mb", "children_rss_mb"}): a "setup" record once the data is prepared and
+    ({"stage", "step", "rank", "time", "rss_mb", "peak_rss_mb", "children_rss_mb"}; peak_rss_mb is this process's
+    high-water mark so far): a "setup" record once the data is prepared and
     the model built, then one "train" record every `every_n_steps` optimizer steps. Linux only (/proc); elsewhere it
     records nothing.
     """
@@ -456,7 +458,8 @@ class HostMemoryMonitor(L.Callback):
         for pid in pids:
             children += _rss_mb(pid) or 0.0
         record = {"stage": stage, "step": trainer.global_step, "rank": trainer.global_rank, "time": time.time(),
-                  "rss_mb": round(rss, 1), "children_rss_mb": round(children, 1)}  # fmt: skip
+                  "rss_mb": round(rss, 1), "peak_rss_mb": round(_rss_mb(field="VmHWM") or rss, 1),
+                  "children_rss_mb": round(children, 1)}  # fmt: skip
         if self.path is not None:
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")

@@ -446,6 +446,8 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
     print("$ " + " ".join(command), flush=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}
     samples: list[tuple[float, int]] = []  # (time, KB of the tree)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    load = [os.getloadavg()[0]]  # the machine is shared: the 1-minute load average at the start, setup and end
     started = time.time()
     process = subprocess.Popen(command, cwd=REPO, env=env)
     stop = threading.Event()
@@ -461,6 +463,8 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
     stop.set()
     thread.join()
     ended = time.time()
+    load.append(os.getloadavg()[0])
+    largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KB: the largest process of the tree, whole run
     if code != 0:
         raise SystemExit(f"fit failed with exit code {code}")
     rows = [json.loads(line) for line in records.read_text().splitlines()]
@@ -474,10 +478,13 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
     result = {"run": "cli_rss", "corpus_mb": round(corpus.stat().st_size / 1e6, 1), "samples": len(samples),
               "prepare_s": round(setup["time"] - started, 1), "train_s": round(ended - setup["time"], 1),
               "peak_rss_prepare_tree_gb": round(max(prep) / 1e6, 3),
+              "peak_rss_prepare_main_gb": round(setup["peak_rss_mb"] / 1e3, 3),
+              "peak_rss_largest_process_gb": round(largest / 1e6, 3) if largest > before else None,
               "peak_rss_train_tree_gb": round(max(after) / 1e6, 3) if after else None,
               "rss_setup_mb": setup["rss_mb"], "rss_mb_by_step": rss,
               "children_rss_mb_last": train[steps]["children_rss_mb"],
-              "growth_100_to_last": f"{(last - first) / first:+.2%}", "cache_mb": round(shards / 1e6, 1)}  # fmt: skip
+              "growth_100_to_last": f"{(last - first) / first:+.2%}", "cache_mb": round(shards / 1e6, 1),
+              "load_average_start_end": [round(x, 1) for x in load]}  # fmt: skip
     print(json.dumps(result), flush=True)
     (out / "result.json").write_text(json.dumps(result) + "\n")
     if not keep:

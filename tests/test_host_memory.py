@@ -51,7 +51,12 @@ def test_records_every_n_optimizer_steps(tmp_path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(row["stage"], row["step"]) for row in rows] == [("setup", 0), ("train", 3), ("train", 6)]
     for row in rows:
-        assert row["rank"] == 0 and row["rss_mb"] > 10 and row["children_rss_mb"] >= 0 and row["time"] > 0
+        assert (
+            row["rank"] == 0
+            and row["peak_rss_mb"] >= row["rss_mb"] > 10
+            and row["children_rss_mb"] >= 0
+            and row["time"] > 0
+        )
     assert [step for step, _ in logger.metrics] == [3, 6]
     assert logger.metrics[-1][1]["host/rss_mb"] == rows[-1]["rss_mb"]
 
