@@ -6,6 +6,10 @@
     python scripts/benchmark_prepare.py nanogpt --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
     python scripts/benchmark_prepare.py train_rss --corpus /tmp/bench/corpus-1000.jsonl --tokenizer ... --steps 1000
 
+The user's path, end to end (`fit --config configs/base.yaml` prepares the corpus, then trains from the shards):
+
+    python scripts/benchmark_prepare.py cli_rss --size_mb 1000 --steps 1000 --out /tmp/cli13b
+
 Translation (pairs through token shards, against the in-memory path on the same files):
 
     python scripts/benchmark_prepare.py pairs_corpus --size_mb 200 --out /tmp/bench/pairs-200
@@ -23,7 +27,11 @@ and appends the end-of-text id, then each split concatenated into a uint16 np.me
 same tokenizer in place of tiktoken. Each runs in a subprocess; wall time, CPU time (user + system, all processes), MB/s of JSONL and the
 peak resident memory are reported: the largest single process (getrusage) and the sum over the process tree (sampled every 0.1 s; forked
 workers share pages, so the sum overstates). `train_rss` trains a tiny model from the prepared shards and reports
-the resident memory after 100 steps and after the last.
+the resident memory after 100 steps and after the last. `cli_rss` writes a corpus under --out, runs
+`python -m lit_transformer fit --config configs/base.yaml` on it in a fresh cache (base.yaml's own tokenizer unless
+--tokenizer is given; one 4-batch validation and one checkpoint at the end) with HostMemoryMonitor, samples the RSS of
+the process tree every 0.25 s, and reports the peak RSS during preparation (until the trainer's setup), the trainer's
+RSS every 100 steps, and its growth from step 100 to the last; then deletes the corpus, cache and run (not --keep).
 """
 
 from __future__ import annotations
@@ -427,6 +435,8 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
     record (data prepared, model built) splits the run into preparation and training."""
     import shutil
 
+    if steps < 100 or steps % 100:
+        raise SystemExit(f"--steps must be a multiple of 100 (the monitor records every 100 steps), not {steps}")
     out.mkdir(parents=True, exist_ok=True)
     corpus = out / f"corpus-{size_mb:g}.jsonl"
     if not corpus.exists():
