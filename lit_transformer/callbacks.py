@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -408,3 +409,73 @@ class PredictionWriter(BasePredictionWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float | None:
+    """A process's resident memory (VmRSS; VmHWM: its peak so far) in MB, from /proc (Linux); None where it cannot be
+    read."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith(f"{field}:")) / 1e3
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+class HostMemoryMonitor(L.Callback):
+    """The host's resident memory of this process (and of its child processes: DataLoader workers) every N steps.
+
+    Off by default; add it where memory growth over a long run is in question, e.g.
+    `--trainer.callbacks+=lit_transformer.callbacks.HostMemoryMonitor`. It logs host/rss_mb and host/children_rss_mb
+    to the trainer's loggers, and with `path` also appends one JSON line per record to that file
+    ({"stage", "step", "rank", "time", "rss_mb", "peak_rss_mb", "children_rss_mb"}; peak_rss_mb is this process's
+    high-water mark so far): a "setup" record once the data is prepared and
+    the model built, then one "train" record every `every_n_steps` optimizer steps. Linux only (/proc); elsewhere it
+    records nothing.
+    """
+
+    def __init__(self, every_n_steps: int = 100, path: str | None = None) -> None:
+        """
+        Args:
+            every_n_steps: Record every this many optimizer steps.
+            path: A file to append JSON lines to (each rank writes its own records, tagged with its rank).
+        """
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be at least 1, not {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.path = path
+        self._last_step: int | None = None
+
+    def _record(self, trainer: L.Trainer, stage: str) -> dict[str, Any] | None:
+        rss = _rss_mb()
+        if rss is None:
+            return None
+        children = 0.0
+        try:
+            with open(f"/proc/self/task/{os.getpid()}/children") as handle:  # the main thread's children
+                pids = handle.read().split()
+        except OSError:
+            pids = []
+        for pid in pids:
+            children += _rss_mb(pid) or 0.0
+        record = {"stage": stage, "step": trainer.global_step, "rank": trainer.global_rank, "time": time.time(),
+                  "rss_mb": round(rss, 1), "peak_rss_mb": round(_rss_mb(field="VmHWM") or rss, 1),
+                  "children_rss_mb": round(children, 1)}  # fmt: skip
+        if self.path is not None:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        return record
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._record(trainer, "setup")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == 0 or step == self._last_step or step % self.every_n_steps:  # accumulation: one record a step
+            return
+        self._last_step = step
+        record = self._record(trainer, "train")
+        if record is not None and trainer.is_global_zero:
+            metrics = {"host/rss_mb": record["rss_mb"], "host/children_rss_mb": record["children_rss_mb"]}
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)

@@ -10,6 +10,7 @@ python -m lit_transformer average --checkpoints runs/en-es/checkpoints --last 5 
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -167,11 +168,29 @@ def _export_main(argv: Sequence[str]) -> None:
     export_main(argv)
 
 
+def show_package_info_logs() -> None:
+    """Let the package's INFO records reach stderr, as Lightning's own do, unless logging was configured already.
+
+    Without it `fit` prepares a big corpus in silence wherever stderr is not a terminal (a log file, nohup, a batch
+    job: the progress bars are off there): the per-split summaries of the preparation (MB, MB/s, tokens, tokens/s)
+    and its "resuming after shard N" went nowhere, while `prepare` printed them.
+    """
+    logger = logging.getLogger("lit_transformer")
+    if logger.handlers or logger.level != logging.NOTSET or logging.getLogger().hasHandlers():
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
     if argv and argv[0] in ("generate", "translate", "export", "prepare", "average"):
         _extra_commands()[argv[0]](argv[1:])
         return
+    show_package_info_logs()
     run_cli(argv)
 
 

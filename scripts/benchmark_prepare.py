@@ -6,6 +6,10 @@
     python scripts/benchmark_prepare.py nanogpt --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
     python scripts/benchmark_prepare.py train_rss --corpus /tmp/bench/corpus-1000.jsonl --tokenizer ... --steps 1000
 
+The user's path, end to end (`fit --config configs/base.yaml` prepares the corpus, then trains from the shards):
+
+    python scripts/benchmark_prepare.py cli_rss --size_mb 1000 --steps 1000 --out /tmp/cli13b
+
 Translation (pairs through token shards, against the in-memory path on the same files):
 
     python scripts/benchmark_prepare.py pairs_corpus --size_mb 200 --out /tmp/bench/pairs-200
@@ -23,7 +27,11 @@ and appends the end-of-text id, then each split concatenated into a uint16 np.me
 same tokenizer in place of tiktoken. Each runs in a subprocess; wall time, CPU time (user + system, all processes), MB/s of JSONL and the
 peak resident memory are reported: the largest single process (getrusage) and the sum over the process tree (sampled every 0.1 s; forked
 workers share pages, so the sum overstates). `train_rss` trains a tiny model from the prepared shards and reports
-the resident memory after 100 steps and after the last.
+the resident memory after 100 steps and after the last. `cli_rss` writes a corpus under --out, runs
+`python -m lit_transformer fit --config configs/base.yaml` on it in a fresh cache (base.yaml's own tokenizer unless
+--tokenizer is given; one 4-batch validation and one checkpoint at the end) with HostMemoryMonitor, samples the RSS of
+the process tree every 0.25 s, and reports the peak RSS during preparation (until the trainer's setup), the trainer's
+RSS every 100 steps, and its growth from step 100 to the last; then deletes the corpus, cache and run (not --keep).
 """
 
 from __future__ import annotations
@@ -416,6 +424,85 @@ def run_train_rss(corpus: Path, tokenizer: Path, cache_dir: Path, steps: int) ->
     )
 
 
+# ---------------------------------------------------------------------------------------------------- the user's path
+
+
+def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, interval: float, keep: bool) -> None:
+    """`python -m lit_transformer fit --config configs/base.yaml` on a generated JSONL of `size_mb`, in a fresh cache:
+    the command line prepares the corpus (streaming, token shards) and then trains `steps` steps from the shards.
+    The resident memory of the whole process tree (the CLI and the preparation's worker processes) is sampled every
+    `interval` seconds; HostMemoryMonitor writes the trainer's own RSS every 100 steps with the time, and its "setup"
+    record (data prepared, model built) splits the run into preparation and training."""
+    import shutil
+
+    if steps < 100 or steps % 100:
+        raise SystemExit(f"--steps must be a multiple of 100 (the monitor records every 100 steps), not {steps}")
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = out / f"corpus-{size_mb:g}.jsonl"
+    if not corpus.exists():
+        make_corpus(size_mb, corpus)
+    records = out / "rss.jsonl"
+    records.unlink(missing_ok=True)
+    monitor = {"class_path": "lit_transformer.callbacks.HostMemoryMonitor",
+               "init_args": {"every_n_steps": 100, "path": str(records)}}  # fmt: skip
+    command = [sys.executable, "-m", "lit_transformer", "fit", "--config", "configs/base.yaml",
+               "--data.init_args.dataset", str(corpus), "--data.init_args.cache_dir", str(out / "cache"),
+               *(["--data.init_args.tokenizer", str(tokenizer)] if tokenizer else []),
+               "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
+               "--trainer.limit_val_batches", "4", "--trainer.default_root_dir", str(out / "run"),
+               "--trainer.logger.init_args.save_dir", str(out / "run"), "--trainer.enable_progress_bar", "false",
+               "--checkpoint.dirpath", str(out / "run" / "checkpoints"), "--checkpoint.every_n_train_steps", str(steps),
+               f"--trainer.callbacks+={json.dumps(monitor)}"]  # fmt: skip
+    print("$ " + " ".join(command), flush=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}
+    samples: list[tuple[float, int]] = []  # (time, KB of the tree)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    load = [os.getloadavg()[0]]  # the machine is shared: the 1-minute load average at the start, setup and end
+    started = time.time()
+    process = subprocess.Popen(command, cwd=REPO, env=env)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append((time.time(), _tree_rss_kb(process.pid)))
+            stop.wait(interval)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    code = process.wait()
+    stop.set()
+    thread.join()
+    ended = time.time()
+    load.append(os.getloadavg()[0])
+    largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KB: the largest process of the tree, whole run
+    if code != 0:
+        raise SystemExit(f"fit failed with exit code {code}")
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    setup = next(row for row in rows if row["stage"] == "setup")
+    train = {row["step"]: row for row in rows if row["stage"] == "train"}
+    prep = [kb for t, kb in samples if t <= setup["time"]]
+    after = [kb for t, kb in samples if t > setup["time"]]
+    rss = {str(step): row["rss_mb"] for step, row in sorted(train.items())}
+    first, last = train[100]["rss_mb"], train[steps]["rss_mb"]
+    shards = sum(f.stat().st_size for f in (out / "cache").rglob("*") if f.is_file())
+    result = {"run": "cli_rss", "corpus_mb": round(corpus.stat().st_size / 1e6, 1), "samples": len(samples),
+              "prepare_s": round(setup["time"] - started, 1), "train_s": round(ended - setup["time"], 1),
+              "peak_rss_prepare_tree_gb": round(max(prep) / 1e6, 3),
+              "peak_rss_prepare_main_gb": round(setup["peak_rss_mb"] / 1e3, 3),
+              "peak_rss_largest_process_gb": round(largest / 1e6, 3) if largest > before else None,
+              "peak_rss_train_tree_gb": round(max(after) / 1e6, 3) if after else None,
+              "rss_setup_mb": setup["rss_mb"], "rss_mb_by_step": rss,
+              "children_rss_mb_last": train[steps]["children_rss_mb"],
+              "growth_100_to_last": f"{(last - first) / first:+.2%}", "cache_mb": round(shards / 1e6, 1),
+              "load_average_start_end": [round(x, 1) for x in load]}  # fmt: skip
+    print(json.dumps(result), flush=True)
+    (out / "result.json").write_text(json.dumps(result) + "\n")
+    if not keep:
+        corpus.unlink()
+        shutil.rmtree(out / "cache", ignore_errors=True)
+        shutil.rmtree(out / "run", ignore_errors=True)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_nanogpt":
         corpus, tokenizer, out, num_proc = sys.argv[2:6]
@@ -448,6 +535,13 @@ def main() -> None:
     loader_rss.add_argument("--batches", type=int, default=5000)
     kjv = sub.add_parser("kjv_storage", help="the embedded corpus through both storages")
     kjv.add_argument("--out", type=Path, default=None)
+    cli = sub.add_parser("cli_rss", help="`fit --config configs/base.yaml` on a generated JSONL: RSS of both phases")
+    cli.add_argument("--size_mb", type=float, default=1000)
+    cli.add_argument("--out", type=Path, required=True, help="a scratch folder: corpus, cache and run go there")
+    cli.add_argument("--steps", type=int, default=1000)
+    cli.add_argument("--tokenizer", type=Path, default=None, help="a tokenizer.json (default: base.yaml's byte_bpe)")
+    cli.add_argument("--interval", type=float, default=0.25, help="seconds between samples of the tree's RSS")
+    cli.add_argument("--keep", action="store_true", help="keep the corpus, cache and run (default: deleted)")
     for name in ("ours", "nanogpt", "train_rss"):
         run = sub.add_parser(name)
         run.add_argument("--corpus", type=Path, required=True)
@@ -470,6 +564,8 @@ def main() -> None:
         run_pairs_loader_rss(args.corpus, args.tokenizer, args.out, args.batches)
     elif args.command == "kjv_storage":
         run_kjv_storage(args.out)
+    elif args.command == "cli_rss":
+        run_cli_rss(args.size_mb, args.out, args.steps, args.tokenizer, args.interval, args.keep)
     elif args.command == "ours":
         run_ours(args.corpus, args.tokenizer, args.out, args.threads)
     elif args.command == "nanogpt":

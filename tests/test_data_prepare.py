@@ -386,3 +386,24 @@ def test_training_batches_are_the_same_with_loader_workers(tmp_path, sampling):
     assert first == [0, 1, 2, 3]
     in_order = torch.equal(batches[0][0]["input_ids"], blocks.__getitems__([0, 1, 2, 3])["input_ids"])
     assert in_order == (sampling == "sequential")
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_fit_shows_the_preparation_summaries_where_stderr_is_a_file(tmp_path, configured):
+    """`fit` prepares a missing corpus itself; with stderr in a log file (no progress bar) its per-split summaries
+    (MB/s, tokens/s) must still be written, once, and an application's own logging setup is left alone."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys\n"
+        + ("logging.basicConfig(level=logging.INFO, format='root: %(message)s')\n" if configured else "")
+        + "from lit_transformer.cli import show_package_info_logs\n"
+        "show_package_info_logs(); show_package_info_logs()\n"
+        "logging.getLogger('lit_transformer.data.shards').info('prepare train: 1.0 MB in 1.0 s (1.0 MB/s)')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if "prepare train" in line]
+    assert lines == [("root: " if configured else "") + "prepare train: 1.0 MB in 1.0 s (1.0 MB/s)"]
