@@ -52,10 +52,16 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search keeps the histories of the surviving beams)."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        """Select batch rows (beam search keeps the histories of the surviving beams). A preallocated cache moves its
+        filled positions only, in place: not the whole max_len buffer every step."""
+        if self.k is None:
+            return
+        if self.max_len is None or index.shape[0] != self.k.shape[0]:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            return
+        for buffer in (self.k, self.v):
+            filled = buffer.narrow(2, 0, self.length)
+            filled.copy_(filled.index_select(0, index))
 
 
 def attend(
