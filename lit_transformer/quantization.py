@@ -29,6 +29,27 @@ Quantize = Literal["none", "int8"]
 """The values of every `--quantize` flag."""
 
 _QUANTIZED_LINEAR = torch.ao.nn.quantized.dynamic.Linear
+# The operator itself: both torch.ops call paths (the overload packet and the overload) first scan their arguments in
+# Python for fake script objects (which only tracing makes), a cost on every call of a decoding step.
+_LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
+_LINEAR_DYNAMIC_OP = getattr(_LINEAR_DYNAMIC, "_op", _LINEAR_DYNAMIC)
+
+
+class Int8Linear(_QUANTIZED_LINEAR):
+    """torch's dynamic int8 Linear (the same packed weights, kernel and result) with a leaner forward, which calls the
+    operator directly. torch's forward reaches it through the torch.ops wrappers, whose per-call Python checks and
+    an output conversion (to the fp32 it already is) cost a few microseconds on each of a decoding step's 13 Linear
+    calls at the translation preset's size (docs/performance.md, "Per-step overhead"). Fake weights (tracing) and
+    fp16 weights take torch's own forward."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        packed = self._packed_params
+        weights = packed._packed_params
+        if packed.dtype != torch.qint8 or not isinstance(weights, torch.ScriptObject):
+            return super().forward(x)
+        reduce_range = self.version is not None and self.version >= 4  # as torch's forward decides it
+        y = _LINEAR_DYNAMIC_OP(x, weights, reduce_range)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class QuantizationError(ValueError):
@@ -83,7 +104,9 @@ def quantize_int8(model: Transformer, *, lm_head: bool = True, inplace: bool = F
         # needs no extra dependency (torchao's int8 path is measured in docs/performance.md against it).
         warnings.simplefilter("ignore", category=UserWarning)
         warnings.simplefilter("ignore", category=DeprecationWarning)
-        torch.ao.quantization.quantize_dynamic(target, spec, dtype=torch.qint8, inplace=True)
+        torch.ao.quantization.quantize_dynamic(
+            target, spec, dtype=torch.qint8, mapping={nn.Linear: Int8Linear}, inplace=True
+        )
     target.quantization = {"method": "int8_dynamic", "lm_head": lm_head}
     return target.eval()
 

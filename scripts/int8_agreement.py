@@ -2,6 +2,9 @@
 
     .venv/bin/python scripts/int8_agreement.py runs/shakespeare/checkpoints/last.ckpt [--lm-head-fp32]
     .venv/bin/python scripts/int8_agreement.py runs/shakespeare/checkpoints/last.ckpt --onnx   # onnxruntime fp32, int8
+    .venv/bin/python scripts/int8_agreement.py runs/en-es/checkpoints/last.ckpt   # a translation model: 8 sources
+
+A decoder-only model continues 8 Shakespeare prompts; an encoder-decoder model translates 8 English sentences.
 
 Reported, not asserted: a small model's near-tied logits make greedy paths part early even when the validation
 loss barely moves (docs/performance.md, "int8 dynamic quantization").
@@ -30,6 +33,16 @@ PROMPTS = [
     "MENENIUS:",
     "The king is",
 ]
+SOURCES = [  # for an encoder-decoder (the translation preset is trained on the English Bible)
+    "In the beginning God created the heaven and the earth.",
+    "Thou shalt not kill.",
+    "And God said, Let there be light: and there was light.",
+    "The Lord is my shepherd; I shall not want.",
+    "Blessed are the meek: for they shall inherit the earth.",
+    "Honour thy father and thy mother.",
+    "And the earth was without form, and void.",
+    "Love thy neighbour as thyself.",
+]
 
 
 def main() -> None:
@@ -44,22 +57,31 @@ def main() -> None:
     if args.onnx:
         return onnx_agreement(loaded, args.new)
     int8 = quantize_int8(loaded.model, lm_head=not args.lm_head_fp32)
+    cfg = loaded.config
+    texts = SOURCES if cfg.is_encoder_decoder else PROMPTS
     identical, first, max_diff = 0, [], 0.0
-    for prompt in PROMPTS:
-        ids = torch.tensor([loaded.encode(prompt)])
+    for text in texts:
+        ids = torch.tensor([loaded.encode(text)])
         a = loaded.model.generate(ids, max_new_tokens=args.new, temperature=0.0)[0]
         b = int8.generate(ids, max_new_tokens=args.new, temperature=0.0)[0]
         n = min(len(a), len(b))
         same = a[:n] == b[:n]
         identical += bool(same.all()) and len(a) == len(b)
-        first.append(int((~same).nonzero()[0]) if not same.all() else n)
+        first.append("-" if same.all() and len(a) == len(b) else int((~same).nonzero()[0]) if not same.all() else n)
         with torch.no_grad():
-            x = torch.cat([ids, a[None]], 1)[:, : loaded.config.max_seq_len]
-            max_diff = max(max_diff, (loaded.model(x) - int8(x)).abs().max().item())
+            if cfg.is_encoder_decoder:  # the logits of every step of the fp32 translation, teacher-forced
+                tgt = torch.cat([a.new_tensor([cfg.bos_token_id]), a])[None, : cfg.max_seq_len]
+                diff = loaded.model(ids, tgt) - int8(ids, tgt)
+            else:
+                x = torch.cat([ids, a[None]], 1)[:, : cfg.max_seq_len]
+                diff = loaded.model(x) - int8(x)
+            max_diff = max(max_diff, diff.abs().max().item())
+    what = "sources x greedy translations of up to" if cfg.is_encoder_decoder else "prompts x"
     print(
-        f"lm_head {'fp32' if args.lm_head_fp32 else 'int8'}: {len(PROMPTS)} prompts x {args.new} greedy tokens; "
-        f"identical continuations {identical}/{len(PROMPTS)}; first differing token at {first}; "
-        f"max |logit difference| on the fp32 continuations {max_diff:.3f}"
+        f"lm_head {'fp32' if args.lm_head_fp32 else 'int8'}: {len(texts)} {what} {args.new} greedy tokens; "
+        f"identical {'translations' if cfg.is_encoder_decoder else 'continuations'} {identical}/{len(texts)}; "
+        f"first differing token at [{', '.join(map(str, first))}] (- where identical); max |logit difference| on the "
+        f"fp32 outputs {max_diff:.3f}"
     )
 
 

@@ -369,3 +369,25 @@ def test_a_finished_beam_set_stops_decoding_early(monkeypatch):
     calls.clear()
     assert model.generate(src, **rules, early_stopping=False).shape[1] == 10
     assert len(calls) == 10
+
+
+def test_kv_cache_reorder_selects_rows_of_the_filled_positions():
+    """Beam search's reorder gathers only the filled positions into a second buffer, swapping the two: the cache
+    then reads exactly as a plain row selection of everything appended, step after step."""
+    from lit_transformer.model.attention import KVCache
+
+    cache, reference = KVCache(max_len=6), None
+    generator = torch.Generator().manual_seed(0)
+    for step in range(5):
+        new = 2 if step == 0 else 1  # a prompt, then one token a step
+        k, v = (torch.randn(4, 2, new, 3, generator=generator) for _ in range(2))
+        got_k, got_v = cache.append(k, v)
+        reference = (
+            (k, v) if reference is None else tuple(torch.cat([r, n], 2) for r, n in zip(reference, (k, v), strict=True))
+        )
+        assert torch.equal(got_k, reference[0]) and torch.equal(got_v, reference[1])
+        rows = torch.randint(0, 4, (4,), generator=generator)
+        cache.reorder(rows)
+        reference = tuple(r.index_select(0, rows) for r in reference)
+        assert torch.equal(cache.k[:, :, : cache.length], reference[0])
+        assert torch.equal(cache.v[:, :, : cache.length], reference[1])

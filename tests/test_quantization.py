@@ -73,6 +73,24 @@ def test_int8_model_stays_close_and_decodes(variant, lm_head):
     print(f"  greedy agreement with fp32: {(fp32 == greedy).float().mean():.0%}")
 
 
+def test_int8_linear_equals_torchs_dynamic_linear():
+    """Our Int8Linear calls torch's operator directly (a leaner forward): the same result as torch's own module for
+    the same weights, bit for bit, in its current and its older (version < 4, no reduce_range) serialisation."""
+    import torch.ao.nn.quantized.dynamic as nnqd
+
+    from lit_transformer.quantization import Int8Linear
+
+    q = quantize_int8(build(PAPER, vocab_size=100).eval())
+    ours = q.decoder_blocks[0].ff.up
+    assert type(ours) is Int8Linear and isinstance(ours, nnqd.Linear)
+    theirs = nnqd.Linear(ours.in_features, ours.out_features)
+    theirs.set_weight_bias(*ours._weight_bias())
+    x = torch.randn(3, 5, ours.in_features)
+    for version in (4, 3):
+        ours.version = theirs.version = version
+        assert torch.equal(ours(x), theirs(x))
+
+
 def test_refuses_training_mode_gpu_and_double_quantization():
     model = build(GPT2, vocab_size=100)
     with pytest.raises(QuantizationError, match="for inference.*model.eval"):

@@ -33,6 +33,7 @@ class KVCache:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.length = 0
+        self._spare: tuple[Tensor, Tensor] | None = None  # beam search's reorder target (see reorder)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store (B, H, t, D) new keys and values; return all keys and values so far."""
@@ -52,10 +53,21 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search keeps the histories of the surviving beams)."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        """Select batch rows (beam search keeps the histories of the surviving beams). A preallocated cache gathers
+        its filled positions only, into a second buffer that then swaps with the first: every step reads and writes
+        what is filled, not the whole max_len buffer, and allocates nothing after the first reorder."""
+        if self.k is None:
+            return
+        if self.max_len is None or index.shape[0] != self.k.shape[0]:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            return
+        if self._spare is None:
+            self._spare = (torch.empty_like(self.k), torch.empty_like(self.v))
+        spare = self._spare
+        for current, target in zip((self.k, self.v), spare, strict=True):
+            torch.index_select(current.narrow(2, 0, self.length), 0, index, out=target.narrow(2, 0, self.length))
+        self._spare = (self.k, self.v)
+        self.k, self.v = spare
 
 
 def attend(

@@ -8,7 +8,6 @@ Norm is LayerNorm or RMSNorm (config.norm); the feed-forward sublayer is plain o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.nn.functional as F
@@ -78,12 +77,12 @@ class _Block(nn.Module):
         self.pre_norm = cfg.norm_position == "pre"
         self.dropout = dropout(cfg.dropout)
 
-    def _sublayer(
-        self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], tuple[Tensor, Weights]]
-    ) -> tuple[Tensor, Weights]:
-        out, weights = sublayer(norm(x) if self.pre_norm else x)
-        x = x + self.dropout(out)
-        return (x if self.pre_norm else norm(x)), weights
+    def _residual(self, x: Tensor, out: Tensor, norm: nn.Module) -> Tensor:
+        """The residual connection around a sublayer whose output is `out` (its input was `norm(x)` with pre-LN, `x`
+        with post-LN). Dropout is skipped outside training, where it is the identity: a decoding step saves a call
+        per sublayer. Blocks call their sublayers inline, with no closures: the per-token path stays short."""
+        x = x + (self.dropout(out) if self.training else out)
+        return x if self.pre_norm else norm(x)
 
 
 class EncoderBlock(_Block):
@@ -99,10 +98,10 @@ class EncoderBlock(_Block):
     def forward(
         self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, rope: Rope = None
     ) -> tuple[Tensor, Weights]:
-        x, weights = self._sublayer(
-            x, self.self_attn_norm, lambda h: self.self_attn(h, mask, need_weights=need_weights, rope=rope)
-        )
-        x, _ = self._sublayer(x, self.ff_norm, lambda h: (self.ff(h), None))
+        pre = self.pre_norm
+        out, weights = self.self_attn(self.self_attn_norm(x) if pre else x, mask, need_weights=need_weights, rope=rope)
+        x = self._residual(x, out, self.self_attn_norm)
+        x = self._residual(x, self.ff(self.ff_norm(x) if pre else x), self.ff_norm)
         return x, weights
 
 
@@ -131,17 +130,20 @@ class DecoderBlock(_Block):
     ) -> tuple[Tensor, Weights, Weights]:
         """Returns (x, self-attention weights, cross-attention weights); weights are None unless asked for. rope
         rotates self-attention only: cross-attention relates a target token to source tokens, not positions."""
+        pre = self.pre_norm
         self_cache = cache.self_attn if cache is not None else None
-        x, self_weights = self._sublayer(
-            x, self.self_attn_norm, lambda h: self.self_attn(h, mask, is_causal, self_cache, need_weights, rope)
+        out, self_weights = self.self_attn(
+            self.self_attn_norm(x) if pre else x, mask, is_causal, self_cache, need_weights, rope
         )
+        x = self._residual(x, out, self.self_attn_norm)
         cross_weights = None
         if self.cross_attn is not None:
             cross_cache = cache.cross_attn if cache is not None else None
-            x, cross_weights = self._sublayer(
-                x, self.cross_attn_norm, lambda h: self.cross_attn(h, memory, memory_mask, cross_cache, need_weights)
+            out, cross_weights = self.cross_attn(
+                self.cross_attn_norm(x) if pre else x, memory, memory_mask, cross_cache, need_weights
             )
-        x, _ = self._sublayer(x, self.ff_norm, lambda h: (self.ff(h), None))
+            x = self._residual(x, out, self.cross_attn_norm)
+        x = self._residual(x, self.ff(self.ff_norm(x) if pre else x), self.ff_norm)
         return x, self_weights, cross_weights
 
 
