@@ -142,6 +142,21 @@ def test_opus_mt_sentencepiece_tokenizers_segment_and_number_as_marian_does(tmp_
         spm_tokenizer(tmp_path / "source.spm", {"a": 0, "b": 2})
 
 
+# Words of a toy English -> Spanish corpus: source.spm holds the English ones, target.spm the Spanish ones, and one
+# vocab.json numbers both (as OPUS-MT's folders do), with no BOS: </s> first, <pad> last.
+EN, ES = ["the", "house", "is", "red", "dog", "big"], ["la", "casa", "es", "roja", "el", "perro", "grande"]
+PAIRS = [("the house is red", "la casa es roja"), ("the dog is big", "el perro es grande"), ("the dog", "el perro")]
+
+
+def _pairs(folder: Path) -> Path:
+    """The toy corpus as train/validation/test JSONL files: fine-tuning needs a few pairs, not a corpus."""
+    folder.mkdir()
+    for split in ("train", "validation", "test"):
+        rows = [json.dumps({"en": en, "es": es}) for en, es in PAIRS * 4]
+        (folder / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    return folder
+
+
 def test_fit_starts_from_a_marian_folder_with_its_tokenizer(tmp_path, monkeypatch):
     from lit_transformer.checkpointing import load_checkpoint
     from lit_transformer.cli import run_cli
@@ -153,6 +168,7 @@ def test_fit_starts_from_a_marian_folder_with_its_tokenizer(tmp_path, monkeypatc
     args = ["fit", "--config", str(ROOT / "configs" / "presets" / "tiny-translate.yaml")]
     args += ["--model.init_from", str(tmp_path / "marian")]
     args += ["--data.init_args.tokenizer", str(tmp_path / "marian" / "tokenizer.json")]
+    args += ["--data.init_args.dataset", str(_pairs(tmp_path / "data")), "--data.init_args.max_tokens", "64"]
     args += ["--data.init_args.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "1"]
     args += ["--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "0"]
     args += ["--checkpoint.dirpath", "ckpt", "--checkpoint.every_n_train_steps", "1"]
@@ -169,12 +185,6 @@ def test_fit_starts_from_a_marian_folder_with_its_tokenizer(tmp_path, monkeypatc
     args[args.index("--data.init_args.tokenizer") + 1] = "char"
     with pytest.raises(ValueError, match=r"another tokenizer(.|\n)*--data.init_args.tokenizer .*marian$"):
         run_cli(args)
-
-
-# Words of a toy English -> Spanish corpus: source.spm holds the English ones, target.spm the Spanish ones, and one
-# vocab.json numbers both (as OPUS-MT's folders do), with no BOS: </s> first, <pad> last.
-EN, ES = ["the", "house", "is", "red", "dog", "big"], ["la", "casa", "es", "roja", "el", "perro", "grande"]
-PAIRS = [("the house is red", "la casa es roja"), ("the dog is big", "el perro es grande"), ("the dog", "el perro")]
 
 
 def _opus_mt_folder(folder: Path) -> tuple[transformers.MarianMTModel, dict[str, int]]:
@@ -201,11 +211,7 @@ def test_fit_and_translate_from_an_opus_mt_folder_start_decoding_from_its_pad_to
 
     hf, vocab = _opus_mt_folder(tmp_path / "opus-mt")
     pad = vocab["<pad>"]
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "validation", "test"):
-        rows = [json.dumps({"en": en, "es": es}) for en, es in PAIRS * 4]
-        (data / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    data = _pairs(tmp_path / "data")
     monkeypatch.chdir(tmp_path)
     args = ["fit", "--config", str(ROOT / "configs" / "presets" / "tiny-translate.yaml")]
     args += ["--model.init_from", "opus-mt", "--data.init_args.tokenizer", "opus-mt"]
