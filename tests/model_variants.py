@@ -52,14 +52,10 @@ VARIANTS = PAPER_VARIANTS + MODERN_VARIANTS
 DECODING_VARIANTS = [
     v for v in PAPER_VARIANTS if v["activation"] == "gelu_tanh" and v["tie_embeddings"] == v["scale_embeddings"]
 ] + [v for v in MODERN_VARIANTS if v["positions"] != "learned" or "n_kv_heads" in v]
-# The same switches decide what a mask touches (which keys a query sees, position ids shifted past left padding): the
-# masking tests run over these; every switch's arithmetic is covered by the forward tests over VARIANTS.
-MASKING_VARIANTS = DECODING_VARIANTS
 # The encoder-only model over the same switches (tying only matters to its masked-LM head); NoPE needs a causal mask.
 ENCODER_VARIANTS = [
     {**v, "topology": "encoder_only"} for v in VARIANTS if v["topology"] == "decoder_only" and v["positions"] != "none"
 ]
-ENCODER_MASKING_VARIANTS = [v for v in ENCODER_VARIANTS if {**v, "topology": "decoder_only"} in MASKING_VARIANTS]
 FIRST_TOKEN = 3  # tiny's pad, bos, eos are 0, 1, 2: random inputs avoid them
 
 

@@ -5,15 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from model_variants import (  # noqa: F401 (autouse fixture)
-    ENCODER_MASKING_VARIANTS,
-    ENCODER_VARIANTS,
-    FIRST_TOKEN,
-    build,
-    single_thread,
-    tokens,
-    variant_id,
-)
+from model_variants import ENCODER_VARIANTS, FIRST_TOKEN, build, single_thread, tokens, variant_id  # noqa: F401 (autouse fixture)
 
 from lit_transformer.config import TransformerConfig
 from lit_transformer.masking import IGNORE_INDEX, mask_tokens
@@ -43,7 +35,7 @@ def padded(x: torch.Tensor, pad: int, left: bool) -> tuple[torch.Tensor, torch.T
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
-@pytest.mark.parametrize("variant", ENCODER_MASKING_VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("variant", ENCODER_VARIANTS, ids=variant_id)
 def test_a_padded_row_classifies_exactly_as_it_does_alone(variant: dict, pooling: str):
     model = classifier(variant, pooling)
     x = tokens(1, 9)
@@ -66,7 +58,7 @@ def test_masked_lm_logits_of_real_tokens_ignore_padding(variant: dict):
     torch.testing.assert_close(logits[:, :9], model(x), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ENCODER_MASKING_VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("variant", ENCODER_VARIANTS, ids=variant_id)
 def test_attention_is_bidirectional(variant: dict):
     """Changing the last token changes the first position's output (a causal model would not)."""
     model = masked_lm(variant)

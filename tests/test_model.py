@@ -8,23 +8,13 @@ import sys
 
 import pytest
 import torch
-from model_variants import (  # noqa: F401 (autouse fixture)
-    MASKING_VARIANTS,
-    VARIANTS,
-    build,
-    run,
-    single_thread,
-    tokens,
-    variant_id,
-)
+from model_variants import VARIANTS, build, run, single_thread, tokens, variant_id  # noqa: F401 (autouse fixture)
 
 from lit_transformer.config import TransformerConfig
 from lit_transformer.model import BLOCK_CLASSES, DecoderBlock, EncoderBlock, Transformer
 from lit_transformer.model.positions import sinusoids
 
 variants = pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
-# Masks depend on the topology, the positions and the K/V heads, not on the activation, tying or scaling.
-masking_variants = pytest.mark.parametrize("variant", MASKING_VARIANTS, ids=variant_id)
 ATOL = 1e-5
 
 
@@ -42,7 +32,7 @@ def test_shapes_and_gradients(variant):
     assert all(p.grad is not None for p in model.parameters())
 
 
-@masking_variants
+@variants
 def test_causality(variant):
     """Changing later target tokens never changes an earlier output."""
     model = build(variant)
@@ -60,7 +50,7 @@ def test_causality(variant):
     assert (grad[:, 6:] == 0).all() and (grad[:, :6].abs().sum(-1) > 0).all()
 
 
-@masking_variants
+@variants
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_never_changes_a_result(variant, side):
     """A row padded in a batch gives what it gives alone, padding on either side (left padding needs the shifted
@@ -84,7 +74,7 @@ def test_padding_never_changes_a_result(variant, side):
         torch.testing.assert_close(model(batch, attention_mask=mask)[1, real], model(short)[0], atol=ATOL, rtol=0)
 
 
-@masking_variants
+@variants
 def test_a_token_equal_to_pad_token_id_is_a_real_token_without_a_mask(variant):
     """Padding comes from the attention mask alone: id 0 (the tiny preset's pad, GPT-2's "!") is attended to like
     any token when no mask says otherwise, and masking it changes the result."""
@@ -151,7 +141,7 @@ def test_the_first_layer_norm_sees_the_sublayer_input_pre_and_the_residual_sum_p
     assert (model.decoder_norm is None) == (norm_position == "post")  # pre-LN ends with a final LayerNorm
 
 
-@masking_variants
+@variants
 def test_attention_weights_on_request(variant):
     """return_attention takes the explicit softmax path: same logits, weights that are causal, mask padding and sum to 1."""
     model = build(variant)

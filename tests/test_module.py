@@ -194,12 +194,8 @@ def test_smoothed_cross_entropy_takes_one_log_softmax() -> None:
 # ---- weight decay ------------------------------------------------------------------------------------------------
 
 
-# The activation function holds no parameter: relu and gelu group them as gelu_tanh does (gated MLPs do differ).
-PARAMETER_VARIANTS = [v for v in VARIANTS if v["activation"] not in ("relu", "gelu")]
-
-
 @pytest.mark.parametrize("decay_embeddings", [False, True])
-@pytest.mark.parametrize("variant", PARAMETER_VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_weight_decay_falls_on_exactly_the_linear_weight_matrices(variant: dict, decay_embeddings: bool) -> None:
     """Tables (token embeddings, learned positions, a tied output projection) decay only with decay_embeddings."""
     model = build(variant)
