@@ -132,8 +132,9 @@ class AttentionMaps(L.Callback):
         was_training = model.training
         model.eval()
         if pl_module.config.is_encoder_decoder:
-            src = _strip_padding(batch["src"][0], pl_module.config.pad_token_id)[:n]
-            tgt = _strip_padding(batch["tgt_in"][0], pl_module.config.pad_token_id)[:n]
+            # The masks say what is padding: OPUS-MT's targets start from the pad token itself.
+            src = _real_tokens(batch, "src", "src_mask", pl_module.config.pad_token_id)[:n]
+            tgt = _real_tokens(batch, "tgt_in", "tgt_mask", pl_module.config.pad_token_id)[:n]
             _, attentions = model(src[None].to(pl_module.device), tgt[None].to(pl_module.device), return_attention=True)
             src_tokens = _token_labels(pl_module.tokenizer, src)
             tgt_tokens = _token_labels(pl_module.target_tokenizer, tgt)
@@ -190,7 +191,11 @@ def confusion_figure(matrix: torch.Tensor, names: list[str]):
     return fig
 
 
-def _strip_padding(ids: torch.Tensor, pad: int | None) -> torch.Tensor:
+def _real_tokens(batch: dict[str, Any], key: str, mask_key: str, pad: int | None) -> torch.Tensor:
+    """The first row's real tokens: where its mask is True, else (a batch without masks) its ids other than pad."""
+    ids, mask = batch[key][0], batch.get(mask_key)
+    if mask is not None:
+        return ids[mask[0].bool()]
     return ids if pad is None else ids[ids != pad]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -319,11 +320,11 @@ class LitTransformer(L.LightningModule):
             self.label_names = list(datamodule.label_names)
         self._check_tokenizer()
         if self._init_tokenizer is not None and self.tokenizer is not None:
-            if self.tokenizer.to_str() != self._init_tokenizer:
-                spec = self.init_from if str(self.init_from).endswith(".ckpt") else f"{self.init_from}/tokenizer.json"
+            if not _same_segmentation(self.tokenizer.to_str(), self._init_tokenizer):
+                # The .ckpt or the Marian folder itself names the tokenizer (a folder also its decoder's start token).
                 raise ValueError(
                     f"init_from {self.init_from} was trained with another tokenizer than this run's data: the encoder's "
-                    f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {spec}"
+                    f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {self.init_from}"
                 )
         self._class_weights = self._resolve_class_weights(datamodule)
         if stage == "fit" and self.hparams.get("quantize", "none") != "none":
@@ -799,6 +800,17 @@ ENCODER_FIELDS = (
     "mask_token_id",
 )
 ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_blocks.", "encoder_norm.")
+
+
+def _same_segmentation(tokenizer_json: str, other_json: str) -> bool:
+    """Whether two tokenizers give the same ids: post-processors aside, which our encoding never runs (the DataModules
+    place BOS/EOS themselves; save_hf_marian's tokenizer.json has one for transformers' sake)."""
+    if tokenizer_json == other_json:
+        return True
+    a, b = json.loads(tokenizer_json), json.loads(other_json)
+    a.pop("post_processor", None)
+    b.pop("post_processor", None)
+    return a == b
 
 
 def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Transformer, str | None]:

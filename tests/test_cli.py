@@ -7,12 +7,13 @@ import io
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
 
-from lit_transformer.cli import run_cli
+from lit_transformer.cli import main, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -86,17 +87,36 @@ def test_a_value_outside_the_choices_names_them():
 # ---- one real run, shared by the tests below --------------------------------------------------------------------
 
 
-def _cli(
-    *args: str, cwd: Path, timeout: int = 600, ok: bool = True, env: dict | None = None
-) -> subprocess.CompletedProcess:
+def _process(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """`python -m lit_transformer ARGS` as a process of its own: for what needs one (DDP starts its ranks)."""
     result = subprocess.run(
-        [sys.executable, "-m", "lit_transformer", *args],
-        cwd=cwd,
-        env=env or ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        [sys.executable, "-m", "lit_transformer", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _cli(*args: str, cwd: Path, ok: bool = True) -> subprocess.CompletedProcess:
+    """`python -m lit_transformer ARGS` run in this process, with what a process would give: its exit code, stdout,
+    and stderr, where an uncaught exception appears as a Traceback. (A process of its own costs seconds of imports
+    per command; tests/test_readme.py runs the README's commands as processes.)"""
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 would: two threads on a shared 2-core machine oversubscribe it
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args))
+            except SystemExit as exit_:  # what a process prints and returns for each kind of exit code
+                if isinstance(exit_.code, str):
+                    print(exit_.code, file=sys.stderr)
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+            except Exception:
+                print(traceback.format_exc(), file=sys.stderr)
+                code = 1
+    finally:
+        torch.set_num_threads(threads)
+    result = subprocess.CompletedProcess(["lit_transformer", *args], code, out.getvalue(), err.getvalue())
     assert (result.returncode == 0) == ok, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -335,7 +355,7 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
 def test_ddp_with_two_cpu_processes(tmp_path: Path):
     """Both ranks train all 6 steps and end with identical parameters (DDP keeps replicas in sync)."""
     tests = Path(__file__).parent
-    _cli(
+    _process(
         "fit",
         "--config",
         str(CONFIGS / "presets" / "tiny.yaml"),

@@ -142,6 +142,21 @@ def test_opus_mt_sentencepiece_tokenizers_segment_and_number_as_marian_does(tmp_
         spm_tokenizer(tmp_path / "source.spm", {"a": 0, "b": 2})
 
 
+# Words of a toy English -> Spanish corpus: source.spm holds the English ones, target.spm the Spanish ones, and one
+# vocab.json numbers both (as OPUS-MT's folders do), with no BOS: </s> first, <pad> last.
+EN, ES = ["the", "house", "is", "red", "dog", "big"], ["la", "casa", "es", "roja", "el", "perro", "grande"]
+PAIRS = [("the house is red", "la casa es roja"), ("the dog is big", "el perro es grande"), ("the dog", "el perro")]
+
+
+def _pairs(folder: Path) -> Path:
+    """The toy corpus as train/validation/test JSONL files: fine-tuning needs a few pairs, not a corpus."""
+    folder.mkdir()
+    for split in ("train", "validation", "test"):
+        rows = [json.dumps({"en": en, "es": es}) for en, es in PAIRS * 4]
+        (folder / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    return folder
+
+
 def test_fit_starts_from_a_marian_folder_with_its_tokenizer(tmp_path, monkeypatch):
     from lit_transformer.checkpointing import load_checkpoint
     from lit_transformer.cli import run_cli
@@ -153,6 +168,7 @@ def test_fit_starts_from_a_marian_folder_with_its_tokenizer(tmp_path, monkeypatc
     args = ["fit", "--config", str(ROOT / "configs" / "presets" / "tiny-translate.yaml")]
     args += ["--model.init_from", str(tmp_path / "marian")]
     args += ["--data.init_args.tokenizer", str(tmp_path / "marian" / "tokenizer.json")]
+    args += ["--data.init_args.dataset", str(_pairs(tmp_path / "data")), "--data.init_args.max_tokens", "64"]
     args += ["--data.init_args.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "1"]
     args += ["--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "0"]
     args += ["--checkpoint.dirpath", "ckpt", "--checkpoint.every_n_train_steps", "1"]
@@ -167,5 +183,77 @@ def test_fit_starts_from_a_marian_folder_with_its_tokenizer(tmp_path, monkeypatc
     assert (after - start).abs().max() < 0.05 < start.abs().max()
     # Another tokenizer is refused, with the fix in the message.
     args[args.index("--data.init_args.tokenizer") + 1] = "char"
-    with pytest.raises(ValueError, match=r"another tokenizer(.|\n)*--data.init_args.tokenizer .*tokenizer.json"):
+    with pytest.raises(ValueError, match=r"another tokenizer(.|\n)*--data.init_args.tokenizer .*marian$"):
         run_cli(args)
+
+
+def _opus_mt_folder(folder: Path) -> tuple[transformers.MarianMTModel, dict[str, int]]:
+    """An OPUS-MT download as it lies on disk, built without the hub: a random MarianMTModel (decoding starts from
+    <pad>), source.spm / target.spm and vocab.json, and no tokenizer.json."""
+    letters = [*string.ascii_lowercase, "\u2581"]
+    pieces = ["</s>", "<unk>", *(f"\u2581{w}" for w in dict.fromkeys(EN + ES)), *letters, "<pad>"]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    control = [("<unk>", 0, 2), ("<s>", 0, 3), ("</s>", 0, 3)]
+    for name, words in (("source.spm", EN), ("target.spm", ES)):
+        _spm_model(folder / name, control + [(f"\u2581{w}", -1.0, 1) for w in words] + [(c, -5.0, 1) for c in letters])
+    return _random_opus_mt(folder, vocab=len(vocab)), vocab
+
+
+def test_fit_and_translate_from_an_opus_mt_folder_start_decoding_from_its_pad_token(tmp_path, monkeypatch, capsys):
+    """`fit --model.init_from DIR --data.init_args.tokenizer DIR` on an OPUS-MT folder: targets start from <pad>
+    (Marian's decoder_start_token_id) as Marian's training shifts them, so the loss is Hugging Face's on the same
+    batch; `translate` starts from <pad> too, and greedy decoding gives Hugging Face's tokens."""
+    from lit_transformer.cli import main, run_cli
+    from lit_transformer.inference import load_model
+    from lit_transformer.model import Transformer
+
+    hf, vocab = _opus_mt_folder(tmp_path / "opus-mt")
+    pad = vocab["<pad>"]
+    data = _pairs(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", str(ROOT / "configs" / "presets" / "tiny-translate.yaml")]
+    args += ["--model.init_from", "opus-mt", "--data.init_args.tokenizer", "opus-mt"]
+    args += ["--data.init_args.dataset", str(data), "--data.init_args.cache_dir", "cache"]
+    args += ["--data.init_args.max_tokens", "64", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0"]
+    args += ["--checkpoint.dirpath", "ckpt", "--checkpoint.every_n_train_steps", "2"]
+    args += ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+    cli = run_cli(args)
+    assert (cli.model.config.bos_token_id, cli.model.config.pad_token_id) == (pad, pad)
+    batch = next(iter(cli.datamodule.train_dataloader()))
+    assert (batch["tgt_in"][:, 0] == pad).all()
+    # Each side segmented by its own SentencePiece model, numbered by the one vocab.json.
+    assert cli.datamodule.decode(batch["labels"][0][batch["labels"][0] >= 0]) in [es for _, es in PAIRS]
+    # Marian's teacher forcing (shift_tokens_right of the labels from decoder_start_token_id) is ours at every
+    # labelled position, and the folder's model, loaded, has Hugging Face's loss on the batch.
+    labelled = batch["labels"] != -100
+    shifted = transformers.models.marian.modeling_marian.shift_tokens_right(batch["labels"], pad, pad)
+    assert torch.equal(batch["tgt_in"][labelled], shifted[labelled])
+    ours = load_hf_marian(tmp_path / "opus-mt")
+    with torch.no_grad():
+        logits = ours(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"])
+        theirs = hf(input_ids=batch["src"], attention_mask=batch["src_mask"], labels=batch["labels"])
+    torch.testing.assert_close(logits[labelled], theirs.logits[labelled], atol=1e-5, rtol=1e-5)
+    loss = torch.nn.functional.cross_entropy(logits[labelled], batch["labels"][labelled])
+    torch.testing.assert_close(loss, theirs.loss, atol=1e-5, rtol=1e-5)
+
+    # translate: decoding starts from <pad>, and greedy decoding of the folder's model is Hugging Face's.
+    first_inputs = []
+    decode = Transformer.decode
+
+    def spy(self, tgt, *rest, **kwargs):
+        first_inputs.append(int(tgt[0, 0]))
+        return decode(self, tgt, *rest, **kwargs)
+
+    monkeypatch.setattr(Transformer, "decode", spy)
+    capsys.readouterr()
+    main(["translate", "--checkpoint", "ckpt/last.ckpt", "--text", "the dog is red", "--max_new_tokens", "6"])
+    assert first_inputs[0] == pad and capsys.readouterr().out.endswith("\n")
+    loaded = load_model("ckpt/last.ckpt")
+    assert loaded.target_tokenizer.to_str() != loaded.tokenizer.to_str()  # target.spm travels in the checkpoint
+    src = torch.tensor([loaded.encode("the dog is red")])
+    greedy = dict(max_new_tokens=6, num_beams=1, do_sample=False)
+    expected = hf.generate(src, decoder_start_token_id=pad, forced_eos_token_id=None, **greedy)[:, 1:]
+    got = ours.generate(src, max_new_tokens=6, num_beams=1)
+    assert torch.equal(got[:, : expected.shape[1]], expected)

@@ -1,13 +1,16 @@
 """Every command of the README runs as written, in the order a reader meets them, on the embedded corpora.
 
 Each command gets only small-size overrides appended (fewer steps, fewer tokens); a command marked "# needs a GPU"
-is checked to parse (--print_config / --help), one marked "# takes minutes" runs its --help. The commands run
+is checked to parse (--print_config / --help), one marked "# takes minutes" runs its --help (the parse-only commands of
+`python -m lit_transformer` in this process: see parse_in_process). The commands run
 in a fresh folder that holds the repository's configs and scripts, with the environment activated, as a newcomer
 runs them after the set-up command; what each is said to produce is checked. Python blocks run as written too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -86,6 +89,24 @@ def workdir(tmp_path_factory) -> Path:
     return work
 
 
+def parse_in_process(command: str, cwd: Path) -> subprocess.CompletedProcess | None:
+    """A parse-only `python -m lit_transformer ...` command (--help, --print_config) run in this process, as the CLI
+    would run it from `cwd`; None for any other command. A parse needs no process of its own, and a new one spends
+    seconds importing torch and Lightning first (every command that trains, loads or writes runs as a process)."""
+    words = shlex.split(command)
+    if words[:3] != ["python", "-m", "lit_transformer"]:
+        return None
+    from lit_transformer.cli import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(words[3:])
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    return subprocess.CompletedProcess(words, code, out.getvalue(), err.getvalue())
+
+
 def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -106,7 +127,7 @@ def test_readme_command_runs_as_written(index: int, workdir: Path):
     command, kind = adapt(COMMANDS[index])
     if kind == "tensorboard":
         return check_tensorboard(command, workdir)
-    result = shell(command, workdir)
+    result = (kind == "parses" and parse_in_process(command, workdir)) or shell(command, workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{command}\n{output[-4000:]}"
     assert "Traceback" not in output, f"{command}\n{output[-4000:]}"

@@ -37,7 +37,7 @@ from .pairs import (
     sample_pairs,
 )
 from .sources import load_any
-from .tokenizer import load_or_train_tokenizer, special_token_id
+from .tokenizer import KINDS, load_or_train_tokenizer, special_token_id
 
 __all__ = ["IGNORE_INDEX", "PairDataset", "TranslationDataModule"]
 
@@ -131,7 +131,9 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
             target_lang: Target language code, likewise.
             source_column: The source text column when it is not named after source_lang.
             target_column: The target text column when it is not named after target_lang.
-            tokenizer: A kind to train (bpe, byte_bpe, char), a tokenizer.json path or a hub tokenizer name.
+            tokenizer: A kind to train (bpe, byte_bpe, char), a tokenizer.json path, a hub tokenizer name, or a
+                Marian folder (to fine-tune it: its tokenizers, OPUS-MT's SentencePiece ones converted, and its
+                decoder's start token, which for OPUS-MT is <pad>).
             vocab_size: Vocabulary size of each trained tokenizer.
             shared_vocab: One vocabulary for both languages (allows the paper's three-way embedding tying); False
                 trains a separate target tokenizer.
@@ -279,7 +281,18 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
 
     # ------------------------------------------------------------------ tokenizers
 
+    def _marian_folder(self) -> bool:
+        return self.tokenizer_spec not in KINDS and os.path.isdir(self.tokenizer_spec)
+
     def _load_tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
+        if self._tokenizers is None and self._marian_folder():
+            from lit_transformer.interop.hf_marian import load_hf_marian_tokenizers
+
+            src, tgt = load_hf_marian_tokenizers(self.tokenizer_spec)
+            if self.shared_vocab and src.get_vocab() != tgt.get_vocab():
+                raise ValueError(f"{self.tokenizer_spec} has a vocabulary per language: set shared_vocab false")
+            self._tokenizers = (src, tgt)
+            self._tokenizer_keys = (fingerprint("tokenizer", src.to_str()), fingerprint("tokenizer", tgt.to_str()))
         if self._tokenizers is None:
 
             def train_texts(side: int | None):
@@ -322,7 +335,8 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
     def _special(self, role: str) -> int:
         ids = {special_token_id(self.tokenizer, role), special_token_id(self.target_tokenizer, role)}
         if None in ids or len(ids) != 1:
-            raise ValueError(f"The tokenizers need one common {role} token for translation (found ids {ids})")
+            hint = " (a Marian folder as the tokenizer names its start token)" if role == "bos" else ""
+            raise ValueError(f"The tokenizers need one common {role} token for translation (found ids {ids}){hint}")
         return ids.pop()
 
     @property
@@ -331,6 +345,13 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
 
     @property
     def bos_token_id(self) -> int:
+        """Where targets start (tgt_in = [bos] + target): a Marian folder says so in its config (OPUS-MT: <pad>)."""
+        if self._marian_folder():
+            from lit_transformer.interop.hf_marian import marian_decoder_start_token_id
+
+            start = marian_decoder_start_token_id(self.tokenizer_spec)
+            if start is not None:
+                return start
         return self._special("bos")
 
     @property
@@ -347,7 +368,7 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
         path = Path(directory) / "tokenizer.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         self.tokenizer.save(str(path))
-        if not self.shared_vocab:
+        if self.target_tokenizer is not self.tokenizer:
             self.target_tokenizer.save(str(path.with_name("target_tokenizer.json")))
         return path
 
@@ -449,7 +470,8 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
     def load_state_dict(self, state_dict: dict) -> None:
         if self._tokenizers is None and "tokenizer" in state_dict:
             saved = state_dict["tokenizer"]
+            target = state_dict.get("target_tokenizer", saved)
             source = Tokenizer.from_str(saved)
-            target = source if self.shared_vocab else Tokenizer.from_str(state_dict.get("target_tokenizer", saved))
-            self._tokenizers = (source, target)
-            self._tokenizer_keys = (fingerprint("tokenizer", saved), fingerprint("tokenizer", target.to_str()))
+            # One id table may still segment each language apart (OPUS-MT's source.spm and target.spm).
+            self._tokenizers = (source, source if target == saved else Tokenizer.from_str(target))
+            self._tokenizer_keys = (fingerprint("tokenizer", saved), fingerprint("tokenizer", target))

@@ -204,6 +204,19 @@ def is_marian_folder(path: str | os.PathLike) -> bool:
     return config.is_file() and json.loads(config.read_text()).get("model_type") == "marian"
 
 
+def marian_decoder_start_token_id(path: str | os.PathLike) -> int | None:
+    """The id a Marian folder's decoder starts from (config.json's decoder_start_token_id, else its pad token as in
+    Marian); None when `path` is no Marian folder. OPUS-MT starts from its pad token: it has no BOS."""
+    if not is_marian_folder(path):
+        return None
+    return _decoder_start(json.loads((Path(path) / "config.json").read_text()))
+
+
+def _decoder_start(hf: Mapping) -> int | None:
+    start = hf.get("decoder_start_token_id")
+    return hf.get("pad_token_id") if start is None else start
+
+
 def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> TransformerConfig:
     """Our config for a Marian config.json. The folder decides the architecture and the special ids (decoding starts
     from its decoder_start_token_id: OPUS-MT's is its pad token); dropout and initialisation come from `base` when
@@ -227,7 +240,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
         raise ValueError("This Marian model cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems))
     vocab = hf["vocab_size"]
     target_vocab = hf.get("decoder_vocab_size") or vocab
-    start = hf.get("decoder_start_token_id", hf.get("pad_token_id"))
+    start = _decoder_start(hf)
     share = hf.get("share_encoder_decoder_embeddings", True)
     architecture = dict(
         topology="encoder_decoder",
