@@ -206,7 +206,13 @@ def check_predict(command: str, result, workdir: Path) -> None:
 
 
 def check_export(command: str, result, workdir: Path) -> None:
-    out = workdir / shlex.split(command)[shlex.split(command).index("--out") + 1]
+    args = shlex.split(command)
+    out = workdir / args[args.index("--out") + 1]
+    if args[args.index("--format") + 1] == "onnx":  # an encoder-decoder: both graphs, described, with the tokenizer
+        described = json.loads((out / "onnx.json").read_text())
+        assert {"encoder", "decoder"} <= set(described["graphs"]) and (out / "tokenizer.json").is_file()
+        assert all((out / graph["file"]).is_file() for graph in described["graphs"].values())
+        return
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
 
 
