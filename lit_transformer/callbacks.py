@@ -416,7 +416,7 @@ class PredictionWriter(BasePredictionWriter):
             self._file = None
 
 
-def _rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float | None:
+def process_rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float | None:
     """A process's resident memory (VmRSS; VmHWM: its peak so far) in MB, from /proc (Linux); None where it cannot be
     read."""
     try:
@@ -451,7 +451,7 @@ class HostMemoryMonitor(L.Callback):
         self._last_step: int | None = None
 
     def _record(self, trainer: L.Trainer, stage: str) -> dict[str, Any] | None:
-        rss = _rss_mb()
+        rss = process_rss_mb()
         if rss is None:
             return None
         children = 0.0
@@ -461,9 +461,9 @@ class HostMemoryMonitor(L.Callback):
         except OSError:
             pids = []
         for pid in pids:
-            children += _rss_mb(pid) or 0.0
+            children += process_rss_mb(pid) or 0.0
         record = {"stage": stage, "step": trainer.global_step, "rank": trainer.global_rank, "time": time.time(),
-                  "rss_mb": round(rss, 1), "peak_rss_mb": round(_rss_mb(field="VmHWM") or rss, 1),
+                  "rss_mb": round(rss, 1), "peak_rss_mb": round(process_rss_mb(field="VmHWM") or rss, 1),
                   "children_rss_mb": round(children, 1)}  # fmt: skip
         if self.path is not None:
             with open(self.path, "a", encoding="utf-8") as handle:

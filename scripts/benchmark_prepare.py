@@ -299,8 +299,9 @@ def kjv_child(storage: str, cache: str) -> None:
             batches += 1
             tokens += int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
     iterate = time.perf_counter() - started
-    with open("/proc/self/status") as handle:  # the peak so far: data only, before a model exists
-        data_peak_mb = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) / 1e3
+    from lit_transformer.callbacks import process_rss_mb
+
+    data_peak_mb = process_rss_mb(field="VmHWM")  # the peak so far: data only, before a model exists
     # For scale: one training step (forward, loss, backward) of translate-en-es.yaml's model on these batches.
     import yaml
 
@@ -330,9 +331,7 @@ def run_pairs_loader_rss(corpus: Path, tokenizer: Path, cache_dir: Path, batches
 
     torch.set_num_threads(1)
 
-    def rss_mb() -> float:
-        with open("/proc/self/status") as handle:
-            return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:")) / 1e3
+    from lit_transformer.callbacks import process_rss_mb as rss_mb
 
     before = rss_mb()
     started = time.perf_counter()

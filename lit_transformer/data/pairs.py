@@ -53,7 +53,7 @@ from .shards import (
     write_indexes,
 )
 from .sources import BUILDERS, _split_of, is_local, local_files
-from .streaming import HELD_OUT, SPLITS, _columns, _looks_like_a_path, hub_streams, records
+from .streaming import HELD_OUT, SPLITS, SplitSources, _columns, _looks_like_a_path, hub_streams, records
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _as_text(value, where: str) -> str:
     return value.strip()
 
 
-class PairStream:
+class PairStream(SplitSources):
     """Each split's sentence pairs as a stream, read row by row; held-out splits carved from train when missing.
 
     dataset: local .jsonl/.json/.csv/.tsv/.parquet files (a file, folder or glob), a hub name, or an embedded
@@ -190,32 +190,11 @@ class PairStream:
 
     def content_key(self, file_hash) -> str:
         """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
-        parts = []
-        for name in sorted(self.sources):
-            source = self.sources[name]
-            if source.rows is not None:
-                digest = hashlib.sha256()
-                for pair in source.rows:
-                    for text in pair:
-                        data = (text or "").encode("utf-8", "surrogatepass")
-                        digest.update(len(data).to_bytes(8, "little") + data)
-                parts.append((name, "rows", digest.hexdigest()[:20]))
-            elif source.hub_split is not None:
-                parts.append((name, "hub", self.dataset, self.dataset_config, source.hub_split))
-            else:
-                parts.append((name, "files", [(Path(f).suffix.lower(), file_hash(f)) for f in source.files]))
-        return fingerprint("pairs", 1, parts, self.langs, self.columns, self.explicit, self.mode)
-
-    def input_bytes(self, source: str) -> int | None:
-        files = self.sources[source].files
-        return sum(os.path.getsize(f) for f in files) if files else None
+        return fingerprint(
+            "pairs", 1, self._source_parts(file_hash), self.langs, self.columns, self.explicit, self.mode
+        )
 
     # ------------------------------------------------------------------ the stream of a split
-
-    def passes(self) -> list[tuple[str, list[str]]]:
-        """(source split, the splits one pass over it fills): the training source also fills carved splits."""
-        out = [(name, ["train", *self.missing] if name == "train" else [name]) for name in self.sources]
-        return sorted(out, key=lambda item: SPLITS.index(item[0]))
 
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, Pair]]:
         """(split, pair) for every row of one pass over a source split, from row `skip` on; split is None for a

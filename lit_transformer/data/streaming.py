@@ -56,7 +56,46 @@ def _text_bucket(text: str) -> int:
     return _bucket(hashlib.md5(text.encode("utf-8", "surrogatepass")).hexdigest())
 
 
-class CorpusStream:
+class SplitSources:
+    """What a stream of splits (CorpusStream, PairStream) knows of its sources: `sources` (split -> a source with
+    `rows`, `hub_split` or `files`), `missing` (held-out splits carved from train), `dataset` and `dataset_config`."""
+
+    sources: dict
+    missing: list[str]
+    dataset: str
+    dataset_config: str | None
+
+    def _source_parts(self, file_hash) -> list[tuple]:
+        """Each source's identity: its files' hashes, a digest of its in-memory rows (a text or a tuple of texts each),
+        or the hub name and config."""
+        parts = []
+        for name in sorted(self.sources):
+            source = self.sources[name]
+            if source.rows is not None:
+                digest = hashlib.sha256()
+                for row in source.rows:
+                    for text in row if isinstance(row, tuple) else (row,):
+                        data = (text or "").encode("utf-8", "surrogatepass")
+                        digest.update(len(data).to_bytes(8, "little") + data)
+                parts.append((name, "rows", digest.hexdigest()[:20]))
+            elif source.hub_split is not None:
+                parts.append((name, "hub", self.dataset, self.dataset_config, source.hub_split))
+            else:
+                parts.append((name, "files", [(Path(f).suffix.lower(), file_hash(f)) for f in source.files]))
+        return parts
+
+    def input_bytes(self, source: str) -> int | None:
+        """Bytes a pass over a source split reads (None when unknown: rows in memory or a hub stream)."""
+        files = self.sources[source].files
+        return sum(os.path.getsize(f) for f in files) if files else None
+
+    def passes(self) -> list[tuple[str, list[str]]]:
+        """(source split, the splits one pass over it fills): the training source also fills carved splits."""
+        out = [(name, ["train", *self.missing] if name == "train" else [name]) for name in self.sources]
+        return sorted(out, key=lambda item: SPLITS.index(item[0]))
+
+
+class CorpusStream(SplitSources):
     """Each split of a corpus as a stream of `Piece`s, with held-out splits carved from train when missing.
 
     dataset: a local file, folder or glob; a hub name; or an embedded corpus's DatasetDict (given as `embedded`).
@@ -105,34 +144,9 @@ class CorpusStream:
 
     def content_key(self, file_hash) -> str:
         """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
-        parts = []
-        for name in sorted(self.sources):
-            source = self.sources[name]
-            if source.rows is not None:
-                digest = hashlib.sha256()
-                for row in source.rows:
-                    data = (row or "").encode("utf-8", "surrogatepass")
-                    digest.update(len(data).to_bytes(8, "little") + data)
-                parts.append((name, "rows", digest.hexdigest()[:20]))
-            elif source.hub_split is not None:
-                parts.append((name, "hub", self.dataset, self.dataset_config, source.hub_split))
-            else:
-                parts.append((name, "files", [(Path(f).suffix.lower(), file_hash(f)) for f in source.files]))
-        return fingerprint("corpus", 1, parts, self.text_column, self.mode)
-
-    def input_bytes(self, source: str) -> int | None:
-        """Bytes a pass over a source split reads (None when unknown: rows in memory or a hub stream)."""
-        files = self.sources[source].files
-        return sum(os.path.getsize(f) for f in files) if files else None
+        return fingerprint("corpus", 1, self._source_parts(file_hash), self.text_column, self.mode)
 
     # ------------------------------------------------------------------ the stream of a split
-
-    def passes(self) -> list[tuple[str, list[str]]]:
-        """(source split, the splits one pass over it fills): the training source also fills carved splits."""
-        out = []
-        for name in self.sources:
-            out.append((name, ["train", *self.missing] if name == "train" else [name]))
-        return sorted(out, key=lambda item: SPLITS.index(item[0]))
 
     def pieces(self, split: str, skip_documents: int = 0) -> Iterator[Piece]:
         """The pieces of `split`'s documents in order; the first `skip_documents` source documents are read past."""
