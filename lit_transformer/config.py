@@ -426,6 +426,12 @@ class GenerationConfig:
     """Seed of the sampling generator; None draws from torch's global generator."""
     use_cache: bool = True
     """Decode with the KV cache; False recomputes the whole window every step (slow; a reference for tests)."""
+    compile: bool = False
+    """Run the model's encoder and decoder passes through torch.compile (inductor, CPU-measured): a step becomes a
+    few fused kernels, so each token costs less, above all with --quantize int8 (docs/performance.md, "Compiled
+    decoding"). The first call in a process compiles (tens of seconds on 2 cores; seconds once inductor's on-disk
+    cache holds the graphs): worth it for many inputs or long outputs. The same model: int8 layers compute the same
+    integers, fp32 sums may round in another order, so near-tied candidates can rank differently."""
 
     def __post_init__(self) -> None:
         problems = []

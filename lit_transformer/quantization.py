@@ -40,9 +40,21 @@ class Int8Linear(_QUANTIZED_LINEAR):
     operator directly. torch's forward reaches it through the torch.ops wrappers, whose per-call Python checks and
     an output conversion (to the fp32 it already is) cost a few microseconds on each of a decoding step's 13 Linear
     calls at the translation preset's size (docs/performance.md, "Per-step overhead"). Fake weights (tracing) and
-    fp16 weights take torch's own forward."""
+    fp16 weights take torch's own forward.
+
+    Under torch.compile (GenerationConfig.compile) the packed weights are opaque to the compiler, so the layer runs
+    int8_matmul on plain copies of the same int8 weights and scales instead: the same arithmetic as the packed
+    kernel, which the compiler can place in one graph with the rest of the step. The copies are non-persistent
+    buffers (state_dict is unchanged), made when the weights are set and refreshed by compile_ready.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.compile_ready()
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling() and self.int8_weight is not None:
+            return int8_matmul(x, self.int8_weight, self.int8_scale, self.int8_weight_sum, self.int8_bias)
         packed = self._packed_params
         weights = packed._packed_params
         if packed.dtype != torch.qint8 or not isinstance(weights, torch.ScriptObject):
@@ -50,6 +62,79 @@ class Int8Linear(_QUANTIZED_LINEAR):
         reduce_range = self.version is not None and self.version >= 4  # as torch's forward decides it
         y = _LINEAR_DYNAMIC_OP(x, weights, reduce_range)
         return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    def set_weight_bias(self, w: Tensor, b: Tensor | None) -> None:
+        super().set_weight_bias(w, b)
+        self.compile_ready()
+
+    def compile_ready(self) -> None:
+        """Make the plain int8 copies that the compiled forward reads, unless they already hold the packed weights
+        (loading a state dict or deepcopy repacks them: a new packed object, so the copies are remade)."""
+        weights = self._packed_params._packed_params
+        if getattr(self, "_plain_of", None) is weights:
+            return
+        plain = None
+        # int8_matmul reproduces fbgemm's arithmetic (the x86 and fbgemm engines) with reduce_range (version 4 on);
+        # any other layer keeps the packed kernel when compiled too (dynamo then splits the graph around it).
+        fbgemm = torch.backends.quantized.engine in ("x86", "fbgemm") and (self.version or 0) >= 4
+        if fbgemm and self._packed_params.dtype == torch.qint8 and isinstance(weights, torch.ScriptObject):
+            weight, bias = self._weight_bias()
+            if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+                scales, zeros = weight.q_per_channel_scales(), weight.q_per_channel_zero_points()
+            else:
+                scales = torch.full((weight.shape[0],), weight.q_scale(), dtype=torch.float64)
+                zeros = torch.full((weight.shape[0],), weight.q_zero_point())
+            if bool((zeros == 0).all()):  # quantize_int8's weights are symmetric
+                int8 = weight.int_repr().contiguous()  # (out, in): int8_matmul multiplies by its transpose
+                plain = (int8, scales.float(), int8.sum(1, dtype=torch.int32), bias)
+        names = ("int8_weight", "int8_scale", "int8_weight_sum", "int8_bias")
+        for name, value in zip(names, plain or (None,) * 4, strict=True):
+            self.register_buffer(name, None if value is None else value.detach(), persistent=False)
+        self._plain_of = weights
+
+
+# fbgemm's ChooseQuantizationParams (ATen quantized/cpu/QuantUtils.h): scales below this are raised to it.
+_SMALL_SCALE = 6.1e-5
+
+
+def input_qparams(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The scale and zero point (0-dim fp32 tensors) with which the packed dynamic int8 Linear quantizes its input: one
+    pair for the whole tensor, uint8 with reduce_range (0..127), the range widened to hold 0, in double precision,
+    as fbgemm's ChooseQuantizationParams computes them, in few tensor operations so that it compiles small.
+
+    fbgemm raises a scale below _SMALL_SCALE to it and widens the range by the same factor; the range's ends in
+    units of the scale (from which the zero point comes) are then unchanged, so here the zero point is taken from
+    the unraised scale and the scale is raised afterwards."""
+    lo = x.amin().double().clamp(max=0.0)
+    hi = x.amax().double().clamp(min=0.0)
+    qmax = 127.0
+    scale = (hi - lo) / qmax
+    single = scale.float()
+    scale = torch.where((single == 0) | torch.isinf(1.0 / single), torch.full_like(scale, 0.1), scale)
+    lo, hi = lo / scale, hi / scale
+    # The zero point from whichever end of the range loses less, nudged to an integer in range.
+    zero = torch.where(-lo.abs() < qmax - hi.abs(), -lo, qmax - hi)
+    return scale.clamp(min=_SMALL_SCALE).float(), zero.clamp(0, qmax).round().float()
+
+
+def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor, weight_sum: Tensor, bias: Tensor | None) -> Tensor:
+    """The dynamic int8 Linear as plain tensor operations: x quantized as input_qparams says, an exact int8 x int8 ->
+    int32 product (torch._int_mm with the (out, in) int8 weight's transpose, a view: on a CPU several times faster
+    than a contiguous (in, out) copy), the zero point's share removed with each output's weight sum, then scaled
+    back by the input's and the output channel's scales.
+    The integers equal the packed kernel's; the fp32 results differ from it by at most an ulp or so (the order of the
+    final multiplications), measured in tests/test_compiled_decoding.py."""
+    features = x.shape[-1]
+    # 2-D before quantizing: torch._int_mm on a CPU misreads a (1, K) operand whose row stride is 0, a layout the
+    # compiler may give a size-1 view of a 3-D buffer.
+    rows = x.reshape(-1, features)
+    x_scale, x_zero = input_qparams(rows)
+    q = (torch.round(rows * (1.0 / x_scale)) + x_zero).clamp(0, 127).to(torch.int8)
+    acc = torch._int_mm(q, weight.t()) - x_zero.int() * weight_sum
+    y = acc.float() * (x_scale * scale)
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], weight.shape[0])
 
 
 class QuantizationError(ValueError):

@@ -343,11 +343,32 @@ def _onnx_contenders(model: Transformer, threads: int, cross_kv: tuple[str, ...]
     return {name: OnnxModel(folder, threads=threads) for name, folder in folders.items()}
 
 
+COMPILED = ", compiled (compile=True)"
+
+
+def _with_compiled(models: dict[str, nn.Module], flags: dict) -> tuple[dict[str, Callable[[], object]], dict]:
+    """A generate contender per model, plus compile=True ones for our fp32 and default int8 models; each compiled
+    contender's first call (compiling, with inductor's on-disk cache as this machine has it) is timed apart."""
+    contenders = {name: (lambda m=m: m.generate(**flags)) for name, m in models.items()}
+    first = {}
+    for name in (OURS + " fp32", OURS + " int8 (lm_head int8, default)"):
+        model = models[name]
+        label = name + COMPILED
+        contenders[label] = lambda m=model: m.generate(**flags, compile=True)
+        progress(f"compiling {label}")
+        start = time.perf_counter()
+        with torch.inference_mode():
+            contenders[label]()
+        first[label] = time.perf_counter() - start
+    return contenders, first
+
+
 def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], reps: int, threads: int) -> list[Row]:
     """Greedy generation, batch 1, fp32 vs int8 dynamic quantization (lit_transformer.quantization), our decoder-only
     model against HF GPT-2 generate and our translation-preset-sized encoder-decoder against HF Marian generate, each
-    with and without the same int8 quantization of its Linear layers; and our exported ONNX decoding graphs in
-    onnxruntime (fp32, and int8 by onnxruntime's quantize_dynamic)."""
+    with and without the same int8 quantization of its Linear layers; our fp32 and int8 models with compile=True
+    (GenerationConfig.compile); and our exported ONNX decoding graphs in onnxruntime (fp32, and int8 by
+    onnxruntime's quantize_dynamic)."""
     from lit_transformer.quantization import quantize_int8
 
     n = g["new"]
@@ -370,12 +391,14 @@ def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], rep
         OURS + " int8 (lm_head fp32)": quantize_int8(ours, lm_head=False),
     }
     models.update(_onnx_contenders(ours, threads))
-    contenders = {name: (lambda m=m: m.generate(prompt, max_new_tokens=n)) for name, m in models.items()}
+    contenders, first = _with_compiled(models, dict(input_ids=prompt, max_new_tokens=n))
     contenders["HF GPT-2 generate fp32"] = hf_run(hf, prompt)
     contenders["HF GPT-2 generate int8"] = hf_run(hf8, prompt)
     with torch.inference_mode():
         times = alternate(contenders, reps)
     rows += summarize("int8 greedy, decoder-only", times, reference=OURS + " fp32", new_tokens=n, prompt=g["prompt"])
+    for row in rows:
+        row["first_call_s"] = first.get(row["contender"])
 
     torch.manual_seed(0)
     dims = {k: t[k] for k in ("vocab", "d", "heads", "layers", "d_ff", "ctx")}
@@ -390,13 +413,18 @@ def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], rep
     # Cross-attention K/V: computed once by the encoder graph ("cached", the default) or by every step from the memory.
     models.update(_onnx_contenders(ours, threads, cross_kv=("cached", "memory")))
     # max_source_offset=None: all n tokens, as HF's min_new_tokens forces (by default a translation stops at source + 50)
-    flags = dict(max_new_tokens=n, num_beams=1, max_source_offset=None)
-    contenders = {name: (lambda m=m: m.generate(src, **flags)) for name, m in models.items()}
+    flags = dict(input_ids=src, max_new_tokens=n, num_beams=1, max_source_offset=None)
+    contenders, first = _with_compiled(models, flags)
     contenders["HF Marian generate fp32"] = hf_run(marian, src)
     contenders["HF Marian generate int8"] = hf_run(_int8(marian), src)
     with torch.inference_mode():
         times = alternate(contenders, reps)
-    rows += summarize("int8 greedy, encoder-decoder", times, reference=OURS + " fp32", new_tokens=n, src=g["prompt"])
+    seq2seq_rows = summarize(
+        "int8 greedy, encoder-decoder", times, reference=OURS + " fp32", new_tokens=n, src=g["prompt"]
+    )
+    for row in seq2seq_rows:
+        row["first_call_s"] = first.get(row["contender"])
+    rows += seq2seq_rows
     for row in rows:
         row["tokens_per_s"] = n / row["median_s"]
     return rows
@@ -844,6 +872,7 @@ NOTES = {  # key in a row -> how the table shows it
     "activations_mb": "activations {:.0f} MB",
     "activation_ratio": "({:.2f}x)",
     "first_step_s": "first step {:.2f} s after fit starts",
+    "first_call_s": "first call {:.1f} s (compiles)",
     "params": "{:,} params",
     "mfu": "MFU {:.0%}",
     "achieved_tflops": "{:.0f} TFLOP/s",

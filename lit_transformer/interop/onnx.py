@@ -382,6 +382,11 @@ class OnnxModel:
         input_ids = input_ids.cpu()
         attention_mask = None if attention_mask is None else attention_mask.cpu()
         plan = _plan(self, input_ids, attention_mask, config, overrides)
+        if plan.gen.compile:
+            raise ValueError(
+                "compile=True compiles the PyTorch model's passes; onnxruntime runs its own optimised graphs: leave "
+                "compile unset for OnnxModel"
+            )
         return decode(self, OnnxDecoder, input_ids, attention_mask, plan, generator, streamer)
 
     def encode(self, source_ids: np.ndarray, source_mask: np.ndarray) -> list[np.ndarray]:

@@ -41,8 +41,11 @@ class IncrementalDecoder:
     two give the same tokens.
 
     Where the model runs is four methods (_encode, _new_cache, _reorder_cache, _run): a subclass drives an exported
-    graph with the same windows, padding and beam bookkeeping (lit_transformer.interop.onnx).
+    graph with the same windows, padding and beam bookkeeping (lit_transformer.interop.onnx). `passes` holds the
+    encode and decode functions _encode and _run call: the model's own, or compiled ones (CompiledDecoder).
     """
+
+    passes: object = None
 
     def __init__(
         self,
@@ -56,6 +59,8 @@ class IncrementalDecoder:
     ) -> None:
         cfg = model.config
         self.model = model
+        if self.passes is None:
+            self.passes = model
         self.memory = self.memory_mask = None
         self.window = cfg.max_seq_len
         self.window_keep = min(window_keep or max(1, self.window // 2), self.window)
@@ -86,7 +91,7 @@ class IncrementalDecoder:
 
     def _encode(self, input_ids: Tensor, src_keep: Tensor | None, expand: int) -> Tensor:
         """The encoder's memory, each row repeated `expand` times (beams)."""
-        return self.model.encode(input_ids, src_keep).repeat_interleave(expand, 0)
+        return self.passes.encode(input_ids, src_keep).repeat_interleave(expand, 0)
 
     def _new_cache(self, max_len: int) -> list:
         return self.model.new_cache(max_len)
@@ -102,7 +107,7 @@ class IncrementalDecoder:
     def _run(self, new_tokens: Tensor) -> Tensor:
         if self.cache is None:
             new_tokens = self.tokens
-        logits = self.model.decode(
+        logits = self.passes.decode(
             new_tokens, self.memory, tgt_mask=self.keep, memory_mask=self.memory_mask, cache=self.cache, last_only=True
         )
         return logits[:, -1].float()
@@ -125,6 +130,65 @@ class IncrementalDecoder:
                 return self.logits
         self.logits = self._run(next_tokens[:, None])
         return self.logits
+
+
+class CompiledPasses:
+    """A model's encode and decode run through torch.compile (GenerationConfig.compile), inductor's default mode.
+
+    The unbound Transformer.encode / Transformer.decode are compiled once per process and take the model as their
+    first argument, so no compiled function holds a model alive. Shapes start static and a dimension that changes
+    (the cache's length after the first step, then the batch or the source length) is recompiled once as dynamic:
+    static sizes elsewhere give the fastest kernels (`scripts/decode_step_profile.py [--all-dynamic]` measures a
+    step of the translation preset's model both ways). A decoding's distinct graphs (the first pass, later steps, padding or
+    not) and several models in one process need more than dynamo's default of 8 graphs per function, so the limit
+    is raised to COMPILED_GRAPHS; past it dynamo runs the function eagerly, with the same results. int8 layers take
+    their compilable form (Int8Linear.forward).
+    """
+
+    _functions: dict[tuple[type, str, bool | None], Callable] = {}
+
+    def __init__(self, model: Transformer, dynamic: bool | None = None) -> None:
+        """dynamic: torch.compile's; None (automatic, as above) is what compile=True uses."""
+        from lit_transformer.quantization import Int8Linear
+
+        for module in model.modules():
+            if isinstance(module, Int8Linear):
+                module.compile_ready()
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_GRAPHS)
+        self.model, self.dynamic = model, dynamic
+
+    def _run(self, name: str, *args, **kwargs) -> Tensor:
+        key = (type(self.model), name, self.dynamic)
+        if key not in self._functions:
+            self._functions[key] = torch.compile(getattr(type(self.model), name), dynamic=self.dynamic)
+        try:
+            return self._functions[key](self.model, *args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            raise RuntimeError(
+                f"compile=True could not compile the model's {name} pass ({type(error.inner_exception).__name__}: "
+                f"{str(error.inner_exception).splitlines()[0] if str(error.inner_exception) else ''}). On a CPU, "
+                "torch.compile's inductor needs a working C++ compiler (gcc or clang): install one, or decode "
+                "without compile (--compile false)"
+            ) from error
+
+    def encode(self, *args, **kwargs) -> Tensor:
+        return self._run("encode", *args, **kwargs)
+
+    def decode(self, *args, **kwargs) -> Tensor:
+        return self._run("decode", *args, **kwargs)
+
+
+COMPILED_GRAPHS = 64
+"""Graphs per compiled function (dynamo's recompile_limit) that CompiledPasses allows."""
+
+
+class CompiledDecoder(IncrementalDecoder):
+    """IncrementalDecoder over CompiledPasses: the same windows, cache and bookkeeping, compiled model passes."""
+
+    def __init__(self, model: Transformer, *args, **kwargs) -> None:
+        self.passes = CompiledPasses(model)
+        super().__init__(model, *args, **kwargs)
 
 
 @contextmanager
@@ -278,8 +342,9 @@ def generate(
     plan = _plan(model, input_ids, attention_mask, config, overrides)
     gen = plan.gen
     single_row = input_ids.shape[0] == 1 and gen.use_cache and gen.num_beams == 1
+    decoder_class = CompiledDecoder if gen.compile else IncrementalDecoder
     with _eval_mode(model), vector_friendly_weights(model, enabled=single_row and plan.max_new_tokens >= 16):
-        out = decode(model, IncrementalDecoder, input_ids, attention_mask, plan, generator, streamer)
+        out = decode(model, decoder_class, input_ids, attention_mask, plan, generator, streamer)
     return _outside(out)
 
 
@@ -340,7 +405,9 @@ def beam_search(
     the config says."""
     with _eval_mode(model):
         plan = _plan(model, input_ids, attention_mask, config, overrides)
-        out = _beam_search(model, input_ids, attention_mask, plan, IncrementalDecoder)
+        out = _beam_search(
+            model, input_ids, attention_mask, plan, CompiledDecoder if plan.gen.compile else IncrementalDecoder
+        )
     return _outside(out)
 
 
