@@ -56,6 +56,16 @@ DECODING_VARIANTS = [
 ENCODER_VARIANTS = [
     {**v, "topology": "encoder_only"} for v in VARIANTS if v["topology"] == "decoder_only" and v["positions"] != "none"
 ]
+# GPT-2 and the paper's model, both with tied embeddings: the int8 and compiled-decoding tests' two topologies.
+GPT2 = {"topology": "decoder_only", "norm_position": "pre", "positions": "learned", "tie_embeddings": True}
+PAPER = {
+    "topology": "encoder_decoder",
+    "norm_position": "post",
+    "positions": "sinusoidal",
+    "activation": "relu",
+    "scale_embeddings": True,
+    "tie_embeddings": True,
+}
 FIRST_TOKEN = 3  # tiny's pad, bos, eos are 0, 1, 2: random inputs avoid them
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
+from model_variants import GPT2, PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
 from torch import nn
 
 from lit_transformer.data.tokenizer import train_tokenizer
@@ -28,15 +28,6 @@ from lit_transformer.quantization import (
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
-GPT2 = {"topology": "decoder_only", "norm_position": "pre", "positions": "learned", "tie_embeddings": True}
-PAPER = {
-    "topology": "encoder_decoder",
-    "norm_position": "post",
-    "positions": "sinusoidal",
-    "activation": "relu",
-    "scale_embeddings": True,
-    "tie_embeddings": True,
-}
 INPUTS = {
     "randn": lambda x: x,
     "positive": lambda x: x.abs(),

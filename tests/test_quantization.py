@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
+from model_variants import GPT2, PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
 
 from lit_transformer.data.tokenizer import train_tokenizer
 from lit_transformer.interop import OnnxModel, export_main, load_safetensors
@@ -19,15 +19,6 @@ from lit_transformer.quantization import QuantizationError, is_quantized, quanti
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
-GPT2 = {"topology": "decoder_only", "norm_position": "pre", "positions": "learned", "tie_embeddings": True}
-PAPER = {
-    "topology": "encoder_decoder",
-    "norm_position": "post",
-    "positions": "sinusoidal",
-    "activation": "relu",
-    "scale_embeddings": True,
-    "tie_embeddings": True,
-}
 MODERN = {**GPT2, "positions": "rope", "activation": "swiglu", "norm": "rmsnorm", "bias": False}
 VARIANTS = [GPT2, PAPER, {**GPT2, "pad_vocab_to_multiple_of": 64}, {**PAPER, "pad_vocab_to_multiple_of": 64}, MODERN]
 ROOT = Path(__file__).resolve().parents[1]
