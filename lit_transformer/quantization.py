@@ -48,9 +48,15 @@ class Int8Linear(_QUANTIZED_LINEAR):
     buffers (state_dict is unchanged), made when the weights are set and refreshed by compile_ready.
     """
 
+    _PLAIN = ("int8_weight", "int8_scale", "int8_weight_sum", "int8_bias")
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.compile_ready()
+        # Empty until weights are set (from_float and loading call set_weight_bias) or compile_ready runs: the
+        # placeholder weights torch packs here are never unpacked.
+        for name in self._PLAIN:
+            self.register_buffer(name, None, persistent=False)
+        self._plain_of = None
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling() and self.int8_weight is not None:
@@ -71,7 +77,7 @@ class Int8Linear(_QUANTIZED_LINEAR):
         """Make the plain int8 copies that the compiled forward reads, unless they already hold the packed weights
         (loading a state dict or deepcopy repacks them: a new packed object, so the copies are remade)."""
         weights = self._packed_params._packed_params
-        if getattr(self, "_plain_of", None) is weights:
+        if self._plain_of is weights:
             return
         plain = None
         # int8_matmul reproduces fbgemm's arithmetic (the x86 and fbgemm engines) with reduce_range (version 4 on);
@@ -87,8 +93,7 @@ class Int8Linear(_QUANTIZED_LINEAR):
             if bool((zeros == 0).all()):  # quantize_int8's weights are symmetric
                 int8 = weight.int_repr().contiguous()  # (out, in): int8_matmul multiplies by its transpose
                 plain = (int8, scales.float(), int8.sum(1, dtype=torch.int32), bias)
-        names = ("int8_weight", "int8_scale", "int8_weight_sum", "int8_bias")
-        for name, value in zip(names, plain or (None,) * 4, strict=True):
+        for name, value in zip(self._PLAIN, plain or (None,) * 4, strict=True):
             self.register_buffer(name, None if value is None else value.detach(), persistent=False)
         self._plain_of = weights
 

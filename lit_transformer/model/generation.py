@@ -191,6 +191,11 @@ class CompiledDecoder(IncrementalDecoder):
         super().__init__(model, *args, **kwargs)
 
 
+def decoder_for(gen: GenerationConfig) -> type[IncrementalDecoder]:
+    """The decoder a Transformer's generate and beam_search run: compiled passes when gen.compile."""
+    return CompiledDecoder if gen.compile else IncrementalDecoder
+
+
 @contextmanager
 def vector_friendly_weights(model: Transformer, enabled: bool = True) -> Iterator[None]:
     """Within the block, the decoder's Linear weights (out, in) live in column-major memory, values unchanged.
@@ -342,9 +347,8 @@ def generate(
     plan = _plan(model, input_ids, attention_mask, config, overrides)
     gen = plan.gen
     single_row = input_ids.shape[0] == 1 and gen.use_cache and gen.num_beams == 1
-    decoder_class = CompiledDecoder if gen.compile else IncrementalDecoder
     with _eval_mode(model), vector_friendly_weights(model, enabled=single_row and plan.max_new_tokens >= 16):
-        out = decode(model, decoder_class, input_ids, attention_mask, plan, generator, streamer)
+        out = decode(model, decoder_for(gen), input_ids, attention_mask, plan, generator, streamer)
     return _outside(out)
 
 
@@ -405,9 +409,7 @@ def beam_search(
     the config says."""
     with _eval_mode(model):
         plan = _plan(model, input_ids, attention_mask, config, overrides)
-        out = _beam_search(
-            model, input_ids, attention_mask, plan, CompiledDecoder if plan.gen.compile else IncrementalDecoder
-        )
+        out = _beam_search(model, input_ids, attention_mask, plan, decoder_for(plan.gen))
     return _outside(out)
 
 
