@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lit_transformer.data import ClassificationDataModule, corpora
+from lit_transformer.data.splits import hash_bucket
 
 ROWS = [
     ("what a merry jest, good sir", "comedy"),
@@ -68,13 +69,24 @@ def test_local_files_give_padded_batches_with_masks_and_label_ids(tmp_path, fmt:
         assert names[texts.index(text)] == dm.label_names[label]
 
 
-def test_a_missing_validation_and_test_split_is_carved_by_hash(tmp_path):
-    dm = make(tmp_path, write(tmp_path / "d", "jsonl", sizes=(("train", 300),)))
-    sizes = {k: len(v[0]) for k, v in dm.rows().items()}
-    assert sizes["train"] + sizes["validation"] + sizes["test"] == 300
-    assert 10 <= sizes["validation"] <= 60 and 10 <= sizes["test"] <= 60
-    train = set(dm.rows()["train"][0])
-    assert not train & set(dm.rows()["test"][0])
+@pytest.mark.parametrize("held_out", [None, 0.2])
+def test_a_missing_validation_and_test_split_is_carved_by_hash(tmp_path, held_out):
+    """Each missing held-out split takes its share of the hash buckets: 10% each by default (this DataModule's
+    documented default, not the streams' 5%), in order validation then test; labels follow their texts."""
+    kwargs = {} if held_out is None else {"held_out": held_out}
+    dm = make(tmp_path, write(tmp_path / "d", "jsonl", sizes=(("train", 300),)), **kwargs)
+    share = int(100 * (held_out or 0.1))
+    texts = [r["text"] for r in rows(300)]
+    expected = {
+        "validation": [t for t in texts if hash_bucket(t) < share],
+        "test": [t for t in texts if share <= hash_bucket(t) < 2 * share],
+        "train": [t for t in texts if hash_bucket(t) >= 2 * share],
+    }
+    assert {split: carved for split, (carved, _) in dm.rows().items()} == expected
+    labels = dict(zip(texts, (r["label"] for r in rows(300)), strict=True))
+    assert all(labels[t] == y for split in dm.rows().values() for t, y in zip(*split, strict=True))
+    with pytest.raises(ValueError, match="held_out=0.5 must be between 0 and 0.5"):
+        make(tmp_path, write(tmp_path / "d", "jsonl"), held_out=0.5)
 
 
 def test_given_label_names_fix_the_order_and_an_unknown_label_is_named(tmp_path):

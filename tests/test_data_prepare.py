@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lit_transformer import TransformerConfig
-from lit_transformer.data import LanguageModelingDataModule, loaders, shards, streaming
+from lit_transformer.data import LanguageModelingDataModule, encode_worker, loaders, preparation, shards, streaming
 from lit_transformer.data.loaders import BlockStreamLoader, permute
 from lit_transformer.data.tokenizer import train_tokenizer
 
@@ -168,7 +168,8 @@ class Killed(Exception):
 
 
 def _prepare(stream, tokenizer, root, shard_tokens=5000) -> dict:
-    return shards.prepare_pass(stream, "train", root, tokenizer, 2, np.dtype(np.uint16), None, shard_tokens)
+    uint16 = np.dtype(np.uint16)
+    return preparation.prepare_pass(stream, "train", root, shards.TEXT, (tokenizer,), 2, uint16, None, shard_tokens)
 
 
 @pytest.mark.parametrize("kill_at_chunk", [2, 5])
@@ -176,19 +177,19 @@ def test_a_killed_prepare_resumes_after_its_last_finished_shard(tmp_path, monkey
     """Chunks of ~2,000 characters, shards of >= 5,000 tokens: the kill lands mid-shard (in the first, or after some
     finished). The resumed run encodes only what the finished shards lack, and its shards are byte for byte those of
     an uninterrupted run, in every split the pass fills (train and the carved validation and test)."""
-    monkeypatch.setattr(shards, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(preparation, "CHUNK_CHARS", 2000)
     path = write(tmp_path, "jsonl", paragraphs(260))
     stream = streaming.CorpusStream(path)
     tokenizer = train_tokenizer(["".join(WORDS) + "0123456789: \n"], "char", 64)
-    real_encode, encoded = shards.encode_chunk, []
+    real_encode, encoded = encode_worker.encode, []
 
-    def encode(tokenizer, chunk, eos_id, dtype):
+    def encode(texts, *args, **kwargs):
         if len(encoded) + 1 == kill_at:
             raise Killed  # mid-shard: the current shard's .tmp file is half written
-        encoded.append(chunk.characters)
-        return real_encode(tokenizer, chunk, eos_id, dtype)
+        encoded.append(sum(map(len, texts)))
+        return real_encode(texts, *args, **kwargs)
 
-    monkeypatch.setattr(shards, "encode_chunk", encode)
+    monkeypatch.setattr(encode_worker, "encode", encode)
     kill_at = 0
     whole = _prepare(stream, tokenizer, tmp_path / "whole")
     assert len(whole["train"]["shards"]) >= 3 and set(whole) == {"train", "validation", "test"}
@@ -220,7 +221,9 @@ def test_a_second_prepare_is_a_cache_hit_keyed_by_content(tmp_path, monkeypatch)
     path = write(tmp_path, "jsonl", docs)
     first = make(tmp_path, path).prepare()
     calls = []
-    monkeypatch.setattr(shards, "encode_chunk", lambda *a: calls.append(1) or (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(
+        encode_worker, "encode", lambda *a, **k: calls.append(1) or (_ for _ in ()).throw(AssertionError)
+    )
     os.utime(path, (1, 1))  # a new modification time, the same bytes: the same entry
     assert make(tmp_path, path).prepare() == first and not calls
     monkeypatch.undo()
@@ -320,7 +323,7 @@ def test_the_prepare_command_fills_the_cache_that_fit_then_reads(tmp_path, capsy
     cache = str(tmp_path / "cache")
     main(["prepare", "--config", str(config), "--data.init_args.cache_dir", cache])
     assert "prepared LanguageModelingDataModule" in capsys.readouterr().out
-    monkeypatch.setattr(shards, "encode_chunk", lambda *a: pytest.fail("fit re-tokenized a prepared corpus"))
+    monkeypatch.setattr(encode_worker, "encode", lambda *a, **k: pytest.fail("fit re-tokenized a prepared corpus"))
     dm = LanguageModelingDataModule(path, tokenizer="char", vocab_size=64, block_size=32, cache_dir=cache)
     dm.setup()
     assert len(dm._blocks["train"]) > 0
@@ -330,14 +333,15 @@ def test_the_prepare_command_fills_the_cache_that_fit_then_reads(tmp_path, capsy
 
 def test_worker_processes_write_the_same_shards_as_one_process(tmp_path, monkeypatch):
     """A big source is tokenized by spawned worker processes (in order, a bounded number of chunks in flight)."""
-    monkeypatch.setattr(shards, "CHUNK_CHARS", 3000)
-    monkeypatch.setattr(shards, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(preparation, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(preparation, "POOL_MIN_BYTES", 0)
     stream = streaming.CorpusStream(write(tmp_path, "jsonl", paragraphs(300)))
     tokenizer = train_tokenizer(["".join(WORDS) + "0123456789: \n"], "char", 64)
     results = {}
     for workers in (1, 2):
         root = tmp_path / f"workers{workers}"
-        index = shards.prepare_pass(stream, "train", root, tokenizer, 2, np.dtype(np.uint16), None, 4000, workers)
+        args = (root, shards.TEXT, (tokenizer,), 2, np.dtype(np.uint16), None, 4000, workers)
+        index = preparation.prepare_pass(stream, "train", *args)
         results[workers] = (index, {p.relative_to(root): p.read_bytes() for p in sorted(root.glob("*/*.bin"))})
     assert results[1] == results[2] and len(results[1][1]) > 6
 

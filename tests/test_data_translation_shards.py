@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import yaml
 
-from lit_transformer.data import TranslationDataModule, encode_worker, loaders, pairs, streaming
+from lit_transformer.data import TranslationDataModule, encode_worker, loaders, pairs, preparation, streaming
 from lit_transformer.data.pairs import load_prepared_pairs, prepare_pairs
+from lit_transformer.data.splits import hash_bucket
 
 ROOT = Path(__file__).resolve().parents[1]
 EN = "the house is red and the dog sleeps by the sea in the morning light".split()
@@ -85,7 +86,7 @@ def test_each_format_prepares_into_shards_holding_every_pair_once_with_held_out_
     assert sorted(p for s in by_split.values() for p in zip(*s, strict=True)) == sorted(rows)  # each pair once
     owner = {0: "validation", 1: "test"}
     for split, (sources, targets) in by_split.items():
-        assert {owner.get(pairs.pair_bucket(s, t) // 5, "train") for s, t in zip(sources, targets)} == {split}
+        assert {owner.get(hash_bucket(s, t) // 5, "train") for s, t in zip(sources, targets)} == {split}
         expected = [(ids(dm.tokenizer, s), ids(dm.target_tokenizer, t)) for s, t in zip(sources, targets, strict=True)]
         assert split_pairs(dm, split) == expected
         assert splits[split].characters == sum(map(len, sources + targets))
@@ -155,7 +156,7 @@ def test_preparation_encodes_bounded_chunks_while_reading_row_by_row(tmp_path, m
     reader is at most a few chunks ahead of it (memory bounded by the chunk size, not the corpus)."""
     rows = pair_rows(3000)
     path = write_pairs(tmp_path / "corpus", rows, "jsonl")
-    monkeypatch.setattr(pairs, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(preparation, "CHUNK_CHARS", 2000)
     read = [0]
     real_records, real_encode = streaming.records, encode_worker.encode
     calls = []
@@ -187,8 +188,8 @@ def test_preparation_encodes_bounded_chunks_while_reading_row_by_row(tmp_path, m
 
 def test_worker_processes_write_the_same_shards_with_separate_tokenizers(tmp_path, monkeypatch):
     """A big source is encoded by spawned workers, each holding both tokenizers: the same bytes as in process."""
-    monkeypatch.setattr(pairs, "POOL_MIN_BYTES", 0)
-    monkeypatch.setattr(pairs, "CHUNK_CHARS", 5000)
+    monkeypatch.setattr(preparation, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(preparation, "CHUNK_CHARS", 5000)
     dm = make(tmp_path, write_pairs(tmp_path / "corpus", pair_rows(800), "jsonl"), shared_vocab=False)
     tokenizers, keys = dm._load_tokenizers(), dm._tokenizer_keys
     assert tokenizers[0].to_str() != tokenizers[1].to_str()
@@ -202,14 +203,14 @@ def test_worker_processes_write_the_same_shards_with_separate_tokenizers(tmp_pat
 def test_a_killed_preparation_resumes_after_its_last_finished_shard(tmp_path, monkeypatch):
     rows = pair_rows(1500)
     path = write_pairs(tmp_path / "corpus", rows, "tsv")
-    monkeypatch.setattr(pairs, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(preparation, "CHUNK_CHARS", 3000)
     reference = make(tmp_path / "a", path)
     stream = reference.pair_stream
     tokenizers, keys = reference._load_tokenizers(), reference._tokenizer_keys
     fresh = prepare_pairs(stream, tokenizers, keys, tmp_path / "a" / "cache", shard_tokens=20_000)
 
     cache = tmp_path / "b"
-    real_close, closed = pairs._PairWriter.close, []
+    real_close, closed = preparation.ShardWriter.close, []
 
     def dying_close(self):
         real_close(self)
@@ -217,10 +218,10 @@ def test_a_killed_preparation_resumes_after_its_last_finished_shard(tmp_path, mo
         if closed.count("train") == 2:
             raise KeyboardInterrupt  # killed after the second finished training shard
 
-    monkeypatch.setattr(pairs._PairWriter, "close", dying_close)
+    monkeypatch.setattr(preparation.ShardWriter, "close", dying_close)
     with pytest.raises(KeyboardInterrupt):
         prepare_pairs(stream, tokenizers, keys, cache, shard_tokens=20_000)
-    monkeypatch.setattr(pairs._PairWriter, "close", real_close)
+    monkeypatch.setattr(preparation.ShardWriter, "close", real_close)
     real_encode, encoded = encode_worker.encode, []
 
     def counting_encode(texts, *args, **kwargs):
@@ -256,7 +257,7 @@ def test_max_pairs_cuts_the_training_split_and_stops_reading_a_source_with_its_o
     folder = tmp_path / "d"
     for split, rows in (("train", pair_rows(2000)), ("valid", pair_rows(40, 1)), ("test", pair_rows(40, 2))):
         write_pairs(folder / split, rows, "tsv")
-    monkeypatch.setattr(pairs, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(preparation, "CHUNK_CHARS", 2000)
     real_records, read = streaming.records, {}
 
     def counting_records(path, *args, **kwargs):

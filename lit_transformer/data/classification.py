@@ -21,12 +21,11 @@ from torch.utils.data import Dataset
 
 from . import corpora
 from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
-from .common import SPLITS, SingleTokenizer, SplitLoaders, encode_ragged, hash_bucket, normalise_splits, require_columns
+from .common import SingleTokenizer, SplitLoaders, encode_ragged, normalise_splits, require_columns
 from .loaders import ResumableLoader, token_budget_batches
 from .sources import load_any
+from .splits import SPLITS, carve_columns
 from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
-
-HELD_OUT = 0.1  # validation and test fractions carved from train (by a hash of the text) when the source lacks them
 
 
 class TextClassDataset(Dataset):
@@ -82,6 +81,7 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
         batch_size: int = 32,
         max_tokens: int | None = None,
         max_examples: int | None = None,
+        held_out: float = 0.1,
         lines_per_passage: int = 8,
         num_workers: int = 0,
         seed: int = 42,
@@ -109,6 +109,8 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
             batch_size: Texts per batch (batches group texts of similar length).
             max_tokens: Instead of batch_size, a token budget per batch (batch size times its longest text).
             max_examples: Use only the first max_examples training texts (quick runs); None uses all.
+            held_out: The fraction of the training texts each missing validation/test split takes (by a hash of
+                the text).
             lines_per_passage: shakespeare-genre: non-blank lines per passage.
             num_workers: DataLoader worker processes (0 collates in the main process).
             seed: Seed of the batch order (saved with checkpoints, so resumed runs see the same order).
@@ -124,6 +126,8 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
                 f"Need max_length >= 1, batch_size >= 1 and max_tokens >= max_length or None (got {max_length}, "
                 f"{batch_size}, {max_tokens})"
             )
+        if not 0 < held_out < 0.5:
+            raise ValueError(f"held_out={held_out} must be between 0 and 0.5 (validation and test take it each)")
         self.dataset = dataset
         self.dataset_config = dataset_config
         self.text_column, self.label_column = text_column, label_column
@@ -135,6 +139,7 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
         self.batch_size = batch_size
         self.max_tokens = max_tokens
         self.max_examples = max_examples
+        self.held_out = held_out
         self.lines_per_passage = lines_per_passage
         self.num_workers = num_workers
         self.seed = seed
@@ -177,7 +182,7 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
             rows[name] = ([t for t, _ in kept], [y for _, y in kept])
         if not rows.get("train", ([],))[0]:
             raise ValueError(f"The training split of {self.dataset!r} has no labelled text")
-        rows = _carve_held_out(rows)
+        rows = carve_columns(rows, self.held_out)
         if self.max_examples is not None:
             rows["train"] = (rows["train"][0][: self.max_examples], rows["train"][1][: self.max_examples])
         self._label_names = self._names_from(rows["train"][1], class_names)
@@ -332,22 +337,3 @@ def _names(label: Any, class_names: list[str]) -> Any:
     if isinstance(label, list):
         return [class_names[i] for i in label]
     return class_names[label] if isinstance(label, int) and 0 <= label < len(class_names) else label
-
-
-def _carve_held_out(rows: dict[str, tuple[list[str], list[Any]]]) -> dict[str, tuple[list[str], list[Any]]]:
-    """Validation/test from train, by a hash of the text, when the source lacks them: a text and its duplicates
-    always land in the same split."""
-    missing = [s for s in ("validation", "test") if s not in rows]
-    if not missing:
-        return rows
-    out = {name: ([], []) for name in ["train", *missing]}
-    out.update({k: v for k, v in rows.items() if k != "train"})
-    for text, label in zip(*rows["train"], strict=True):
-        index = int(hash_bucket(text) // (HELD_OUT * 100))
-        texts, labels = out[missing[index] if index < len(missing) else "train"]
-        texts.append(text)
-        labels.append(label)
-    for name in missing:
-        if not out[name][0]:
-            raise ValueError(f"Could not carve a {name} split from the training data: too few texts")
-    return out

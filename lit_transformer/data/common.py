@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -14,11 +13,10 @@ import torch
 from tokenizers import Tokenizer
 
 from .cache import cached_array, fingerprint, hash_texts
-from .encoding import encode_input, pad_right, token_ids
+from .encoding import encode_input, line_pieces, pad_right, token_ids
 from .sources import SPLIT_ALIASES
+from .splits import SPLITS as SPLITS  # re-exported: the DataModules read it here
 from .tokenizer import special_token_id
-
-SPLITS = ("train", "validation", "test")
 
 
 def normalise_splits(data: datasets.DatasetDict) -> datasets.DatasetDict:
@@ -43,28 +41,11 @@ def require_columns(data: datasets.DatasetDict, columns: Sequence[str], what: st
             )
 
 
-def hash_bucket(text: str) -> int:
-    return int(hashlib.md5(text.encode("utf-8", "surrogatepass")).hexdigest(), 16) % 100
-
-
-def _pieces(text: str, size: int = 1 << 14) -> list[str]:
-    """A document in pieces of about `size` characters at line boundaries, to encode them in parallel."""
-    if len(text) <= size:
-        return [text]
-    pieces, start = [], 0
-    while start < len(text):
-        end = text.find("\n", start + size)
-        end = len(text) if end < 0 else end + 1
-        pieces.append(text[start:end])
-        start = end
-    return pieces
-
-
 def encode_stream(tokenizer: Tokenizer, texts: Sequence[str], eos_id: int | None) -> np.ndarray:
     """All documents as one token stream, each followed by eos (when the vocabulary has one)."""
     pieces, owner = [], []
     for doc, text in enumerate(texts):
-        for piece in _pieces(text):
+        for piece in line_pieces(text):
             pieces.append(piece)
             owner.append(doc)
     encoded = token_ids(tokenizer, pieces)

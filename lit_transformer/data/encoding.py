@@ -7,6 +7,22 @@ from collections.abc import Sequence
 import torch
 from tokenizers import Tokenizer
 
+PIECE_CHARS = 1 << 14  # a long text is encoded in pieces of about this many characters, cut at line boundaries
+
+
+def line_pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """A long text in pieces of about `size` characters, each ending at a line boundary, so that the pieces of one
+    document encode in parallel (tokenizers' encode_batch)."""
+    if len(text) <= size:
+        return [text]
+    pieces, start = [], 0
+    while start < len(text):
+        end = text.find("\n", start + size)
+        end = len(text) if end < 0 else end + 1
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
 
 def token_ids(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     """The ids of each text, without the tokenizer's own special tokens: the DataModules place BOS/EOS themselves,

@@ -13,11 +13,12 @@ from tokenizers import Tokenizer
 
 from . import corpora
 from .cache import fingerprint, resolve_cache_dir
-from .common import SPLITS, SingleTokenizer, SplitLoaders
+from .common import SingleTokenizer, SplitLoaders
 from .encoding import token_ids
 from .loaders import BlockStreamLoader, ResumableLoader, fixed_size_batches
 from .shards import ShardBlocks, TokenShards, load_prepared, prepare_corpus, sample_texts
-from .streaming import HELD_OUT, CorpusStream
+from .splits import HELD_OUT, SPLITS
+from .streaming import CorpusStream
 from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
 
 

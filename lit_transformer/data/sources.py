@@ -117,7 +117,7 @@ def local_files(spec: str) -> list[str]:
     return files
 
 
-def _split_of(path: str) -> str:
+def split_of(path: str) -> str:
     stem = Path(path).stem.lower()
     for prefix, split in SPLIT_ALIASES.items():
         if stem.startswith(prefix):
@@ -133,7 +133,7 @@ def load_local(spec: str, cache_dir: Path, text_column: str = "text") -> dataset
     files = local_files(spec)
     by_split: dict[str, list[str]] = {}
     for f in files:
-        by_split.setdefault(_split_of(f) if len(files) > 1 else "train", []).append(f)
+        by_split.setdefault(split_of(f) if len(files) > 1 else "train", []).append(f)
     if "train" not in by_split:
         raise ValueError(f"{spec!r} has no training file (names starting with train/valid/test pick the split)")
     suffixes = {Path(f).suffix.lower() for f in files}

@@ -1,12 +1,13 @@
-"""A corpus as a stream of text pieces: local files read file by file and row by row, or a hub dataset streamed.
+"""A dataset's splits as streams of records (`SplitStream`), and a corpus as a stream of text pieces (`CorpusStream`).
 
-Nothing here holds a whole corpus: a .txt file arrives in line-bounded chunks of about a megabyte, JSON lines one row
-at a time, CSV and parquet in record batches, a hub dataset through `datasets`' `streaming=True`. Each piece carries
-the index of its document and whether it ends it, so the writer can place an end-of-document token.
+Nothing here holds a whole corpus: local files are read file by file and row by row (a .txt file in line-bounded
+chunks of about a megabyte, JSON lines one row at a time, CSV and parquet in record batches), a hub dataset through
+`datasets`' `streaming=True`. Each piece carries the index of its document and whether it ends it, so the writer can
+place an end-of-document token.
 
-Held-out splits, for a source without them, are carved here too: by a hash of each document when there are enough
-documents for each held-out split to get a fair share (`HASH_MIN_DOCUMENTS`), else by lines within each document
-(90/5/5 at line boundaries), which suits a handful of long texts.
+Held-out splits, for a source without them, are carved from train (`splits.py`): by a hash of each document when
+there are enough documents for each held-out split to get a fair share (`HASH_MIN_DOCUMENTS`), else by lines within
+each document (90/5/5 at line boundaries), which suits a handful of long texts.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cache import fingerprint
-from .sources import BUILDERS, LOCAL_HINT, OfflineError, _split_of, ensure_online, is_local, local_files
+from .sources import BUILDERS, LOCAL_HINT, OfflineError, ensure_online, is_local, local_files, split_of
+from .splits import SPLITS, carve, digest_bucket, hash_bucket, line_range, missing_splits
 
-HELD_OUT = 0.05  # validation and test fractions carved from train when the source lacks them
 HASH_MIN_DOCUMENTS = 200  # from this many training documents on, held-out splits are whole documents picked by hash
 CHUNK_BYTES = 1 << 20  # a .txt file is read in line-bounded chunks of about this size
-SPLITS = ("train", "validation", "test")
 
 
 @dataclass
@@ -38,32 +38,97 @@ class Piece:
     last: bool
     nbytes: int  # input bytes this piece accounts for (progress in MB/s)
 
+    @property
+    def texts(self) -> tuple[str]:
+        return (self.text,)
+
 
 @dataclass
-class SourceSplit:
-    """Where one split's documents come from: local files, an embedded corpus's rows, or a hub split."""
+class Source:
+    """Where one split's records come from: local files, an embedded corpus's rows, or a hub split."""
 
     files: list[str] = field(default_factory=list)
-    rows: list[str] | None = None  # an in-memory corpus (the embedded ones, a few MB)
+    rows: list | None = None  # in memory (an embedded corpus, a few MB): a text, or a tuple of texts, per row
     hub_split: str | None = None
 
 
-def _bucket(digest: str) -> int:
-    return int(digest, 16) % 100
+class SplitStream:
+    """A dataset's splits as streams of records, with held-out splits carved from train when missing.
 
+    dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a hub name; or an
+    embedded corpus's DatasetDict (given as `embedded`). A subclass says what a record is: `routed` yields each
+    record of one pass over a source split with the split it belongs to (CorpusStream: pieces of documents;
+    pairs.PairStream: sentence pairs).
+    """
 
-def _text_bucket(text: str) -> int:
-    return _bucket(hashlib.md5(text.encode("utf-8", "surrogatepass")).hexdigest())
+    key: str  # the content key's tag
+    local_hint: str  # what local data may be, for the error naming a missing path
 
+    def __init__(self, dataset: str, dataset_config: str | None = None, embedded=None) -> None:
+        self.dataset, self.dataset_config = dataset, dataset_config
+        self.sources: dict[str, Source] = {}
+        self._hub: dict = {}
+        if embedded is not None:
+            for name, split in embedded.items():
+                missing = [c for c in self._columns() if c not in split.column_names]
+                if missing:
+                    raise ValueError(
+                        f"dataset {dataset!r}: split {name!r} has no column {', '.join(map(repr, missing))}; its "
+                        f"columns are {split.column_names}"
+                    )
+                columns = [split[c] for c in self._columns()]
+                self.sources[name] = Source(rows=list(columns[0] if len(columns) == 1 else zip(*columns)))
+        elif not is_local(dataset) and _looks_like_a_path(dataset):
+            raise FileNotFoundError(
+                f"{dataset!r} does not exist: give an existing local file, folder or glob {self.local_hint}"
+            )
+        elif is_local(dataset):
+            files = local_files(dataset)
+            self._check_files(files)
+            for f in files:
+                self.sources.setdefault(split_of(f) if len(files) > 1 else "train", Source()).files.append(f)
+            if "train" not in self.sources:
+                raise ValueError(
+                    f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
+                )
+            for f in files:
+                self._check_columns(f)
+        else:
+            for canonical, (name, split) in hub_streams(dataset, dataset_config).items():
+                self._hub[name] = split
+                self.sources[canonical] = Source(hub_split=name)
+        self.missing = missing_splits(self.sources)
+        self.mode = self._carving_mode() if self.missing else "given"
 
-class SplitSources:
-    """What a stream of splits (CorpusStream, PairStream) knows of its sources: `sources` (split -> a source with
-    `rows`, `hub_split` or `files`), `missing` (held-out splits carved from train), `dataset` and `dataset_config`."""
+    # ------------------------------------------------------------------ what a subclass says
 
-    sources: dict
-    missing: list[str]
-    dataset: str
-    dataset_config: str | None
+    def _columns(self) -> list[str]:
+        """The columns a row's texts come from."""
+        raise NotImplementedError
+
+    def _settings(self) -> tuple:
+        """What else than the sources the records depend on (columns, languages), in the content key."""
+        raise NotImplementedError
+
+    def _check_files(self, files: list[str]) -> None:
+        """Refuse local files this kind of record cannot come from."""
+
+    def _check_columns(self, path: str) -> None:
+        """A row file without the record's columns fails at once, naming the columns it has."""
+
+    def _carving_mode(self) -> str:
+        return "hash"
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, object]]:
+        """(split, record) for every record of one pass over a source split, from source record `skip` on; split is
+        None for a record that is dropped. The training source also feeds the carved held-out splits."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ identity
+
+    def content_key(self, file_hash) -> str:
+        """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
+        return fingerprint(self.key, 1, self._source_parts(file_hash), *self._settings(), self.mode)
 
     def _source_parts(self, file_hash) -> list[tuple]:
         """Each source's identity: its files' hashes, a digest of its in-memory rows (a text or a tuple of texts each),
@@ -84,6 +149,8 @@ class SplitSources:
                 parts.append((name, "files", [(Path(f).suffix.lower(), file_hash(f)) for f in source.files]))
         return parts
 
+    # ------------------------------------------------------------------ passes
+
     def input_bytes(self, source: str) -> int | None:
         """Bytes a pass over a source split reads (None when unknown: rows in memory or a hub stream)."""
         files = self.sources[source].files
@@ -94,12 +161,22 @@ class SplitSources:
         out = [(name, ["train", *self.missing] if name == "train" else [name]) for name in self.sources]
         return sorted(out, key=lambda item: SPLITS.index(item[0]))
 
+    def records_of(self, split: str, skip: int = 0) -> Iterator:
+        """The records of `split` in order (dropped ones left out); the first `skip` source records are read past."""
+        source = split if split in self.sources else "train"
+        if split not in self.sources and split not in self.missing:
+            raise ValueError(f"Unknown split {split!r}")
+        for owner, record in self.routed(source, skip):
+            if owner == split:
+                yield record
 
-class CorpusStream(SplitSources):
-    """Each split of a corpus as a stream of `Piece`s, with held-out splits carved from train when missing.
 
-    dataset: a local file, folder or glob; a hub name; or an embedded corpus's DatasetDict (given as `embedded`).
-    """
+class CorpusStream(SplitStream):
+    """Each split of a corpus as a stream of `Piece`s, with held-out splits carved from train when missing: by
+    document hash, or by lines for a handful of long documents (see the module)."""
+
+    key = "corpus"
+    local_hint = "(.txt, .jsonl/.json, .csv/.tsv, .parquet), a hub dataset name, or an embedded corpus"
 
     def __init__(
         self,
@@ -108,54 +185,16 @@ class CorpusStream(SplitSources):
         text_column: str = "text",
         embedded=None,
     ) -> None:
-        self.dataset = dataset
-        self.dataset_config = dataset_config
         self.text_column = text_column
-        self.sources: dict[str, SourceSplit] = {}
-        self._hub = None
-        if embedded is not None:
-            for name, split in embedded.items():
-                if text_column not in split.column_names:
-                    raise ValueError(f"dataset {dataset!r}: split {name!r} has no column {text_column!r}")
-                self.sources[name] = SourceSplit(rows=list(split[text_column]))
-        elif not is_local(dataset) and _looks_like_a_path(dataset):
-            raise FileNotFoundError(
-                f"{dataset!r} does not exist: give an existing local file, folder or glob (.txt, .jsonl/.json, "
-                ".csv/.tsv, .parquet), a hub dataset name, or an embedded corpus"
-            )
-        elif is_local(dataset):
-            files = local_files(dataset)
-            for f in files:
-                split = _split_of(f) if len(files) > 1 else "train"
-                self.sources.setdefault(split, SourceSplit()).files.append(f)
-            if "train" not in self.sources:
-                raise ValueError(
-                    f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
-                )
-            for split in self.sources.values():
-                for f in split.files:
-                    self._check_columns(f)
-        else:
-            self._open_hub()
-        self.missing = [s for s in ("validation", "test") if s not in self.sources]
-        self.mode = self._carving_mode() if self.missing else "given"
+        super().__init__(dataset, dataset_config, embedded)
 
-    # ------------------------------------------------------------------ identity
+    def _columns(self) -> list[str]:
+        return [self.text_column]
 
-    def content_key(self, file_hash) -> str:
-        """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
-        return fingerprint("corpus", 1, self._source_parts(file_hash), self.text_column, self.mode)
+    def _settings(self) -> tuple:
+        return (self.text_column,)
 
     # ------------------------------------------------------------------ the stream of a split
-
-    def pieces(self, split: str, skip_documents: int = 0) -> Iterator[Piece]:
-        """The pieces of `split`'s documents in order; the first `skip_documents` source documents are read past."""
-        source = split if split in self.sources else "train"
-        if split not in self.sources and split not in self.missing:
-            raise ValueError(f"Unknown split {split!r}")
-        for owner, piece in self.routed(source, skip_documents):
-            if owner == split:
-                yield piece
 
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Piece]]:
         """(split, piece) for every piece of one pass over a source split; the first `skip` source documents are
@@ -173,38 +212,24 @@ class CorpusStream(SplitSources):
                 path = payload
                 if line_mode:
                     for split in ("train", *self.missing):
-                        for piece in self._file_lines(path, document, *self._line_range(split)):
+                        for piece in self._file_lines(path, document, *line_range(split, self.missing)):
                             yield split, piece
                 else:
-                    owner = self._owner(_bucket(digest())) if carving else source_name
+                    owner = carve(digest_bucket(digest()), self.missing) if carving else source_name
                     for piece in _file_chunks(path, document):
                         yield owner, piece
             else:
                 text, nbytes = payload
                 if line_mode:
                     for split in ("train", *self.missing):
-                        start, end = self._line_range(split)
+                        start, end = line_range(split, self.missing)
                         a = 0 if start == 0 else _line_cut(text, start)
                         b = len(text) if end >= 1 else _line_cut(text, end)
                         yield split, Piece(text[a:b], document, True, nbytes if split == "train" else 0)
                 else:
-                    owner = self._owner(_text_bucket(text)) if carving else source_name
+                    owner = carve(hash_bucket(text), self.missing) if carving else source_name
                     yield owner, Piece(text, document, True, nbytes)
             document += 1
-
-    def _owner(self, bucket: int) -> str:
-        """The split a document of this hash bucket belongs to (hash mode): 5% to each missing held-out split."""
-        index = int(bucket // (HELD_OUT * 100))
-        return self.missing[index] if index < len(self.missing) else "train"
-
-    def _line_range(self, split: str) -> tuple[float, float]:
-        """The fraction of each document `split` takes in line mode: train first, then the held-out splits."""
-        n = len(self.missing)
-        train_end = 1 - HELD_OUT * n
-        if split == "train":
-            return 0.0, train_end
-        i = self.missing.index(split)
-        return train_end + HELD_OUT * i, train_end + HELD_OUT * (i + 1) if i + 1 < n else 1.0
 
     def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
         """The lines of a .txt file between two fractions of its bytes, cut at line boundaries."""
@@ -213,7 +238,7 @@ class CorpusStream(SplitSources):
         hi = size if end >= 1 else _byte_line_cut(path, int(size * end))
         yield from _file_chunks(path, document, lo, hi)
 
-    def _documents(self, source: SourceSplit):
+    def _documents(self, source: Source):
         """(kind, payload, digest) per document: ("file", path, lazy hash) for .txt files, ("row", (text, bytes),
         None) for rows. Blank rows are dropped."""
         if source.rows is not None:
@@ -250,7 +275,7 @@ class CorpusStream(SplitSources):
     def documents(self, split: str) -> Iterator[str]:
         """Each document of `split` as one string (for inspection and small corpora: a document is held whole)."""
         parts: list[str] = []
-        for piece in self.pieces(split):
+        for piece in self.records_of(split):
             parts.append(piece.text)
             if piece.last:
                 text = "".join(parts)
@@ -258,22 +283,12 @@ class CorpusStream(SplitSources):
                 if text.strip():
                     yield text
 
-    # ------------------------------------------------------------------ hub
-
-    def _open_hub(self) -> None:
-        self._hub = {}
-        for canonical, (name, split) in hub_streams(self.dataset, self.dataset_config).items():
-            self._hub[name] = split
-            self.sources[canonical] = SourceSplit(hub_split=name)
-
     # ------------------------------------------------------------------ checks
 
     def _check_columns(self, path: str) -> None:
-        """A row file without the text column fails at once, naming the columns it has."""
-        suffix = Path(path).suffix.lower()
-        if suffix not in BUILDERS:
+        if Path(path).suffix.lower() not in BUILDERS:
             return
-        columns = _columns(path)
+        columns = columns_of(path)
         if columns is not None and self.text_column not in columns:
             raise ValueError(
                 f"dataset {self.dataset!r}: {path} has no column {self.text_column!r}; its columns are {columns} "
@@ -381,7 +396,7 @@ def _file_chunks(path: str, document: int, start: int = 0, end: int | None = Non
     _warn_bad(path, bad)
 
 
-def _columns(path: str) -> list[str] | None:
+def columns_of(path: str) -> list[str] | None:
     suffix = Path(path).suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq

@@ -1,0 +1,63 @@
+"""The three splits, and the held-out splits carved from train when a source lacks them.
+
+A training record (a document, a sentence pair, a labelled text) goes to a held-out split by a hash of its text, so
+its duplicates always land in the same split and its position in the source does not matter. Each missing held-out
+split takes `held_out` of the hash buckets; train keeps the rest. A handful of long documents is carved by lines
+instead (`line_range`): each document gives train its first lines and each held-out split a share of the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Sequence
+
+SPLITS = ("train", "validation", "test")
+HELD_OUT = 0.05  # the fraction of the training source each missing held-out split takes
+
+
+def missing_splits(present: Collection[str]) -> list[str]:
+    """The held-out splits a source lacks, in order: they are carved from its training split."""
+    return [split for split in SPLITS[1:] if split not in present]
+
+
+def digest_bucket(hexdigest: str) -> int:
+    """A hash bucket, 0 to 99, from a hexadecimal digest."""
+    return int(hexdigest, 16) % 100
+
+
+def hash_bucket(*texts: str) -> int:
+    """The hash bucket of a record's texts (a pair's two sides joined by a tab)."""
+    return digest_bucket(hashlib.md5("\t".join(texts).encode("utf-8", "surrogatepass")).hexdigest())
+
+
+def carve(bucket: int, missing: Sequence[str], held_out: float = HELD_OUT) -> str:
+    """The split of a training record in `bucket`: each missing held-out split takes `held_out` of the buckets."""
+    index = int(bucket // (held_out * 100))
+    return missing[index] if index < len(missing) else "train"
+
+
+def line_range(split: str, missing: Sequence[str], held_out: float = HELD_OUT) -> tuple[float, float]:
+    """The fraction of each document `split` takes when carving by lines: train first, then the held-out splits."""
+    n = len(missing)
+    train_end = 1 - held_out * n
+    if split == "train":
+        return 0.0, train_end
+    i = missing.index(split)
+    return train_end + held_out * i, train_end + held_out * (i + 1) if i + 1 < n else 1.0
+
+
+def carve_columns(splits: dict[str, tuple[list, ...]], held_out: float = HELD_OUT) -> dict[str, tuple[list, ...]]:
+    """In-memory splits as columns (the first holds each row's text), with the missing held-out splits carved from
+    train's rows by a hash of the text."""
+    missing = missing_splits(splits)
+    if not missing:
+        return splits
+    out = {name: tuple([] for _ in splits["train"]) for name in ["train", *missing]}
+    out.update({name: columns for name, columns in splits.items() if name != "train"})
+    for row in zip(*splits["train"], strict=True):
+        for column, value in zip(out[carve(hash_bucket(row[0]), missing, held_out)], row, strict=True):
+            column.append(value)
+    for name in missing:
+        if not out[name][0]:
+            raise ValueError(f"Could not carve a {name} split from the training data: too few texts")
+    return out
