@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor, nn
 
-from lit_transformer.model import Transformer
+if TYPE_CHECKING:  # annotations only: the model package never needs this module, nor this module the model's
+    from lit_transformer.model import Transformer
 
 Quantize = Literal["none", "int8"]
 """The values of every `--quantize` flag."""

@@ -17,7 +17,11 @@ Format = Literal["hf", "onnx", "safetensors"]
 def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Quantize = "none") -> Path:
     """Write `loaded` to the folder `out`; returns the main file or folder written. onnx_quantize="int8" quantizes
     the ONNX graphs with onnxruntime's own tools (the PyTorch int8 model does not export to ONNX)."""
-    from lit_transformer import interop
+    from lit_transformer.interop.hf_gpt2 import save_hf_gpt2
+    from lit_transformer.interop.hf_llama import save_hf_llama
+    from lit_transformer.interop.hf_marian import save_hf_marian
+    from lit_transformer.interop.native import save_safetensors
+    from lit_transformer.interop.onnx import export_onnx_folder
     from lit_transformer.quantization import is_quantized
 
     out = Path(out)
@@ -29,7 +33,7 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
             "`export --format onnx --quantize int8`)"
         )
     if fmt == "safetensors":
-        return interop.save_safetensors(model, out, source, target)
+        return save_safetensors(model, out, source, target)
     if fmt == "hf":
         if model.config.is_encoder_only:
             raise ValueError(
@@ -38,11 +42,11 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
                 "masked-LM output, see docs/classification.md)"
             )
         if model.config.is_encoder_decoder:
-            return interop.save_hf_marian(model, out, source, target)
+            return save_hf_marian(model, out, source, target)
         if model.config.positions == "rope":  # the Llama family; save_hf_llama names any field Llama cannot express
-            return interop.save_hf_llama(model, out, source)
-        return interop.save_hf_gpt2(model, out, source)
-    return interop.export_onnx_folder(model, out, source, target, quantize=onnx_quantize)
+            return save_hf_llama(model, out, source)
+        return save_hf_gpt2(model, out, source)
+    return export_onnx_folder(model, out, source, target, quantize=onnx_quantize)
 
 
 def export_main(argv: Sequence[str]) -> None:

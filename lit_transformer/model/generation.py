@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -132,6 +132,14 @@ class IncrementalDecoder:
         return self.logits
 
 
+@runtime_checkable
+class CompileReady(Protocol):
+    """A layer that must make something before torch.compile traces its forward (quantization.Int8Linear: plain
+    copies of its packed int8 weights); CompiledPasses calls it on every such layer of the model."""
+
+    def compile_ready(self) -> None: ...
+
+
 class CompiledPasses:
     """A model's encode and decode run through torch.compile (GenerationConfig.compile), inductor's default mode.
 
@@ -141,18 +149,17 @@ class CompiledPasses:
     static sizes elsewhere give the fastest kernels (`scripts/decode_step_profile.py [--all-dynamic]` measures a
     step of the translation preset's model both ways). A decoding's distinct graphs (the first pass, later steps, padding or
     not) and several models in one process need more than dynamo's default of 8 graphs per function, so the limit
-    is raised to COMPILED_GRAPHS; past it dynamo runs the function eagerly, with the same results. int8 layers take
-    their compilable form (Int8Linear.forward).
+    is raised to COMPILED_GRAPHS; past it dynamo runs the function eagerly, with the same results. A layer with a
+    compilable form of its own (the int8 Linear of lit_transformer.quantization) says so with a `compile_ready()`
+    method (`CompileReady`), called here before the first compiled pass: decoding knows no layer class.
     """
 
     _functions: dict[tuple[type, str, bool | None], Callable] = {}
 
     def __init__(self, model: Transformer, dynamic: bool | None = None) -> None:
         """dynamic: torch.compile's; None (automatic, as above) is what compile=True uses."""
-        from lit_transformer.quantization import Int8Linear
-
         for module in model.modules():
-            if isinstance(module, Int8Linear):
+            if isinstance(module, CompileReady):
                 module.compile_ready()
         dynamo = torch._dynamo.config
         dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_GRAPHS)

@@ -1,0 +1,117 @@
+"""The package's import graph has no loop: every import of one of its modules by another, at the top of a file or
+inside a function (a deferred import still runs, and a loop through it breaks whichever module a process happens to
+import first), is an edge; imports for annotations only (under `if TYPE_CHECKING:`) are not. Read from the source,
+so no module is imported here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lit_transformer"
+
+
+def module_names() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own name, for its __init__.py)."""
+    names = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that module `name` imports, wherever in the file, outside `if TYPE_CHECKING:`."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:  # `from package import module` imports the module
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return {target for target in found if target in modules and target != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    return {name: imported(name, path, modules) for name, path in modules.items()}
+
+
+def find_loop(graph: dict[str, set[str]]) -> list[str] | None:
+    """A loop of imports (its modules in order, the first again at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (loop := walk(target)):
+                return loop
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (loop := walk(node)):
+            return loop
+    return None
+
+
+def test_the_package_has_no_import_loop():
+    graph = import_graph()
+    assert len(graph) > 40 and "lit_transformer.model.generation" in graph["lit_transformer.model.transformer"]
+    loop = find_loop(graph)
+    assert loop is None, "import loop: " + " -> ".join(loop)
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ("lit_transformer.model.generation", "lit_transformer.quantization"),  # decoding: a hook on the layer
+        ("lit_transformer.quantization", "lit_transformer.model"),  # quantization: annotations only
+        ("lit_transformer.data.pairs", "lit_transformer.data.shards"),  # one preparation machinery for both
+    ],
+)
+def test_modules_that_must_not_import_each_other(source, target):
+    assert target not in import_graph()[source]
+
+
+def test_a_loop_is_found_through_a_deferred_import_and_not_through_annotations(tmp_path):
+    """The checker itself: a loop closed by an import inside a function is one; an import for annotations is not."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": set()}
+    assert find_loop(graph) is None
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\ndef f():\n    from pkg import b\n"
+    )
+    (tmp_path / "pkg").mkdir()
+    path = tmp_path / "pkg" / "c.py"
+    path.write_text(source)
+    modules = {"pkg.a": tmp_path / "pkg" / "a.py", "pkg.b": tmp_path / "pkg" / "b.py", "pkg.c": path}
+    graph["c"] = {m.rpartition(".")[2] for m in imported("pkg.c", path, modules)}
+    assert graph["c"] == {"b"} and find_loop(graph) == ["b", "c", "b"]
