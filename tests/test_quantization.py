@@ -82,6 +82,21 @@ def test_int8_linear_equals_torchs_dynamic_linear():
         assert torch.equal(ours(x), theirs(x))
 
 
+def test_compiled_decoding_readies_every_int8_layer_through_its_hook():
+    """Decoding knows no int8 class: CompiledPasses calls compile_ready on each layer that has it, which remakes the
+    plain int8 copies the compiled forward reads (here dropped first, as a repack leaves them stale)."""
+    from lit_transformer.model.generation import CompiledPasses, CompileReady
+
+    model = quantize_int8(build(GPT2, vocab_size=64))
+    layers = [m for m in model.modules() if isinstance(m, CompileReady)]
+    assert layers and all(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in layers)
+    for layer in layers:
+        layer.register_buffer("int8_weight", None, persistent=False)
+        layer._plain_of = None
+    CompiledPasses(model)
+    assert all(torch.equal(m.int8_weight, m._weight_bias()[0].int_repr()) for m in layers)
+
+
 def test_refuses_training_mode_gpu_and_double_quantization():
     model = build(GPT2, vocab_size=100)
     with pytest.raises(QuantizationError, match="for inference.*model.eval"):
