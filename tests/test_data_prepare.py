@@ -411,3 +411,44 @@ def test_fit_shows_the_preparation_summaries_where_stderr_is_a_file(tmp_path, co
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "prepare train" in line]
     assert lines == [("root: " if configured else "") + "prepare train: 1.0 MB in 1.0 s (1.0 MB/s)"]
+
+
+# ---------------------------------------------------------------------------------------------------- compatibility
+
+
+def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp_path):
+    """A prepared corpus is reused only if the same inputs give the same key: these keys and file layouts are those
+    the code wrote before text and pairs shared one machinery (given fixed tokenizer keys, so no tokenizer version
+    enters them), so caches prepared then are still found and read."""
+    from lit_transformer.data.pairs import PairStream, load_prepared_pairs, prepare_pairs
+
+    (tmp_path / "corpus.jsonl").write_text(
+        "".join(json.dumps({"text": f"document {i}\nof a corpus\n"}) + "\n" for i in range(240))
+    )
+    (tmp_path / "pairs.jsonl").write_text(
+        "".join(json.dumps({"en": f"the house {i}", "es": f"la casa {i}"}) + "\n" for i in range(500))
+    )
+    tokenizer = train_tokenizer(["document of a corpus the house la casa 0123456789\n"], "char", 64)
+    text = shards.prepare_corpus(
+        streaming.CorpusStream(str(tmp_path / "corpus.jsonl")), tokenizer, "tokenizer-key", 2, tmp_path / "c"
+    )
+    pair_stream = PairStream(str(tmp_path / "pairs.jsonl"))
+    pairs = prepare_pairs(
+        pair_stream, (tokenizer, tokenizer), ("source-key", "target-key"), tmp_path / "c", max_pairs=400
+    )
+    assert (text.parent.name, text.name) == ("shards", "23a4cc44b53c49ef521e")
+    assert (pairs.parent.name, pairs.name) == ("pairs", "9b992193e3727223ffb4")
+    layouts = {
+        text: (["tokenizer_key", "vocab_size", "eos_id"], ["tokens", "documents"], {"bin", "docs.npy"}, set()),
+        pairs: (["tokenizer_keys", "vocab_sizes"], ["pairs", "src_tokens", "tgt_tokens", "empty", "text"],
+                {"src.bin", "tgt.bin", "pairs.npy"}, {"text.bin", "text.npy"}),
+    }  # fmt: skip
+    for root, (fields, counts, files, held_out_files) in layouts.items():
+        manifest = json.loads((root / "manifest.json").read_text())
+        assert set(manifest) == {"version", "dataset", "held_out", "dtype", "splits", *fields}
+        for split, index in manifest["splits"].items():
+            assert set(index) == {"dtype", "shards", "characters", "bytes", *counts}
+            names = {p.name.split(".", 1)[1] for p in (root / split).glob("shard-00000.*")}
+            assert names == files | (held_out_files if split != "train" else set())
+    assert shards.load_prepared(text)[1]["validation"].documents == 13
+    assert len(load_prepared_pairs(pairs)[1]["train"]) == 400
