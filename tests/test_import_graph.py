@@ -29,9 +29,17 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
+def _absolute(node: ast.ImportFrom, name: str, path: Path) -> str:
+    """The module a `from ... import` names, relative levels resolved against module `name`."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    if not node.level:
+        return node.module or ""
+    anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{anchor}.{node.module}" if node.module else anchor
+
+
 def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The package's modules that module `name` imports, wherever in the file, outside `if TYPE_CHECKING:`."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -42,10 +50,7 @@ def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{anchor}.{base}" if base else anchor
+            base = _absolute(node, name, path)
             for alias in node.names:  # `from package import module` imports the module
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
         for child in ast.iter_child_nodes(node):
@@ -115,3 +120,15 @@ def test_a_loop_is_found_through_a_deferred_import_and_not_through_annotations(t
     modules = {"pkg.a": tmp_path / "pkg" / "a.py", "pkg.b": tmp_path / "pkg" / "b.py", "pkg.c": path}
     graph["c"] = {m.rpartition(".")[2] for m in imported("pkg.c", path, modules)}
     assert graph["c"] == {"b"} and find_loop(graph) == ["b", "c", "b"]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A name with a leading underscore is its file's own: another module that needs it needs a public name."""
+    modules = module_names()
+    private = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and _absolute(node, name, path) in modules:
+                base = _absolute(node, name, path)
+                private += [f"{name}: {base}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not private, private

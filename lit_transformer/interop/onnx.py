@@ -41,7 +41,7 @@ from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.model import Transformer
 from lit_transformer.model.attention import KVCache
 from lit_transformer.model.blocks import LayerCache
-from lit_transformer.model.generation import IncrementalDecoder, Streamer, _plan, decode
+from lit_transformer.model.generation import IncrementalDecoder, Streamer, decode, plan_decoding
 
 FORMAT = "lit_transformer-onnx"
 CrossKV = Literal["cached", "memory"]
@@ -381,7 +381,7 @@ class OnnxModel:
             raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
         input_ids = input_ids.cpu()
         attention_mask = None if attention_mask is None else attention_mask.cpu()
-        plan = _plan(self, input_ids, attention_mask, config, overrides)
+        plan = plan_decoding(self, input_ids, attention_mask, config, overrides)
         if plan.gen.compile:
             raise ValueError(
                 "compile=True compiles the PyTorch model's passes; onnxruntime runs its own optimised graphs: leave "

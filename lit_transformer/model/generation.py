@@ -276,7 +276,7 @@ class RepetitionPenalty:
 
 
 @dataclass
-class _Plan:
+class DecodingPlan:
     """What one generate call decodes: the settings and the limits they come to for this model and input."""
 
     gen: GenerationConfig
@@ -286,9 +286,11 @@ class _Plan:
     fill: int | None
 
 
-def _plan(
+def plan_decoding(
     model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig | None, overrides
-) -> _Plan:
+) -> DecodingPlan:
+    """The settings (config with overrides) and what they come to for this model and input; shared by every model
+    that decodes through `decode` (the Transformer, an exported graph)."""
     cfg = model.config
     if cfg.is_encoder_only:
         raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
@@ -313,7 +315,7 @@ def _plan(
             limit = (lengths + gen.max_source_offset).clamp(max=max_new)
             max_new = min(max_new, int(limit.max()))
     stop_ids = input_ids.new_tensor(stops) if stops else None
-    return _Plan(gen, max_new, limit, stop_ids, fill)
+    return DecodingPlan(gen, max_new, limit, stop_ids, fill)
 
 
 @contextmanager
@@ -351,7 +353,7 @@ def generate(
     padded batch. streamer sees every step's tokens (sampling and greedy only). The model runs in eval mode and is
     restored afterwards.
     """
-    plan = _plan(model, input_ids, attention_mask, config, overrides)
+    plan = plan_decoding(model, input_ids, attention_mask, config, overrides)
     gen = plan.gen
     single_row = input_ids.shape[0] == 1 and gen.use_cache and gen.num_beams == 1
     with _eval_mode(model), vector_friendly_weights(model, enabled=single_row and plan.max_new_tokens >= 16):
@@ -364,7 +366,7 @@ def decode(
     decoder_class: type[IncrementalDecoder],
     input_ids: Tensor,
     attention_mask: Tensor | None,
-    plan: _Plan,
+    plan: DecodingPlan,
     generator: torch.Generator | None = None,
     streamer: Streamer | None = None,
 ) -> Tensor:
@@ -415,7 +417,7 @@ def beam_search(
     """Beam search even with num_beams=1 (which equals greedy decoding): for tests and callers that want it whatever
     the config says."""
     with _eval_mode(model):
-        plan = _plan(model, input_ids, attention_mask, config, overrides)
+        plan = plan_decoding(model, input_ids, attention_mask, config, overrides)
         out = _beam_search(model, input_ids, attention_mask, plan, decoder_for(plan.gen))
     return _outside(out)
 
@@ -435,7 +437,7 @@ def _beam_search(
     model: Transformer,
     input_ids: Tensor,
     attention_mask: Tensor | None,
-    plan: _Plan,
+    plan: DecodingPlan,
     decoder_class: type[IncrementalDecoder],
 ) -> Tensor:
     """Each step keeps the num_beams best live continuations per row; a beam that emits a stop token becomes a
