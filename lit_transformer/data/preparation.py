@@ -275,8 +275,8 @@ class Encoder:
     """Encodes chunks in order, each side by its tokenizer: in `workers` spawned processes for a big source, in this
     process for a small one.
 
-    `submit` returns the finished (split, chunk, encoded) in submission order, keeping at most 2 x workers texts
-    lists in flight: memory stays bounded whatever the corpus size.
+    `submit` returns the finished (split, chunk, encoded) in submission order, keeping at most 2 x workers encode
+    calls in flight: memory stays bounded whatever the corpus size.
     """
 
     def __init__(self, tokenizers: Sequence[Tokenizer], eos_id: int | None, dtype: np.dtype, workers: int) -> None:
