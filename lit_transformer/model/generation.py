@@ -346,12 +346,16 @@ def generate(
     streamer: Streamer | None = None,
     **overrides,
 ) -> Tensor:
-    """New tokens (B, <= max_new_tokens), LongTensor; see GenerationConfig for what each setting does.
+    """Only the new tokens, (B, <= max_new_tokens), LongTensor; after a row's EOS (kept) the row holds pad_token_id.
+    Also `Transformer.generate`: ``model.generate(prompt, ...)``.
 
-    config defaults to GenerationConfig() (greedy); keyword overrides change single fields, e.g.
-    ``generate(model, x, max_new_tokens=64, temperature=0.8)``. attention_mask (B, T) marks real tokens (True) of a
-    padded batch. streamer sees every step's tokens (sampling and greedy only). The model runs in eval mode and is
-    restored afterwards.
+    config defaults to GenerationConfig() (greedy; see it for what each setting does); keyword overrides change single
+    fields: ``model.generate(prompt, GenerationConfig(max_new_tokens=64, temperature=0.8))`` or
+    ``model.generate(prompt, max_new_tokens=64, temperature=0.8)``. decoder_only: input_ids is the prompt, padded on
+    either side as attention_mask (B, T) says (True for real tokens); each row gives what it gives alone; past
+    max_seq_len the model conditions on the last tokens (a sliding window). encoder_decoder: input_ids is the source;
+    decoding starts from bos_token_id. streamer sees every step's tokens (sampling and greedy only). The model runs
+    in eval mode and is restored afterwards.
     """
     plan = plan_decoding(model, input_ids, attention_mask, config, overrides)
     gen = plan.gen

@@ -9,16 +9,14 @@ tokens only, so a padded row gives exactly what it gives alone.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.config import TransformerConfig
 from lit_transformer.model import generation
 from lit_transformer.model.attention import KVCache, Rope
 from lit_transformer.model.blocks import NORM_CLASSES, DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
-from lit_transformer.model.generation import Streamer
 from lit_transformer.model.heads import ClassificationHead, pool
 from lit_transformer.model.positions import AlibiBias, LearnedPositions, RotaryEmbedding, build_positions
 
@@ -331,27 +329,9 @@ class Transformer(nn.Module):
         return [LayerCache(KVCache(max_len), KVCache() if cross else None) for _ in self.decoder_blocks]
 
     # ---------------------------------------------------------------- generation
-    def generate(
-        self,
-        input_ids: Tensor,
-        config: GenerationConfig | None = None,
-        *,
-        attention_mask: Tensor | None = None,
-        generator: torch.Generator | None = None,
-        streamer: Streamer | None = None,
-        **overrides: Any,
-    ) -> Tensor:
-        """Only the new tokens, (B, <= max_new_tokens); after a row's EOS (kept) the row holds pad_token_id.
-
-        ``model.generate(prompt, GenerationConfig(max_new_tokens=64, temperature=0.8))`` or, field by field,
-        ``model.generate(prompt, max_new_tokens=64, temperature=0.8)``; the default is greedy. decoder_only:
-        input_ids is the prompt, padded on either side as attention_mask says; each row gives what it gives alone;
-        past max_seq_len the model conditions on the last tokens (a sliding window). encoder_decoder: input_ids is
-        the source; decoding starts from bos_token_id. See lit_transformer.model.generation.generate.
-        """
-        return generation.generate(
-            self, input_ids, config, attention_mask=attention_mask, generator=generator, streamer=streamer, **overrides
-        )
+    # model.generate(prompt, config, *, attention_mask, generator, streamer, **overrides): the model is the function's
+    # first argument, so the method is the function itself (documented there), not a copy of its signature.
+    generate = generation.generate
 
     # ---------------------------------------------------------------- accounting
     def _embedding_parameters(self) -> list[nn.Parameter]:
