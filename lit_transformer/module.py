@@ -4,6 +4,7 @@ gradient by its target count, clipping, the optimizer and schedule, and the toke
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -12,15 +13,17 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from tokenizers import Tokenizer
+from typing_extensions import Unpack
 
 # Importing checkpointing also allowlists TransformerConfig for weights_only loads: load_from_checkpoint needs it.
 from lit_transformer.checkpointing import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.deprecated import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
 from lit_transformer.model import Transformer
-from lit_transformer.optim import build_optimizer, weight_decay_groups
+from lit_transformer.optim import Optimization, build_optimizer, weight_decay_groups
 from lit_transformer.reliability import gradient_norm
-from lit_transformer.schedules import ScheduleName, build_schedule
-from lit_transformer.tasks import DEPRECATED_OPTIONS, Task, build_task, data_fields
+from lit_transformer.schedules import build_schedule
+from lit_transformer.tasks import Task, build_task, data_fields
 
 LossNormalization = Literal["tokens", "batch"]
 __all__ = ["LitTransformer", "trainer_logs_now", "weight_decay_groups"]
@@ -46,20 +49,7 @@ class LitTransformer(L.LightningModule):
         self,
         config: TransformerConfig,
         task: Task | str | None = None,
-        optimizer: Literal["adamw", "adam"] = "adamw",
-        lr: float = 3e-4,
-        betas: tuple[float, float] | None = None,
-        eps: float | None = None,
-        weight_decay: float = 0.1,
-        decay_embeddings: bool = False,
-        fused: bool | None = None,
-        schedule: ScheduleName = "cosine",
-        warmup_steps: int = 100,
-        schedule_steps: int | None = None,
-        min_lr_ratio: float = 0.1,
-        label_smoothing: float | None = None,
-        class_weights: list[float] | Literal["balanced"] | None = None,
-        mlm_probability: float | None = None,
+        optim: Optimization | None = None,
         loss_normalization: LossNormalization = "tokens",
         activation_checkpointing: bool = False,
         compile: bool = False,
@@ -68,6 +58,7 @@ class LitTransformer(L.LightningModule):
         generation: GenerationConfig | None = None,
         init_from: str | None = None,
         quantize: Literal["none", "int8"] = "none",
+        **deprecated: Unpack[DeprecatedOptions],
     ) -> None:
         """
         Args:
@@ -75,20 +66,7 @@ class LitTransformer(L.LightningModule):
             task: What the model learns (lit_transformer.tasks): a short name (language_modeling, translation,
                 classification, masked_lm) or {class_path, init_args} of any Task, e.g. `--model.task translation
                 --model.task.init_args.label_smoothing 0.1`; None: the task of config's topology and head.
-            optimizer: adamw (decoupled weight decay, none on biases, norms and embeddings) or adam (the paper's).
-            lr: Peak learning rate; with schedule=noam, a multiplier of the paper's formula (1.0 is the paper's).
-            betas: Adam betas; None uses (0.9, 0.95) for adamw and the paper's (0.9, 0.98) for adam.
-            eps: Adam epsilon; None uses 1e-8 for adamw and the paper's 1e-9 for adam.
-            weight_decay: AdamW weight decay, on the weight matrices of linear layers only (see weight_decay_groups).
-            decay_embeddings: Decay the token and position tables too (nanoGPT does; off by default).
-            fused: Use the fused optimizer kernel; None picks fused on CUDA and foreach elsewhere.
-            schedule: noam (the paper's), cosine (warmup + cosine decay), constant (warmup, then flat).
-            warmup_steps: Optimizer steps of linear warmup (noam: the paper's warmup_steps, 4000).
-            schedule_steps: Length of the cosine schedule in optimizer steps; None uses trainer.max_steps.
-            min_lr_ratio: Where the cosine schedule ends, as a fraction of lr.
-            label_smoothing: Deprecated: the task's (model.task.init_args.label_smoothing); passed on with a warning.
-            class_weights: Deprecated: the classification task's (model.task.init_args.class_weights).
-            mlm_probability: Deprecated: the masked_lm task's (model.task.init_args.mlm_probability).
+            optim: The optimizer and its schedule (see Optimization); None: its defaults.
             loss_normalization: tokens: a step's loss is its summed target losses (tokens; a classifier's examples)
                 over all micro-batches and ranks, divided by its target count (fairseq's default); batch: each
                 micro-batch's own mean, averaged (needed with DeepSpeed). With tokens, backward sees summed losses:
@@ -108,6 +86,8 @@ class LitTransformer(L.LightningModule):
                 the resolved config and init_from=None, so loading or resuming never reads it again.
             quantize: int8: `validate`, `test` and `predict` run dynamic int8 Linear layers (CPU only), e.g.
                 `predict --ckpt_path C --model.quantize int8`; `fit` refuses it.
+            deprecated: The arguments before model.optim and model.task (lr, warmup_steps, label_smoothing, ...):
+                passed on with a warning naming the new key (see lit_transformer.deprecated).
         """
         source, pretrained, self._init_tokenizer = init_from, None, None
         if init_from:
@@ -116,10 +96,11 @@ class LitTransformer(L.LightningModule):
             pretrained, self._init_tokenizer = load_init_from(init_from, config)
             # save_hyperparameters reads these arguments: checkpoints record the real architecture, not the source.
             config, init_from = pretrained.config, None
-        deprecated = {"label_smoothing": label_smoothing, "class_weights": class_weights}
-        the_task = build_task(task, config, **deprecated, mlm_probability=mlm_probability)
-        # Checkpoints record the task whole, as {class_path, init_args}, and no deprecated option again.
-        task, label_smoothing, class_weights, mlm_probability = the_task.spec(), None, None, None
+        resolved, task_options = split_deprecated(optim, dict(deprecated))
+        the_task = build_task(task, config, **task_options)
+        # Checkpoints record the task as {class_path, init_args} and the optimizer as a dict, no old argument again.
+        task, optim = the_task.spec(), dataclasses.asdict(resolved)
+        deprecated.clear()
         super().__init__()
         self.save_hyperparameters()
         if source:
@@ -128,8 +109,10 @@ class LitTransformer(L.LightningModule):
             given = self.hparams["config"]
             self.hparams["config"] = config.to_dict() if isinstance(given, dict) else config
             self.hparams["init_from"] = None
-        self.hparams.update({"task": task, **dict.fromkeys(DEPRECATED_OPTIONS)})  # also under LightningCLI
-        self.task = the_task
+        for name in DEPRECATED_NAMES:  # LightningCLI hands its parsed arguments, old ones included
+            self.hparams.pop(name, None)
+        self.hparams.update({"task": task, "optim": optim})
+        self.task, self.optim = the_task, resolved
         self.init_from = source  # where the weights came from: kept in checkpoints for the record, never re-read
         self.config = config
         self.generation = generation or GenerationConfig.for_task(self.task)
@@ -438,18 +421,17 @@ class LitTransformer(L.LightningModule):
         return step == 0 or (last > 0 and step + 1 >= last) or trainer_logs_now(trainer)
 
     def configure_optimizers(self):
-        hp, trainer = self.hparams, self._trainer
+        optim, trainer = self.optim, self._trainer
         # A fused optimizer unscales fp16 gradients inside its step, after clipping would have seen them scaled.
         scaled_and_clipped = (
             trainer is not None
             and bool(trainer.gradient_clip_val)
             and getattr(trainer.precision_plugin, "scaler", None) is not None
         )
-        fused = (self.device.type == "cuda" and not scaled_and_clipped) if hp.fused is None else hp.fused
-        optimizer = build_optimizer(self.model, hp.optimizer, hp.lr, hp.betas, hp.eps, hp.weight_decay,
-                                    hp.decay_embeddings, fused)  # fmt: skip
+        fused = (self.device.type == "cuda" and not scaled_and_clipped) if optim.fused is None else optim.fused
+        optimizer = build_optimizer(self.model, optim, fused)
         max_steps = trainer.max_steps if trainer is not None else -1
-        total = hp.schedule_steps or (max_steps if max_steps and max_steps > 0 else None)
-        scheduler = build_schedule(optimizer, hp.schedule, warmup_steps=hp.warmup_steps, total_steps=total,
-                                   d_model=self.config.d_model, min_lr_ratio=hp.min_lr_ratio)  # fmt: skip
+        total = optim.schedule_steps or (max_steps if max_steps and max_steps > 0 else None)
+        scheduler = build_schedule(optimizer, optim.schedule, warmup_steps=optim.warmup_steps, total_steps=total,
+                                   d_model=self.config.d_model, min_lr_ratio=optim.min_lr_ratio)  # fmt: skip
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -747,9 +747,10 @@ def hand_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock
     cfg, hp = lit.config, lit.hparams
     torch.manual_seed(0)
     model = Transformer(cfg).to(device).train()
-    decay, no_decay = weight_decay_groups(model, hp.decay_embeddings)
-    kind = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
-    wd = 0.0 if hp.optimizer == "adam" else hp.weight_decay
+    optim = lit.optim
+    decay, no_decay = weight_decay_groups(model, optim.decay_embeddings)
+    kind = torch.optim.Adam if optim.optimizer == "adam" else torch.optim.AdamW
+    wd = 0.0 if optim.optimizer == "adam" else optim.weight_decay
     groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
     optimizer = kind(groups, lr=1e-4, **({"fused": True} if device == "cuda" else {"foreach": True}))
     bf16 = "bf16" in str(cli.trainer.precision)

@@ -13,6 +13,7 @@ from test_cli import CONFIGS, ROOT, _cli
 
 from lit_transformer.config import TransformerConfig
 from lit_transformer.module import LitTransformer
+from lit_transformer.optim import Optimization
 from lit_transformer.tasks import (
     IGNORE_INDEX,
     TASKS,
@@ -107,7 +108,18 @@ def test_a_deprecated_option_reaches_the_task_with_a_warning_naming_the_new_key(
     with pytest.warns(FutureWarning, match=f"model.task.init_args.{option}"):
         module = LitTransformer(_config(name), **{option: value})
     assert getattr(module.task, option) == value
-    assert module.hparams[option] is None and module.hparams["task"]["init_args"][option] == value
+    assert option not in module.hparams and module.hparams["task"]["init_args"][option] == value
+
+
+def test_the_old_flat_optimizer_arguments_set_model_optim_with_a_warning() -> None:
+    """LitTransformer(config, lr=..., warmup_steps=...) and --model.lr still work; hyperparameters record optim."""
+    with pytest.warns(FutureWarning, match="model.optim.lr"):
+        module = LitTransformer(_config("language_modeling"), lr=1e-2, warmup_steps=0, schedule="constant")
+    assert (module.optim.lr, module.optim.warmup_steps) == (1e-2, 0)
+    assert module.hparams["optim"]["lr"] == 1e-2 and "lr" not in module.hparams
+    assert module.configure_optimizers()["optimizer"].param_groups[0]["lr"] == 1e-2
+    module = LitTransformer(_config("language_modeling"), optim=Optimization(lr=5e-3, schedule="constant", warmup_steps=0))
+    assert module.configure_optimizers()["optimizer"].param_groups[0]["lr"] == 5e-3
 
 
 def test_an_old_configs_multi_label_reaches_the_classification_task() -> None:
