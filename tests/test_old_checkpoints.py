@@ -68,3 +68,23 @@ def test_an_old_checkpoint_predicts_the_same_rows(name: str) -> None:
 @pytest.mark.parametrize("name", TASKS)
 def test_inference_reads_the_task_of_an_old_checkpoint(name: str) -> None:
     assert type(load_model(FIXTURES / f"{name}.ckpt").task) is TASKS[name]
+
+
+def test_the_command_line_validates_and_resumes_an_old_checkpoint(tmp_path) -> None:
+    """Its hyperparameters (the flat optimizer arguments, no task) parse as this LitTransformer's; fit resumes it."""
+    from test_cli import CONFIGS, _cli
+
+    ckpt = FIXTURES / "language_modeling.ckpt"
+    where = ["--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
+    where += ["--checkpoint.dirpath", str(tmp_path / "ckpt"), "--data.init_args.cache_dir", str(tmp_path / "cache")]
+    tiny = ["--config", str(CONFIGS / "presets" / "tiny.yaml"), *where, "--data.init_args.max_chars", "20000"]
+    out = _cli("validate", *tiny, "--ckpt_path", str(ckpt), cwd=tmp_path).stdout
+    assert "val/nll" in out and "val/bpc" in out
+    _cli("fit", *tiny, "--ckpt_path", str(ckpt), "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
+         "--checkpoint.every_n_train_steps", "3", cwd=tmp_path)  # fmt: skip
+    from lit_transformer.checkpointing import load_checkpoint
+
+    resumed = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+    assert resumed["global_step"] == 3
+    assert resumed["hyper_parameters"]["task"]["class_path"].endswith("LanguageModeling")
+    assert "lr" not in resumed["hyper_parameters"] and resumed["hyper_parameters"]["optim"]["lr"] == 3e-3

@@ -118,7 +118,9 @@ def test_the_old_flat_optimizer_arguments_set_model_optim_with_a_warning() -> No
     assert (module.optim.lr, module.optim.warmup_steps) == (1e-2, 0)
     assert module.hparams["optim"]["lr"] == 1e-2 and "lr" not in module.hparams
     assert module.configure_optimizers()["optimizer"].param_groups[0]["lr"] == 1e-2
-    module = LitTransformer(_config("language_modeling"), optim=Optimization(lr=5e-3, schedule="constant", warmup_steps=0))
+    module = LitTransformer(
+        _config("language_modeling"), optim=Optimization(lr=5e-3, schedule="constant", warmup_steps=0)
+    )
     assert module.configure_optimizers()["optimizer"].param_groups[0]["lr"] == 5e-3
 
 
@@ -177,3 +179,46 @@ def test_a_new_task_trains_through_the_cli_without_touching_the_package(tmp_path
     out = _cli("validate", *tiny, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"), cwd=ROOT).stdout
     accuracy = float(out.split("val/accuracy")[1].split()[1])
     assert accuracy > 0.9  # an echo is learnt at once; a next-token model of Shakespeare's characters is far below
+
+
+# ---- the tokenizer in checkpoints -----------------------------------------------------------------------------------
+
+
+class _TokenData(L.LightningDataModule):
+    """Language-model batches, with the tokenizer in the DataModule's own state as the package's DataModules keep it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+
+        self.tokenizer = Tokenizer(WordLevel({f"w{i}": i for i in range(128)}, unk_token="w0"))
+        self.restored: dict | None = None
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader([_batch("language_modeling", seed) for seed in range(2)], batch_size=None)
+
+    def state_dict(self) -> dict:
+        return {"tokenizer": self.tokenizer.to_str(), "other": 1}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.restored = state
+
+
+def test_a_checkpoint_holds_the_tokenizer_once_and_the_datamodule_gets_it_back(tmp_path) -> None:
+    from lit_transformer.checkpointing import load_checkpoint
+
+    def trainer(steps: int) -> L.Trainer:
+        return L.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+
+    data, module = _TokenData(), LitTransformer(_config("language_modeling"), optim=Optimization(schedule="constant"))
+    run = trainer(1)
+    run.fit(module, datamodule=data)
+    run.save_checkpoint(tmp_path / "a.ckpt")
+    checkpoint = load_checkpoint(tmp_path / "a.ckpt")
+    assert checkpoint["tokenizer"] == data.tokenizer.to_str()
+    assert checkpoint["_TokenData"] == {"other": 1}  # the repeat is gone
+    data = _TokenData()
+    trainer(2).fit(LitTransformer(_config("language_modeling")), datamodule=data, ckpt_path=tmp_path / "a.ckpt")
+    assert data.restored == {"tokenizer": data.tokenizer.to_str(), "other": 1}
