@@ -228,8 +228,10 @@ class LitTransformer(L.LightningModule):
         # A DataModule's state (Lightning saves it before this hook) repeats the tokenizers: keep one copy.
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         entry = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
-        if isinstance(entry, dict):
-            copies = [k for k in ("tokenizer", "target_tokenizer") if entry.get(k) == checkpoint.get(k, tokenizer)]
+        if isinstance(entry, dict) and tokenizer is not None:
+            copies = [
+                k for k in ("tokenizer", "target_tokenizer") if k in entry and entry[k] == checkpoint.get(k, tokenizer)
+            ]
             for key in copies:
                 del entry[key]
             if copies:
