@@ -27,13 +27,11 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from ..tasks.losses import IGNORE_INDEX
 from .preparation import SHARD_TOKENS, RecordKind, prepare
 from .sources import BUILDERS
 from .splits import HELD_OUT, carve, hash_bucket
 from .streaming import Source, SplitStream, columns_of, records
-
-IGNORE_INDEX = -100
-
 
 # ---------------------------------------------------------------------------------------------------- batches
 
