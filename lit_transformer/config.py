@@ -384,8 +384,8 @@ TRANSLATION_DECODING: dict[str, Any] = dict(
 @dataclass
 class GenerationConfig:
     """How to decode: the one home of every decoding default (Transformer.generate, the generate, translate and
-    predict commands, the TensorBoard samples, validation BLEU). ``GenerationConfig.for_model`` gives the defaults
-    of a topology; any field can be overridden."""
+    predict commands, the TensorBoard samples, validation BLEU). ``GenerationConfig.for_task`` gives the defaults
+    of a task (lit_transformer.tasks.generation_defaults: of an architecture's task); any field can be overridden."""
 
     max_new_tokens: int = 200
     """Tokens to generate at most (EOS included)."""
@@ -470,9 +470,3 @@ class GenerationConfig:
         base = cls(**task.generation_defaults)
         return base.replace(**{name: value for name, value in overrides.items() if value is not None})
 
-    @classmethod
-    def for_model(cls, config: TransformerConfig, **overrides: Any) -> GenerationConfig:
-        """The decoding defaults of the task that `config`'s architecture implies (see for_task)."""
-        from lit_transformer.tasks import default_task
-
-        return cls.for_task(default_task(config), **overrides)

@@ -20,10 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lit_transformer.config import GenerationConfig  # noqa: E402
 from lit_transformer.data import TranslationDataModule  # noqa: E402
 from lit_transformer.inference import load_model, translate  # noqa: E402
 from lit_transformer.quantization import quantize_int8  # noqa: E402
+from lit_transformer.tasks import generation_defaults  # noqa: E402
 
 
 def main() -> None:
@@ -52,7 +52,7 @@ def main() -> None:
             )
         outputs, seconds = {}, {}
         for run in ("eager", "compiled", "compiled again"):  # again: the graphs are compiled by then
-            gen = GenerationConfig.for_model(model.config, compile=run != "eager")
+            gen = generation_defaults(model.config, compile=run != "eager")
             start = time.perf_counter()
             out = []
             for i in range(0, len(sources), args.batch):

@@ -331,12 +331,13 @@ def test_the_gnmt_length_penalty_against_values_written_out():
 
 def test_translation_defaults_are_the_papers_decoding_rules():
     from lit_transformer.config import GenerationConfig, TransformerConfig
+    from lit_transformer.tasks import generation_defaults
 
-    gen = GenerationConfig.for_model(TransformerConfig(topology="encoder_decoder"))
+    gen = generation_defaults(TransformerConfig(topology="encoder_decoder"))
     assert (gen.num_beams, gen.length_penalty, gen.length_penalty_form) == (4, 0.6, "gnmt")
     assert (gen.max_source_offset, gen.early_stopping) == (50, True)
     # Each is overridable; a plain GenerationConfig keeps the old meaning (|Y| ** 1.0, Hugging Face's criterion).
-    assert GenerationConfig.for_model(TransformerConfig(topology="encoder_decoder"), num_beams=1).num_beams == 1
+    assert generation_defaults(TransformerConfig(topology="encoder_decoder"), num_beams=1).num_beams == 1
     plain = GenerationConfig()
     assert (plain.length_penalty, plain.length_penalty_form, plain.early_stopping) == (1.0, "length", False)
     with pytest.raises(ValueError, match="length_penalty_form='wu' must be 'length' or 'gnmt'"):

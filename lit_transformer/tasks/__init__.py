@@ -19,7 +19,7 @@ from lit_transformer.tasks.masked_lm import MaskedLM
 from lit_transformer.tasks.translation import Translation
 
 if TYPE_CHECKING:
-    from lit_transformer.config import TransformerConfig
+    from lit_transformer.config import GenerationConfig, TransformerConfig
 
 __all__ = [
     "IGNORE_INDEX",
@@ -33,6 +33,7 @@ __all__ = [
     "build_task",
     "data_fields",
     "default_task",
+    "generation_defaults",
 ]
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (LanguageModeling, Translation, Classification, MaskedLM)}
@@ -49,6 +50,13 @@ def default_task(config: TransformerConfig) -> type[Task]:
         if all(getattr(config, name) == value for name, value in task.architecture.items()):
             return task
     raise ValueError(f"no built-in task trains topology={config.topology} head={config.head}; set model.task")
+
+
+def generation_defaults(config: TransformerConfig, **overrides: Any) -> GenerationConfig:
+    """The decoding defaults of the task that `config`'s architecture implies (GenerationConfig.for_task)."""
+    from lit_transformer.config import GenerationConfig
+
+    return GenerationConfig.for_task(default_task(config), **overrides)
 
 
 def _task_class(name: str) -> type[Task]:
