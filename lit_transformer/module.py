@@ -283,7 +283,7 @@ class LitTransformer(L.LightningModule):
         """Applied from outside the model code, once, whatever the strategy."""
         if getattr(self, "_parallelized", False):
             return
-        from lit_transformer.parallelize import apply_activation_checkpointing, compile_blocks, compile_function
+        from lit_transformer.parallelize import CompiledStep, apply_activation_checkpointing, compile_blocks
 
         strategy = type(self._trainer.strategy).__name__ if self._trainer is not None else ""
         # FSDP applies checkpointing itself from its activation_checkpointing_policy.
@@ -300,7 +300,9 @@ class LitTransformer(L.LightningModule):
                 # The forward and the loss in one graph, so the (tokens, vocabulary) logits' cast, log-softmax and
                 # gather fuse; a function, not a wrapped module, so parameter names and checkpoints are unchanged.
                 fullgraph = not self.config.is_encoder_only  # the masked LM's corruption draws on a generator
-                self._compiled_sums = compile_function(self._training_sums, mode=mode, fullgraph=fullgraph)
+                # Language-model blocks have one shape; token-budget batches a new one at each step: one dynamic graph.
+                dynamic = self.config.topology != "decoder_only"
+                self._compiled_sums = CompiledStep(self._training_sums, mode, fullgraph, dynamic)
         self._parallelized = True
 
     def setup(self, stage: str) -> None:
