@@ -167,6 +167,7 @@ class LitTransformer(L.LightningModule):
         compile: bool = False,
         compile_mode: str | None = None,
         compile_scope: Literal["auto", "step", "blocks"] = "auto",
+        fused_loss: bool = False,
         generation: GenerationConfig | None = None,
         init_from: str | None = None,
         quantize: Literal["none", "int8"] = "none",
@@ -203,6 +204,9 @@ class LitTransformer(L.LightningModule):
             compile_scope: step: the model's forward and the loss as one graph (fullgraph for decoder-only and
                 encoder-decoder models); blocks: each block on its own (what activation checkpointing and sharded
                 strategies compose with); auto: step, unless activation checkpointing or FSDP/DeepSpeed is on.
+            fused_loss: decoder_only on CUDA: the output layer and the cross-entropy in one liger-kernel kernel
+                (lit_transformer/fused_loss.py, `pip install -e '.[gpu]'`), never materialising the logits; the
+                same loss. Refused on a CPU or without liger-kernel.
             generation: How `predict` and validation/test BLEU decode (any GenerationConfig field, e.g.
                 --model.generation.num_beams 4); None uses the topology's defaults (GenerationConfig.for_model).
             init_from: A Hugging Face GPT-2 folder (or hub name) to fine-tune: its config.json sets the architecture
@@ -329,6 +333,12 @@ class LitTransformer(L.LightningModule):
                     f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {self.init_from}"
                 )
         self._class_weights = self._resolve_class_weights(datamodule)
+        if stage == "fit" and self.hparams.get("fused_loss"):
+            from lit_transformer.fused_loss import require_fused_loss
+
+            if self.config.topology != "decoder_only":
+                raise ValueError("fused_loss=true is for decoder_only language models; drop it for this topology")
+            require_fused_loss(self.trainer.strategy.root_device)
         if stage == "fit" and self.hparams.get("quantize", "none") != "none":
             raise ValueError(
                 "--model.quantize int8 is for validate, test and predict: int8 Linear layers have no gradient. Train "
@@ -462,6 +472,14 @@ class LitTransformer(L.LightningModule):
 
     def _training_sums(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(summed loss, summed NLL, target count) of a training batch: what `compile` compiles as one graph."""
+        if self.hparams.get("fused_loss"):
+            from lit_transformer.fused_loss import fused_linear_cross_entropy
+
+            tokens = batch["input_ids"]
+            hidden = self.model.decode(tokens, tgt_mask=self.model.key_mask(tokens, batch.get("attention_mask")),
+                                       project=False)  # fmt: skip
+            weight, vocab = self.model.lm_head.weight, self.config.tgt_vocab_size
+            return fused_linear_cross_entropy(hidden, weight, batch["labels"], vocab, self.hparams.label_smoothing)
         return self._loss(batch)[2:]
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
