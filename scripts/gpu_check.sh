@@ -87,7 +87,7 @@ if (( DRY )); then  # tiny sizes on the CPU; compile with aot_eager (inductor's 
   BENCH=(--device cpu --only cli --cli-only --cli-warmup 2 --cli-steps 3)
   GPT=(--config configs/presets/tiny.yaml --trainer.precision 32-true)
   CLI8=(--cpu-batches 8 --cli-filter "tiny, batch 8"); CLI16=(--cpu-batches 16 --cli-filter "tiny, batch 16")
-  PAPER=tiny-translate; EN_ES=tiny-translate; NANO=(--dry-run --block_size 64); STEPS=20
+  PAPER=tiny-translate; EN_ES=tiny-translate; NANO=(--dry-run --block_size 64); STEPS=40
   PRESET=(--config configs/presets/tiny.yaml --trainer.accumulate_grad_batches 4 --model.compile true)
   STRATEGY_FSDP=(); STRATEGY_DS=()
 else
@@ -113,9 +113,11 @@ part cli16 "${CLI16_BOX:-70}" $PY scripts/benchmark.py "${BENCH[@]}" "${CLI16[@]
 part nanogpt16 "${NANOGPT16_BOX:-60}" $PY scripts/nanogpt_compare.py bench "$NANOGPT" --batch_size 16 "${NANO[@]}"
 part paper-compiled "${PAPER_BOX:-130}" $PY scripts/benchmark.py "${BENCH[@]}" "${TRANSLATION[@]}" --cli-filter "$PAPER, compiled"
 part paper-eager "${EAGER_BOX:-40}" $PY scripts/benchmark.py "${BENCH[@]}" "${TRANSLATION[@]}" --cli-filter "$PAPER, eager"
-part preset "${PRESET_BOX:-90}" $PY scripts/gpu_parts.py preset-rate -- "${PRESET[@]}" "${QUIET[@]}" \
-  --trainer.max_steps "$STEPS" --trainer.log_every_n_steps 5 --trainer.logger false --checkpoint.save_last false \
-  --checkpoint.every_n_train_steps 0 --trainer.default_root_dir "$OUT/preset"
+# As a user runs it: progress bar and TensorBoard on; only validation and checkpoints are left out of the 200 steps.
+part preset "${PRESET_BOX:-90}" $PY scripts/gpu_parts.py preset-rate -- "${PRESET[@]}" --trainer.limit_val_batches 0 \
+  --trainer.num_sanity_val_steps 0 --trainer.max_steps "$STEPS" --trainer.log_every_n_steps 5 \
+  --checkpoint.save_last false --checkpoint.every_n_train_steps 0 --trainer.default_root_dir "$OUT/preset" \
+  --trainer.logger.init_args.save_dir "$OUT/preset"
 part en-es-compiled "${EN_ES_BOX:-70}" $PY scripts/benchmark.py "${BENCH[@]}" "${TRANSLATION[@]}" --cli-filter "$EN_ES, compiled"
 part en-es-eager "${EAGER_BOX:-40}" $PY scripts/benchmark.py "${BENCH[@]}" "${TRANSLATION[@]}" --cli-filter "$EN_ES, eager"
 part fsdp "${FSDP_BOX:-70}" $PY scripts/gpu_parts.py resume --steps 10 -- "${GPT[@]}" "${STRATEGY_FSDP[@]}" "${QUIET[@]}" \

@@ -64,8 +64,12 @@ def tag(log: Path, part: str, rc: int, box: int, seconds: int) -> list[Row]:
     return rows
 
 
-def _fmt(value: Any, spec: str, missing: str = "") -> str:
+def _fmt(value: Any, spec: str, missing: str = "–") -> str:
     return missing if value is None else format(value, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "–"
 
 
 def _by(rows: list[Row], part: str) -> Row | None:
@@ -100,14 +104,13 @@ def table(run: dict[str, Any]) -> str:
         if ours is None and ref is None:
             continue
         a, b = (ours or {}).get("tokens_per_s"), (ref or {}).get("tokens_per_s")
-        ratio = a / b if a and b else None
         mfu = f"{_fmt((ours or {}).get('mfu_vs_spec'), '.1%')} / {_fmt((ref or {}).get('mfu_vs_spec'), '.1%')}"
         mem = (
             f"{_fmt((ours or {}).get('peak_memory_gb'), '.1f')} / {_fmt((ref or {}).get('peak_memory_gb'), '.1f')} GiB"
         )
         out.append(
             f"| GPT-2 small, bf16, compiled, batch {batch}: CLI fit vs nanoGPT bench.py (tokens/s) | "
-            f"{_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_fmt(ratio, '.2f', '')}x | {mfu} | {mem} | "
+            f"{_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_ratio(a, b)} | {mfu} | {mem} | "
             f"{_status(ours)} / {_status(ref)} |"
         )
     for name, label in (("paper", "paper-base"), ("en-es", "translate-en-es")):
@@ -118,7 +121,7 @@ def table(run: dict[str, Any]) -> str:
         first = (compiled or {}).get("first_step_s")
         out.append(
             f"| {label}, compile.yaml vs eager (tokens/s); first optimizer step {_fmt(first, '.0f', '?')} s after "
-            f"training starts | {_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_fmt(a / b if a and b else None, '.2f')}x | "
+            f"training starts | {_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_ratio(a, b)} | "
             f"{_fmt((compiled or {}).get('mfu_vs_spec'), '.1%')} | {_fmt((compiled or {}).get('peak_memory_gb'), '.1f')}"
             f" GiB | {_status(compiled)} / {_status(eager)} |"
         )
@@ -129,13 +132,13 @@ def table(run: dict[str, Any]) -> str:
             f"| gpt2-small preset as shipped (micro-batch 8, accumulate 4), logged tokens/s over "
             f"{preset.get('optimizer_steps', '?')} optimizer steps; last quarter / first quarter "
             f"{_fmt(preset.get('flatness'), '.3f', '?')} | {_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} (benchmark, batch 8) "
-            f"| {_fmt(a / b if a and b else None, '.2f')}x | | | {_status(preset)} |"
+            f"| {_ratio(a, b)} | | | {_status(preset)} |"
         )
     for row in (r for r in rows if str(r.get("part", "")).startswith("lever-")):
         a, b = row.get("tokens_per_s"), (bench or {}).get("tokens_per_s")
         out.append(
             f"| lever {row['part'].removeprefix('lever-')}: GPT-2 small batch 8 with it vs without (tokens/s) | "
-            f"{_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_fmt(a / b if a and b else None, '.2f')}x | "
+            f"{_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_ratio(a, b)} | "
             f"{_fmt(row.get('mfu_vs_spec'), '.1%')} | {_fmt(row.get('peak_memory_gb'), '.1f')} GiB | {_status(row)} |"
         )
     for name in ("fsdp", "deepspeed"):
