@@ -88,14 +88,16 @@ def test_classification_batches_compile_a_bounded_number_of_graphs(tmp_path: Pat
     assert 1 <= counter.frame_count <= MAX_GRAPHS, f"{counter.frame_count} graphs for {len(shapes.seen)} shapes"
 
 
-def test_language_model_accumulation_compiles_one_static_graph_and_never_reads_the_device(
-    tmp_path: Path, monkeypatch
+@pytest.mark.parametrize(("preset", "dynamic"), [("tiny.yaml", False), ("tiny-translate.yaml", True)])
+def test_accumulation_compiles_one_graph_and_never_reads_the_device(
+    tmp_path: Path, monkeypatch, preset: str, dynamic: bool
 ) -> None:
-    """The gpt2-small preset's training settings (accumulation 4, clipping, compile) on the tiny model: one graph
-    for every micro-batch (the last of a cycle, inside the optimizer's closure, too), static (LM blocks never change
-    shape), and no host read in any micro-batch of the steady state."""
+    """The gpt2-small preset's training settings (accumulation 4, clipping, compile) on the tiny models: one graph
+    for every micro-batch (the last of a cycle, inside the optimizer's closure, too), static for language-model
+    blocks (they never change shape), dynamic for token-budget batches, and no host read in any micro-batch of the
+    steady state."""
     counter = counting_compiler(monkeypatch)
-    run = cli(tmp_path, "tiny.yaml", "--model.compile=true", "--model.fused=true", "--trainer.gradient_clip_val=1.0",
+    run = cli(tmp_path, preset, "--model.compile=true", "--model.fused=true", "--trainer.gradient_clip_val=1.0",
               "--trainer.accumulate_grad_batches=4", "--trainer.log_every_n_steps=50", "--trainer.max_steps=6",
               "--trainer.enable_progress_bar=true", "--nonfinite.check_every_n_steps=50",
               "--checkpoint.every_n_train_steps=50")  # fmt: skip
@@ -104,7 +106,7 @@ def test_language_model_accumulation_compiles_one_static_graph_and_never_reads_t
     run.trainer.fit(run.model, datamodule=run.datamodule)
     assert run.trainer.global_step == 6 and trap.trapped == list(range(4, 20))
     assert counter.frame_count == 1
-    assert not run.model._compiled_sums.dynamic
+    assert run.model._compiled_sums.dynamic is dynamic
 
 
 class Losses(L.Callback):
