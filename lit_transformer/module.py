@@ -131,7 +131,7 @@ class LitTransformer(L.LightningModule):
         """Applied from outside the model code, once, whatever the strategy."""
         if getattr(self, "_parallelized", False):
             return
-        from lit_transformer.parallelize import apply_activation_checkpointing, compile_blocks, compile_function
+        from lit_transformer.parallelize import CompiledStep, apply_activation_checkpointing, compile_blocks
 
         strategy = type(self._trainer.strategy).__name__ if self._trainer is not None else ""
         # FSDP applies checkpointing itself from its activation_checkpointing_policy.
@@ -147,7 +147,11 @@ class LitTransformer(L.LightningModule):
             else:
                 # The forward and the loss in one graph, so the (tokens, vocabulary) logits' cast, log-softmax and
                 # gather fuse; a function, not a wrapped module, so parameter names and checkpoints are unchanged.
-                self._compiled_sums = compile_function(self._training_sums, mode=mode, fullgraph=self.task.fullgraph)
+                # Fixed-shape batches (language-model blocks) keep a static graph; token-budget batches change
+                # shape at each step: one graph marked dynamic from the first batch serves them all.
+                self._compiled_sums = CompiledStep(
+                    self._training_sums, mode, self.task.fullgraph, dynamic=not self.task.static_shapes
+                )
         self._parallelized = True
 
     def setup(self, stage: str) -> None:

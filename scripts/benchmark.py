@@ -20,6 +20,7 @@ import gc
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -646,6 +647,8 @@ class StepClock:
         self.flops = 0.0
         self.peak_gb: float | None = None
         self.syncs: list[str] = []
+        self.train_start = 0.0
+        self.first_step_s: float | None = None  # from the start of training to the end of optimizer step 1
 
     def after_step(self, step: int, batch: dict[str, Tensor], flops: float) -> bool:
         """Call after optimizer step `step` (1-based) with its batch; True once the timed steps are done.
@@ -688,6 +691,7 @@ class StepClock:
             "host_cpu_ms_per_step": self.cpu_seconds / self.steps * 1e3,
             "host_syncs": len(self.syncs),
             "reps": self.steps,
+            "first_step_s": self.first_step_s,
         }
 
     def __enter__(self) -> StepClock:
@@ -722,10 +726,16 @@ def cli_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock:
     clock = StepClock(warmup, steps, device)
 
     class Clock(L.Callback):
+        def on_train_start(self, trainer, pl_module) -> None:
+            clock.train_start = time.perf_counter()
+
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if not trainer.fit_loop._should_accumulate() and clock.after_step(
-                trainer.global_step, batch, pl_module.flops_per_batch
-            ):
+            if trainer.fit_loop._should_accumulate():
+                return
+            if trainer.global_step == 1:  # the first optimizer step: compilation included
+                _sync(device)
+                clock.first_step_s = time.perf_counter() - clock.train_start
+            if clock.after_step(trainer.global_step, batch, pl_module.flops_per_batch):
                 trainer.should_stop = True
 
     cli = build_cli(args)
@@ -740,7 +750,7 @@ def hand_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock
     F.cross_entropy in one graph, bf16 autocast when the run asks for it, a fused optimizer on CUDA, nothing else."""
     from contextlib import nullcontext
 
-    from lit_transformer.module import weight_decay_groups
+    from lit_transformer.optim import weight_decay_groups
 
     cli = build_cli(args)
     lit, data = cli.model, cli.datamodule
@@ -788,16 +798,20 @@ def _hand_loop(model, optimizer, step_loss, data, clock: StepClock) -> StepClock
                 return clock
 
 
-def bench_cli(presets: dict[str, list[str]], warmup: int, steps: int, device: str) -> list[Row]:
+def bench_cli(
+    presets: dict[str, list[str]], warmup: int, steps: int, device: str, hand_built: bool = True
+) -> list[Row]:
     """The CLI's training step (LitTransformer under Trainer.fit, the shipped configs, every default callback)
-    beside a hand-built step on the same model, data and batch, one after the other in this process."""
+    beside a hand-built step on the same model, data and batch, one after the other in this process (hand_built
+    False: the CLI's alone)."""
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     peak = next((v for k, v in SPEC_BF16.items() if k in name), None) if device == "cuda" else None
     rows = []
+    contenders = (("hand-built step", hand_fit), ("CLI fit", cli_fit)) if hand_built else (("CLI fit", cli_fit),)
     for label, args in presets.items():
         section = f"CLI vs hand-built training step ({name}): {label}"
         pair = []
-        for contender, fit in (("hand-built step", hand_fit), ("CLI fit", cli_fit)):
+        for contender, fit in contenders:
             torch._dynamo.reset()
             gc.collect()
             if device == "cuda":
@@ -805,9 +819,14 @@ def bench_cli(presets: dict[str, list[str]], warmup: int, steps: int, device: st
             progress(f"{section}: {contender}")
             pair.append(fit(args, warmup, steps, device).row(section, contender, peak))
             print(json.dumps(pair[-1]), flush=True)
-        hand, cli = pair
-        cli["ratio"] = cli["tokens_per_s"] / hand["tokens_per_s"]  # the CLI's share of the hand-built throughput
-        hand["ratio"] = 1.0
+        if hand_built:
+            hand, cli = pair
+            cli["ratio"] = cli["tokens_per_s"] / hand["tokens_per_s"]  # the CLI's share of the hand-built throughput
+            hand["ratio"] = 1.0
+        else:
+            pair[0]["ratio"] = 1.0
+        for row in pair:
+            row["label"] = label
         rows += pair
     return rows
 
@@ -828,6 +847,12 @@ def cli_presets(device: str, batches: list[int], steps: int, warmup: int) -> dic
             f"tiny, batch {b}": ["--config=configs/presets/tiny.yaml", f"--data.init_args.batch_size={b}", *common]
             for b in batches
         }
+        for mode in ("compiled", "eager"):  # the translation runs' plumbing, on the tiny encoder-decoder
+            runs[f"tiny-translate, {mode}"] = [
+                "--config=configs/presets/tiny-translate.yaml",
+                f"--model.compile={mode == 'compiled'}",
+                *common,
+            ]
         runs["host-bound (d_model 8, batch 1 x 8 tokens)"] = [
             "--config=configs/presets/tiny.yaml",
             *common,
@@ -857,6 +882,19 @@ def cli_presets(device: str, batches: list[int], steps: int, warmup: int) -> dic
         *gpu,
         *common,
     ]
+    # configs/trainer/compile.yaml against the same preset eager: time to the first optimizer step, then tokens/s.
+    for preset, extra in (
+        ("paper-base", []),
+        ("translate-en-es", ["--trainer.accelerator=gpu", "--trainer.devices=1"]),
+    ):
+        for mode in ("compiled", "eager"):
+            runs[f"{preset}, bf16, {mode}"] = [
+                f"--config=configs/presets/{preset}.yaml",
+                "--config=configs/trainer/bf16-mixed.yaml",
+                *(["--config=configs/trainer/compile.yaml"] if mode == "compiled" else []),
+                *extra,
+                *common,
+            ]
     return runs
 
 
@@ -926,6 +964,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the GPU MFU run only")
     parser.add_argument("--gpu-batches", type=int, nargs="+", default=[8, 16, 32], help="cuda: batch sizes")
+    parser.add_argument("--cpu-batches", type=int, nargs="+", default=[8], help="cpu: the cli section's batch sizes")
+    parser.add_argument("--cli-only", action="store_true", help="cli: the CLI's fit alone, no hand-built step")
+    parser.add_argument("--cli-extra", default="", help="cli: fit arguments added to every run (a lever to weigh)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and machine facts here")
     parser.add_argument("--render", type=Path, default=None, help="print the table of an earlier --json file")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -949,10 +990,14 @@ def main() -> None:
     rows: list[Row] = []
     only = args.only or (["mfu", "cli"] if args.device == "cuda" else cpu_sections)
     if "cli" in only:
-        batches = args.gpu_batches if args.device == "cuda" else [8]
+        batches = args.gpu_batches if args.device == "cuda" else args.cpu_batches
         runs = cli_presets(args.device, batches, args.cli_steps, args.cli_warmup)
-        runs = {label: run for label, run in runs.items() if args.cli_filter in label}
-        rows += bench_cli(runs, args.cli_warmup, args.cli_steps, args.device)
+        runs = {label: [*run, *shlex.split(args.cli_extra)] for label, run in runs.items() if args.cli_filter in label}
+        if not runs:
+            parser.error(
+                f"--cli-filter {args.cli_filter!r} matches no run of {list(cli_presets(args.device, batches, 1, 1))}"
+            )
+        rows += bench_cli(runs, args.cli_warmup, args.cli_steps, args.device, hand_built=not args.cli_only)
     if args.device == "cuda":
         if "mfu" in only:
             rows += bench_cuda(reps, args.gpu_batches)

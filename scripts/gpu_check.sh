@@ -1,127 +1,139 @@
 #!/usr/bin/env bash
-# The GPU checks, on one CUDA GPU (an H100/H200), under 10 minutes in all, most important first. Results go to $OUT
-# (default runs/gpu): rows.jsonl gets each measured row as soon as it is measured, so a part cut short loses only
-# itself; full logs go to $LOGS (default /tmp/gpu_check):
-#   1. the CLI's training step beside a hand-built one (scripts/benchmark.py --only cli): GPT-2 small at context
-#      1024 with configs/trainer/{bf16-mixed,compile}.yaml, batch 16; then the paper-base encoder-decoder on the
-#      embedded English-Spanish Bible; tokens/s, MFU against the spec sheet, peak memory;
-#   2. the gradient norm under FSDP (configs/trainer/fsdp.yaml) against a plain run: the same norms (fp32);
-#   3. GPT-2 small at batch 32 and 8, CLI and hand-built;
-#   recipe (issue 17, in the background from the start): the paper's recipe on the embedded Bible, on the GPU:
-#      translate-en-es trained until its validation BLEU stops improving (time-boxed by $TIME_BOX), and paper-base
-#      (bf16-mixed) time-boxed the same, both at once; then each run's last 5 checkpoints averaged and tested beside
-#      the last one and the EMA, greedy and with the paper's decoding (scripts/translation_recipe.py);
-#   modern (issue 18, in the background, on the machine's CPU cores only): configs/ablations/modern.yaml, 6 runs of
-#      the main job's budget, 2 threads each.
-#   bash scripts/gpu_check.sh          # PYTHON=... to choose the interpreter, ONLY="cli16 paper" for some parts only
-# On a GPU machine without internet: carry this machine's ~/.cache/lit_transformer (tokenizers, token caches, the
-# extracted Bible) and point LIT_TRANSFORMER_CACHE at it, SWORD_PATH at a copy of /usr/share/sword, and have
-# jsonargparse[signatures], datasets and pysword importable (PYTHONPATH): then nothing is trained or fetched there.
+# The GPU checks of issue 25 on one CUDA GPU, in at most $BUDGET seconds (default 540) whatever happens: every part
+# runs under `timeout -k $GRACE <its box>` (SIGTERM, then SIGKILL after the grace), no part starts past the budget,
+# and each part's row is printed and appended to $OUT/rows.jsonl as soon as it is measured (a part cut short gets a
+# "timeout" row). At the end (also after Ctrl-C) the rows become one run appended to $JSON (docs/gpu_check.json);
+# `python scripts/gpu_table.py render docs/gpu_check.json --readme README.md` writes the README's GPU table from it.
+#
+#   bash scripts/gpu_check.sh /path/to/nanoGPT            # on the GPU machine (a nanoGPT checkout: bench.py, model.py)
+#   bash scripts/gpu_check.sh /work/nanogpt --dry-run     # on a CPU: tiny sizes, every part's plumbing and time box
+#   ONLY="cli8 nanogpt8" bash scripts/gpu_check.sh ...    # some parts only; PYTHON=... picks the interpreter
+#
+# Parts, most important first (box in seconds; *_BOX variables override):
+#   cli8, nanogpt8, cli16, nanogpt16  GPT-2 small, bias, vocabulary padded to 50,304, bf16, compiled, context 1024:
+#                                     the CLI's fit (scripts/benchmark.py --only cli --cli-only) beside nanoGPT's own
+#                                     bench.py (--real_data=False --bias=True --compile=True); tokens/s, MFU of the
+#                                     989 TFLOP/s spec, peak memory
+#   paper-compiled, paper-eager       paper-base with configs/trainer/compile.yaml (bf16): time from the start of
+#   en-es-compiled, en-es-eager       training to the first optimizer step, then tokens/s against the same preset eager
+#   preset                            configs/presets/gpt2-small.yaml as shipped (micro-batch 8, accumulate 4, bf16,
+#                                     compiled): the logged train/device/items_per_sec over 200 optimizer steps
+#   fsdp, deepspeed                   configs/trainer/{fsdp,deepspeed}.yaml on one GPU, GPT-2 small: 10 steps, save at 5,
+#                                     resume in a new process, the losses of steps 6-10 against the uninterrupted run's
+# The levers, each the cli8 run with one switch (not in the default ONLY: a second call, e.g. ONLY="cli8 lever-fused-loss
+# lever-cudagraphs lever-cudnn lever-foreach"): --model.task lit_transformer.tasks.LanguageModeling --model.task.init_args.fused_loss true (liger-kernel, the `gpu` extra),
+# --model.compile_mode reduce-overhead (CUDA graphs), configs/trainer/attention_cudnn.yaml (cuDNN attention first),
+# --model.fused false (foreach AdamW instead of the fused one, today's default on CUDA).
+# On a GPU machine without internet: carry ~/.cache/lit_transformer (tokenizers and token caches; GPT-2's tokenizer
+# is replaced by a byte-level BPE of the same size, as scripts/benchmark.py does) and point LIT_TRANSFORMER_CACHE at
+# it; DeepSpeed needs its wheel installed (the part is skipped, with a row saying so, when it cannot be imported).
 set -uo pipefail
-OUT=${OUT:-runs/gpu}
-ONLY=${ONLY:-"cli16 paper norm cli32 cli8"}
-START=$SECONDS
-DEADLINE=${DEADLINE:-0}  # seconds: no benchmark starts that would end later, and the background parts are packed
-left() { echo $(( DEADLINE > 0 ? DEADLINE - (SECONDS - START) : 100000 )); }
-wait_for() {  # wait_for PID...: until they end or 20 s before the deadline
-  while (( $(left) > 20 )); do
-    local alive=0; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    (( alive )) || return 0; sleep 3
-  done
-}
+NANOGPT=${1:?usage: bash scripts/gpu_check.sh NANOGPT_CHECKOUT [--dry-run]}
+DRY=0; [[ ${2:-} == --dry-run ]] && DRY=1
+[[ -f $NANOGPT/bench.py ]] || { echo "$NANOGPT has no bench.py: give a nanoGPT checkout" >&2; exit 2; }
 PY=${PYTHON:-python3}
-mkdir -p "$OUT"
+OUT=${OUT:-runs/gpu_check}
+BUDGET=${BUDGET:-540}
+GRACE=${GRACE:-10}
+MIN_BOX=${MIN_BOX:-20}   # a part with less time than this left (or than its own box) is skipped
+ONLY=${ONLY:-"cli8 nanogpt8 cli16 nanogpt16 paper-compiled paper-eager en-es-compiled en-es-eager preset fsdp deepspeed"}
+if (( DRY )); then JSON=${JSON:-$OUT/gpu_check.json}; else JSON=${JSON:-docs/gpu_check.json}; fi
+START=$SECONDS
+mkdir -p "$OUT/logs"
+ROWS=$OUT/rows.jsonl
+: > "$ROWS"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-$PY -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)" | tee -a "$OUT/gpu.txt"
-quiet() { grep -v -i -E "warning|warn\(|^ *$|litlogger"; }
 
-LOGS=${LOGS:-/tmp/gpu_check}  # full logs; $OUT keeps a few files (rows.jsonl: every measured row, as it is measured)
-mkdir -p "$LOGS"
-bench() {  # bench NAME SECONDS FILTER
-  [[ $ONLY == *$1* ]] || return 0
-  local seconds=$(( $2 < $(left) - 25 ? $2 : $(left) - 25 ))
-  (( seconds >= 120 )) || { echo "== $1: skipped, $(left) s left"; return 0; }
-  echo "== $1: CLI vs hand-built ($3), at $((SECONDS - START)) s"
-  timeout "$seconds" $PY scripts/benchmark.py --device cuda --only cli --cli-filter "$3" > "$LOGS/$1.log" 2>&1
-  echo "exit $?"
-  grep -o '{"section".*}' "$LOGS/$1.log" | tee -a "$OUT/rows.jsonl"
-  grep -E "host synchronisation|Error|error:|Traceback" "$LOGS/$1.log" | sort | uniq -c | head -8
-  grep -v '{"section"' "$LOGS/$1.log" | quiet | tail -4
+# The machine, once; the run is appended to $JSON at exit, whatever ends the script.
+DEVICE=cpu; (( DRY )) || DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+$PY - "$OUT/meta.json" "$DEVICE" "$DRY" "$NANOGPT" "$*" <<'EOF'
+import json, subprocess, sys, time, torch, lightning
+out, device, dry, nanogpt, args = sys.argv[1:]
+commit = subprocess.run(["git", "-C", nanogpt, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+json.dump({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": device or "unknown GPU",
+           "torch": torch.__version__, "lightning": lightning.__version__, "dry_run": dry == "1",
+           "nanogpt_commit": commit or None, "command": f"bash scripts/gpu_check.sh {args}"}, open(out, "w"))
+EOF
+finish() {
+  $PY scripts/gpu_table.py collect "$ROWS" --meta "$OUT/meta.json" --json "$JSON"
+  echo "== done after $((SECONDS - START)) s (budget $BUDGET s); table: python scripts/gpu_table.py render $JSON"
+}
+trap finish EXIT
+CHILD=
+trap '[[ -n $CHILD ]] && kill -TERM "$CHILD" 2> /dev/null; exit 130' INT TERM  # the running part ends with us
+
+part() {  # part NAME BOX COMMAND...: time-boxed; its JSON rows tagged with the part and printed at once
+  local name=$1 box=$2; shift 2
+  [[ " $ONLY " == *" $name "* ]] || return 0
+  local left=$(( BUDGET - (SECONDS - START) - GRACE ))
+  if (( left < (box < MIN_BOX ? box : MIN_BOX) )); then
+    echo "{\"part\": \"$name\", \"status\": \"skipped\", \"reason\": \"$left s of the budget left\"}" | tee -a "$ROWS"
+    return 0
+  fi
+  (( box > left )) && box=$left
+  echo "== $name (box $box s, at $((SECONDS - START)) s): $*"
+  local t0=$SECONDS
+  timeout -k "$GRACE" "$box" "$@" > "$OUT/logs/$name.log" 2>&1 &
+  CHILD=$!
+  wait "$CHILD"  # in the background and waited for, so a signal to this script is handled at once
+  local rc=$?
+  CHILD=
+  $PY scripts/gpu_table.py tag "$OUT/logs/$name.log" --part "$name" --rc "$rc" --box "$box" \
+    --seconds "$((SECONDS - t0))" | tee -a "$ROWS"
 }
 
-# The background parts. Each packs what it made into $OUT/NAME.tar.gz when it ends (no checkpoints).
-RUNS=${RUNS:-runs/gpu}
-ACCEL=${ACCEL:-gpu}              # ACCEL=cpu with small TIME_BOX, CKPT_* and MODERN_GRID: the dry run of this script
-TIME_BOX=${TIME_BOX:-00:00:03:20}
-pack() {  # pack NAME DIR: the run's results, curves and logs, without checkpoints
-  tar -czf "$OUT/$1.tar.gz" --exclude='*.ckpt' --exclude='*.pt' -C "$(dirname "$2")" "$(basename "$2")" "${@:3}" 2>/dev/null
+if (( DRY )); then  # tiny sizes on the CPU; compile with aot_eager (inductor's C++ build is minutes here)
+  export LIT_TRANSFORMER_COMPILE_BACKEND=${LIT_TRANSFORMER_COMPILE_BACKEND:-aot_eager}
+  BENCH=(--device cpu --only cli --cli-only --cli-warmup 2 --cli-steps 3)
+  GPT=(--config configs/presets/tiny.yaml --trainer.precision 32-true)
+  CLI8=(--cpu-batches 8 --cli-filter "tiny, batch 8"); CLI16=(--cpu-batches 16 --cli-filter "tiny, batch 16")
+  PAPER=tiny-translate; EN_ES=tiny-translate; NANO=(--dry-run --block_size 64); STEPS=40
+  PRESET=(--config configs/presets/tiny.yaml --trainer.accumulate_grad_batches 4 --model.compile true)
+  STRATEGY_FSDP=(); STRATEGY_DS=()
+else
+  BENCH=(--device cuda --only cli --cli-only --cli-warmup 5 --cli-steps 20)
+  BYTE_BPE=(--data.init_args.tokenizer byte_bpe --data.init_args.vocab_size 50257)  # GPT-2's own is on the hub
+  GPT=(--config configs/presets/gpt2-small.yaml "${BYTE_BPE[@]}" --data.init_args.batch_size 4)
+  CLI8=(--gpu-batches 8 --cli-filter "gpt2-small"); CLI16=(--gpu-batches 16 --cli-filter "gpt2-small")
+  PAPER="paper-base, bf16"; EN_ES="translate-en-es, bf16"; NANO=(); STEPS=200
+  PRESET=(--config configs/presets/gpt2-small.yaml "${BYTE_BPE[@]}" --config configs/trainer/bf16-mixed.yaml
+    --config configs/trainer/compile.yaml)
+  STRATEGY_FSDP=(--config configs/trainer/fsdp.yaml --trainer.devices 1)
+  STRATEGY_DS=(--config configs/trainer/deepspeed.yaml --trainer.devices 1)
+fi
+QUIET=(--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_progress_bar false
+  --trainer.enable_model_summary false)
+TRANSLATION=(--cli-warmup 3 --cli-steps 10 --gpu-batches 8)
+
+# selftest (only when ONLY names it): a command that ignores SIGTERM, so its box ends in the kill after the grace.
+part selftest "${SELFTEST_BOX:-2}" bash -c 'trap "" TERM; sleep 60'
+part cli8 "${CLI8_BOX:-80}" $PY scripts/benchmark.py "${BENCH[@]}" "${CLI8[@]}"
+part nanogpt8 "${NANOGPT8_BOX:-70}" $PY scripts/nanogpt_compare.py bench "$NANOGPT" --batch_size 8 "${NANO[@]}"
+part cli16 "${CLI16_BOX:-70}" $PY scripts/benchmark.py "${BENCH[@]}" "${CLI16[@]}"
+part nanogpt16 "${NANOGPT16_BOX:-60}" $PY scripts/nanogpt_compare.py bench "$NANOGPT" --batch_size 16 "${NANO[@]}"
+part paper-compiled "${PAPER_BOX:-130}" $PY scripts/benchmark.py "${BENCH[@]}" "${TRANSLATION[@]}" --cli-filter "$PAPER, compiled"
+part paper-eager "${EAGER_BOX:-40}" $PY scripts/benchmark.py "${BENCH[@]}" "${TRANSLATION[@]}" --cli-filter "$PAPER, eager"
+# As a user runs it: progress bar and TensorBoard on; only validation and checkpoints are left out of the 200 steps.
+part preset "${PRESET_BOX:-90}" $PY scripts/gpu_parts.py preset-rate -- "${PRESET[@]}" --trainer.limit_val_batches 0 \
+  --trainer.num_sanity_val_steps 0 --trainer.max_steps "$STEPS" --trainer.log_every_n_steps 5 \
+  --checkpoint.save_last false --checkpoint.every_n_train_steps 0 --trainer.default_root_dir "$OUT/preset" \
+  --trainer.logger.init_args.save_dir "$OUT/preset"
+part en-es-compiled "${EN_ES_BOX:-70}" $PY scripts/benchmark.py "${BENCH[@]}" "${TRANSLATION[@]}" --cli-filter "$EN_ES, compiled"
+part en-es-eager "${EAGER_BOX:-40}" $PY scripts/benchmark.py "${BENCH[@]}" "${TRANSLATION[@]}" --cli-filter "$EN_ES, eager"
+part fsdp "${FSDP_BOX:-70}" $PY scripts/gpu_parts.py resume --steps 10 -- "${GPT[@]}" "${STRATEGY_FSDP[@]}" "${QUIET[@]}" \
+  --trainer.accumulate_grad_batches 1 --trainer.logger false --trainer.default_root_dir "$OUT/fsdp"
+lever() {  # lever NAME FIT_ARGS: the cli8 run with one switch more
+  local name=$1; shift
+  part "lever-$name" "${LEVER_BOX:-70}" $PY scripts/benchmark.py "${BENCH[@]}" "${CLI8[@]}" --cli-extra "$*"
 }
-recipe() {  # recipe NAME CONFIG CKPT_EVERY EMA_START VAL_EVERY [FIT FLAGS...]: fit time-boxed, then the recipe
-  local name=$1 config=$2 every=$3 ema=$4 val=$5 run=$RUNS/$1; shift 5
-  local device=(--trainer.accelerator "$ACCEL" --trainer.devices 1)
-  echo "== recipe $name: fit ($TIME_BOX), then average and test" >&2
-  $PY -m lit_transformer fit --config "$config" "${device[@]}" "$@" --trainer.max_steps 1000000 \
-    --trainer.max_time "$TIME_BOX" --trainer.val_check_interval "$val" --trainer.enable_progress_bar false \
-    --trainer.default_root_dir "$run" --trainer.logger.init_args.save_dir "$run" --checkpoint.dirpath "$run/checkpoints" \
-    --checkpoint.every_n_train_steps "$every" --checkpoint.save_top_k 5 --checkpoint.monitor step --checkpoint.mode max \
-    --checkpoint.filename 'step{step:06d}' --checkpoint.auto_insert_metric_name false \
-    --best_checkpoint.monitor val/bleu --best_checkpoint.mode max \
-    --best_checkpoint.filename 'best-step{step:06d}-bleu{val/bleu:.2f}' \
-    --trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging --trainer.callbacks.decay 0.998 \
-    --trainer.callbacks.update_starting_at_step "$ema" > "$run.fit.log" 2>&1
-  echo "== recipe $name: fit exit $? after $((SECONDS - START)) s" >&2
-  $PY scripts/translation_recipe.py --run "$run" --config "$config" --last "${LAST:-5}" --jobs 6 --plot "$run/val-bleu.png" \
-    --title "$name on the GPU, time-boxed $TIME_BOX" --flags "${device[*]} ${RECIPE_FLAGS:-}" > "$run.recipe.log" 2>&1
-  echo "== recipe $name: recipe exit $? after $((SECONDS - START)) s" >&2
-  grep -E "BLEU|Error|error:" "$run.recipe.log" | tail -8 >&2
-  pack "$name" "$run" "$name.fit.log" "$name.recipe.log"
-}
-BACKGROUND=()
-if [[ $ONLY == *recipe* ]]; then
-  mkdir -p "$RUNS"
-  recipe en-es configs/presets/translate-en-es.yaml "${CKPT_EN_ES:-200}" 400 "${VAL_EN_ES:-500}" ${EN_ES_FLAGS:-} &
-  BACKGROUND+=($!)
-  recipe paper-base configs/presets/paper-base.yaml "${CKPT_PAPER:-250}" 1000 "${VAL_PAPER:-500}" \
-    --config configs/trainer/bf16-mixed.yaml --trainer.limit_val_batches 20 --data.init_args.bleu_samples 100 \
-    ${PAPER_FLAGS:-} &
-  BACKGROUND+=($!)
+lever fused-loss --model.task lit_transformer.tasks.LanguageModeling --model.task.init_args.fused_loss true
+lever cudagraphs --model.compile_mode reduce-overhead
+lever cudnn --config configs/trainer/attention_cudnn.yaml
+lever foreach --model.fused false
+if (( DRY )) || $PY -c "import deepspeed" > /dev/null 2>&1; then
+  part deepspeed "${DEEPSPEED_BOX:-80}" $PY scripts/gpu_parts.py resume --steps 10 -- "${GPT[@]}" "${STRATEGY_DS[@]}" \
+    "${QUIET[@]}" --trainer.accumulate_grad_batches 1 --trainer.logger false --trainer.default_root_dir "$OUT/deepspeed"
+elif [[ " $ONLY " == *" deepspeed "* ]]; then
+  echo '{"part": "deepspeed", "status": "skipped", "reason": "deepspeed cannot be imported: install its wheel"}' \
+    | tee -a "$ROWS"
 fi
-if [[ $ONLY == *modern* ]]; then  # on the CPU alone
-  MODERN_GRID=${MODERN_GRID:-configs/ablations/modern.yaml}
-  ( echo "== modern: $MODERN_GRID on the CPU, $(nproc) cores" >&2
-    CUDA_VISIBLE_DEVICES= $PY scripts/ablate.py "$MODERN_GRID" --jobs "${MODERN_JOBS:-6}" --threads 2 \
-      --out "$RUNS/modern" > "$RUNS/modern.log" 2>&1
-    echo "== modern: exit $? after $((SECONDS - START)) s" >&2
-    tail -30 "$RUNS/modern.log" | quiet >&2
-    pack modern "$RUNS/modern" "modern.log" ) &
-  BACKGROUND+=($!)
-fi
-if [[ $ONLY == *recipe* ]]; then  # the GPU benchmarks wait for the recipe runs to leave the GPU
-  wait_for "${BACKGROUND[0]}" "${BACKGROUND[1]}"
-fi
-
-bench cli16 170 "batch 16"
-bench paper 170 "paper-base"
-
-if [[ $ONLY == *norm* ]]; then
-echo "== norm: train/grad_norm under FSDP against a plain run (GPT-2 small, fp32, 4 steps)"
-NORM=(--config configs/presets/gpt2-small.yaml --data.init_args.tokenizer byte_bpe --data.init_args.vocab_size 50257
-  --data.init_args.batch_size 4 --trainer.accumulate_grad_batches 1 --trainer.max_steps 4 --trainer.log_every_n_steps 1
-  --trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_progress_bar false
-  --trainer.logger false --checkpoint.save_last false --checkpoint.every_n_train_steps 0 --trainer.precision 32-true)
-timeout 90 $PY scripts/check_grad_norm.py --out "$LOGS/norm_plain.json" -- "${NORM[@]}" 2>&1 | quiet | tail -3
-timeout 120 $PY scripts/check_grad_norm.py --out "$LOGS/norm_fsdp.json" -- "${NORM[@]}" \
-  --config configs/trainer/fsdp.yaml --trainer.devices 1 2>&1 | quiet | tail -3
-$PY scripts/check_grad_norm.py --compare "$LOGS/norm_plain.json" "$LOGS/norm_fsdp.json" | tee "$OUT/norm.txt"
-fi
-
-bench cli32 150 "batch 32"
-bench cli8 150 "batch 8"
-
-wait_for "${BACKGROUND[@]}"  # the background parts; at the deadline, pack what they have
-for name in en-es paper-base modern; do
-  [[ -d $RUNS/$name && ! -f $OUT/$name.tar.gz ]] && echo "== $name: packed unfinished" && pack "$name" "$RUNS/$name" \
-    $(cd "$RUNS" && ls "$name".*.log 2>/dev/null)
-done
-echo "== done after $((SECONDS - START)) s"

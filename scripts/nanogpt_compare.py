@@ -10,6 +10,8 @@ blocks of the model's context, the short tail included), in bits, divided by the
     # score an existing checkpoint of either kind
     python scripts/nanogpt_compare.py score --checkpoint runs/shakespeare/checkpoints/last.ckpt
     python scripts/nanogpt_compare.py score-nanogpt /work/nanogpt
+    # the GPU side: nanoGPT's own bench.py (GPT-2 small, random data), one JSON row with tokens/s, MFU, peak memory
+    python scripts/nanogpt_compare.py bench /work/nanogpt --batch_size 8
 
 The nanoGPT data is `"".join` of the package's split documents (each work's training part, then the next work's),
 so both projects read exactly the same text; the vocabulary is the training split's characters (validation has none
@@ -226,6 +228,63 @@ def report(result: dict) -> None:
         handle.write(json.dumps(result | {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
 
 
+# ------------------------------------------------------------------ nanoGPT's bench.py (GPU)
+
+SPEC_BF16 = 989e12  # the H100/H200 dense bf16 spec FLOP/s that our MFU figures use
+NANOGPT_MFU_PEAK = 312e12  # bench.py's estimate_mfu divides by the A100's bf16 peak
+
+
+def run_bench(nanogpt: Path, batch_size: int, dry_run: bool = False, block_size: int = 1024) -> dict:
+    """nanoGPT's bench.py in this process (`--real_data=False --bias=True --compile=True`, GPT-2 small, bf16 on a
+    GPU): its printed time per iteration and MFU as a row, with our spec's MFU and the peak memory beside them.
+
+    dry_run runs the same code on a CPU with a 1-layer model, no compile and no CUDA synchronisation: the plumbing
+    only (a figure from it means nothing)."""
+    import contextlib
+    import io
+    import re
+    import runpy
+
+    argv = [f"--batch_size={batch_size}", "--real_data=False", "--bias=True", f"--block_size={block_size}"]
+    if dry_run:
+        argv += ["--device=cpu", "--compile=False", "--dtype=float32"]
+        sys.path.insert(0, str(nanogpt))
+        import model as nanogpt_model
+
+        full = nanogpt_model.GPTConfig
+        nanogpt_model.GPTConfig = lambda **kw: full(**{**kw, "n_layer": 1, "n_head": 2, "n_embd": 64})
+        torch.cuda.synchronize = lambda *args, **kwargs: None
+    else:
+        argv += ["--compile=True"]
+        torch.cuda.reset_peak_memory_stats()
+    out = io.StringIO()
+    cwd, saved_argv = os.getcwd(), sys.argv
+    try:
+        os.chdir(nanogpt)  # bench.py reads configurator.py from its folder
+        sys.argv = ["bench.py", *argv]
+        with contextlib.redirect_stdout(out):
+            runpy.run_path("bench.py", run_name="__main__")
+    finally:
+        os.chdir(cwd)
+        sys.argv = saved_argv
+    found = re.search(r"time per iteration: ([0-9.]+)ms, MFU: ([0-9.]+)%", out.getvalue())
+    if found is None:
+        raise SystemExit(f"bench.py printed no timing line:\n{out.getvalue()[-2000:]}")
+    ms, mfu_a100 = float(found.group(1)), float(found.group(2)) / 100
+    return {
+        "label": f"nanoGPT bench.py, GPT-2 small (bias, vocabulary 50,304), batch {batch_size}",
+        "contender": "nanoGPT bench.py",
+        "batch_size": batch_size,
+        "bench_args": " ".join(argv),
+        "ms_per_iter": ms,
+        "tokens_per_s": batch_size * block_size / (ms / 1e3),
+        "mfu_printed_vs_a100": mfu_a100,
+        "mfu_vs_spec": mfu_a100 * NANOGPT_MFU_PEAK / SPEC_BF16,
+        "peak_memory_gb": None if dry_run else torch.cuda.max_memory_allocated() / 2**30,
+        "dry_run": dry_run,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -252,8 +311,16 @@ def main() -> None:
     score_nano = commands.add_parser("score-nanogpt", help="bpc of nanoGPT's checkpoint on the whole val.bin")
     score_nano.add_argument("nanogpt")
 
+    bench = commands.add_parser("bench", help="nanoGPT's bench.py on the GPU, one JSON row")
+    bench.add_argument("nanogpt")
+    bench.add_argument("--batch_size", type=int, default=8)
+    bench.add_argument("--block_size", type=int, default=1024)
+    bench.add_argument("--dry-run", action="store_true", help="a 1-layer model on the CPU: the plumbing only")
+
     args = parser.parse_args()
-    if args.command == "nanogpt":
+    if args.command == "bench":
+        print(json.dumps(run_bench(Path(args.nanogpt).resolve(), args.batch_size, args.dry_run, args.block_size)))
+    elif args.command == "nanogpt":
         run_nanogpt(args)
     elif args.command == "nanogpt-data":
         write_nanogpt_data(Path(args.nanogpt))

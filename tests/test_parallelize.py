@@ -75,3 +75,40 @@ def test_compile_blocks_compiles_every_block_and_changes_no_number(topology):
     torch.testing.assert_close(run(compiled, x), run(plain, x), atol=1e-5, rtol=1e-5)
     compiled_frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert compiled_frames >= 1  # dynamo really traced the blocks
+
+
+def test_attention_kernels_hold_for_the_run_and_are_restored_after(tmp_path) -> None:
+    """AttentionKernels (configs/trainer/attention_cudnn.yaml): only the named kernels, in that order, from setup to
+    teardown; a name that is no kernel fails when the config is read."""
+    import lightning as L
+
+    from lit_transformer.parallelize import AttentionKernels
+
+    before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    seen = []
+
+    class Look(L.Callback):
+        def on_train_batch_start(self, *args) -> None:
+            seen.append((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4)
+
+        def training_step(self, batch, batch_idx):
+            q = self.layer(batch[0]).view(1, 1, -1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 3, 4)), batch_size=None)
+    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path,
+                        callbacks=[AttentionKernels(["math"]), Look()])  # fmt: skip
+    trainer.fit(Tiny(), data)
+    assert seen == [(False, True), (False, True)]
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
+    with pytest.raises(ValueError, match="choose one or more of"):
+        AttentionKernels(["flashy"])

@@ -266,12 +266,14 @@ class Transformer(nn.Module):
         cache: list[LayerCache] | None = None,
         return_attention: bool = False,
         last_only: bool = False,
+        project: bool = True,
     ) -> Tensor | tuple[Tensor, Attentions]:
         """The decoder stack and output projection: logits (B, t, V) for tokens tgt (B, t); (B, 1, V) with last_only.
 
         Masks are taken as given (None means no padding): tgt_mask (B, past + t) covers cached and new tokens,
         memory_mask (B, S). With a cache (see new_cache), tgt continues the tokens already cached. last_only projects
         the last position alone (decoding needs no more), sparing the output layer for a prompt's other tokens.
+        project=False returns the final hidden states (B, t, d_model) instead, for a loss that fuses the output layer.
         """
         t = tgt.shape[1]
         past = cache[0].self_attn.length if cache else 0
@@ -293,6 +295,8 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        if not project:
+            return x
         logits = self._logits(x)
         if not return_attention:
             return logits

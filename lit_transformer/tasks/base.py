@@ -90,6 +90,9 @@ class Task(torch.nn.Module):
     """GenerationConfig fields of this task's decoding defaults (GenerationConfig.for_task)."""
     fullgraph: ClassVar[bool] = True
     """Whether `compile` may trace the model's forward and this task's loss as one graph."""
+    static_shapes: ClassVar[bool] = False
+    """Whether every training batch has one shape (packed blocks): `compile` then keeps a static graph; otherwise
+    one graph marked dynamic from the first batch serves every shape (token-budget batches change at each step)."""
     architecture: ClassVar[dict[str, str]] = {}
     """The TransformerConfig fields this task needs (e.g. {"topology": "encoder_decoder"}); empty: any model."""
 

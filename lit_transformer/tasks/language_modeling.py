@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lit_transformer.tasks.base import Task, generated_rows
+from lit_transformer.tasks.base import Loss, Task, generated_rows
 
 
 class LanguageModeling(Task):
@@ -18,18 +18,39 @@ class LanguageModeling(Task):
     reads: ClassVar[tuple[str, ...]] = ("characters_per_token",)
     command: ClassVar[str | None] = "generate"
     architecture: ClassVar[dict[str, str]] = {"topology": "decoder_only"}
+    static_shapes: ClassVar[bool] = True  # packed blocks of block_size tokens
 
-    def __init__(self, label_smoothing: float = 0.0) -> None:
+    def __init__(self, label_smoothing: float = 0.0, fused_loss: bool = False) -> None:
         """
         Args:
             label_smoothing: Label smoothing of the loss; perplexity and bits per character are always unsmoothed.
+            fused_loss: Training on CUDA: the output layer and the cross-entropy in one liger-kernel kernel
+                (lit_transformer/fused_loss.py, `pip install -e '.[gpu]'`) that never materialises the logits; the
+                same loss. Evaluation keeps the plain loss (its metrics read the logits). Refused on a CPU.
         """
         super().__init__(label_smoothing)
+        self.fused_loss = fused_loss
         self._characters_per_token: Callable[[str], float] | None = None
 
     def attach(self, module: Any, data: dict[str, Any]) -> None:
         super().attach(module, data)
         self._characters_per_token = data.get("characters_per_token")
+        if self.fused_loss and module.trainer.state.fn == "fit":
+            from lit_transformer.fused_loss import require_fused_loss
+
+            require_fused_loss(module.trainer.strategy.root_device)
+
+    def loss(self, model, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> Loss:
+        if not (self.fused_loss and model.training):
+            return super().loss(model, batch, generator)
+        from lit_transformer.fused_loss import fused_linear_cross_entropy
+
+        tokens, labels = batch["input_ids"], batch["labels"]
+        hidden = model.decode(tokens, tgt_mask=model.key_mask(tokens, batch.get("attention_mask")), project=False)
+        sums = fused_linear_cross_entropy(
+            hidden, model.lm_head.weight, labels, model.config.tgt_vocab_size, self.label_smoothing
+        )
+        return Loss(*sums, hidden, labels)  # no logits exist: the hidden states stand in (training reads only sums)
 
     def log_nll_numbers(self, module: Any, stage: str, nll: torch.Tensor) -> None:
         super().log_nll_numbers(module, stage, nll)

@@ -1,0 +1,209 @@
+"""The GPU check's results: collect the rows `scripts/gpu_check.sh` measured into docs/gpu_check.json, and render the
+README's GPU table from that JSON (never from hand-copied numbers).
+
+    python scripts/gpu_table.py collect runs/gpu/rows.jsonl --meta runs/gpu/meta.json --json docs/gpu_check.json
+    python scripts/gpu_table.py render docs/gpu_check.json                     # print the latest run's table
+    python scripts/gpu_table.py render docs/gpu_check.json --readme README.md  # replace the table between markers
+
+A row is one JSON object per measured part: {"part", "label", "status": ok|timeout|failed|skipped, ...figures}.
+The README's table lives between `<!-- gpu-check:start -->` and `<!-- gpu-check:end -->`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+START, END = "<!-- gpu-check:start -->", "<!-- gpu-check:end -->"
+Row = dict[str, Any]
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The JSON lines of `path`; a line cut short by a killed part is skipped, not fatal."""
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                print(f"skipped a malformed row: {line[:120]}", file=sys.stderr)
+    return rows
+
+
+def collect(rows_path: Path, meta_path: Path | None, json_path: Path) -> dict[str, Any]:
+    """Append one run (the machine facts of `meta_path` and the rows) to the runs of `json_path`."""
+    run = json.loads(meta_path.read_text()) if meta_path and meta_path.exists() else {}
+    run["rows"] = read_rows(rows_path)
+    report = json.loads(json_path.read_text()) if json_path.exists() else {"runs": []}
+    report["runs"].append(run)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=1) + "\n")
+    return run
+
+
+def tag(log: Path, part: str, rc: int, box: int, seconds: int) -> list[Row]:
+    """The rows a part printed (JSON lines of its log), tagged with the part, its exit and wall time; a part that
+    printed none gets one row saying why: its time box ran out (timeout's 124, or 137 after the kill) or it failed."""
+    rows = read_rows(log) if log.exists() else []
+    rows = [r for r in rows if "tokens_per_s" in r or "label" in r]
+    if not rows:
+        if rc in (124, 137):
+            rows = [{"status": "timeout", "limit_s": box, "killed": rc == 137}]
+        else:
+            text = log.read_text(errors="replace").splitlines() if log.exists() else []
+            errors = [line for line in text if "Error" in line or "error:" in line] or text[-1:] or ["no output"]
+            rows = [{"status": "failed", "error": errors[-1].strip()[:300]}]
+    for row in rows:
+        row.setdefault("status", "ok")
+        row.update({"part": part, "rc": rc, "seconds": seconds, "box_s": box})
+    return rows
+
+
+def _fmt(value: Any, spec: str, missing: str = "–") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "–"
+
+
+def _by(rows: list[Row], part: str) -> Row | None:
+    return next((r for r in rows if r.get("part") == part), None)
+
+
+def _status(row: Row | None) -> str:
+    if row is None:
+        return "not run"
+    status = row.get("status", "ok")
+    if status == "timeout":
+        return f"timed out ({row.get('limit_s', '?')} s box)"
+    if status == "failed":
+        return f"failed: {row.get('error', '')}"[:120]
+    if status == "skipped":
+        return f"skipped: {row.get('reason', '')}"
+    return "ok"
+
+
+def table(run: dict[str, Any]) -> str:
+    """The markdown table of one run: GPT-2 small beside nanoGPT, compiled translation, the preset, the strategies."""
+    rows = run["rows"]
+    out = [
+        f"Card: {run.get('device', '?')}; torch {run.get('torch', '?')}, Lightning {run.get('lightning', '?')}; "
+        f"{run.get('started', '')}{' (dry run on CPU: plumbing only, no figure)' if run.get('dry_run') else ''}.",
+        "",
+        "| measurement | ours | reference | ratio | MFU (spec) | peak memory | status |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for batch in (8, 16, 32):
+        ours, ref = _by(rows, f"cli{batch}"), _by(rows, f"nanogpt{batch}")
+        if ours is None and ref is None:
+            continue
+        a, b = (ours or {}).get("tokens_per_s"), (ref or {}).get("tokens_per_s")
+        mfu = f"{_fmt((ours or {}).get('mfu_vs_spec'), '.1%')} / {_fmt((ref or {}).get('mfu_vs_spec'), '.1%')}"
+        mem = (
+            f"{_fmt((ours or {}).get('peak_memory_gb'), '.1f')} / {_fmt((ref or {}).get('peak_memory_gb'), '.1f')} GiB"
+        )
+        out.append(
+            f"| GPT-2 small, bf16, compiled, batch {batch}: CLI fit vs nanoGPT bench.py (tokens/s) | "
+            f"{_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_ratio(a, b)} | {mfu} | {mem} | "
+            f"{_status(ours)} / {_status(ref)} |"
+        )
+    for name, label in (("paper", "paper-base"), ("en-es", "translate-en-es")):
+        compiled, eager = _by(rows, f"{name}-compiled"), _by(rows, f"{name}-eager")
+        if compiled is None and eager is None:
+            continue
+        a, b = (compiled or {}).get("tokens_per_s"), (eager or {}).get("tokens_per_s")
+        first = (compiled or {}).get("first_step_s")
+        out.append(
+            f"| {label}, compile.yaml vs eager (tokens/s); first optimizer step {_fmt(first, '.0f', '?')} s after "
+            f"training starts | {_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_ratio(a, b)} | "
+            f"{_fmt((compiled or {}).get('mfu_vs_spec'), '.1%')} | {_fmt((compiled or {}).get('peak_memory_gb'), '.1f')}"
+            f" GiB | {_status(compiled)} / {_status(eager)} |"
+        )
+    preset, bench = _by(rows, "preset"), _by(rows, "cli8")
+    if preset is not None:
+        a, b = preset.get("median_tokens_per_s"), (bench or {}).get("tokens_per_s")
+        out.append(
+            f"| gpt2-small preset as shipped (micro-batch 8, accumulate 4), logged tokens/s over "
+            f"{preset.get('optimizer_steps', '?')} optimizer steps; last quarter / first quarter "
+            f"{_fmt(preset.get('flatness'), '.3f', '?')} | {_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} (benchmark, batch 8) "
+            f"| {_ratio(a, b)} | | | {_status(preset)} |"
+        )
+    for row in (r for r in rows if str(r.get("part", "")).startswith("lever-")):
+        a, b = row.get("tokens_per_s"), (bench or {}).get("tokens_per_s")
+        out.append(
+            f"| lever {row['part'].removeprefix('lever-')}: GPT-2 small batch 8 with it vs without (tokens/s) | "
+            f"{_fmt(a, ',.0f')} | {_fmt(b, ',.0f')} | {_ratio(a, b)} | "
+            f"{_fmt(row.get('mfu_vs_spec'), '.1%')} | {_fmt(row.get('peak_memory_gb'), '.1f')} GiB | {_status(row)} |"
+        )
+    for name in ("fsdp", "deepspeed"):
+        row = _by(rows, name)
+        if row is None:
+            continue
+        diff = row.get("max_abs_loss_diff")
+        out.append(
+            f"| {name}.yaml, GPT-2 small: {row.get('steps', '?')} steps, save, resume; resumed losses vs uninterrupted "
+            f"(max abs diff) | {_fmt(diff, '.2e', '?')} | | | | {_fmt(row.get('peak_memory_gb'), '.1f')} GiB | "
+            f"{_status(row)} |"
+        )
+    return "\n".join(out)
+
+
+def latest(report: dict[str, Any], real_only: bool = True) -> dict[str, Any]:
+    """The newest run (a real one where there is any; dry runs only show the plumbing)."""
+    runs = report["runs"]
+    real = [r for r in runs if not r.get("dry_run")] if real_only else runs
+    if not (real or runs):
+        raise ValueError("the JSON holds no run")
+    return (real or runs)[-1]
+
+
+def replace_between_markers(text: str, block: str) -> str:
+    """`text` with the block between the gpu-check markers replaced; an error naming the markers if they are absent."""
+    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"no {START} ... {END} block to replace: add the two markers where the table belongs")
+    return pattern.sub(lambda _: f"{START}\n{block}\n{END}", text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    c = commands.add_parser("collect", help="append the rows of one gpu_check.sh run to the JSON")
+    c.add_argument("rows", type=Path)
+    c.add_argument("--meta", type=Path, default=None)
+    c.add_argument("--json", type=Path, default=Path("docs/gpu_check.json"))
+    t = commands.add_parser("tag", help="(gpu_check.sh) print a part's rows, tagged, one JSON line each")
+    t.add_argument("log", type=Path)
+    t.add_argument("--part", required=True)
+    t.add_argument("--rc", type=int, required=True)
+    t.add_argument("--box", type=int, required=True)
+    t.add_argument("--seconds", type=int, required=True)
+    r = commands.add_parser("render", help="print the latest run's table, or write it into a README")
+    r.add_argument("json", type=Path)
+    r.add_argument("--readme", type=Path, default=None)
+    r.add_argument("--include-dry-runs", action="store_true", help="render the newest run even if it is a dry run")
+    args = parser.parse_args()
+    if args.command == "tag":
+        for row in tag(args.log, args.part, args.rc, args.box, args.seconds):
+            print(json.dumps(row), flush=True)
+        return
+    if args.command == "collect":
+        run = collect(args.rows, args.meta, args.json)
+        print(f"{args.json}: run of {run.get('started', '?')} with {len(run['rows'])} rows appended")
+        return
+    block = table(latest(json.loads(args.json.read_text()), real_only=not args.include_dry_runs))
+    if args.readme is None:
+        print(block)
+    else:
+        args.readme.write_text(replace_between_markers(args.readme.read_text(), block))
+        print(f"{args.readme}: GPU table replaced")
+
+
+if __name__ == "__main__":
+    main()
