@@ -18,7 +18,8 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from lit_transformer.config import GenerationConfig
-from lit_transformer.data.encoding import encode_input
+from lit_transformer.module import trainer_logs_now
+from lit_transformer.tasks.losses import IGNORE_INDEX
 
 
 def _tensorboard(trainer: L.Trainer):
@@ -50,7 +51,7 @@ class GenerateSamples(L.Callback):
         Args:
             prompts: Prompts for a decoder-only model; None starts from a newline.
             generation: How a language model's samples are decoded (e.g. --samples.generation.max_new_tokens 120);
-                None uses its topology's defaults (GenerationConfig.for_model). Translations are decoded as the
+                None uses its task's defaults (GenerationConfig.for_task). Translations are decoded as the
                 LightningModule's own generation config says, as BLEU is.
             num_translations: Validation sources translated for an encoder-decoder model.
             seed: Seed of the sampling generator, so successive samples differ only by what the model learned.
@@ -75,28 +76,9 @@ class GenerateSamples(L.Callback):
                 writer.add_text(f"samples/{i}", text.replace("\n", "  \n"), trainer.global_step)
 
     def samples(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
-        if pl_module.config.is_encoder_only:  # nothing to generate: its metrics say what it learned
-            return []
-        if pl_module.config.is_encoder_decoder:
-            batch = _first_validation_batch(trainer)
-            if batch is None or "src_text" not in batch or self.num_translations <= 0:
-                return []
-            src = batch["src"][: self.num_translations].to(pl_module.device)
-            outputs = pl_module.translate_batch(src, batch["src_mask"][: self.num_translations].to(pl_module.device))
-            refs = batch.get("ref_text", [""] * len(outputs))
-            return [f"source: {s}\n\nmodel: {o}\n\nreference: {r}" for s, o, r in zip(batch["src_text"], outputs, refs)]
-        generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
-        generation = self.generation or GenerationConfig.for_model(pl_module.config)
-        texts = []
-        for prompt in self.prompts:
-            ids = encode_input(
-                pl_module.tokenizer, prompt, encoder_decoder=False, eos_token_id=pl_module.config.eos_token_id
-            )
-            out = pl_module.model.generate(
-                torch.tensor([ids], device=pl_module.device), generation, generator=generator
-            )
-            texts.append(prompt + pl_module.decode(out)[0])
-        return texts
+        """What the module's task shows of itself (Task.samples): a language model continues the prompts, a
+        translation model translates validation sources, a classifier shows nothing (its metrics say it all)."""
+        return pl_module.task.samples(pl_module, self, lambda: _first_validation_batch(trainer))
 
 
 class AttentionMaps(L.Callback):
@@ -128,80 +110,15 @@ class AttentionMaps(L.Callback):
         import matplotlib
 
         matplotlib.use("Agg")
-        model, n = pl_module.model, self.max_tokens
+        model = pl_module.model
         was_training = model.training
         model.eval()
-        if pl_module.config.is_encoder_decoder:
-            # The masks say what is padding: OPUS-MT's targets start from the pad token itself.
-            src = _real_tokens(batch, "src", "src_mask", pl_module.config.pad_token_id)[:n]
-            tgt = _real_tokens(batch, "tgt_in", "tgt_mask", pl_module.config.pad_token_id)[:n]
-            _, attentions = model(src[None].to(pl_module.device), tgt[None].to(pl_module.device), return_attention=True)
-            src_tokens = _token_labels(pl_module.tokenizer, src)
-            tgt_tokens = _token_labels(pl_module.target_tokenizer, tgt)
-            axes = {
-                "encoder": (src_tokens, src_tokens),
-                "self": (tgt_tokens, tgt_tokens),
-                "cross": (tgt_tokens, src_tokens),
-            }
-        elif pl_module.config.is_encoder_only:
-            row = batch["input_ids"][0]
-            if "attention_mask" in batch:
-                row = row[batch["attention_mask"][0].bool()]
-            tokens = row[:n]
-            _, attentions = model(tokens[None].to(pl_module.device), return_attention=True)
-            labels = _token_labels(pl_module.tokenizer, tokens)
-            if pl_module.config.is_classifier and pl_module.config.pooling == "cls":
-                labels = ["[CLS]", *labels]
-            axes = {"encoder": (labels, labels)}
-        else:
-            tokens = batch["input_ids"][0][:n]
-            _, attentions = model(tokens[None].to(pl_module.device), return_attention=True)
-            labels = _token_labels(pl_module.tokenizer, tokens)
-            axes = {"self": (labels, labels)}
+        attentions, axes = pl_module.task.attention(pl_module, batch, self.max_tokens)
         model.train(was_training)
         for kind, layers in attentions.items():
             queries, keys = axes[kind]
             for layer, weights in enumerate(layers[: self.max_layers]):
                 yield f"attention/{kind}/layer_{layer}", _heads_figure(weights[0].float().cpu(), queries, keys)
-
-
-def confusion_figure(matrix: torch.Tensor, names: list[str]):
-    """A confusion matrix (rows: true class, columns: predicted) as a figure, with counts in the cells and each row
-    shaded by its share of the true class, so a small class's errors show as clearly as a large one's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    counts = matrix.float()
-    shares = counts / counts.sum(dim=1, keepdim=True).clamp(min=1)
-    size = 1.0 + 0.6 * len(names)
-    fig, ax = plt.subplots(figsize=(size + 1, size))
-    image = ax.imshow(shares.numpy(), vmin=0.0, vmax=1.0, cmap="Blues")
-    for i in range(len(names)):
-        for j in range(len(names)):
-            color = "white" if shares[i, j] > 0.5 else "black"
-            ax.text(j, i, str(int(counts[i, j])), ha="center", va="center", color=color, fontsize=8)
-    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
-    ax.set_yticks(range(len(names)), names)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    fig.colorbar(image, ax=ax, fraction=0.046, label="share of the true class")
-    fig.tight_layout()
-    return fig
-
-
-def _real_tokens(batch: dict[str, Any], key: str, mask_key: str, pad: int | None) -> torch.Tensor:
-    """The first row's real tokens: where its mask is True, else (a batch without masks) its ids other than pad."""
-    ids, mask = batch[key][0], batch.get(mask_key)
-    if mask is not None:
-        return ids[mask[0].bool()]
-    return ids if pad is None else ids[ids != pad]
-
-
-def _token_labels(tokenizer, ids: torch.Tensor) -> list[str]:
-    # Byte-level BPE shows a leading space as "Ġ"; decoding each token alone gives what a reader recognises.
-    return [tokenizer.decode([i], skip_special_tokens=False).replace("\n", "\\n") or "·" for i in ids.tolist()]
 
 
 def _heads_figure(weights: torch.Tensor, queries: list[str], keys: list[str]):
@@ -278,7 +195,7 @@ class TokenThroughputMonitor(L.Callback):
         self._samples += _batch_size(batch)
         self._tokens = self._tokens + _token_count(batch)  # a tensor on the batch's device: nothing is read
         self._flops += getattr(pl_module, "flops_per_batch", None) or 0.0
-        if trainer.fit_loop._should_accumulate() or not trainer._logger_connector.should_update_logs:
+        if trainer.fit_loop._should_accumulate() or not trainer_logs_now(trainer, step_taken=True):
             return
         now = self._now(trainer)
         elapsed = now - self._start
@@ -296,7 +213,8 @@ class TokenThroughputMonitor(L.Callback):
         if trainer.world_size > 1:  # every rank runs the same step: the job's rate is world_size times one rank's
             metrics.update({f"train/{name}": value * trainer.world_size for name, value in rates.items()})
         if trainer.is_global_zero:
-            trainer._logger_connector.log_metrics(metrics, step=trainer.global_step)
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
         self.tokens_per_sec = rates["items_per_sec"]  # shown by SyncFreeProgressBar
         self._reset(now)
 
@@ -331,7 +249,7 @@ class SyncFreeProgressBar(TQDMProgressBar):
         if bar is None or not self._should_update(n, bar.total):
             return
         _update_n(bar, n)
-        if trainer._logger_connector.should_update_logs:
+        if trainer_logs_now(trainer, step_taken=True):
             bar.set_postfix(self.get_metrics(trainer, pl_module))
 
 
@@ -356,7 +274,7 @@ def _token_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Target tokens of a language-model or translation batch; input tokens of a batch that carries an attention_mask
     (predict inputs and classification passages, whose labels are one per example). A tensor: never read here."""
     if "labels" in batch and "attention_mask" not in batch:
-        return (batch["labels"] != -100).sum()
+        return (batch["labels"] != IGNORE_INDEX).sum()
     return batch["attention_mask"].sum()
 
 

@@ -63,9 +63,9 @@ if not hasattr(docstring_parser.parse_from_object, "__wrapped__"):
 
 # What the tokenizer decides, the model config must follow: linked once the DataModule exists.
 TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id")
-# What the data decides: the number of classes (None for language-model and translation data), and whether a text
-# has one label or a set of them.
-DATA_LINKS = ("num_labels", "multi_label")
+# What the data decides of the architecture: the number of classes (None for language-model and translation data).
+# What it decides of the task (label names, multi_label, bits per character, ...) the task reads itself (Task.reads).
+DATA_LINKS = ("num_labels",)
 
 
 class TransformerCLI(LightningCLI):

@@ -122,8 +122,9 @@ class TransformerConfig:
     """Inner width of the classification head Linear -> activation -> Dropout -> Linear; None uses d_model."""
     classifier_dropout: float | None = None
     """Dropout inside the classification head; None uses dropout."""
-    multi_label: bool = False
-    """encoder_only classification: independent sigmoid per label (binary cross-entropy) instead of one softmax."""
+    multi_label: bool | None = None
+    """Deprecated, never read by the model: the classification task's option (model.task.init_args.multi_label,
+    which follows the data by default). True here is passed on to the task with a warning (older configs)."""
     mask_token_id: int | None = None
     """masked_lm: the [MASK] token. Linked from the tokenizer by the CLI (the classification data adds <mask>)."""
     init: Init = "gpt2"
@@ -522,13 +523,17 @@ class GenerationConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def for_model(cls, config: TransformerConfig, **overrides: Any) -> GenerationConfig:
-        """The defaults of a topology: a language model samples (temperature 0.8, top-k 50); a translation model
-        decodes by the Transformer paper's rules (beam 4, GNMT length penalty alpha = 0.6, at most source length +
-        50 tokens, a row ends once its 4 beams have finished). Overrides with the value None are ignored, so CLI flags
-        left unset keep the defaults."""
-        if config.is_encoder_decoder:
-            base = cls(**TRANSLATION_DECODING)
-        else:
-            base = cls(temperature=0.8, top_k=50)
+    def for_task(cls, task: Any, **overrides: Any) -> GenerationConfig:
+        """The decoding defaults of a task (its class or object: Task.generation_defaults): a language model samples
+        (temperature 0.8, top-k 50); a translation model decodes by the Transformer paper's rules (beam 4, GNMT
+        length penalty alpha = 0.6, at most source length + 50 tokens, a row ends once its 4 beams have finished).
+        Overrides with the value None are ignored, so CLI flags left unset keep the defaults."""
+        base = cls(**task.generation_defaults)
         return base.replace(**{name: value for name, value in overrides.items() if value is not None})
+
+    @classmethod
+    def for_model(cls, config: TransformerConfig, **overrides: Any) -> GenerationConfig:
+        """The decoding defaults of the task that `config`'s architecture implies (see for_task)."""
+        from lit_transformer.tasks import default_task
+
+        return cls.for_task(default_task(config), **overrides)

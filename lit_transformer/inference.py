@@ -22,8 +22,9 @@ from jsonargparse import ArgumentParser
 from tokenizers import Tokenizer
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
-from lit_transformer.data.encoding import encode_input, pad_right
+from lit_transformer.data.encoding import pad_right
 from lit_transformer.model import Transformer
+from lit_transformer.tasks import Task, build_task, default_task
 
 
 @dataclass
@@ -31,6 +32,11 @@ class LoadedModel:
     model: Transformer
     tokenizer: Tokenizer
     target_tokenizer: Tokenizer
+    task: type[Task] | Task | None = None  # what it was trained at; None: the task its architecture implies
+
+    def __post_init__(self) -> None:
+        if self.task is None:
+            self.task = default_task(self.config)
 
     @property
     def config(self) -> TransformerConfig:
@@ -42,8 +48,7 @@ class LoadedModel:
 
     def encode(self, text: str) -> list[int]:
         """A prompt or source, encoded exactly as training encodes it."""
-        cfg = self.config
-        return encode_input(self.tokenizer, text, encoder_decoder=cfg.is_encoder_decoder, eos_token_id=cfg.eos_token_id)
+        return self.task.encode_input(self.tokenizer, text, self.config.eos_token_id)
 
     def batch(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoded inputs padded on the right, with the attention mask that says which tokens are real."""
@@ -176,7 +181,18 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
     target = checkpoint.get("target_tokenizer")
     target_tokenizer = Tokenizer.from_str(target) if target else tokenizer
-    return LoadedModel(model.to(device).eval(), tokenizer, target_tokenizer)
+    return LoadedModel(model.to(device).eval(), tokenizer, target_tokenizer, task_from_checkpoint(checkpoint, config))
+
+
+def task_from_checkpoint(checkpoint: dict, config: TransformerConfig) -> Task:
+    """The task a checkpoint was trained at: its hyperparameters' task, else (older checkpoints) its architecture's."""
+    import warnings
+
+    hparams = checkpoint.get("hyper_parameters") or {}
+    options = {name: hparams.get(name) for name in ("label_smoothing", "class_weights", "mlm_probability")}
+    with warnings.catch_warnings():  # inference reads no training option: an old checkpoint's need not be named
+        warnings.simplefilter("ignore", FutureWarning)
+        return build_task(hparams.get("task"), config, **options)
 
 
 def _device(name: str) -> str:
@@ -198,10 +214,10 @@ def _field_docs(cls: type) -> dict[str, str]:
 
 
 def _parser(prog: str, description: str) -> ArgumentParser:
-    """--checkpoint, --device, and every GenerationConfig field as a flag (unset flags keep the topology's defaults,
-    GenerationConfig.for_model)."""
+    """--checkpoint, --device, and every GenerationConfig field as a flag (unset flags keep the task's defaults,
+    GenerationConfig.for_task)."""
     description += (
-        " Decoding flags left unset (null) keep the defaults of the model's topology, GenerationConfig.for_model: a"
+        " Decoding flags left unset (null) keep the defaults of the model's task, GenerationConfig.for_task: a"
         " language model samples at temperature 0.8 among the 50 most likely tokens, a translation model decodes"
         " by the Transformer paper's rules (4 beams, GNMT length penalty 0.6, source length + 50, early stopping)."
     )
@@ -218,14 +234,23 @@ def _parser(prog: str, description: str) -> ArgumentParser:
     return parser
 
 
-def _generation(args, config: TransformerConfig) -> GenerationConfig:
+def _generation(args, task: type[Task] | Task) -> GenerationConfig:
     values = {f.name: args[f.name] for f in dataclasses.fields(GenerationConfig)}
     for name in ("stop", "stop_token_ids"):
         if values[name] is not None and not isinstance(values[name], list):
             values[name] = [values[name]]
     if values["stop"]:  # --stop "\n\n" means two newlines, as a person typing it means
         values["stop"] = [codecs.decode(s, "unicode_escape") for s in values["stop"]]
-    return GenerationConfig.for_model(config, **values)
+    return GenerationConfig.for_task(task, **values)
+
+
+def _check_command(loaded: LoadedModel, command: str) -> None:
+    """Refuse a checkpoint whose task another command serves (Task.command), naming that command."""
+    served = loaded.task.command
+    if served != command:
+        name = type(loaded.task).__name__ if isinstance(loaded.task, Task) else loaded.task.__name__
+        hint = f"use `python -m lit_transformer {served}`" if served else "no text command decodes it (use `predict`)"
+        raise SystemExit(f"error: this checkpoint was trained at the {name} task: {hint}")
 
 
 def _note(message: str) -> None:
@@ -275,11 +300,8 @@ def generate_main(argv: Sequence[str]) -> None:
     parser.add_argument("--num_samples", type=int, default=1, help="Samples per prompt.")
     args = parser.parse_args(list(argv))
     loaded = _load(args)
-    if loaded.config.is_encoder_decoder:
-        raise SystemExit(
-            "error: this checkpoint is an encoder-decoder model: use `python -m lit_transformer translate`"
-        )
-    gen = _generation(args, loaded.config)
+    _check_command(loaded, "generate")
+    gen = _generation(args, loaded.task)
     if args.prompt_file is not None:
         path = Path(args.prompt_file)
         if not path.is_file():
@@ -318,9 +340,8 @@ def translate_main(argv: Sequence[str]) -> None:
     if args.input is not None and not Path(args.input).is_file():
         raise SystemExit(f"error: --input {args.input} does not exist")
     loaded = _load(args)
-    if not loaded.config.is_encoder_decoder:
-        raise SystemExit("error: this checkpoint is a decoder-only model: use `python -m lit_transformer generate`")
-    gen = _generation(args, loaded.config)
+    _check_command(loaded, "translate")
+    gen = _generation(args, loaded.task)
     texts = [args.text] if args.text is not None else Path(args.input).read_text(encoding="utf-8").splitlines()
     for start in range(0, len(texts), args.batch_size):
         for text in translate(loaded, texts[start : start + args.batch_size], gen):

@@ -53,7 +53,7 @@ def build_schedule(
         if not total_steps or total_steps <= 0:
             raise ValueError(
                 "The cosine schedule needs the number of optimizer steps: set --trainer.max_steps or "
-                "--model.schedule_steps (lit_transformer does not read trainer.estimated_stepping_batches, "
+                "--model.optim.schedule_steps (lit_transformer does not read trainer.estimated_stepping_batches, "
                 "which breaks mid-epoch resume: Lightning issue #20550)"
             )
         fn = partial(warmup_cosine, warmup=max(1, warmup_steps), total=total_steps, min_ratio=min_lr_ratio)

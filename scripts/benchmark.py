@@ -490,7 +490,8 @@ def bench_lightning(s: dict[str, int], steps: int, reps: int) -> list[Row]:
     """
     import lightning as L
 
-    from lit_transformer.module import LitTransformer, smoothed_cross_entropy
+    from lit_transformer.module import LitTransformer
+    from lit_transformer.tasks.losses import smoothed_cross_entropy
 
     torch.manual_seed(0)
     data = torch.randint(3, s["vocab"], (s["batch"] * steps, s["ctx"] + 1))
@@ -746,13 +747,14 @@ def hand_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock
     cfg, hp = lit.config, lit.hparams
     torch.manual_seed(0)
     model = Transformer(cfg).to(device).train()
-    decay, no_decay = weight_decay_groups(model, hp.decay_embeddings)
-    kind = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
-    wd = 0.0 if hp.optimizer == "adam" else hp.weight_decay
+    optim = lit.optim
+    decay, no_decay = weight_decay_groups(model, optim.decay_embeddings)
+    kind = torch.optim.Adam if optim.optimizer == "adam" else torch.optim.AdamW
+    wd = 0.0 if optim.optimizer == "adam" else optim.weight_decay
     groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
     optimizer = kind(groups, lr=1e-4, **({"fused": True} if device == "cuda" else {"foreach": True}))
     bf16 = "bf16" in str(cli.trainer.precision)
-    smoothing = hp.label_smoothing
+    smoothing = lit.task.label_smoothing
 
     def loss_of(batch: dict[str, Tensor]) -> Tensor:
         with torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext():

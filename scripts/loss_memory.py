@@ -24,7 +24,7 @@ def child(variant: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from lit_transformer.config import TransformerConfig
     from lit_transformer.model import Transformer
-    from lit_transformer.module import smoothed_cross_entropy
+    from lit_transformer.tasks.losses import smoothed_cross_entropy
 
     torch.set_num_threads(1)
     vocab = 16000

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from model_variants import ENCODER_VARIANTS, FIRST_TOKEN, build, single_thread, tokens, variant_id  # noqa: F401 (autouse fixture)
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.masking import IGNORE_INDEX, mask_tokens
 from lit_transformer.model import Transformer
-from lit_transformer.module import classification_loss
+from lit_transformer.tasks.losses import IGNORE_INDEX, classification_loss
+from lit_transformer.tasks.masked_lm import mask_tokens
 
 POOLINGS = ("mean", "cls", "max")
 MASK_ID = 4
@@ -192,13 +192,15 @@ def test_balanced_class_weights_come_from_the_training_label_counts():
     from types import SimpleNamespace
 
     from lit_transformer.module import LitTransformer
+    from lit_transformer.tasks import Classification
 
     config = TransformerConfig.preset("tiny", topology="encoder_only", num_labels=3)
-    module = LitTransformer(config, class_weights="balanced")
-    weights = module._resolve_class_weights(SimpleNamespace(label_counts=lambda: [10, 30, 60]))
-    torch.testing.assert_close(weights, torch.tensor([100 / 30, 100 / 90, 100 / 180]))
+    module = LitTransformer(config, task=Classification(class_weights="balanced"))
+    module.task.attach(module, {"label_counts": lambda: [10, 30, 60]})
+    torch.testing.assert_close(module.task._weights, torch.tensor([100 / 30, 100 / 90, 100 / 180]))
     with pytest.raises(ValueError, match="2 values for num_labels=3"):
-        LitTransformer(config, class_weights=[1.0, 2.0])._resolve_class_weights(None)
+        task = LitTransformer(config, task=Classification(class_weights=[1.0, 2.0])).task
+        task.attach(SimpleNamespace(config=config), {})
 
 
 def test_a_masked_lm_trains_on_packed_language_model_blocks(tmp_path):
@@ -230,7 +232,7 @@ def test_a_masked_lm_trains_on_packed_language_model_blocks(tmp_path):
     module = LitTransformer(config)
     batch = next(iter(data.train_dataloader()))
     torch.manual_seed(0)
-    logits, labels, loss, nll, count = module._loss(batch)
+    loss, nll, count, logits, labels = module.task.loss(module.model, batch)
     assert logits.shape == (*batch["input_ids"].shape, data.vocab_size)
     assert count == (labels != IGNORE_INDEX).sum() and 0.08 < count / labels.numel() < 0.22
     assert torch.equal(labels[labels != IGNORE_INDEX], batch["input_ids"][labels != IGNORE_INDEX])

@@ -172,7 +172,7 @@ def test_right_padded_targets_need_no_mask_and_other_padding_is_refused() -> Non
     explicit mask gives; a left-padded target mask is refused before it can be silently wrong."""
     from lit_transformer.config import TransformerConfig
     from lit_transformer.model import Transformer
-    from lit_transformer.module import check_right_padded
+    from lit_transformer.tasks.translation import check_right_padded
 
     torch.manual_seed(0)
     cfg = TransformerConfig.preset("tiny", topology="encoder_decoder", bos_token_id=1, eos_token_id=2)

@@ -17,7 +17,9 @@ from torch.utils.data import DataLoader
 
 from lit_transformer.callbacks import GenerateSamples, _sharded_across_ranks
 from lit_transformer.config import GenerationConfig, TransformerConfig
-from lit_transformer.module import IGNORE_INDEX, LitTransformer, smoothed_cross_entropy, weight_decay_groups
+from lit_transformer.module import LitTransformer, weight_decay_groups
+from lit_transformer.tasks import LanguageModeling
+from lit_transformer.tasks.losses import IGNORE_INDEX, smoothed_cross_entropy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _token_loss import GradientRecorder, micro_batches, one_batch, per_token_gradient  # noqa: E402
@@ -219,7 +221,7 @@ def test_weight_decay_falls_on_exactly_the_linear_weight_matrices(variant: dict,
 def test_validation_numbers_are_per_token_means_over_the_whole_split() -> None:
     """Batches of 8 and 27 tokens (2 and 3 rows): every number weighs each token once, whatever its batch."""
     batches = micro_batches(0)
-    lit = token_module(label_smoothing=0.1)
+    lit = token_module(task=LanguageModeling(label_smoothing=0.1))
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     (logged,) = trainer.validate(lit, dataloaders=DataLoader(batches, batch_size=None), verbose=False)
     loss = nll = correct = tokens = 0.0
@@ -327,12 +329,12 @@ def test_validation_bleu_is_sacrebleus_corpus_score_of_the_translations(tmp_path
         batches.append({"src": src, "tgt_in": src, "labels": src, "src_mask": mask, "tgt_mask": mask})
     lit.eval()
     for batch in batches:  # references that share some but not all n-grams with what the model says
-        hypotheses = lit.translate_batch(batch["src"], batch["src_mask"])
+        hypotheses = lit.generate_text(batch["src"], batch["src_mask"])
         edited = [[w if i % 3 else "w0" for i, w in enumerate(h.split())] for h in hypotheses]
         batch["ref_text"] = [" ".join(words + ["w1"]) for words in edited]
     scored: list[str] = []
-    translate = lit.translate_batch
-    lit.translate_batch = lambda src, mask: scored.extend(translate(src, mask)) or scored[-len(src) :]
+    translate = lit.generate_text
+    lit.generate_text = lambda src, mask: scored.extend(translate(src, mask)) or scored[-len(src) :]
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     (logged,) = trainer.validate(lit, dataloaders=DataLoader(batches, batch_size=None), verbose=False)
 
@@ -361,11 +363,12 @@ def test_no_translation_samples_asked_for_translates_nothing(monkeypatch):
     batch["src_text"] = ["a", "b", "c"]
     monkeypatch.setattr(callbacks, "_first_validation_batch", lambda trainer: batch)
 
-    def translate_batch(src, mask):
+    def generate_text(src, mask):
         assert len(src) > 0, "an empty batch reached generation"
         return ["x"] * len(src)
 
-    config = SimpleNamespace(is_encoder_only=False, is_encoder_decoder=True)
-    module = SimpleNamespace(config=config, device=torch.device("cpu"), translate_batch=translate_batch)
+    from lit_transformer.tasks import Translation
+
+    module = SimpleNamespace(task=Translation(), device=torch.device("cpu"), generate_text=generate_text)
     assert GenerateSamples(num_translations=0).samples(None, module) == []
     assert len(GenerateSamples(num_translations=2).samples(None, module)) == 2

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from ..tasks import LanguageModeling, Task
 from .cache import cached_array, fingerprint, hash_texts
-from .encoding import encode_input, pad_right, token_ids
+from .encoding import pad_right, token_ids
 from .sources import SPLIT_ALIASES
 from .tokenizer import special_token_id
 
@@ -138,9 +139,9 @@ class SplitLoaders:
 
     predict_file: str | None = None
     predict_batch_size: int = 16
-    encoder_decoder = False  # whether inputs are translation sources (tokens, then EOS) or prompts
+    # Predict inputs are encoded as this task encodes them (Task.encode_input): prompts, or a translation's sources.
+    predict_task: type[Task] = LanguageModeling
     num_labels: int | None = None  # classes of a classification DataModule; linked into the model config
-    multi_label = False  # whether each text has a set of labels (classification); linked into the model config
     max_input_length: int | None = None  # predict inputs are cut to this many tokens (a classifier's max_length)
 
     @property
@@ -163,14 +164,12 @@ class SplitLoaders:
     def predict_dataloader(self) -> torch.utils.data.DataLoader:
         """Batches {"input_ids", "attention_mask", "text", "index"} of the predict_file's inputs, in file order."""
         if not self.predict_file:
-            what = "source sentence" if self.encoder_decoder else "prompt"
             raise ValueError(
-                f"predict needs inputs: --data.predict_file FILE, a text file with one {what} per line or a JSONL "
-                'file whose lines hold a "text" field'
+                "predict needs inputs: --data.predict_file FILE, a text file with one input (a prompt, a source "
+                'sentence, a passage) per line or a JSONL file whose lines hold a "text" field'
             )
         texts = read_inputs(self.predict_file)
-        eos = self.eos_token_id
-        rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]
+        rows = [self.predict_task.encode_input(self.tokenizer, t, self.eos_token_id) for t in texts]
         rows = [row[: self.max_input_length] for row in rows]
 
         def collate(indices: list[int]) -> dict:

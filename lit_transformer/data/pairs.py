@@ -37,6 +37,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from ..tasks.losses import IGNORE_INDEX
 from .cache import atomic_write, fingerprint, locked
 from .shards import (
     CHUNK_CHARS,
@@ -58,7 +59,6 @@ from .streaming import HELD_OUT, SPLITS, SplitSources, _columns, _looks_like_a_p
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-IGNORE_INDEX = -100
 
 
 # ---------------------------------------------------------------------------------------------------- batches

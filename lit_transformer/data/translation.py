@@ -23,12 +23,13 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from ..tasks import Translation
+from ..tasks.losses import IGNORE_INDEX
 from . import corpora
 from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
 from .common import SPLITS, SplitLoaders, encode_ragged, normalise_splits, require_columns
 from .loaders import ResumableLoader, token_budget_plan
 from .pairs import (
-    IGNORE_INDEX,
     PairStream,
     ShardPairDataset,
     collate_pairs,
@@ -97,7 +98,7 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
     vocabulary sizes and special ids into the model config.
     """
 
-    encoder_decoder = True
+    predict_task = Translation  # predict inputs are sources: their tokens, then EOS
 
     def __init__(
         self,

@@ -1,0 +1,101 @@
+"""`init_from`: the weights a run starts from, read once when the LightningModule is built.
+
+A Hugging Face GPT-2 folder (or hub name), a Marian folder (an OPUS-MT download, or `export --format hf` of an
+encoder-decoder), or a .ckpt of an encoder (a masked LM or a classifier) for an encoder_only model. The checkpoint's
+or folder's tokenizer, when it names one, must be the one this run's data uses: `check_same_tokenizer`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from lit_transformer.config import TransformerConfig
+from lit_transformer.model import Transformer
+
+# Fields that shape the encoder's weights or their meaning: a fine-tuned model takes them from the pretrained one.
+ENCODER_FIELDS = (
+    "norm_position",
+    "positions",
+    "rope_theta",
+    "norm",
+    "vocab_size",
+    "pad_vocab_to_multiple_of",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "n_layers",
+    "n_encoder_layers",
+    "d_ff",
+    "max_seq_len",
+    "activation",
+    "bias",
+    "scale_embeddings",
+    "layer_norm_eps",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "mask_token_id",
+)
+ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_blocks.", "encoder_norm.")
+
+
+def load_init_from(init_from: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
+    """The model to start from (in train mode; its config is the resolved architecture) and the tokenizer JSON the
+    data must use (None where the source does not name one: a GPT-2 folder's is checked by the data's own link)."""
+    if str(init_from).endswith(".ckpt"):
+        return load_pretrained_encoder(init_from, config)
+    from lit_transformer.interop import load_hf_gpt2
+    from lit_transformer.interop.hf_marian import is_marian_folder, load_hf_marian, marian_tokenizer_json
+
+    if is_marian_folder(init_from):  # the encoder-decoder, and the tokenizer this run's data must use
+        return load_hf_marian(init_from, base=config).train(), marian_tokenizer_json(init_from)
+    return load_hf_gpt2(init_from, base=config).train(), None
+
+
+def _same_segmentation(tokenizer_json: str, other_json: str) -> bool:
+    """Whether two tokenizers give the same ids: post-processors aside, which our encoding never runs (the DataModules
+    place BOS/EOS themselves; save_hf_marian's tokenizer.json has one for transformers' sake)."""
+    if tokenizer_json == other_json:
+        return True
+    a, b = json.loads(tokenizer_json), json.loads(other_json)
+    a.pop("post_processor", None)
+    b.pop("post_processor", None)
+    return a == b
+
+
+def check_same_tokenizer(init_from: str, expected_json: str, data_tokenizer_json: str) -> None:
+    """Refuse data whose tokenizer segments otherwise than the one `init_from` was trained with."""
+    if not _same_segmentation(data_tokenizer_json, expected_json):
+        # The .ckpt or the Marian folder itself names the tokenizer (a folder also its decoder's start token).
+        raise ValueError(
+            f"init_from {init_from} was trained with another tokenizer than this run's data: the encoder's "
+            f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {init_from}"
+        )
+
+
+def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
+    """An encoder_only model whose encoder (embeddings, positions, blocks, final norm) comes from the checkpoint at
+    `path` (an encoder_only masked LM or classifier) and whose head is new, and the checkpoint's tokenizer (JSON).
+
+    The architecture comes from the checkpoint (ENCODER_FIELDS); the task (head, num_labels, pooling, classifier
+    fields, dropout, init) from `config`, so `fit --model.init_from mlm.ckpt` turns a masked LM into a classifier.
+    """
+    from lit_transformer.checkpointing import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    saved = (checkpoint.get("hyper_parameters") or {}).get("config")
+    if isinstance(saved, dict):
+        saved = TransformerConfig(**saved)
+    if not isinstance(saved, TransformerConfig) or saved.topology != "encoder_only":
+        raise ValueError(f"init_from {path}: a .ckpt must hold an encoder_only model (a masked LM or a classifier)")
+    if config.topology != "encoder_only":
+        raise ValueError(f"init_from {path} holds an encoder; this run's model.config.topology must be encoder_only")
+    config = config.replace(**{name: getattr(saved, name) for name in ENCODER_FIELDS})
+    model = Transformer(config)
+    state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    encoder = {k: v for k, v in state.items() if k.startswith(ENCODER_PREFIXES)}
+    missing = [k for k in model.state_dict() if k.startswith(ENCODER_PREFIXES) and k not in encoder]
+    if missing:
+        raise ValueError(f"init_from {path}: the checkpoint lacks encoder weights {missing[:5]}")
+    model.load_state_dict(encoder, strict=False)
+    return model.train(), checkpoint.get("tokenizer")

@@ -1,0 +1,93 @@
+"""What a model is trained to do: one object per task (see base.Task), chosen by `model.task` in the YAML.
+
+`model.task` takes a short name (language_modeling, translation, classification, masked_lm) or a
+{class_path, init_args} of any Task subclass; absent, the task follows from model.config (topology and head).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from lit_transformer.tasks.base import Loss, Task, data_fields
+from lit_transformer.tasks.classification import Classification
+from lit_transformer.tasks.language_modeling import LanguageModeling
+from lit_transformer.tasks.losses import IGNORE_INDEX
+from lit_transformer.tasks.masked_lm import MaskedLM
+from lit_transformer.tasks.translation import Translation
+
+if TYPE_CHECKING:
+    from lit_transformer.config import TransformerConfig
+
+__all__ = [
+    "IGNORE_INDEX",
+    "TASKS",
+    "Classification",
+    "LanguageModeling",
+    "Loss",
+    "MaskedLM",
+    "Task",
+    "Translation",
+    "build_task",
+    "data_fields",
+    "default_task",
+]
+
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (LanguageModeling, Translation, Classification, MaskedLM)}
+
+# The options LitTransformer took before tasks were objects, with the default each had there: a value other than that
+# default is passed to the task (with a warning naming the new key); the default itself is what every old checkpoint
+# records, for every task, and is dropped in silence.
+DEPRECATED_OPTIONS: dict[str, Any] = {"label_smoothing": 0.0, "class_weights": None, "mlm_probability": 0.15}
+
+
+def default_task(config: TransformerConfig) -> type[Task]:
+    """The task of an architecture when `model.task` is not given: the built-in task whose `architecture` it has."""
+    for task in TASKS.values():
+        if all(getattr(config, name) == value for name, value in task.architecture.items()):
+            return task
+    raise ValueError(f"no built-in task trains topology={config.topology} head={config.head}; set model.task")
+
+
+def _task_class(name: str) -> type[Task]:
+    if name in TASKS:
+        return TASKS[name]
+    module, _, attr = name.rpartition(".")
+    cls = getattr(importlib.import_module(module), attr, None) if module else None
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ValueError(
+            f"model.task {name!r} is neither one of {sorted(TASKS)} nor the import path of a Task subclass"
+        )
+    return cls
+
+
+def build_task(task: Task | str | dict | None, config: TransformerConfig, **deprecated: Any) -> Task:
+    """The task object of `model.task` (an object, a short name or import path, or {class_path, init_args}; None:
+    the architecture's default), with the deprecated LitTransformer options passed through, checked against the
+    architecture."""
+    if isinstance(task, Task):
+        obj = task
+    elif isinstance(task, dict) or hasattr(task, "class_path"):
+        spec = dict(task)
+        obj = _task_class(spec["class_path"])(**dict(spec.get("init_args") or {}))
+    else:
+        obj = (_task_class(task) if task else default_task(config))()
+    legacy = {k: v for k, v in deprecated.items() if v is not None and v != DEPRECATED_OPTIONS.get(k)}
+    if getattr(config, "multi_label", None):  # an old config's field
+        legacy["multi_label"] = True
+    accepted = inspect.signature(type(obj).__init__).parameters
+    for name, value in legacy.items():
+        if name not in accepted:
+            continue  # as before: an option of another task did nothing
+        where = "model.config" if name == "multi_label" else "model"
+        warnings.warn(
+            f"{where}.{name} is deprecated: it is an option of the {type(obj).__name__} task; set "
+            f"model.task.init_args.{name} (with model.task.class_path {obj.spec()['class_path']})",
+            FutureWarning,
+            stacklevel=3,
+        )
+        setattr(obj, name, value)
+    obj.check_config(config)
+    return obj

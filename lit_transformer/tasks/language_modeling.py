@@ -1,0 +1,56 @@
+"""Causal language modelling: next-token loss, perplexity, bits per character, prompt samples, generated text."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from lit_transformer.tasks.base import Task, generated_rows
+
+
+class LanguageModeling(Task):
+    """A decoder-only model predicts each next token of {"input_ids", "labels"} blocks."""
+
+    name: ClassVar[str] = "language_modeling"
+    reads: ClassVar[tuple[str, ...]] = ("characters_per_token",)
+    command: ClassVar[str | None] = "generate"
+    architecture: ClassVar[dict[str, str]] = {"topology": "decoder_only"}
+
+    def __init__(self, label_smoothing: float = 0.0) -> None:
+        """
+        Args:
+            label_smoothing: Label smoothing of the loss; perplexity and bits per character are always unsmoothed.
+        """
+        super().__init__(label_smoothing)
+        self._characters_per_token: Callable[[str], float] | None = None
+
+    def attach(self, module: Any, data: dict[str, Any]) -> None:
+        super().attach(module, data)
+        self._characters_per_token = data.get("characters_per_token")
+
+    def log_nll_numbers(self, module: Any, stage: str, nll: torch.Tensor) -> None:
+        super().log_nll_numbers(module, stage, nll)
+        if self._characters_per_token is not None:
+            # Bits per character: one scale for any tokenizer (and for character-level models such as nanoGPT's).
+            split = "validation" if stage == "val" else "test"
+            module.log(f"{stage}/bpc", nll / math.log(2) / self._characters_per_token(split), prog_bar=stage == "val")
+
+    def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        return generated_rows(module, batch)
+
+    def samples(self, module: Any, callback: Any, first_batch: Callable[[], dict | None]) -> list[str]:
+        """The callback's prompts continued, each with the same seed, so successive samples differ only by what the
+        model learned."""
+        from lit_transformer.config import GenerationConfig
+
+        generator = torch.Generator(device=module.device).manual_seed(callback.seed)
+        generation = callback.generation or GenerationConfig.for_task(self)
+        texts = []
+        for prompt in callback.prompts:
+            ids = self.encode_input(module.tokenizer, prompt, module.config.eos_token_id)
+            out = module.model.generate(torch.tensor([ids], device=module.device), generation, generator=generator)
+            texts.append(prompt + module.decode(out)[0])
+        return texts
