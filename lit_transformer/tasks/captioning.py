@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+
 from lit_transformer.tasks.base import STAGES
 from lit_transformer.tasks.translation import Translation
 
@@ -19,6 +20,7 @@ class Captioning(Translation):
     """Batches {"src", "src_mask"?, "tgt_in", "tgt_mask", "labels", "references", "image"} (CaptioningDataModule)."""
 
     name: ClassVar[str] = "captioning"
+    architecture: ClassVar[dict[str, str]] = {"topology": "encoder_decoder"}  # and a source other than tokens
     command: ClassVar[str | None] = None  # captions are written by `predict` on a folder of images
 
     def __init__(self, label_smoothing: float = 0.0, num_images: int = 4) -> None:
@@ -38,6 +40,10 @@ class Captioning(Translation):
                 "the captioning task reads images or features: set model.config.source patches (with image_size, "
                 "patch_size, image_channels) or features (with source_dim)"
             )
+
+    def logits(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        # Images have no padding (no src_mask); features have a mask over their regions.
+        return model(batch["src"], batch["tgt_in"], src_mask=batch.get("src_mask"))
 
     def build_metrics(self, config) -> None:
         from torchmetrics import MeanMetric
@@ -140,9 +146,11 @@ def caption_figure(module: Any, source: torch.Tensor, mask: torch.Tensor | None,
     words = [module.target_tokenizer.decode([t], skip_special_tokens=False).strip() or "·" for t in ids]
     caption = module.decode(tokens[None])[0]
     image = _displayable(source.float().cpu()) if cfg.source == "patches" else None
-    columns = 1 + len(words)
-    figure, axes = plt.subplots(1, columns, figsize=(2.2 * columns, 2.6), squeeze=False)
-    axes = axes[0]
+    # One row per panel: the image, then each generated word's attention over it (wide strips stack legibly).
+    height, width = cfg.image_size if image is not None else (1, 4)
+    panels = 1 + len(words)
+    figure, axes = plt.subplots(panels, 1, figsize=(5, panels * (0.35 + 5 * height / width)), squeeze=False)
+    axes = axes[:, 0]
     if image is not None:
         axes[0].imshow(image, cmap="gray" if image.ndim == 2 else None)
     else:
@@ -158,7 +166,7 @@ def caption_figure(module: Any, source: torch.Tensor, mask: torch.Tensor | None,
         else:
             regions = row if mask is None else row[mask.bool().cpu()]
             ax.bar(range(len(regions)), regions)
-        ax.set_title(word, fontsize=9)
+        ax.set_ylabel(word, fontsize=9, rotation=0, ha="right", va="center")
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
