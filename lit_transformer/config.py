@@ -18,6 +18,7 @@ Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 Init = Literal["gpt2", "xavier"]
+Source = Literal["tokens", "features", "patches"]
 
 
 @dataclass
@@ -78,6 +79,23 @@ class TransformerConfig:
     """Tie the output projection to the (target) input embedding."""
     share_embeddings: bool | None = None
     """encoder_decoder: one embedding matrix for source and target (with tie_embeddings, the paper's three-way tying); None shares when the vocabulary is shared."""
+    source: Source = "tokens"
+    """encoder_decoder: what the encoder reads. tokens: ids through an embedding table (translation); features:
+    (B, S, source_dim) vectors, e.g. CNN region features, projected to d_model by a Linear layer (a key-padding
+    mask marks a varying number of them); patches: (B, image_channels, H, W) images cut into patch_size squares,
+    each projected to d_model (ViT's strided convolution), positions 2-D sinusoidal or learned. The decoder and every
+    other switch are the same for all three: text attends to the source through cross-attention."""
+    source_dim: int | None = None
+    """source='features': the width of each feature vector (2048 for bottom-up region features)."""
+    source_positions: bool = True
+    """source='features': add the position signal by feature index (a grid or a sequence of vectors); False for an
+    unordered set of regions. Patches always carry theirs (2-D with sinusoidal, a learned table with learned)."""
+    image_size: tuple[int, int] | None = None
+    """source='patches': (height, width) of the images, each a multiple of patch_size."""
+    patch_size: int = 16
+    """source='patches': the side of each square patch, in pixels."""
+    image_channels: int = 3
+    """source='patches': channels of the images (3 for RGB, 1 for greyscale)."""
     scale_embeddings: bool = False
     """Multiply token embeddings by sqrt(d_model), as in the paper."""
     norm: Norm = "layernorm"
@@ -133,6 +151,7 @@ class TransformerConfig:
         yield from choices("norm", ("layernorm", "rmsnorm"))
         yield from choices("activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))
         yield from choices("init", ("gpt2", "xavier"))
+        yield from choices("source", ("tokens", "features", "patches"))
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
             if getattr(self, name) < 1:
                 yield f"{name}={getattr(self, name)} must be a positive integer"
@@ -196,10 +215,46 @@ class TransformerConfig:
                 f"share_embeddings=True needs one vocabulary, but target_vocab_size={self.target_vocab_size} differs "
                 f"from vocab_size={self.vocab_size}; set target_vocab_size=None or share_embeddings=False"
             )
+        yield from self._source_problems()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < min(self.vocab_size, self.tgt_vocab_size):
                 yield f"{name}={value} lies outside the vocabulary (0..{min(self.vocab_size, self.tgt_vocab_size) - 1})"
+
+    def _source_problems(self):
+        if self.source not in ("features", "patches"):  # tokens, or a typo that choices() names
+            if self.source != "tokens":
+                return
+            for name in ("source_dim", "image_size"):
+                if getattr(self, name) is not None:
+                    yield f"{name} applies to source='features' or 'patches' only; leave it None for source='tokens'"
+            return
+        if self.topology != "encoder_decoder":
+            yield f"source={self.source!r} needs topology='encoder_decoder' (an encoder reading it, a decoder writing text)"
+        if self.share_embeddings:
+            yield f"share_embeddings=True shares a token table between source and target, but source={self.source!r} has none"
+        if self.source == "features":
+            if self.source_dim is None or self.source_dim < 1:
+                yield "source='features' needs source_dim, the width of each feature vector (e.g. 2048)"
+            if self.image_size is not None:
+                yield "image_size applies to source='patches'; source='features' reads vectors of width source_dim"
+            return
+        if self.source_dim is not None:
+            yield "source_dim applies to source='features'; source='patches' reads images (image_size, image_channels)"
+        if self.positions in ("rope", "alibi"):
+            yield (
+                f"source='patches' takes sinusoidal (2-D) or learned positions; positions={self.positions!r} orders a "
+                "1-D sequence only"
+            )
+        if self.patch_size < 1 or self.image_channels < 1:
+            yield f"patch_size={self.patch_size} and image_channels={self.image_channels} must be positive integers"
+        elif self.image_size is None or len(self.image_size) != 2:
+            yield "source='patches' needs image_size: [height, width], each a multiple of patch_size"
+        elif any(side < 1 or side % self.patch_size for side in self.image_size):
+            yield (
+                f"image_size={list(self.image_size)} is not a multiple of patch_size={self.patch_size} on each side: "
+                "resize the images or choose a patch_size that divides both"
+            )
 
     # Derived sizes: one place decides what None means.
     @property
@@ -262,7 +317,7 @@ class TransformerConfig:
 
     @property
     def shares_embeddings(self) -> bool:
-        if not self.is_encoder_decoder:
+        if not self.is_encoder_decoder or self.source != "tokens":
             return False
         if self.share_embeddings is None:
             return self.target_vocab_size in (None, self.vocab_size)
@@ -271,6 +326,12 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def patch_grid(self) -> tuple[int, int]:
+        """source='patches': (rows, columns) of patches per image."""
+        assert self.image_size is not None, "patch_grid is defined for source='patches'"
+        return self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size
 
     def replace(self, **changes: Any) -> TransformerConfig:
         """A copy with some fields changed, validated again."""

@@ -1,4 +1,5 @@
-"""Data: tokenizers, embedded corpora and the DataModules (language modelling, translation, classification).
+"""Data: tokenizers, embedded corpora and the DataModules (language modelling, translation, classification,
+captioning).
 
 The DataModules are imported lazily: inference (`generate`, `translate`) needs only the encoding helpers, not
 Lightning or `datasets`.
@@ -6,9 +7,10 @@ Lightning or `datasets`.
 
 from typing import TYPE_CHECKING
 
-__all__ = ["ClassificationDataModule", "LanguageModelingDataModule", "TranslationDataModule"]
+__all__ = ["CaptioningDataModule", "ClassificationDataModule", "LanguageModelingDataModule", "TranslationDataModule"]
 
 if TYPE_CHECKING:
+    from .captioning import CaptioningDataModule
     from .classification import ClassificationDataModule
     from .language_modeling import LanguageModelingDataModule
     from .translation import TranslationDataModule
@@ -23,6 +25,10 @@ def __getattr__(name: str):
         from .translation import TranslationDataModule
 
         return TranslationDataModule
+    if name == "CaptioningDataModule":
+        from .captioning import CaptioningDataModule
+
+        return CaptioningDataModule
     if name == "ClassificationDataModule":
         from .classification import ClassificationDataModule
 

@@ -71,7 +71,8 @@ class IncrementalDecoder:
             self.memory = self._encode(input_ids, src_keep, expand)
             if src_keep is not None:
                 self.memory_mask = src_keep.repeat_interleave(expand, 0)
-            tokens = input_ids.new_full((input_ids.shape[0] * expand, 1), cfg.bos_token_id)
+            # The source may be ids, features or images: the decoder's tokens are ids whatever it is.
+            tokens = torch.full((input_ids.shape[0] * expand, 1), cfg.bos_token_id, device=input_ids.device)
             keep = None
         else:
             keep = model.drop_if_unpadded(attention_mask)
@@ -309,12 +310,13 @@ def plan_decoding(
                 stacklevel=4,
             )
             max_new = cfg.max_seq_len - 1
-        if gen.max_source_offset is not None:
+        if gen.max_source_offset is not None and cfg.source != "patches":  # an image has no length to bound by
             keep = model.drop_if_unpadded(attention_mask)
-            lengths = keep.sum(1) if keep is not None else torch.full_like(input_ids[:, 0], input_ids.shape[1])
+            n = input_ids.shape[1]
+            lengths = keep.sum(1) if keep is not None else torch.full((input_ids.shape[0],), n, device=input_ids.device)
             limit = (lengths + gen.max_source_offset).clamp(max=max_new)
             max_new = min(max_new, int(limit.max()))
-    stop_ids = input_ids.new_tensor(stops) if stops else None
+    stop_ids = torch.tensor(stops, device=input_ids.device) if stops else None
     return DecodingPlan(gen, max_new, limit, stop_ids, fill)
 
 
@@ -378,7 +380,7 @@ def decode(
     IncrementalDecoder, or a subclass that runs an exported graph. `model` needs config and drop_if_unpadded."""
     gen = plan.gen
     if plan.max_new_tokens < 1:
-        return input_ids.new_empty(input_ids.shape[0], 0)
+        return torch.empty(input_ids.shape[0], 0, dtype=torch.long, device=input_ids.device)
     if gen.num_beams > 1:
         if streamer is not None:
             raise ValueError("streaming needs num_beams=1: beam search settles its tokens only at the end")
@@ -466,7 +468,7 @@ def _beam_search(
     scores = torch.zeros(B, K, device=device)
     scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first
     first_row = torch.arange(B, device=device)[:, None] * K  # (B, 1): row of each batch entry's first beam
-    generated = input_ids.new_empty(B * K, 0)
+    generated = torch.empty(B * K, 0, dtype=torch.long, device=device)
     hypotheses: list[list[tuple[float, Tensor]]] = [[] for _ in range(B)]
     # The worst kept hypothesis score of each row once it holds K of them (NaN before: compares False).
     worst = torch.full((B,), float("nan"), device=device)

@@ -58,9 +58,9 @@ class SinusoidalPositions(PositionEmbedding):
 class LearnedPositions(PositionEmbedding):
     """A trained table of max_seq_len vectors (GPT-2); it cannot extrapolate, so longer inputs are refused."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, n_positions: int | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(cfg.max_seq_len, cfg.d_model))
+        self.weight = nn.Parameter(torch.empty(n_positions or cfg.max_seq_len, cfg.d_model))
 
     def table(self, n_positions: int) -> Tensor:
         if n_positions > self.weight.shape[0]:

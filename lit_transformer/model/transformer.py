@@ -19,6 +19,7 @@ from lit_transformer.model.attention import KVCache, Rope
 from lit_transformer.model.blocks import NORM_CLASSES, DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
 from lit_transformer.model.heads import ClassificationHead, pool
 from lit_transformer.model.positions import AlibiBias, LearnedPositions, RotaryEmbedding, build_positions
+from lit_transformer.model.sources import build_source, build_source_positions
 
 Attentions = dict[str, list[Tensor]]
 
@@ -62,8 +63,12 @@ class Transformer(nn.Module):
         self.rotary = RotaryEmbedding(cfg) if cfg.positions == "rope" else None
         self.alibi = AlibiBias(cfg) if cfg.positions == "alibi" else None
         if cfg.is_encoder_decoder or cfg.is_encoder_only:
-            self.src_embed = nn.Embedding(cfg.padded_vocab_size, d)
-            self.src_positions = build_positions(cfg)
+            if cfg.source == "tokens":
+                self.src_embed = nn.Embedding(cfg.padded_vocab_size, d)
+                self.src_positions = build_positions(cfg)
+            else:  # features or image patches: no source vocabulary
+                self.src_input = build_source(cfg)
+                self.src_positions = build_source_positions(cfg)
             self.encoder_blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.encoder_layers))
             # Pre-LN leaves the residual stream unnormalised: a final LayerNorm, as torch.nn.Transformer does.
             self.encoder_norm = layer_norm(cfg) if pre else None
@@ -237,16 +242,25 @@ class Transformer(nn.Module):
         return rope, mask, is_causal
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """The encoder's memory (B, S, d_model) for a source (B, S); src_mask is derived from padding when None."""
+        """The encoder's memory (B, S, d_model) for a source (B, S) of ids, (B, S, source_dim) of features or
+        (B, C, H, W) images; src_mask (B, S) marks real tokens or regions (None: all are real)."""
         return self._encode(src, self.key_mask(src, src_mask))[0]
 
     def _encode(self, src: Tensor, keep: Tensor | None, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """src: token ids (B, S); with source='features', vectors (B, S, source_dim); 'patches', images (B, C, H, W)."""
         ids = position_ids(keep)
-        x = self._embed(src, self.src_embed, self.src_positions, 0, ids)
+        if self.config.source == "tokens":
+            x = self._embed(src, self.src_embed, self.src_positions, 0, ids)
+        else:
+            x = self.src_input(src)
+            if self.src_positions is not None:
+                x = x + self.src_positions(0, x.shape[1], ids)
+            x = self.embed_dropout(x)
         mask = None if keep is None else keep[:, None, None, :]
         rope = None
-        if self.rotary is not None or self.alibi is not None:
-            positions = ids if ids is not None else torch.arange(src.shape[1], device=src.device)
+        ordered = self.config.source != "features" or self.config.source_positions
+        if (self.rotary is not None or self.alibi is not None) and ordered:
+            positions = ids if ids is not None else torch.arange(x.shape[1], device=src.device)
             rope, mask, _ = self._attention_positions(positions, positions, mask, False)
         weights = []
         for block in self.encoder_blocks:

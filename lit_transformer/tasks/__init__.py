@@ -12,6 +12,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from lit_transformer.tasks.base import Loss, Task, data_fields
+from lit_transformer.tasks.captioning import Captioning
 from lit_transformer.tasks.classification import Classification
 from lit_transformer.tasks.language_modeling import LanguageModeling
 from lit_transformer.tasks.losses import IGNORE_INDEX
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IGNORE_INDEX",
     "TASKS",
+    "Captioning",
     "Classification",
     "LanguageModeling",
     "Loss",
@@ -36,7 +38,9 @@ __all__ = [
     "generation_defaults",
 ]
 
-TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (LanguageModeling, Translation, Classification, MaskedLM)}
+TASKS: dict[str, type[Task]] = {
+    cls.name: cls for cls in (LanguageModeling, Translation, Classification, MaskedLM, Captioning)
+}
 
 # The options LitTransformer took before tasks were objects, with the default each had there: a value other than that
 # default is passed to the task (with a warning naming the new key); the default itself is what every old checkpoint

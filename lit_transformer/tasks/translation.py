@@ -38,7 +38,7 @@ class Translation(Task):
     reads: ClassVar[tuple[str, ...]] = ("bleu_samples",)
     command: ClassVar[str | None] = "translate"
     generation_defaults: ClassVar[dict[str, Any]] = TRANSLATION_DECODING
-    architecture: ClassVar[dict[str, str]] = {"topology": "encoder_decoder"}
+    architecture: ClassVar[dict[str, str]] = {"topology": "encoder_decoder", "source": "tokens"}
 
     def __init__(self, label_smoothing: float = 0.0) -> None:
         """

@@ -1,0 +1,375 @@
+"""CaptioningDataModule: (image, caption) pairs for an encoder-decoder whose source is pixels or feature vectors.
+
+Where the pairs come from (``dataset``):
+- ``digits``: the embedded task (lit_transformer.data.digits), strips of handwritten digits captioned in words;
+- a captions file, ``.csv`` or ``.jsonl``, one row per caption (an image may have several, its references): an image
+  column (a path under ``images_dir``, default the file's folder), a caption column, and optionally a split column
+  (train/validation/test); without one, images are carved into splits by a hash of their name;
+- a hub dataset with an image and a text column (a list of captions or one), loaded with `datasets`.
+With ``features_dir``, each image's source is its precomputed features instead of its pixels: ``<image stem>.npy``
+or ``.safetensors`` (one tensor, (regions, source_dim)), for a model with ``source: features``.
+
+Batches: {"src": (B, C, H, W) images or (B, S, source_dim) features with "src_mask" (B, S), "tgt_in": (B, T) bos then
+the caption, "labels": (B, T) the caption then eos (-100 at padding), "tgt_mask", "references": each image's captions,
+"image": each image's name}. Training reads every (image, caption) pair; evaluation each image once, its loss on its
+first caption and BLEU against all of them. Images are decoded and resized with Pillow; no augmentation.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..tasks.losses import IGNORE_INDEX
+from .cache import resolve_cache_dir
+from .common import SingleTokenizer
+from .digits import digit_strips
+from .encoding import token_ids
+from .sources import SPLIT_ALIASES, ensure_online
+from .splits import carve, hash_bucket
+from .tokenizer import load_or_train_tokenizer
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+FEATURE_SUFFIXES = (".npy", ".safetensors")
+HUB_HINT = (
+    "Point the DataModule at local files instead: --data.dataset captions.csv (or .jsonl) with columns image and "
+    "caption, the images under --data.images_dir (or their features under --data.features_dir); or use the "
+    "embedded task, --data.dataset digits."
+)
+
+
+@dataclass
+class CaptionSplit:
+    """One split: how to load each image's source, its name, and its reference captions."""
+
+    load: Callable[[int], torch.Tensor]
+    names: list[str]
+    references: list[list[str]]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def load_image(source, size: tuple[int, int], channels: int) -> torch.Tensor:
+    """(channels, height, width) pixels in [0, 1] from a path or a PIL image, resized to `size` (height, width)."""
+    from PIL import Image
+
+    image = source if isinstance(source, Image.Image) else Image.open(source)
+    image = image.convert("L" if channels == 1 else "RGB")
+    if image.size != (size[1], size[0]):
+        image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)
+    return pixels[None] if channels == 1 else pixels.permute(2, 0, 1)
+
+
+def load_features(path: Path) -> torch.Tensor:
+    """(regions, source_dim) float32 features from a .npy file or a .safetensors file holding one tensor."""
+    if path.suffix == ".npy":
+        features = torch.from_numpy(np.load(path)).float()
+    else:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+        if len(tensors) != 1:
+            raise ValueError(f"{path} holds {len(tensors)} tensors ({', '.join(tensors)}); save one, (regions, dim)")
+        features = next(iter(tensors.values())).float()
+    if features.dim() != 2:
+        raise ValueError(f"{path}: features must be (regions, source_dim), got shape {tuple(features.shape)}")
+    return features
+
+
+def read_caption_rows(path: Path, image_column: str, text_column: str) -> list[dict[str, str]]:
+    """The rows of a .csv or .jsonl captions file, each checked for its image and caption fields."""
+    if path.suffix not in (".csv", ".jsonl"):
+        raise ValueError(f"captions file {str(path)!r}: expected .csv or .jsonl, one row per caption")
+    with path.open(encoding="utf-8", newline="") as handle:
+        if path.suffix == ".csv":
+            rows = list(csv.DictReader(handle))
+            numbered = enumerate(rows, 2)  # line 1 is the header
+        else:
+            rows, numbered = [], []
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise ValueError(
+                        f"{path}:{number} is not valid JSON ({error.msg}); write one object a line"
+                    ) from None
+                numbered.append((number, rows[-1]))
+    for number, row in numbered:
+        for column in (image_column, text_column):
+            if not isinstance(row, dict) or not isinstance(row.get(column), str) or not row[column].strip():
+                raise ValueError(
+                    f'{path}:{number} has no "{column}" value; each row needs "{image_column}" (an image path) and '
+                    f'"{text_column}" (one caption)'
+                )
+    if not rows:
+        raise ValueError(f"captions file {str(path)!r} holds no caption")
+    return rows
+
+
+class _Pairs(Dataset):
+    """Training reads (image, caption) pairs; evaluation (all_pairs=False) each image once with its references."""
+
+    def __init__(self, split: CaptionSplit, all_pairs: bool) -> None:
+        self.split = split
+        self.index = [
+            (image, caption)
+            for image, refs in enumerate(split.references)
+            for caption in (range(len(refs)) if all_pairs else [0])
+        ]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> tuple[int, int, torch.Tensor]:
+        image, caption = self.index[i]
+        return image, caption, self.split.load(image)
+
+
+class CaptioningDataModule(SingleTokenizer, L.LightningDataModule):
+    """Image (or image-feature) captioning data: see the module's docstring for the sources and the batches."""
+
+    num_labels = None  # linked into the model config by the CLI, as for every DataModule: captions have no classes
+    mask_token_id = None
+
+    def __init__(
+        self,
+        dataset: str = "digits",
+        images_dir: str | None = None,
+        features_dir: str | None = None,
+        image_column: str = "image",
+        text_column: str = "caption",
+        image_size: tuple[int, int] = (8, 48),
+        channels: int = 1,
+        tokenizer: str = "bpe",
+        vocab_size: int = 64,
+        max_caption_tokens: int = 32,
+        batch_size: int = 64,
+        held_out: float = 0.1,
+        strips: tuple[int, int, int] = (20000, 500, 1000),
+        predict_dir: str | None = None,
+        bleu_samples: int | None = None,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+    ) -> None:
+        """
+        Args:
+            dataset: digits (the embedded task), a .csv/.jsonl captions file, or a hub dataset name.
+            images_dir: The folder the captions file's image paths are relative to (default: the file's folder).
+            features_dir: Precomputed features, <image stem>.npy or .safetensors each, read instead of the pixels.
+            image_column: The column naming the image (a path; a hub dataset: the image itself).
+            text_column: The column holding a caption (a hub dataset: a caption or a list of them).
+            image_size: (height, width) every image is resized to; the model's image_size.
+            channels: 1 (greyscale) or 3 (RGB); the model's image_channels.
+            tokenizer: A kind to train on the training captions (bpe, byte_bpe, char) or a tokenizer.json path.
+            vocab_size: The vocabulary size of a trained tokenizer.
+            max_caption_tokens: Captions are cut to this many tokens (before eos).
+            batch_size: Images (training: image-caption pairs) a batch.
+            held_out: A captions file without a split column: the fraction of images for validation, and again for
+                test, chosen by a hash of the image name (stable as the file grows).
+            strips: digits: the number of (train, validation, test) strips, each composed from its split's scans.
+            predict_dir: A folder of images (or of feature files) for `predict`: one JSONL caption per file.
+            bleu_samples: Validation images decoded for BLEU; None decodes all of them.
+            num_workers: DataLoader worker processes.
+            cache_dir: Where the trained tokenizer is cached (default $LIT_TRANSFORMER_CACHE or ~/.cache).
+        """
+        super().__init__()
+        if channels not in (1, 3):
+            raise ValueError(f"channels={channels}: images are read as greyscale (1) or RGB (3)")
+        if not 0.0 < held_out < 0.5:
+            raise ValueError(f"held_out={held_out} must lie in (0, 0.5): it is taken for validation and for test")
+        self.save_hyperparameters()
+        self.image_size, self.channels = tuple(image_size), channels
+        self.batch_size, self.bleu_samples = batch_size, bleu_samples
+        self.max_caption_tokens, self.num_workers = max_caption_tokens, num_workers
+        self.predict_dir = predict_dir
+        self.splits: dict[str, CaptionSplit] = {}
+        self.tokenizer = None
+        self._cache_dir = resolve_cache_dir(cache_dir)
+
+    # ---- sources ---------------------------------------------------------------------------------------------
+    def _read_splits(self) -> dict[str, CaptionSplit]:
+        dataset = self.hparams.dataset
+        if dataset == "digits":
+            return self._digit_splits()
+        if Path(dataset).suffix in (".csv", ".jsonl"):
+            return self._file_splits(Path(dataset))
+        if Path(dataset).exists():
+            raise ValueError(f"dataset {dataset!r}: give a .csv or .jsonl captions file (one row per caption)")
+        return self._hub_splits(dataset)
+
+    def _digit_splits(self) -> dict[str, CaptionSplit]:
+        if self.image_size[0] != 8 or self.image_size[1] % 8 or self.channels != 1:
+            raise ValueError(
+                f"dataset='digits' strips are 8 pixels high, 8 wide a digit, greyscale: image_size=[8, 8 * max digits] "
+                f"and channels=1, not image_size={list(self.image_size)}, channels={self.channels}"
+            )
+        splits = {}
+        for split, count in zip(("train", "validation", "test"), self.hparams.strips, strict=True):
+            strips = digit_strips(split, count, max_digits=self.image_size[1] // 8)
+            images = torch.from_numpy(strips.images)
+            splits[split] = CaptionSplit(
+                images.__getitem__, [f"{split}-{i}" for i in range(count)], [[c] for c in strips.captions]
+            )
+        return splits
+
+    def _file_splits(self, path: Path) -> dict[str, CaptionSplit]:
+        if not path.is_file():
+            raise FileNotFoundError(f"captions file {str(path)!r} does not exist")
+        rows = read_caption_rows(path, self.hparams.image_column, self.hparams.text_column)
+        root = Path(self.hparams.images_dir or path.parent)
+        captions: dict[str, list[str]] = {}
+        split_of: dict[str, str] = {}
+        for row in rows:
+            name = row[self.hparams.image_column]
+            captions.setdefault(name, []).append(row[self.hparams.text_column].strip())
+            given = str(row.get("split") or "").strip().lower()
+            if given and given not in SPLIT_ALIASES:
+                raise ValueError(f"{path}: image {name!r} has split {given!r}; use train, validation or test")
+            split_of.setdefault(name, SPLIT_ALIASES[given] if given else self._carve(name))
+        splits = {}
+        for split in ("train", "validation", "test"):
+            names = [n for n in captions if split_of[n] == split]
+            if not names:
+                raise ValueError(f"{path}: no image falls in the {split} split; add rows or a split column")
+            splits[split] = CaptionSplit(
+                self._loader_for([root / n for n in names]), names, [captions[n] for n in names]
+            )
+        return splits
+
+    def _carve(self, name: str) -> str:
+        return carve(hash_bucket(name), ("validation", "test"), self.hparams.held_out)
+
+    def _loader_for(self, paths: Sequence[Path]) -> Callable[[int], torch.Tensor]:
+        """Each image's source: its features (features_dir) or its pixels, read when the batch is built."""
+        features_dir = self.hparams.features_dir
+        if features_dir is None:
+            return lambda i: load_image(paths[i], self.image_size, self.channels)
+        files = [_feature_file(Path(features_dir), Path(p).stem) for p in paths]
+        return lambda i: load_features(files[i])
+
+    def _hub_splits(self, name: str) -> dict[str, CaptionSplit]:
+        import datasets
+
+        ensure_online(f"captioning dataset {name!r}", HUB_HINT)
+        loaded = datasets.load_dataset(name, cache_dir=str(self._cache_dir / "hf"))
+        image_column, text_column = self.hparams.image_column, self.hparams.text_column
+        splits = {}
+        for given, data in loaded.items():
+            split = SPLIT_ALIASES.get(given.lower())
+            if split is None:
+                continue
+            refs = [[t] if isinstance(t, str) else list(t) for t in data[text_column]]
+            splits[split] = CaptionSplit(
+                lambda i, data=data: load_image(data[i][image_column], self.image_size, self.channels),
+                [f"{split}-{i}" for i in range(len(data))],
+                refs,
+            )
+        missing = {"train", "validation", "test"} - set(splits)
+        if missing:
+            raise ValueError(f"hub dataset {name!r} lacks the split(s) {sorted(missing)}; its splits: {list(loaded)}")
+        return splits
+
+    # ---- Lightning hooks ---------------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        self.splits = self._read_splits()
+        train_captions = [c for refs in self.splits["train"].references for c in refs]
+        self.tokenizer, _ = load_or_train_tokenizer(
+            self.hparams.tokenizer, lambda: train_captions, self.hparams.vocab_size, self._cache_dir, tag="captions"
+        )
+
+    def collate(self, items: list[tuple[int, int, torch.Tensor]], split: CaptionSplit) -> dict:
+        sources = [source for _, _, source in items]
+        if sources[0].dim() == 2:  # features: (regions, dim), padded to the most regions with a mask
+            longest = max(s.shape[0] for s in sources)
+            src = torch.zeros(len(sources), longest, sources[0].shape[1])
+            src_mask = torch.zeros(len(sources), longest, dtype=torch.bool)
+            for b, s in enumerate(sources):
+                src[b, : s.shape[0]], src_mask[b, : s.shape[0]] = s, True
+            batch = {"src": src, "src_mask": src_mask}
+        else:
+            batch = {"src": torch.stack(sources)}
+        captions = [split.references[image][caption] for image, caption, _ in items]
+        ids = [row[: self.max_caption_tokens] for row in token_ids(self.tokenizer, captions)]
+        batch.update(target_batch(ids, self.pad_token_id, self.bos_token_id, self.eos_token_id))
+        batch["references"] = [split.references[image] for image, _, _ in items]
+        batch["image"] = [split.names[image] for image, _, _ in items]
+        return batch
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        if not self.splits:
+            self.setup()
+        data = self.splits[split]
+        return DataLoader(
+            _Pairs(data, all_pairs=split == "train"),
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            collate_fn=lambda items: self.collate(items, data),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """Batches {"src" (, "src_mask"), "image"} of every image (or feature file) in predict_dir, sorted by name."""
+        if not self.predict_dir or not Path(self.predict_dir).is_dir():
+            raise ValueError(
+                f"predict needs a folder of images: --data.predict_dir DIR (got {self.predict_dir!r}); captions are "
+                "written one JSON line per image"
+            )
+        suffixes = FEATURE_SUFFIXES if self.hparams.features_dir else IMAGE_SUFFIXES
+        paths = sorted(p for p in Path(self.predict_dir).iterdir() if p.suffix.lower() in suffixes)
+        if not paths:
+            raise ValueError(f"predict_dir {self.predict_dir!r} holds no {'/'.join(suffixes)} file")
+        if self.hparams.features_dir:
+            load = lambda i: load_features(paths[i])  # noqa: E731
+        else:
+            load = lambda i: load_image(paths[i], self.image_size, self.channels)  # noqa: E731
+        split = CaptionSplit(load, [p.name for p in paths], [[""] for _ in paths])
+        return DataLoader(
+            _Pairs(split, all_pairs=False),
+            batch_size=self.batch_size,
+            shuffle=False,
+            collate_fn=lambda items: self.collate(items, split),
+        )
+
+
+def _feature_file(folder: Path, stem: str) -> Path:
+    for suffix in FEATURE_SUFFIXES:
+        if (folder / f"{stem}{suffix}").is_file():
+            return folder / f"{stem}{suffix}"
+    raise FileNotFoundError(f"no features for image {stem!r} in {folder}: expected {stem}.npy or {stem}.safetensors")
+
+
+def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id: int) -> dict[str, torch.Tensor]:
+    """The decoder's side of a batch: tgt_in is bos then the tokens, labels the tokens then eos (IGNORE_INDEX at
+    padding), tgt_mask True on real positions; the mask comes from the lengths, never from a token id."""
+    width = max(map(len, rows)) + 1
+    tgt_in = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    for b, row in enumerate(rows):
+        t = torch.tensor(list(row), dtype=torch.long)
+        tgt_in[b, 0], tgt_in[b, 1 : len(t) + 1] = bos_id, t
+        labels[b, : len(t)], labels[b, len(t)] = t, eos_id
+    tgt_mask = torch.arange(width)[None, :] <= torch.tensor([len(r) for r in rows])[:, None]
+    return {"tgt_in": tgt_in, "labels": labels, "tgt_mask": tgt_mask}

@@ -1,0 +1,78 @@
+"""Image captioning through the CLI, as a user runs it: the digits preset fits, tests, shows its captions and the
+attention over the image in TensorBoard, and predicts captions for a folder of images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import CONFIGS, ROOT, _cli
+
+PRESET = str(CONFIGS / "presets" / "caption-digits.yaml")
+
+
+@pytest.fixture(scope="module")
+def caption_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("caption")
+    _cli("fit", "--config", PRESET, *_small(run), cwd=ROOT)
+    return run
+
+
+def _small(run: Path) -> list[str]:
+    """The preset on a few hundred strips and a narrow model: the plumbing, in seconds."""
+    return [
+        "--trainer.max_steps", "6", "--trainer.val_check_interval", "3", "--checkpoint.every_n_train_steps", "3",
+        "--trainer.log_every_n_steps", "2",
+        "--model.config.d_model", "32", "--model.config.d_ff", "64", "--model.config.n_layers", "1",
+        "--data.init_args.strips", "[192, 16, 16]", "--data.init_args.batch_size", "8",
+        "--data.init_args.cache_dir", str(run / "cache"), "--trainer.default_root_dir", str(run),
+        "--trainer.logger.init_args.save_dir", str(run), "--checkpoint.dirpath", str(run / "checkpoints"),
+    ]  # fmt: skip
+
+
+def test_fit_logs_caption_metrics_and_images_with_attention(caption_run: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = {p.parent for p in caption_run.rglob("events.out.tfevents.*")}
+    acc = EventAccumulator(str(events), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    scalars, images = set(acc.Tags()["scalars"]), set(acc.Tags()["images"])
+    assert {"val/loss", "val/ppl", "val/bleu", "val/exact_match", "train/loss"} <= scalars, sorted(scalars)
+    assert {f"captions/{i}" for i in range(4)} <= images, sorted(images)  # image, captions, attention per word
+    assert "attention/self/layer_0" in images
+
+
+def test_test_and_predict_on_a_folder_of_images(caption_run: Path, tmp_path: Path):
+    from PIL import Image
+
+    from lit_transformer.data.digits import digit_strips
+
+    ckpt = ["--ckpt_path", str(caption_run / "checkpoints" / "last.ckpt")]
+    out = _cli("test", "--config", PRESET, *_small(caption_run), *ckpt, cwd=ROOT).stdout
+    assert "test/bleu" in out and "test/exact_match" in out
+    strips = digit_strips("test", 3)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(strips.images):
+        Image.fromarray((image[0] * 255).astype("uint8")).save(folder / f"strip{i}.png")
+    output = tmp_path / "captions.jsonl"
+    predict = ["--data.init_args.predict_dir", str(folder), "--predictions.output", str(output)]
+    _cli("predict", "--config", PRESET, *_small(caption_run), *ckpt, *predict, cwd=ROOT)
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["image"] for r in rows] == ["strip0.png", "strip1.png", "strip2.png"]
+    assert all(isinstance(r["caption"], str) for r in rows)
+
+
+def test_the_translation_task_refuses_an_image_source():
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.tasks import Captioning, Translation, default_task
+
+    cfg = TransformerConfig.preset(
+        "tiny", topology="encoder_decoder", source="patches", image_size=(8, 8), patch_size=4, image_channels=1
+    )
+    assert default_task(cfg) is Captioning
+    with pytest.raises(ValueError, match="model.config.source tokens"):
+        Translation().check_config(cfg)
+    with pytest.raises(ValueError, match="reads images or features"):
+        Captioning().check_config(cfg.replace(source="tokens", image_size=None))
