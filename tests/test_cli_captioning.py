@@ -76,3 +76,22 @@ def test_the_translation_task_refuses_an_image_source():
         Translation().check_config(cfg)
     with pytest.raises(ValueError, match="reads images or features"):
         Captioning().check_config(cfg.replace(source="tokens", image_size=None))
+
+
+def test_export_to_safetensors_and_int8_decoding(caption_run: Path, tmp_path: Path):
+    """The safetensors export gives back the same model (same greedy captions); int8 layers decode it too."""
+    import torch
+
+    from lit_transformer.data.digits import digit_strips
+    from lit_transformer.inference import load_model
+    from lit_transformer.interop.native import load_safetensors
+    from lit_transformer.quantization import quantize_int8
+
+    ckpt = caption_run / "checkpoints" / "last.ckpt"
+    _cli("export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "export"), cwd=ROOT)
+    images = torch.from_numpy(digit_strips("test", 4).images)
+    original = load_model(ckpt).model.eval()
+    exported = load_safetensors(tmp_path / "export").eval()
+    expected = original.generate(images, max_new_tokens=6, num_beams=2)
+    assert torch.equal(exported.generate(images, max_new_tokens=6, num_beams=2), expected)
+    assert quantize_int8(exported).generate(images, max_new_tokens=6).shape[0] == 4
