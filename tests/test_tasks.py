@@ -32,6 +32,7 @@ ARCHITECTURES = {
     "translation": {"topology": "encoder_decoder"},
     "classification": {"topology": "encoder_only", "num_labels": 3},
     "masked_lm": {"topology": "encoder_only", "head": "masked_lm", "mask_token_id": 3},
+    "captioning": {"topology": "encoder_decoder", "source": "features", "source_dim": 5},
 }
 
 
@@ -48,6 +49,10 @@ def _batch(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
     if name == "translation":
         labels = ids[:, 1:].masked_fill(~mask, IGNORE_INDEX)
         return {"src": ids[:, 1:], "src_mask": mask, "tgt_in": ids[:, :-1], "tgt_mask": mask, "labels": labels}
+    if name == "captioning":  # 3 images of 7 feature vectors, the last with 5 real ones; captions as translation's
+        labels = ids[:, 1:].masked_fill(~mask, IGNORE_INDEX)
+        features = torch.randn(3, 7, 5, generator=g)
+        return {"src": features, "src_mask": mask, "tgt_in": ids[:, :-1], "tgt_mask": mask, "labels": labels}
     if name == "classification":
         return {"input_ids": ids[:, :-1], "attention_mask": mask, "labels": torch.tensor([0, 2, 1])}
     if name == "masked_lm":
@@ -137,7 +142,7 @@ def test_options_of_another_task_and_their_old_defaults_pass_in_silence() -> Non
         warnings.simplefilter("error")
         module = LitTransformer(_config("language_modeling"), label_smoothing=0.0, mlm_probability=0.15)
         LitTransformer(_config("language_modeling"), class_weights=[1.0])
-    assert module.task.init_args() == {"label_smoothing": 0.0}
+    assert module.task.init_args() == {"label_smoothing": 0.0, "fused_loss": False}
 
 
 def test_a_task_refuses_an_architecture_it_cannot_train() -> None:

@@ -55,7 +55,7 @@ class Captioning(Translation):
     def evaluate(self, module: Any, stage: str, batch: dict[str, Any], batch_idx: int):
         out = super(Translation, self).evaluate(module, stage, batch, batch_idx)  # the loss metrics only
         budget = self._bleu_budget if stage == "val" else None
-        if budget == 0:
+        if "references" not in batch or budget == 0:
             return out
         rows = len(batch["references"]) if budget is None else min(budget, len(batch["references"]))
         mask = batch.get("src_mask")
