@@ -42,11 +42,13 @@ def record(json_path: Path, name: str, cli_args: list[str]) -> dict:
     show_package_info_logs()
     load_start = os.getloadavg()
     start = time.perf_counter()
-    cli = run_cli(cli_args)
+    command = "python " + shlex.join(sys.argv)
+    sys.argv = [sys.argv[0], *cli_args]  # as `python -m lit_transformer CLI_ARGS` sees them (no `args=` warning)
+    cli = run_cli()
     seconds = time.perf_counter() - start
     metrics = {key: _number(value) for key, value in cli.trainer.callback_metrics.items()}
     entry = {
-        "command": "python " + shlex.join(sys.argv),  # this script's own command line, as the docs print it
+        "command": command,  # this script's own command line, as the docs print it
         "cli": "python -m lit_transformer " + shlex.join(cli_args),
         "metrics": {key: value for key, value in sorted(metrics.items()) if value is not None},
         "global_step": cli.trainer.global_step,
