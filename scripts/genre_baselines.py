@@ -1,14 +1,16 @@
 """Baselines of the embedded genre task on the preset's split: the majority class and a bag-of-words logistic
 regression (a few lines of torch), with its L2 strength chosen on the validation plays.
 
-    python scripts/genre_baselines.py            # prints a JSON line per baseline
+    python scripts/genre_baselines.py --json docs/genre.json   # prints a JSON line per baseline; keeps them in the file
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +59,9 @@ def logistic_regression(x: torch.Tensor, y: torch.Tensor, classes: int, l2: floa
     return model
 
 
-def main() -> None:
+def baselines() -> list[dict]:
+    """One row per baseline and held-out split."""
+    rows = []
     torch.set_num_threads(1)
     data = corpora.shakespeare_genre()
     names = sorted(set(data["train"]["label"]))
@@ -70,10 +74,8 @@ def main() -> None:
         predicted = torch.full_like(y[split], majority)
         accuracy = (predicted == y[split]).float().mean().item()
         f1 = macro_f1(predicted, y[split], len(names))
-        print(
-            json.dumps(
-                {"baseline": "majority", "class": names[majority], "split": split, "accuracy": accuracy, "macro_f1": f1}
-            )
+        rows.append(
+            {"baseline": "majority", "class": names[majority], "split": split, "accuracy": accuracy, "macro_f1": f1}
         )
     best = None
     for l2 in (1e-5, 1e-4, 1e-3, 1e-2):
@@ -88,18 +90,30 @@ def main() -> None:
             predicted = model(x[split]).argmax(-1)
             accuracy = (predicted == y[split]).float().mean().item()
             f1 = macro_f1(predicted, y[split], len(names))
-            print(
-                json.dumps(
-                    {
-                        "baseline": "bow-logreg",
-                        "l2": l2,
-                        "vocabulary": len(vocabulary),
-                        "split": split,
-                        "accuracy": accuracy,
-                        "macro_f1": f1,
-                    }
-                )
+            rows.append(
+                {
+                    "baseline": "bow-logreg",
+                    "l2": l2,
+                    "vocabulary": len(vocabulary),
+                    "split": split,
+                    "accuracy": accuracy,
+                    "macro_f1": f1,
+                }
             )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, help="also keep the rows in this JSON file, under 'baselines'")
+    args = parser.parse_args()
+    rows = baselines()
+    for row in rows:
+        print(json.dumps(row))
+    if args.json:
+        recorded = json.loads(args.json.read_text()) if args.json.exists() else {}
+        recorded["baselines"] = {"command": "python scripts/genre_baselines.py --json " + str(args.json), "rows": rows}
+        args.json.write_text(json.dumps(recorded, indent=1) + "\n")
 
 
 if __name__ == "__main__":

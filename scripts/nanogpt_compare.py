@@ -200,7 +200,8 @@ def run_nanogpt(args: argparse.Namespace) -> None:
     seconds = timed(command, nanogpt, thread_env(args.threads), nanogpt / f"{NANOGPT_OUT}.log")
     report(
         {"run": "nanoGPT", "max_iters": args.max_iters, "threads": args.threads, "wall_s": seconds}
-        | score_nanogpt(nanogpt)
+        | score_nanogpt(nanogpt),
+        args.json,
     )
 
 
@@ -217,15 +218,17 @@ def run_ours(args: argparse.Namespace) -> None:
         seconds = timed(command, None, env, Path(args.root) / "fit.log")
     checkpoint = args.checkpoint
     result = {"run": "ours", "config": args.config, "overrides": " ".join(args.overrides), "threads": args.threads}
-    report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint))
+    report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint), args.json)
 
 
-def report(result: dict) -> None:
+def report(result: dict, log: Path) -> None:
+    """Print the result and append it, with the command and the date, as one JSON line to `log`."""
     print(json.dumps(result, indent=1))
-    log = Path("runs") / "nanogpt_compare.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
+    command = "python " + " ".join(sys.argv)
+    stamp = {"command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     with open(log, "a") as handle:
-        handle.write(json.dumps(result | {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+        handle.write(json.dumps(result | stamp) + "\n")
 
 
 # ------------------------------------------------------------------ nanoGPT's bench.py (GPU)
@@ -287,6 +290,9 @@ def run_bench(nanogpt: Path, batch_size: int, dry_run: bool = False, block_size:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--json", type=Path, default=Path("runs/nanogpt_compare.jsonl"), help="the JSON-lines file results go to"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     nano = commands.add_parser("nanogpt", help="write the data, train nanoGPT's CPU recipe, score it")
@@ -327,9 +333,9 @@ def main() -> None:
     elif args.command == "ours":
         run_ours(args)
     elif args.command == "score":
-        report({"run": "score", "checkpoint": args.checkpoint} | score_checkpoint(args.checkpoint))
+        report({"run": "score", "checkpoint": args.checkpoint} | score_checkpoint(args.checkpoint), args.json)
     else:
-        report({"run": "score-nanogpt"} | score_nanogpt(Path(args.nanogpt)))
+        report({"run": "score-nanogpt"} | score_nanogpt(Path(args.nanogpt)), args.json)
 
 
 if __name__ == "__main__":
