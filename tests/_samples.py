@@ -1,10 +1,13 @@
-"""A callback for the elastic-resume tests: each rank appends the global sample indices of every step it trains."""
+"""Callbacks for the elastic-resume tests: each rank appends what it trained at every step, the global sample
+indices and a digest of each sample's tokens (the content read, not only its position tag)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
+import torch
 from lightning.pytorch.callbacks import Callback
 
 
@@ -14,6 +17,8 @@ class SampleRecorder(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         row = {"step": trainer.global_step, "rank": trainer.global_rank, "samples": batch["sample_index"].tolist()}
+        tokens = torch.cat([batch["input_ids"], batch["labels"][:, -1:]], dim=1).cpu().numpy()
+        row["tokens"] = [hashlib.sha1(sample.tobytes()).hexdigest()[:16] for sample in tokens]
         with open(self.path.with_suffix(f".rank{trainer.global_rank}.jsonl"), "a") as handle:
             handle.write(json.dumps(row) + "\n")
 

@@ -41,19 +41,23 @@ def _write(path: Path, step: int, tokenizer: str, config: TransformerConfig = CO
     return path
 
 
-def test_the_average_of_two_checkpoints_is_their_element_wise_mean(tmp_path, tokenizer_json):
-    a, b = _write(tmp_path / "a.ckpt", 100, tokenizer_json), _write(tmp_path / "b.ckpt", 200, tokenizer_json)
-    averaged = average_checkpoints([a, b])
-    sa, sb = torch.load(a)["state_dict"], torch.load(b)["state_dict"]
-    assert set(averaged["state_dict"]) == set(sa)
+def test_the_average_of_checkpoints_is_their_element_wise_mean(tmp_path, tokenizer_json):
+    """Four checkpoints with distinct weights: the exact mean (a sum over two, or a division by two, fails)."""
+    steps = (100, 200, 300, 400)
+    paths = [_write(tmp_path / f"{step}.ckpt", step, tokenizer_json) for step in steps]
+    averaged = average_checkpoints(paths)
+    states = [torch.load(p)["state_dict"] for p in paths]
+    assert set(averaged["state_dict"]) == set(states[0])
     for name, value in averaged["state_dict"].items():
-        assert value.dtype == sa[name].dtype
-        torch.testing.assert_close(value, (sa[name] + sb[name]) / 2, rtol=0, atol=1e-7)
+        assert value.dtype == states[0][name].dtype
+        exact = (sum(s[name].double() for s in states) / len(states)).to(value.dtype)
+        # fp32 sums of four values round at most a few ulps of the largest: 1e-6 relative, far below any wrong count.
+        torch.testing.assert_close(value, exact, rtol=1e-6, atol=1e-7)
     # Everything a loader needs, and no training state to resume from by mistake.
-    assert averaged["tokenizer"] == tokenizer_json and averaged["global_step"] == 200
+    assert averaged["tokenizer"] == tokenizer_json and averaged["global_step"] == 400
     assert "optimizer_states" not in averaged
-    assert [e["step"] for e in averaged["averaged_from"]] == [100, 200]
-    assert average_checkpoints([b, a])["global_step"] == 200  # the newest's metadata, whatever the order
+    assert [e["step"] for e in averaged["averaged_from"]] == list(steps)
+    assert average_checkpoints(paths[::-1])["global_step"] == 400  # the newest's metadata, whatever the order
 
 
 def test_a_mismatched_architecture_is_refused_naming_the_fields(tmp_path, tokenizer_json):

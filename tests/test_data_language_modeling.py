@@ -1,6 +1,7 @@
 """LanguageModelingDataModule: sources, packing, caching, and clear errors on bad input."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -10,9 +11,12 @@ from lit_transformer.data import LanguageModelingDataModule, corpora
 LINE = "Now is the winter of our discontent made glorious summer by this sun of York;\n"
 
 
-def corpus(tmp_path, name="corpus.txt", lines=400):
+def corpus(tmp_path, name="corpus.txt", lines=400, unicode=False):
+    """A one-document .txt corpus; unicode: with characters of two and three bytes in UTF-8 (counts by bytes and by
+    characters then differ)."""
     path = tmp_path / name
-    path.write_text("".join(f"{i} {LINE}" for i in range(lines)))
+    line = LINE.replace("winter", "wínter — ") if unicode else LINE
+    path.write_text("".join(f"{i} {line}" for i in range(lines)))
     return path
 
 
@@ -76,12 +80,51 @@ def test_predict_reads_prompts_encoded_as_training_encodes_them(tmp_path):
         dm.predict_dataloader()
 
 
-def test_characters_per_token_turns_nll_into_bits_per_character(tmp_path):
-    dm = make(tmp_path, corpus(tmp_path))
-    text = dm.texts()["validation"]
-    tokens = len(dm.tokenizer.encode("".join(text), add_special_tokens=False).ids)
-    # one EOS per document; byte-level BPE of one document equals the concatenated encoding up to merges at the seams
-    assert dm.characters_per_token("validation") == pytest.approx(sum(map(len, text)) / (tokens + len(text)), rel=0.02)
+def stream_counts(dm, split: str) -> tuple[int, int]:
+    """(characters, tokens) of a split as written here: each document encoded alone, without the tokenizer's
+    special tokens, and one EOS after it (the corpus files are one document each, shorter than a parallel piece)."""
+    docs = list(dm.stream.documents(split))
+    tokens = sum(len(dm.tokenizer.encode(doc, add_special_tokens=False).ids) + 1 for doc in docs)
+    return sum(map(len, docs)), tokens
+
+
+def test_characters_per_token_is_the_split_s_characters_over_its_stream_tokens(tmp_path):
+    """Exact: both counts are integers, so any miscount (EOS left out, bytes for characters, one document's tokens)
+    shows; a relative tolerance of a few percent would pass a bias of that size in every bpc reported."""
+    dm = make(tmp_path, corpus(tmp_path, lines=400, unicode=True))
+    characters, tokens = stream_counts(dm, "validation")
+    assert characters != len("".join(dm.stream.documents("validation")).encode())  # bytes would differ
+    assert dm.characters_per_token("validation") == pytest.approx(characters / tokens, rel=1e-12)
+
+
+def test_val_bpc_is_the_per_token_nll_in_bits_times_tokens_per_character(tmp_path):
+    """val/bpc end to end (a trainer's validate over the DataModule): the mean NLL per predicted token, in nats,
+    computed here from the model's logits, divided by ln 2 (bits), times the split's stream tokens per character.
+    Both sides compute the same sums in fp32 over a few hundred tokens: 1e-5 relative covers their rounding order,
+    while a wrong log base (log10: 3.3x), a per-token figure (chars/token off by its own ratio) or a missed batch
+    is off by percents."""
+    import lightning as L
+
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.module import LitTransformer
+
+    dm = make(tmp_path, corpus(tmp_path, lines=400, unicode=True), batch_size=3)
+    ids = {name: getattr(dm, name) for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
+    torch.manual_seed(0)
+    lit = LitTransformer(TransformerConfig.preset("tiny", **ids))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (logged,) = trainer.validate(lit, datamodule=dm, verbose=False)
+    nll, predicted = 0.0, 0
+    with torch.no_grad():
+        for batch in dm.val_dataloader():
+            logits = lit.model(batch["input_ids"])
+            labels = batch["labels"]
+            nll += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum"))
+            predicted += labels.numel()
+    characters, tokens = stream_counts(dm, "validation")
+    expected = nll / predicted / math.log(2) * tokens / characters
+    assert predicted > 100 and 1 < expected < 20
+    assert logged["val/bpc"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_held_out_splits_are_carved_deterministically(tmp_path):

@@ -58,7 +58,10 @@ def _fit(root: Path, devices: int, max_steps: int, *extra: str) -> None:
 
 
 def test_a_checkpoint_of_n_processes_resumes_with_m_on_the_same_global_sample_sequence(tmp_path):
-    """1 process for 5 steps, resumed on 2 processes to step 9 (1 -> 2), resumed on 1 process to step 12 (2 -> 1)."""
+    """1 process for 5 steps, resumed on 2 processes to step 9 (1 -> 2), resumed on 1 process to step 12 (2 -> 1):
+    the samples are the next ones of the global stream at every step, and their tokens are those an uninterrupted
+    1-process run of the same 96 samples reads (a stream whose order depended on the process count would carry the
+    same position tags over other blocks)."""
     run = tmp_path / "run"
     phases = [(1, 5), (2, 9), (1, 12)]  # (processes, last step)
     for i, (devices, last) in enumerate(phases):
@@ -74,3 +77,10 @@ def test_a_checkpoint_of_n_processes_resumes_with_m_on_the_same_global_sample_se
             expected += at_step
         first = last + 1
     assert sorted(s for r in rows for s in r["samples"]) == list(range(BATCH * (5 + 2 * 4 + 3)))  # each once
+    _fit(tmp_path / "uninterrupted", 1, 5 + 2 * 4 + 3)
+    assert tokens_by_sample(rows) == tokens_by_sample(_samples.read_samples(tmp_path / "uninterrupted" / "samples"))
+
+
+def tokens_by_sample(rows: list[dict]) -> dict[int, str]:
+    """Global sample index -> digest of its tokens."""
+    return {s: t for r in rows for s, t in zip(r["samples"], r["tokens"], strict=True)}

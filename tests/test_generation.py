@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_variants import DECODING_VARIANTS, build, single_thread, tokens, variant_id  # noqa: F401 (autouse fixture)
+from model_variants import DECODING_VARIANTS, VARIANTS, build, single_thread, tokens, variant_id  # noqa: F401 (autouse fixture)
 
 from lit_transformer.model.generation import beam_search, filter_logits
 
@@ -36,6 +36,47 @@ def test_cached_greedy_equals_full_recomputation(variant):
     torch.testing.assert_close(
         cached, model.generate(x, max_new_tokens=NEW, eos_token_id=-1, use_cache=False), rtol=0, atol=0
     )
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Logits of the same fp32 arithmetic in other matmul shapes (one query row against cached keys, against the whole
+    triangle): they differ by rounding, ~1e-6 of the logits' magnitude (which reaches tens with these peaked weights);
+    1e-5 of it allows for the summation order, while a cache bug (a wrong position, a stale or misplaced key, a lost
+    mask) moves logits by a large fraction of it."""
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * max(1.0, scale), msg=what)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_cached_logits_equal_recomputed_logits(variant):
+    """Every variant, step by step, teacher-forced: the KV cache's next-token logits equal (1) the plain forward over
+    the whole sequence, and (2) recomputing the window, on a padded batch whose rows are expanded as for beams and
+    reordered as beam search does. Logits, not tokens: a cache bug can leave the argmax alone."""
+    from lit_transformer.model.generation import IncrementalDecoder
+
+    model = peaky(variant)
+    x = prompt(model, batch=2, length=5)
+    decoder_only = not model.config.is_encoder_decoder
+    with torch.inference_mode():
+        cached = IncrementalDecoder(model, x, None, NEW)
+        seq = x if decoder_only else torch.full((2, 1), model.config.bos_token_id)
+        for step in range(NEW):
+            full = (model(seq) if decoder_only else model(x, seq))[:, -1].float()
+            _close(cached.logits, full, f"step {step}: the cache against the plain forward")
+            token = full.argmax(-1)
+            seq = torch.cat([seq, token[:, None]], dim=1)
+            cached.step(token)
+        mask = torch.ones(2, 5, dtype=torch.bool)
+        mask[1, :2] = False  # padding: on the left of a prompt, or inside a source row
+        cached = IncrementalDecoder(model, x, mask, NEW, expand=2)
+        recomputed = IncrementalDecoder(model, x, mask, NEW, expand=2, use_cache=False)
+        reorder = torch.tensor([1, 1, 3, 2])  # beam search's row selection
+        for step in range(NEW):
+            _close(cached.logits, recomputed.logits, f"step {step}: the cache against recomputation, padded, beams")
+            token = recomputed.logits.argmax(-1)
+            rows = reorder if step % 2 else None
+            cached.step(token, rows)
+            recomputed.step(token, rows)
 
 
 @variants

@@ -1,19 +1,22 @@
 """Every command of the README runs as written, in the order a reader meets them, on the embedded corpora.
 
 Each command gets only small-size overrides appended (fewer steps, fewer tokens); a command marked "# needs a GPU"
-is checked to parse (--print_config / --help), one marked "# takes minutes" runs its --help (the parse-only commands of
-`python -m lit_transformer` in this process: see parse_in_process). The commands run
+is checked to parse (--print_config / --help), one marked "# takes minutes" is parsed with all its flags by its own
+parser, which then stops it before any work (see parse_only: `--help` would exit before an unknown flag is reported;
+the parse-only commands of `python -m lit_transformer` run in this process: see parse_in_process). The commands run
 in a fresh folder that holds the repository's configs and scripts, with the environment activated, as a newcomer
 runs them after the set-up command; what each is said to produce is checked. Python blocks run as written too.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -50,7 +53,7 @@ def adapt(command: str) -> tuple[str, str]:
     if "needs a GPU" in note:
         return code + (" --print_config" if " fit " in code else " --help"), "parses"
     if "takes minutes" in note:
-        return code + " --help", "parses"
+        return code, "parses all flags"
     if code.endswith("-m pytest"):
         return code + " --collect-only -q", "pytest"
     if "tensorboard" in code:
@@ -107,6 +110,87 @@ def parse_in_process(command: str, cwd: Path) -> subprocess.CompletedProcess | N
     return subprocess.CompletedProcess(words, code, out.getvalue(), err.getvalue())
 
 
+class Parsed(Exception):
+    """Raised by a patched parse_args once a command's arguments parsed: the command stops before doing anything."""
+
+    def __init__(self, namespace) -> None:
+        super().__init__("parsed")
+        self.namespace = namespace
+
+
+@contextlib.contextmanager
+def stop_after_parsing():
+    """Inside the block, argparse's and jsonargparse's parse_args parse (every flag, with the parser's own types and
+    checks), then raise Parsed. Abbreviated flags are refused: argparse takes a prefix of a flag for the flag, so a
+    README flag cut short (`--fresh_cach`) would pass."""
+    import jsonargparse
+
+    classes = (argparse.ArgumentParser, jsonargparse.ArgumentParser)
+    originals = {cls: cls.parse_args for cls in classes}
+    own = {cls: "parse_args" in vars(cls) for cls in classes}
+
+    def no_abbreviations(parser: argparse.ArgumentParser) -> None:
+        parser.allow_abbrev = False
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    no_abbreviations(sub)
+
+    def patched(cls):
+        def parse_args(self, *args, **kwargs):
+            no_abbreviations(self)
+            raise Parsed(originals[cls](self, *args, **kwargs))
+
+        return parse_args
+
+    try:
+        for cls in originals:
+            cls.parse_args = patched(cls)
+        yield
+    finally:
+        for cls, method in originals.items():
+            if own[cls]:
+                cls.parse_args = method
+            else:
+                del cls.parse_args
+
+
+def parse_only(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A long command (`python -m lit_transformer X ...` or `python scripts/X.py ...`) parsed with all its flags by
+    its own parser, in this process, and stopped there; flags it passes on to the CLI (translation_recipe's --flags,
+    nanogpt_compare's fit overrides) are parsed by the CLI too (`--print_config` validates every flag, then exits)."""
+    from lit_transformer.cli import main
+
+    words = shlex.split(command)
+    assert words[0] == "python", command
+    out, err, code, namespace = io.StringIO(), io.StringIO(), 0, None
+    argv = sys.argv
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            with stop_after_parsing():
+                if words[1:3] == ["-m", "lit_transformer"]:
+                    main(words[3:])
+                else:
+                    sys.argv = words[1:]
+                    runpy.run_path(words[1], run_name="__main__")
+            print(f"{command} ran past its parse", file=sys.stderr)
+            code = 1
+        except Parsed as parsed:
+            namespace = parsed.namespace
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        finally:
+            sys.argv = argv
+        passed_on = shlex.split(getattr(namespace, "flags", "") or "") + list(getattr(namespace, "overrides", []) or [])
+        if code == 0 and passed_on:
+            subcommand = "fit" if getattr(namespace, "overrides", None) else "test"
+            try:
+                main([subcommand, "--config", str(namespace.config), *passed_on, "--print_config"])
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    return subprocess.CompletedProcess(words, code, out.getvalue(), err.getvalue())
+
+
 def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -127,7 +211,10 @@ def test_readme_command_runs_as_written(index: int, workdir: Path):
     command, kind = adapt(COMMANDS[index])
     if kind == "tensorboard":
         return check_tensorboard(command, workdir)
-    result = (kind == "parses" and parse_in_process(command, workdir)) or shell(command, workdir)
+    if kind == "parses all flags":
+        result = parse_only(command, workdir)
+    else:
+        result = (kind == "parses" and parse_in_process(command, workdir)) or shell(command, workdir)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{command}\n{output[-4000:]}"
     assert "Traceback" not in output, f"{command}\n{output[-4000:]}"
