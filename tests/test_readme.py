@@ -235,6 +235,8 @@ def _run_dir(command: str) -> str:
         return "runs/genre"
     if "presets/mlm" in config:
         return "runs/mlm"
+    if "caption-digits" in config:
+        return "runs/caption-digits"
     return "runs/en-es" if "translate-en-es" in config else "runs/shakespeare"
 
 
@@ -280,6 +282,12 @@ def check_generate(command: str, result, workdir: Path) -> None:
 
 def check_predict(command: str, result, workdir: Path) -> None:
     words = shlex.split(command)
+    if "--data.init_args.predict_dir" in words:  # captioning: one caption per image of the folder, in name order
+        folder = workdir / words[words.index("--data.init_args.predict_dir") + 1]
+        rows = [json.loads(line) for line in (workdir / words[words.index("--predictions.output") + 1]).open()]
+        assert [r["image"] for r in rows] == sorted(p.name for p in folder.glob("*.png"))
+        assert all(isinstance(r["caption"], str) for r in rows)
+        return
     inputs = (workdir / words[words.index("--data.init_args.predict_file") + 1]).read_text().splitlines()
     output = words[words.index("--predictions.output") + 1] if "--predictions.output" in words else None
     path = workdir / (output or f"{_run_dir(command)}/predictions.jsonl")
@@ -312,6 +320,8 @@ def check_test(command: str, result, workdir: Path) -> None:
         assert "test/f1" in result.stdout and "test/accuracy" in result.stdout
         return
     assert "test/bleu" in result.stdout and "test/ppl" in result.stdout
+    if "caption" in command:
+        assert "test/exact_match" in result.stdout
 
 
 def check_tensorboard(command: str, workdir: Path) -> None:
