@@ -32,7 +32,13 @@ from lit_transformer.callbacks import (
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
 from lit_transformer.module import LitTransformer
-from lit_transformer.reliability import NonFiniteLossGuard, PreemptionCheckpoint, StepSeed, check_device_options
+from lit_transformer.reliability import (
+    NonFiniteLossGuard,
+    PreemptionCheckpoint,
+    StepSeed,
+    check_device_options,
+    exit_on_signals,
+)
 
 # Field docstrings of TransformerConfig become --help text.
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -217,7 +223,8 @@ def main(args: Sequence[str] | None = None) -> None:
         _extra_commands()[argv[0]](argv[1:])
         return
     show_package_info_logs()
-    run_cli(argv)
+    with exit_on_signals():  # a signal before the first step ends the run at once (nothing to save yet)
+        run_cli(argv)
 
 
 if __name__ == "__main__":
