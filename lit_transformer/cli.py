@@ -157,7 +157,8 @@ def _trainer_defaults() -> dict:
     # Every checkpoint is written atomically: a crash at any moment leaves the previous one loadable.
     return {
         "callbacks": [LearningRateLogger()],
-        "plugins": [AtomicCheckpointIO()],
+        # A class path, not an instance: the run's saved config.yaml can name it (an instance is "Unable to serialize").
+        "plugins": [{"class_path": f"{AtomicCheckpointIO.__module__}.{AtomicCheckpointIO.__qualname__}"}],
     }
 
 
@@ -224,7 +225,9 @@ def main(args: Sequence[str] | None = None) -> None:
         return
     show_package_info_logs()
     with exit_on_signals():  # a signal before the first step ends the run at once (nothing to save yet)
-        run_cli(argv)
+        # The command line's own arguments reach LightningCLI as sys.argv (args=None): given as `args` as well,
+        # LightningCLI warns that both were given.
+        run_cli(None if args is None else argv)
 
 
 if __name__ == "__main__":
