@@ -206,3 +206,35 @@ def test_a_second_signal_ends_the_run_at_once_even_in_a_step_that_does_not_end(t
     _stopped(process)
     assert process.returncode == -signal.SIGTERM  # ended by the signal itself, as the OS ends a process
     assert _boring.read_losses(tmp_path) and max(_boring.read_losses(tmp_path)) == 3  # it never finished step 4
+
+
+BLOCKED_PREPARE = """
+import sys, time
+import lit_transformer.data.language_modeling as language_modeling
+
+def blocked(*args, **kwargs):  # a corpus that takes minutes to prepare
+    print("BLOCKED", flush=True)
+    time.sleep(600)
+
+language_modeling.prepare_corpus = blocked
+from lit_transformer.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_fit_prepares_data_ends_the_command_with_a_message(tmp_path: Path, signum: int) -> None:
+    script = tmp_path / "fit_blocked.py"
+    script.write_text(BLOCKED_PREPARE)
+    config = REPO / "configs" / "presets" / "tiny.yaml"
+    args = ["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
+    args += ["--checkpoint.dirpath", str(tmp_path / "checkpoints"), "--data.init_args.cache_dir", str(tmp_path / "c")]
+    process = subprocess.Popen(
+        [sys.executable, str(script), *args], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    _wait_for(process, "BLOCKED")
+    process.send_signal(signum)
+    _, err = _stopped(process)
+    assert process.returncode == 128 + signum, err[-2000:]
+    assert f"Received {signal.Signals(signum).name} before training started: stopping now" in err
