@@ -32,7 +32,13 @@ from lit_transformer.callbacks import (
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
 from lit_transformer.module import LitTransformer
-from lit_transformer.reliability import NonFiniteLossGuard, PreemptionCheckpoint, StepSeed, check_device_options
+from lit_transformer.reliability import (
+    NonFiniteLossGuard,
+    PreemptionCheckpoint,
+    StepSeed,
+    check_device_options,
+    exit_on_signals,
+)
 
 # Field docstrings of TransformerConfig become --help text.
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -151,7 +157,8 @@ def _trainer_defaults() -> dict:
     # Every checkpoint is written atomically: a crash at any moment leaves the previous one loadable.
     return {
         "callbacks": [LearningRateLogger()],
-        "plugins": [AtomicCheckpointIO()],
+        # A class path, not an instance: the run's saved config.yaml can name it (an instance is "Unable to serialize").
+        "plugins": [{"class_path": f"{AtomicCheckpointIO.__module__}.{AtomicCheckpointIO.__qualname__}"}],
     }
 
 
@@ -217,7 +224,10 @@ def main(args: Sequence[str] | None = None) -> None:
         _extra_commands()[argv[0]](argv[1:])
         return
     show_package_info_logs()
-    run_cli(argv)
+    with exit_on_signals():  # a signal before the first step ends the run at once (nothing to save yet)
+        # The command line's own arguments reach LightningCLI as sys.argv (args=None): given as `args` as well,
+        # LightningCLI warns that both were given.
+        run_cli(None if args is None else argv)
 
 
 if __name__ == "__main__":

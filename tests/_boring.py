@@ -112,6 +112,19 @@ class RankParameters(Callback):
         torch.save({**state, "params": params}, self.dirpath / f"rank{trainer.global_rank}.pt")
 
 
+class BlockAtStep(Callback):
+    """Announces BLOCKED and sleeps at the start of one training batch: a step that takes minutes, as the first
+    compiled step does (torch.compile builds it), in which no step boundary comes."""
+
+    def __init__(self, step: int, seconds: float = 600.0) -> None:
+        self.step, self.seconds = step, seconds
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            print("BLOCKED", flush=True)
+            time.sleep(self.seconds)
+
+
 def make_trainer(root: Path, max_steps: int, devices: int = 1, extra_callbacks=(), **kwargs) -> pl.Trainer:
     root.mkdir(parents=True, exist_ok=True)
     callbacks = [
@@ -177,12 +190,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--slow-save-from", type=int, default=0)
+    parser.add_argument("--block-at-step", type=int, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.slow_save_from:
         slow_saves_from(args.slow_save_from)
     pl.seed_everything(7, verbose=False)
-    trainer = make_trainer(args.root, args.max_steps, devices=args.devices)
+    blocks = [] if args.block_at_step is None else [BlockAtStep(args.block_at_step)]
+    trainer = make_trainer(args.root, args.max_steps, devices=args.devices, extra_callbacks=blocks)
     trainer.fit(TinyModule(sleep=args.sleep), ckpt_path=args.ckpt_path)
     print("DONE", flush=True)
 

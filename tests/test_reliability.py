@@ -168,3 +168,73 @@ class TestDeviceOptions:
     def test_cpu_options_pass(self, strategy: str, recwarn) -> None:
         check_device_options(accelerator="cpu", strategy=strategy, precision="32-true")
         assert not [w for w in recwarn if "slower" in str(w.message)]
+
+
+def _stopped(process: subprocess.Popen) -> tuple[str, str]:
+    """The process's output once it ended; a process still running after a minute is a hang: killed, and a failure.
+    (A minute, not seconds: the machine may be loaded. A process that waited for a step boundary would sleep 600 s.)"""
+    try:
+        return process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"still running a minute after the signal: {out[-1000:]} {err[-2000:]}") from None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_before_the_first_step_ends_the_run_now_with_a_message(tmp_path: Path, signum: int) -> None:
+    """The first step takes minutes (a compiled step being built): no step boundary comes to save at, and nothing
+    is there to save, so the process ends at once with exit status 128 + signum, as a shell reports a signal."""
+    process = _start([str(tmp_path), "--max-steps", "5", "--block-at-step", "0"])
+    _wait_for(process, "BLOCKED")
+    process.send_signal(signum)
+    out, err = _stopped(process)
+    assert process.returncode == 128 + signum, err[-2000:]
+    assert f"Received {signal.Signals(signum).name} before the first optimizer step: stopping now" in err
+    assert "STEP" not in out and not (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_second_signal_ends_the_run_at_once_even_in_a_step_that_does_not_end(tmp_path: Path) -> None:
+    """After the first step a signal asks for a checkpoint at the step's end; a second one must not wait for it."""
+    process = _start([str(tmp_path), "--max-steps", "50", "--block-at-step", "3"])
+    _wait_for(process, "BLOCKED")
+    process.send_signal(signal.SIGTERM)
+    for line in process.stderr:  # the first signal is acknowledged: the checkpoint waits for the end of the step
+        if line.startswith("Received SIGTERM: saving"):
+            break
+    process.send_signal(signal.SIGTERM)
+    _stopped(process)
+    assert process.returncode == -signal.SIGTERM  # ended by the signal itself, as the OS ends a process
+    assert _boring.read_losses(tmp_path) and max(_boring.read_losses(tmp_path)) == 3  # it never finished step 4
+
+
+BLOCKED_PREPARE = """
+import sys, time
+import lit_transformer.data.language_modeling as language_modeling
+
+def blocked(*args, **kwargs):  # a corpus that takes minutes to prepare
+    print("BLOCKED", flush=True)
+    time.sleep(600)
+
+language_modeling.prepare_corpus = blocked
+from lit_transformer.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_fit_prepares_data_ends_the_command_with_a_message(tmp_path: Path, signum: int) -> None:
+    script = tmp_path / "fit_blocked.py"
+    script.write_text(BLOCKED_PREPARE)
+    config = REPO / "configs" / "presets" / "tiny.yaml"
+    args = ["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
+    args += ["--checkpoint.dirpath", str(tmp_path / "checkpoints"), "--data.init_args.cache_dir", str(tmp_path / "c")]
+    process = subprocess.Popen(
+        [sys.executable, str(script), *args], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    _wait_for(process, "BLOCKED")
+    process.send_signal(signum)
+    _, err = _stopped(process)
+    assert process.returncode == 128 + signum, err[-2000:]
+    assert f"Received {signal.Signals(signum).name} before training started: stopping now" in err

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
+from .workers import spawn_guard
+
 CACHE_ENV = "LIT_TRANSFORMER_CACHE"
 
 
@@ -57,7 +59,7 @@ def hash_file(path: str | os.PathLike) -> str:
 def locked(path: Path):
     """Hold an inter-process lock beside `path` (so only one process builds a cache entry)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
+    with spawn_guard(), FileLock(str(path) + ".lock"):  # a worker re-importing an unguarded script: an error
         yield
 
 
