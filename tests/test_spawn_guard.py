@@ -17,10 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 FIX = "wrap your script's entry point in `if __name__ == '__main__':`"
 
 PREPARE = """
-import lit_transformer.data.shards as shards
+import lit_transformer.data.preparation as preparation
 from lit_transformer.data import LanguageModelingDataModule
 
-shards.POOL_MIN_BYTES = 0  # tokenize this small corpus in worker processes, as a corpus from 16 MB on is
+preparation.POOL_MIN_BYTES = 0  # tokenize this small corpus in worker processes, as a corpus from 16 MB on is
 data = LanguageModelingDataModule(dataset={corpus!r}, tokenizer="char", vocab_size=64, block_size=16, cache_dir={cache!r})
 data.prepare_data()
 print("PREPARED", len(data._prepared()["train"]), flush=True)

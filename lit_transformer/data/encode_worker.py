@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 
 import numpy as np
 
@@ -17,6 +18,8 @@ _tokenizers: list = []
 
 def init(*tokenizer_jsons: str) -> None:
     """Load the tokenizers (one, or a translation's source and target) once per worker."""
+    # Ctrl-C reaches the whole process group: the parent stops the run and says why; a worker's traceback says nothing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     from tokenizers import Tokenizer
 
