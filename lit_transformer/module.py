@@ -145,13 +145,10 @@ class LitTransformer(L.LightningModule):
             if scope == "blocks":
                 compile_blocks(self.model, mode=mode)
             else:
-                # The forward and the loss in one graph, so the (tokens, vocabulary) logits' cast, log-softmax and
-                # gather fuse; a function, not a wrapped module, so parameter names and checkpoints are unchanged.
-                # Fixed-shape batches (language-model blocks) keep a static graph; token-budget batches change
-                # shape at each step: one graph marked dynamic from the first batch serves them all.
-                self._compiled_sums = CompiledStep(
-                    self._training_sums, mode, self.task.fullgraph, dynamic=not self.task.static_shapes
-                )
+                # The forward and the loss in one graph (the logits' cast, log-softmax and gather fuse), as a function:
+                # parameter names and checkpoints are unchanged. Batches of varying shape share one dynamic graph.
+                dynamic = not self.task.static_shapes
+                self._compiled_sums = CompiledStep(self._training_sums, mode, self.task.fullgraph, dynamic)
         self._parallelized = True
 
     def setup(self, stage: str) -> None:
