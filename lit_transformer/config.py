@@ -530,4 +530,3 @@ class GenerationConfig:
         Overrides with the value None are ignored, so CLI flags left unset keep the defaults."""
         base = cls(**task.generation_defaults)
         return base.replace(**{name: value for name, value in overrides.items() if value is not None})
-
