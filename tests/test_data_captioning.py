@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from lit_transformer.data.captioning import CaptioningDataModule, target_batch
+from lit_transformer.data.captioning import CaptioningDataModule
 from lit_transformer.data.digits import DIGIT_WORDS, digit_scans, digit_strips, scan_split
+from lit_transformer.data.pairs import target_batch
 from lit_transformer.data.sources import OfflineError
 
 

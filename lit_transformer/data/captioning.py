@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..tasks.losses import IGNORE_INDEX
 from .cache import resolve_cache_dir
 from .common import SingleTokenizer
 from .digits import digit_strips
 from .encoding import token_ids
+from .pairs import target_batch
 from .sources import SPLIT_ALIASES, ensure_online
 from .splits import carve, hash_bucket
 from .tokenizer import load_or_train_tokenizer
@@ -359,17 +359,3 @@ def _feature_file(folder: Path, stem: str) -> Path:
         if (folder / f"{stem}{suffix}").is_file():
             return folder / f"{stem}{suffix}"
     raise FileNotFoundError(f"no features for image {stem!r} in {folder}: expected {stem}.npy or {stem}.safetensors")
-
-
-def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id: int) -> dict[str, torch.Tensor]:
-    """The decoder's side of a batch: tgt_in is bos then the tokens, labels the tokens then eos (IGNORE_INDEX at
-    padding), tgt_mask True on real positions; the mask comes from the lengths, never from a token id."""
-    width = max(map(len, rows)) + 1
-    tgt_in = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-    for b, row in enumerate(rows):
-        t = torch.tensor(list(row), dtype=torch.long)
-        tgt_in[b, 0], tgt_in[b, 1 : len(t) + 1] = bos_id, t
-        labels[b, : len(t)], labels[b, len(t)] = t, eos_id
-    tgt_mask = torch.arange(width)[None, :] <= torch.tensor([len(r) for r in rows])[:, None]
-    return {"tgt_in": tgt_in, "labels": labels, "tgt_mask": tgt_mask}

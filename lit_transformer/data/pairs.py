@@ -36,6 +36,20 @@ from .streaming import Source, SplitStream, columns_of, records
 # ---------------------------------------------------------------------------------------------------- batches
 
 
+def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id: int) -> dict[str, torch.Tensor]:
+    """The decoder's side of a batch (translation, captioning): tgt_in is bos then the tokens, labels the tokens then
+    eos (IGNORE_INDEX at padding), tgt_mask True on real positions; the mask comes from the lengths, never a token id."""
+    width = max(map(len, rows)) + 1
+    tgt_in = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    for b, row in enumerate(rows):
+        t = torch.as_tensor(np.asarray(row, dtype=np.int64))
+        tgt_in[b, 0], tgt_in[b, 1 : len(t) + 1] = bos_id, t
+        labels[b, : len(t)], labels[b, len(t)] = t, eos_id
+    tgt_mask = torch.arange(width)[None, :] <= torch.tensor([len(r) for r in rows])[:, None]
+    return {"tgt_in": tgt_in, "labels": labels, "tgt_mask": tgt_mask}
+
+
 def collate_pairs(
     srcs: Sequence[np.ndarray],
     tgts: Sequence[np.ndarray],
@@ -44,23 +58,14 @@ def collate_pairs(
     eos_id: int,
     texts: tuple[list[str], list[str]] | None = None,
 ) -> dict:
-    """A padded batch: src is the source then eos; tgt_in is bos then the target; labels the target then eos, -100
-    at padding; the masks are built from the lengths, never inferred from a token id."""
-    batch_size, src_len, tgt_len = len(srcs), max(map(len, srcs)) + 1, max(map(len, tgts)) + 1
+    """A padded batch: src is the source then eos, with its mask from the lengths; the target side is target_batch."""
+    batch_size, src_len = len(srcs), max(map(len, srcs)) + 1
     src = torch.full((batch_size, src_len), pad_id, dtype=torch.long)
-    tgt_in = torch.full((batch_size, tgt_len), pad_id, dtype=torch.long)
-    labels = torch.full((batch_size, tgt_len), IGNORE_INDEX, dtype=torch.long)
-    for b, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
-        s, t = torch.from_numpy(s.astype(np.int64)), torch.from_numpy(t.astype(np.int64))
-        src[b, : len(s)] = s
+    for b, s in enumerate(srcs):
+        src[b, : len(s)] = torch.from_numpy(s.astype(np.int64))
         src[b, len(s)] = eos_id
-        tgt_in[b, 0] = bos_id
-        tgt_in[b, 1 : len(t) + 1] = t
-        labels[b, : len(t)] = t
-        labels[b, len(t)] = eos_id
     src_mask = torch.arange(src_len)[None, :] <= torch.tensor([len(s) for s in srcs])[:, None]
-    tgt_mask = torch.arange(tgt_len)[None, :] <= torch.tensor([len(t) for t in tgts])[:, None]
-    batch = {"src": src, "tgt_in": tgt_in, "labels": labels, "src_mask": src_mask, "tgt_mask": tgt_mask}
+    batch = {"src": src, "src_mask": src_mask, **target_batch(tgts, pad_id, bos_id, eos_id)}
     if texts is not None:
         batch["src_text"], batch["ref_text"] = list(texts[0]), list(texts[1])
     return batch
