@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lit_transformer.tasks.base import STAGES
+from lit_transformer.tasks.base import STAGES, token_labels
 from lit_transformer.tasks.translation import Translation
 
 
@@ -100,7 +100,7 @@ class Captioning(Translation):
         return [{"image": name, "caption": c} for name, c in zip(batch["image"], captions, strict=True)]
 
     def samples(self, module: Any, callback: Any, first_batch) -> list[str]:
-        return []  # the captions are shown with their images (epoch_end)
+        return []  # not translation's text samples: the captions are shown with their images (epoch_end)
 
     def attention(self, module: Any, batch: dict[str, Any], max_tokens: int) -> tuple[dict, dict]:
         """The caption decoder's self-attention (words on both axes); the cross-attention is drawn over the image."""
@@ -112,8 +112,6 @@ class Captioning(Translation):
             src_mask=None if mask is None else mask[:1].to(module.device),
             return_attention=True,
         )
-        from lit_transformer.tasks.base import token_labels
-
         words = token_labels(module.target_tokenizer, tgt)
         return {"self": attentions["self"]}, {"self": (words, words)}
 
