@@ -58,6 +58,7 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("schedule_cache")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulate", [1, 2])
 @pytest.mark.parametrize("schedule", typing.get_args(ScheduleName))
 def test_the_optimizer_sees_the_schedules_formula(schedule: str, accumulate: int, cache: Path, tmp_path: Path):
