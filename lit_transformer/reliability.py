@@ -469,7 +469,7 @@ def check_device_options(accelerator: Any = "auto", strategy: Any = "auto", prec
 # What gloo, NCCL and the c10d store say when the other end of a collective died (its sockets closed) or hung (no
 # answer within the process group's timeout).
 _PEER_DIED = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Connection refused|remote process exited", re.I)
-_PEER_HUNG = re.compile(r"Timed out|timeout|Watchdog caught collective operation", re.I)
+_PEER_HUNG = re.compile(r"Timed out waiting|collective operation timeout|Timed out initializing", re.I)
 _PROBE = "lit_transformer/alive"
 
 
@@ -485,7 +485,7 @@ def lost_peer_message(error: BaseException, trainer: pl.Trainer, probe_s: float 
         return None
     text = str(error)
     died = bool(_PEER_DIED.search(text))
-    if not died and not (_PEER_HUNG.search(text) or isinstance(error, dist.DistError)):
+    if not died and not _PEER_HUNG.search(text):
         return None
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:

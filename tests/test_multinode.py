@@ -406,3 +406,25 @@ def test_a_fit_under_torchrun_with_restarts_resumes_from_the_last_checkpoint_if_
     assert resume_after_restart("other.ckpt", tmp_path) == "other.ckpt"  # what the command asks for wins
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
     assert resume_after_restart(None, tmp_path) is None  # torchrun without restarts: as the command says
+
+
+def test_with_more_than_two_ranks_the_lost_ones_are_those_that_do_not_check_in(monkeypatch) -> None:
+    """Rank 0 of 4, where ranks 2 checked in (and read its answer) and 1 and 3 never do: 1 and 3 are named; a store
+    that does not answer (its host is gone) gives None."""
+    import threading
+
+    from torch.distributed import TCPStore, distributed_c10d
+
+    from lit_transformer.reliability import _PROBE, _silent_ranks
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: store)
+    store.set(f"{_PROBE}/2", "1")
+    threading.Timer(0.3, lambda: store.set(f"{_PROBE}/2/done", "1")).start()
+    assert _silent_ranks(0, 4, probe_s=1.0) == [1, 3]
+
+    def gone():
+        raise RuntimeError("Connection refused")
+
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", gone)
+    assert _silent_ranks(1, 4, probe_s=1.0) is None
