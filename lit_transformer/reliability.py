@@ -469,7 +469,9 @@ def check_device_options(accelerator: Any = "auto", strategy: Any = "auto", prec
 # What gloo, NCCL and the c10d store say when the other end of a collective died (its sockets closed) or hung (no
 # answer within the process group's timeout).
 _PEER_DIED = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Connection refused|remote process exited", re.I)
-_PEER_HUNG = re.compile(r"Timed out waiting|collective operation timeout|Timed out initializing", re.I)
+_PEER_HUNG = re.compile(
+    r"Timed out waiting|timeout caused pair closure|collective operation timeout|Timed out initializing", re.I
+)
 _PROBE = "lit_transformer/alive"
 
 
