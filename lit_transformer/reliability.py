@@ -509,11 +509,12 @@ def lost_peer_message(error: BaseException, trainer: pl.Trainer, probe_s: float 
         + ": it hung, was stopped or is unreachable"
     )
     last = _last_checkpoint(trainer)
-    resume = (
-        f"To resume from {last}, run the same command again on every node with --ckpt_path last"
-        if last is not None
-        else "No checkpoint was saved yet: run the same command again on every node"
-    )
+    if last is None:
+        resume = "No checkpoint was saved yet: run the same command again on every node"
+    elif _torchrun_restarts():
+        resume = f"While --max-restarts allows, torchrun restarts the workers and they resume from {last} by themselves"
+    else:
+        resume = f"To resume from {last}, run the same command again on every node with --ckpt_path last"
     return f"Lost {who} of {world} at step {trainer.global_step}: {why}. {resume}."
 
 
@@ -552,6 +553,11 @@ def _last_checkpoint(trainer: pl.Trainer) -> Path | None:
     return None
 
 
+def _torchrun_restarts() -> bool:
+    """Whether torchrun started this worker with --max-restarts above 0."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+
+
 def resume_after_restart(ckpt_path: str | None, dirpath: str | Path | None) -> str | None:
     """The checkpoint a fit resumes from: "last" when torchrun may restart the workers (--max-restarts above 0), no
     checkpoint was asked for and the run's checkpoint folder holds a last.ckpt; else `ckpt_path` as given.
@@ -559,7 +565,7 @@ def resume_after_restart(ckpt_path: str | None, dirpath: str | Path | None) -> s
     Not TORCHELASTIC_RESTART_COUNT > 0: torchrun counts only the restarts of a node whose own worker failed (a node
     restarted because another left keeps its count), so the nodes would disagree on whether to resume. The run's
     own last.ckpt is what every node sees alike; a new run under --max-restarts needs a new checkpoint folder."""
-    if ckpt_path is not None or not dirpath or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) < 1:
+    if ckpt_path is not None or not dirpath or not _torchrun_restarts():
         return ckpt_path
     last = Path(dirpath) / "last.ckpt"
     if not last.is_file():
