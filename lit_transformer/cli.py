@@ -14,6 +14,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import docstring_parser
@@ -39,6 +40,8 @@ from lit_transformer.reliability import (
     StepSeed,
     check_device_options,
     exit_on_signals,
+    lost_peer_message,
+    resume_after_restart,
 )
 
 # Field docstrings of TransformerConfig become --help text.
@@ -67,6 +70,10 @@ def _parse_once(parse: Callable) -> Callable:
 
 if not hasattr(docstring_parser.parse_from_object, "__wrapped__"):
     docstring_parser.parse_from_object = _parse_once(docstring_parser.parse_from_object)
+
+# How long a collective (all-reduce, barrier) waits for a peer before the run fails: a hung or unreachable node ends
+# the others within this, not torch's 30 minutes. Data preparation waits without limit (Lightning's own barrier).
+COLLECTIVE_TIMEOUT_S = 600.0
 
 # What the tokenizer decides, the model config must follow: linked once the DataModule exists.
 TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id")
@@ -113,6 +120,13 @@ class TransformerCLI(LightningCLI):
         parser.add_lightning_class_args(AttentionMaps, "attention")
         parser.add_lightning_class_args(TokenThroughputMonitor, "throughput")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
+        parser.add_argument(
+            "--collective_timeout",
+            type=float | None,
+            default=COLLECTIVE_TIMEOUT_S,
+            help="Seconds a collective waits for a peer (another process or node) before the run fails with one line "
+            "naming the lost rank; None keeps the strategy's own (torch's 30 minutes).",
+        )
 
     def before_instantiate_classes(self) -> None:
         trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
@@ -132,7 +146,24 @@ class TransformerCLI(LightningCLI):
         if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in given):
             callbacks = [*callbacks, ModelSummaryWithoutFlops()]
             config = {**config, "enable_model_summary": False}  # the default's place is taken, without a notice
-        return super()._instantiate_trainer(config, callbacks)
+        trainer = super()._instantiate_trainer(config, callbacks)
+        timeout = (self.config[self.subcommand] if self.subcommand else self.config).get("collective_timeout")
+        if timeout is not None and hasattr(trainer.strategy, "_timeout"):  # what init_process_group is given
+            trainer.strategy._timeout = timedelta(seconds=timeout)
+        return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """A collective that fails because a peer died or hung ends this process with one line (which rank was
+        lost, how to resume) and exit status 1, not a traceback from inside gloo or NCCL."""
+        try:
+            super()._run_subcommand(subcommand)
+        except RuntimeError as error:
+            message = lost_peer_message(error, self.trainer)
+            if message is None:
+                raise
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+            raise SystemExit(1) from None
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
@@ -140,6 +171,9 @@ class TransformerCLI(LightningCLI):
         wrong, and nothing in it ever runs), and keep the command line's `generation` and `quantize`: how to decode is
         chosen per run (`predict --model.generation.temperature 0`), not inherited from training."""
         subcommand = self.config.get("subcommand")
+        if subcommand == "fit":  # restarted by torchrun (--max-restarts): go on from the run's last checkpoint
+            dirpath = (self.config.fit.get("checkpoint") or {}).get("dirpath")
+            self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
