@@ -22,7 +22,7 @@ from pathlib import Path
 import docstring_parser
 import jsonargparse
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_transformer.callbacks import (
@@ -34,6 +34,7 @@ from lit_transformer.callbacks import (
     TokenThroughputMonitor,
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
+from lit_transformer.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import (
     NonFiniteLossGuard,
@@ -135,6 +136,10 @@ class TransformerCLI(LightningCLI):
         given = [*callbacks, *(existing if isinstance(existing, list) else [existing])]
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks = [*callbacks, SyncFreeProgressBar()]
+        # Lightning's default summary shows a FLOPs column of zeros: ours leaves it out (see console.py).
+        if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in given):
+            callbacks = [*callbacks, ModelSummaryWithoutFlops()]
+            config = {**config, "enable_model_summary": False}  # the default's place is taken, without a notice
         return super()._instantiate_trainer(config, callbacks)
 
     def _parse_ckpt_path(self) -> None:
@@ -291,6 +296,7 @@ def show_package_info_logs() -> None:
 
 def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
+    quiet_dependencies()
     if argv and argv[0] in ("generate", "translate", "export", "prepare", "average"):
         _extra_commands()[argv[0]](argv[1:])
         return
