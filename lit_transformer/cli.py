@@ -10,7 +10,10 @@ python -m lit_transformer average --checkpoints runs/en-es/checkpoints --last 5 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
+import inspect
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -80,6 +83,9 @@ TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token
 # What the data decides of the architecture: the number of classes (None for language-model and translation data).
 # What it decides of the task (label names, multi_label, bits per character, ...) the task reads itself (Task.reads).
 DATA_LINKS = ("num_labels",)
+# The run folder is one value, trainer.default_root_dir: the TensorBoard logger's save_dir and the checkpoints' dirpath
+# default to this placeholder, which resolve_run_folder replaces by it. A value given explicitly is kept.
+RUN_FOLDER = "${trainer.default_root_dir}"
 
 
 class TransformerCLI(LightningCLI):
@@ -98,7 +104,7 @@ class TransformerCLI(LightningCLI):
         parser.link_arguments("checkpoint.dirpath", "best_checkpoint.dirpath")
         parser.set_defaults(
             {
-                "checkpoint.dirpath": "checkpoints",
+                "checkpoint.dirpath": f"{RUN_FOLDER}/checkpoints",
                 "checkpoint.monitor": None,
                 "checkpoint.save_last": True,
                 "checkpoint.save_top_k": 0,
@@ -129,6 +135,8 @@ class TransformerCLI(LightningCLI):
         )
 
     def before_instantiate_classes(self) -> None:
+        resolve_run_folder(self.config[self.subcommand] if self.subcommand else self.config)
+        link_context_length(self.config[self.subcommand] if self.subcommand else self.config, self.subcommand)
         trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
         strategy = trainer.strategy
         if not isinstance(strategy, str):  # a {class_path, init_args} mapping
@@ -175,6 +183,8 @@ class TransformerCLI(LightningCLI):
             dirpath = (self.config.fit.get("checkpoint") or {}).get("dirpath")
             self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if subcommand:
+            resolve_run_folder(self.config[subcommand])
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
             path = Path(dirpath) / "last.ckpt" if dirpath and (Path(dirpath) / "last.ckpt").is_file() else None
@@ -192,10 +202,71 @@ class TransformerCLI(LightningCLI):
                 raise
 
 
+def resolve_run_folder(config) -> None:
+    """Put trainer.default_root_dir (the working directory when unset) wherever RUN_FOLDER stands: the logger's
+    save_dir, the checkpoint folders. So `--trainer.default_root_dir DIR` alone moves logs, TensorBoard and
+    checkpoints into DIR, while `--checkpoint.dirpath X` or `--trainer.logger.init_args.save_dir X` still win."""
+    root = str(config.trainer.get("default_root_dir") or ".")
+
+    def resolve(value):
+        return value.replace(RUN_FOLDER, root) if isinstance(value, str) and RUN_FOLDER in value else value
+
+    logger = config.trainer.get("logger")
+    for spec in logger if isinstance(logger, list) else [logger]:
+        init_args = getattr(spec, "init_args", None)
+        if init_args is not None and "save_dir" in init_args:
+            init_args.save_dir = resolve(init_args.save_dir)
+    for group in ("checkpoint", "best_checkpoint", "preemption"):
+        if config.get(group) is not None and "dirpath" in config[group]:
+            config[group].dirpath = resolve(config[group].dirpath)
+
+
+def _default(owner: Callable | type, name: str) -> object:
+    if dataclasses.is_dataclass(owner):
+        field = {f.name: f for f in dataclasses.fields(owner)}.get(name)
+        return field.default if field is not None else inspect.Parameter.empty
+    parameter = inspect.signature(owner).parameters.get(name)
+    return parameter.default if parameter is not None else inspect.Parameter.empty
+
+
+def link_context_length(config, subcommand: str | None) -> None:
+    """The model's context (model.config.max_seq_len) and the data's (data.init_args.block_size, where the data has
+    one) are one value: the one given sets the other; given both, `fit` needs them equal. (validate/test may read
+    longer blocks than the model was trained on: that is how length extrapolation is measured.)"""
+    from lit_transformer.config import TransformerConfig
+
+    data, model = config.get("data"), config.get("model")
+    init_args = getattr(data, "init_args", None)
+    if init_args is None or "block_size" not in init_args or model is None or model.get("config") is None:
+        return
+    try:
+        module, _, name = str(data.class_path).rpartition(".")
+        block_default = _default(getattr(importlib.import_module(module), name), "block_size")
+    except (ImportError, AttributeError, ValueError):
+        return
+    block, context = init_args.block_size, model.config.max_seq_len
+    block_given = block != block_default
+    context_given = context != _default(TransformerConfig, "max_seq_len")
+    if block_given and not context_given:
+        model.config.max_seq_len = block
+    elif context_given and not block_given:
+        init_args.block_size = context
+    elif block != context and subcommand == "fit":
+        raise ValueError(
+            f"data.init_args.block_size={block} and model.config.max_seq_len={context} disagree: the model trains on "
+            "blocks of its context length. Give one of them (the other follows) or the same value to both"
+        )
+
+
 def _trainer_defaults() -> dict:
     # Every checkpoint is written atomically: a crash at any moment leaves the previous one loadable.
     return {
         "callbacks": [LearningRateLogger()],
+        # TensorBoard in <run folder>/tensorboard/version_N (resolve_run_folder fills in the run folder).
+        "logger": {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": RUN_FOLDER, "name": "tensorboard"},
+        },
         # A class path, not an instance: the run's saved config.yaml can name it (an instance is "Unable to serialize").
         "plugins": [{"class_path": f"{AtomicCheckpointIO.__module__}.{AtomicCheckpointIO.__qualname__}"}],
     }
