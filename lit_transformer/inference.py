@@ -104,8 +104,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
         config = config_from_checkpoint(checkpoint)
     except ValueError as error:
         raise CheckpointError(f"{path}: {error}") from None
-    model = Transformer(config)
-    load_model_state(model, checkpoint, current=config, prefix="model.")
+    if "lora" in checkpoint:  # adapters: the base read again from init_from, checked, and the adapters merged in
+        from lit_transformer.lora import load_adapted
+
+        model = load_adapted(checkpoint, config, str(path))
+    else:
+        model = Transformer(config)
+        load_model_state(model, checkpoint, current=config, prefix="model.")
     if "tokenizer" not in checkpoint:
         raise CheckpointError(f"{path} holds no tokenizer: it was saved without a DataModule; retrain with one")
     tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])

@@ -1,7 +1,8 @@
 """`init_from`: the weights a run starts from, read once when the LightningModule is built.
 
-A Hugging Face GPT-2 folder (or hub name), a Marian folder (an OPUS-MT download, or `export --format hf` of an
-encoder-decoder), or a .ckpt of an encoder (a masked LM or a classifier) for an encoder_only model. The checkpoint's
+A Hugging Face GPT-2 or Llama folder (or hub name), a Marian folder (an OPUS-MT download, or `export --format hf` of an
+encoder-decoder), a .ckpt of an encoder (a masked LM or a classifier) for an encoder_only model under a new head, or
+any other .ckpt of ours (a LoRA one merged), whose whole model continues. The checkpoint's
 or folder's tokenizer, when it names one, must be the one this run's data uses: `check_same_tokenizer`.
 """
 
@@ -43,13 +44,45 @@ def load_init_from(init_from: str, config: TransformerConfig) -> tuple[Transform
     """The model to start from (in train mode; its config is the resolved architecture) and the tokenizer JSON the
     data must use (None where the source does not name one: a GPT-2 folder's is checked by the data's own link)."""
     if str(init_from).endswith(".ckpt"):
-        return load_pretrained_encoder(init_from, config)
-    from lit_transformer.interop import load_hf_gpt2
+        if config.is_encoder_only:
+            return load_pretrained_encoder(init_from, config)
+        return load_checkpoint_model(init_from, config)
+    from lit_transformer.interop import load_hf_gpt2, load_hf_llama
     from lit_transformer.interop.hf_marian import is_marian_folder, load_hf_marian, marian_tokenizer_json
 
     if is_marian_folder(init_from):  # the encoder-decoder, and the tokenizer this run's data must use
         return load_hf_marian(init_from, base=config).train(), marian_tokenizer_json(init_from)
+    if _model_type(init_from) == "llama":
+        return load_hf_llama(init_from, base=config).train(), None
     return load_hf_gpt2(init_from, base=config).train(), None
+
+
+def _model_type(init_from: str) -> str | None:
+    from pathlib import Path
+
+    path = Path(init_from) / "config.json"
+    return json.loads(path.read_text()).get("model_type") if path.is_file() else None
+
+
+# What a run chooses of a continued checkpoint's model: how it trains, not what it is.
+TRAINING_FIELDS = ("dropout", "attention_dropout", "classifier_dropout")
+
+
+def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
+    """The whole model of one of our checkpoints (a LoRA checkpoint's merged), to continue training it, with this
+    run's dropout; and its tokenizer (JSON), which the data must use."""
+    from lit_transformer.inference import load_model
+
+    loaded = load_model(path)
+    if loaded.config.topology != config.topology:
+        raise ValueError(
+            f"init_from {path} holds a {loaded.config.topology} model; this run's model.config.topology is "
+            f"{config.topology}: set it to {loaded.config.topology}"
+        )
+    resolved = loaded.config.replace(**{name: getattr(config, name) for name in TRAINING_FIELDS})
+    model = Transformer(resolved)
+    model.load_state_dict(loaded.model.state_dict())
+    return model.train(), loaded.tokenizer.to_str()
 
 
 def _same_segmentation(tokenizer_json: str, other_json: str) -> bool:
