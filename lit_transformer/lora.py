@@ -81,8 +81,12 @@ def target_names(model: nn.Module, targets: Iterable[str]) -> list[str]:
         if isinstance(module, nn.Linear) and name.startswith(("encoder_blocks.", "decoder_blocks."))
     ]
     chosen = [name for name in linear if any(name == t or name.endswith("." + t) for t in targets)]
-    unmatched = [t for t in targets if not any(name == t or name.endswith("." + t) for name in linear)]
-    if unmatched:
+    # The model's own names that a topology lacks (cross-attention's q and kv in a decoder-only model) are fine.
+    unmatched = [
+        t for t in targets if t not in ATTENTION + FEED_FORWARD and not any(n == t or n.endswith("." + t) for n in linear)
+    ]
+    if unmatched or not chosen:
+        unmatched = unmatched or targets
         endings = sorted({name.split(".", 2)[-1] for name in linear})
         raise ValueError(
             f"lora.target_modules {unmatched} name no Linear layer of this model's blocks; its blocks have "
