@@ -83,7 +83,9 @@ def target_names(model: nn.Module, targets: Iterable[str]) -> list[str]:
     chosen = [name for name in linear if any(name == t or name.endswith("." + t) for t in targets)]
     # The model's own names that a topology lacks (cross-attention's q and kv in a decoder-only model) are fine.
     unmatched = [
-        t for t in targets if t not in ATTENTION + FEED_FORWARD and not any(n == t or n.endswith("." + t) for n in linear)
+        t
+        for t in targets
+        if t not in ATTENTION + FEED_FORWARD and not any(n == t or n.endswith("." + t) for n in linear)
     ]
     if unmatched or not chosen:
         unmatched = unmatched or targets
@@ -255,7 +257,9 @@ def load_adapted(checkpoint: dict[str, Any], config: Any, path: str = "The check
     try:
         model, _ = load_init_from(base, config)
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path} holds LoRA adapters for the base {base}, which cannot be read: {error}") from None
+        raise CheckpointError(
+            f"{path} holds LoRA adapters for the base {base}, which cannot be read: {error}"
+        ) from None
     apply_lora(model, options, new_parameters(model, base))
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     checkpoint = {**checkpoint, "state_dict": dict(checkpoint["state_dict"])}

@@ -117,8 +117,8 @@ def score_in_transformers(cli, folder: str, checkpoint: Path) -> dict:
     import torch
     import transformers
 
-    from lit_transformer.interop import export
     from lit_transformer.inference import load_model
+    from lit_transformer.interop import export
 
     export(load_model(checkpoint), "hf", folder)
     hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
@@ -255,8 +255,8 @@ def main() -> None:
     _write(args.json, results)
 
     # 3. An imported model: our Shakespeare model as a Hugging Face GPT-2 folder, LoRA through init_from, and back.
-    from lit_transformer.interop import export
     from lit_transformer.inference import load_model
+    from lit_transformer.interop import export
 
     folder = work / "hf_shakespeare"
     export(load_model(base_ckpt), "hf", folder)

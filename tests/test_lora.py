@@ -128,8 +128,16 @@ CASES = {
     "language_modeling": ({**GPT2}, {}, None),
     "translation": ({**PAPER}, {}, "translation"),
     "captioning": (
-        {"topology": "encoder_decoder", "source": "patches", "image_size": (8, 16), "patch_size": 4,
-         "image_channels": 1, "positions": "sinusoidal"}, {}, "captioning",
+        {
+            "topology": "encoder_decoder",
+            "source": "patches",
+            "image_size": (8, 16),
+            "patch_size": 4,
+            "image_channels": 1,
+            "positions": "sinusoidal",
+        },
+        {},
+        "captioning",
     ),  # fmt: skip
     "masked_lm": ({"topology": "encoder_only", "head": "masked_lm", "mask_token_id": 3}, {}, "masked_lm"),
     "classification": (
