@@ -85,7 +85,8 @@ class LitTransformer(L.LightningModule):
             init_from: Weights to start from (see lit_transformer.interop.pretrained): a Hugging Face GPT-2 or
                 Marian folder (its tokenizer then the data's: --data.init_args.tokenizer DIR/tokenizer.json), or an
                 encoder's .ckpt (a masked LM or classifier) under a new head. Read once: the hyperparameters record
-                the resolved config and init_from=None, so loading or resuming never reads it again.
+                the resolved config and init_from=None, so loading or resuming never reads it again (except with
+                lora: its checkpoints hold no base weights).
             quantize: int8: `validate`, `test` and `predict` run dynamic int8 Linear layers (CPU only), e.g.
                 `predict --ckpt_path C --model.quantize int8`; `fit` refuses it.
             lora: Fine-tune low-rank adapters (peft's LoRA) on init_from's weights, which stay frozen (see
@@ -211,6 +212,10 @@ class LitTransformer(L.LightningModule):
         from lit_transformer.quantization import is_quantized, quantize_int8
 
         if not is_quantized(self.model):
+            if self._lora_record is not None:  # int8 layers take plain Linear weights: the adapters merged in
+                from lit_transformer.lora import merged
+
+                merged(self.model)
             quantize_int8(self.model, inplace=True)
 
     def on_validation_start(self) -> None:
