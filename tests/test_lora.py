@@ -271,6 +271,8 @@ def test_every_language_model_command_runs_from_a_lora_checkpoint(lm_runs: Path,
     for command in ("validate", "test"):
         out = _cli(command, *common, "--ckpt_path", str(ckpt), cwd=tmp_path).stdout
         assert f"{'val' if command == 'validate' else 'test'}/loss" in out
+    int8 = _cli("validate", *common, "--ckpt_path", str(ckpt), "--model.quantize", "int8", cwd=tmp_path).stdout
+    assert "val/loss" in int8  # int8 layers over the merged weights
     (tmp_path / "prompts.txt").write_text("ROMEO:\nJULIET:\n")
     predict = ["--data.init_args.predict_file", "prompts.txt", "--predictions.output", "out.jsonl"]
     _cli("predict", *common, "--ckpt_path", str(ckpt), *predict, "--model.generation.max_new_tokens", "4", cwd=tmp_path)
