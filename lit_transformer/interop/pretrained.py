@@ -125,7 +125,12 @@ def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Trans
         raise ValueError(f"init_from {path} holds an encoder; this run's model.config.topology must be encoder_only")
     config = config.replace(**{name: getattr(saved, name) for name in ENCODER_FIELDS})
     model = Transformer(config)
-    state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    if "lora" in checkpoint:  # adapters: their base read again and the adapters merged in
+        from lit_transformer.inference import load_model
+
+        state = load_model(path).model.state_dict()
+    else:
+        state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     encoder = {k: v for k, v in state.items() if k.startswith(ENCODER_PREFIXES)}
     missing = [k for k in model.state_dict() if k.startswith(ENCODER_PREFIXES) and k not in encoder]
     if missing:
