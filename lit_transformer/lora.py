@@ -196,16 +196,6 @@ def count(model: nn.Module) -> tuple[int, int]:
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
 
-def new_parameters(model: nn.Module, init_from: str | None) -> set[str]:
-    """Parameters the base does not supply: a new head over an encoder checkpoint (see load_pretrained_encoder)."""
-    config = getattr(model, "config", None)
-    if not init_from or not str(init_from).endswith(".ckpt") or config is None or not config.is_encoder_only:
-        return set()
-    from lit_transformer.interop.pretrained import ENCODER_PREFIXES
-
-    return {n for n, _ in model.named_parameters() if not n.startswith(ENCODER_PREFIXES)}
-
-
 # ---- checkpoints ----------------------------------------------------------------------------------------------
 
 
@@ -244,29 +234,21 @@ def complete_checkpoint(
     checkpoint["state_dict"] = {**full_state, **checkpoint["state_dict"]}
 
 
-def load_adapted(checkpoint: dict[str, Any], config: Any, path: str = "The checkpoint") -> nn.Module:
-    """The plain model of a LoRA checkpoint: its base read again from init_from, the adapters loaded and merged."""
-    from lit_transformer.checkpointing import CheckpointError, load_model_state
-    from lit_transformer.interop.pretrained import load_init_from
+def load_adapted(
+    model: nn.Module, checkpoint: dict[str, Any], new: Iterable[str] = (), path: str = "The checkpoint"
+) -> nn.Module:
+    """`model` (the base, read again from init_from) with a LoRA checkpoint's adapters applied, checked against the
+    base's fingerprint, loaded, and merged: a plain model. `new`: the parameters the base does not supply."""
+    from lit_transformer.checkpointing import load_model_state
 
-    record, hparams = checkpoint["lora"], checkpoint.get("hyper_parameters") or {}
-    options = LoraOptions.of(hparams.get("lora")) or LoraOptions()
-    base = record.get("base")
-    if not base:
-        raise CheckpointError(f"{path} holds LoRA adapters but names no base (init_from) to apply them to")
-    try:
-        model, _ = load_init_from(base, config)
-    except (OSError, ValueError) as error:
-        raise CheckpointError(
-            f"{path} holds LoRA adapters for the base {base}, which cannot be read: {error}"
-        ) from None
-    apply_lora(model, options, new_parameters(model, base))
+    hparams = checkpoint.get("hyper_parameters") or {}
+    apply_lora(model, LoraOptions.of(hparams.get("lora")) or LoraOptions(), new)
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     checkpoint = {**checkpoint, "state_dict": dict(checkpoint["state_dict"])}
     complete_checkpoint(checkpoint, state, fingerprint(model), str(path))
     wrapper = nn.Module()
     wrapper.model = model
-    load_model_state(wrapper, checkpoint, current=config)
+    load_model_state(wrapper, checkpoint, current=getattr(model, "config", None))
     return merged(model).eval()
 
 

@@ -172,8 +172,9 @@ class LitTransformer(L.LightningModule):
         if self.lora is None or self._lora_record is not None:
             return
         from lit_transformer import lora
+        from lit_transformer.interop.pretrained import new_parameters
 
-        self._lora_keys = lora.apply_lora(self.model, self.lora, lora.new_parameters(self.model, self.init_from))
+        self._lora_keys = lora.apply_lora(self.model, self.lora, new_parameters(self.model, self.init_from))
         trainable, total = lora.count(self.model)
         self._lora_record = {"base": self.init_from, "fingerprint": lora.fingerprint(self.model),
                              "trainable_params": trainable, "total_params": total}  # fmt: skip
