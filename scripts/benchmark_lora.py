@@ -188,6 +188,11 @@ def main() -> None:
     parser.add_argument("--full_lr", type=float, default=1e-3, help="full fine-tuning's peak learning rate")
     parser.add_argument("--lora_lr", type=float, default=2e-3, help="LoRA's peak learning rate (lora.yaml's)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--parts", nargs="+", default=["domain", "classification", "imported"],
+        help="which measurements to run; the others are kept from --json (imported reuses the work folder's Shakespeare "
+        "model and Bible files)",
+    )  # fmt: skip
     parser.add_argument("--render", type=Path, default=None, help="print the tables of a written JSON and stop")
     parser.add_argument("--child", type=str, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -201,12 +206,16 @@ def main() -> None:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     log = work / "benchmark.log"
-    results: dict = {
-        "script": "python " + shlex.join([os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
+    results: dict = json.loads(args.json.read_text()) if args.json.is_file() and len(args.parts) < 3 else {}
+    script = "python " + shlex.join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
+    earlier = results.get("scripts") or ([results["script"]] if "script" in results else [])
+    results["scripts"] = [*earlier, script] if len(args.parts) < 3 else [script]
+    results |= {
         "machine": {"cpu": _cpu(), "threads": args.threads, "python": platform.python_version(), **_versions()},
         "note": "a shared 2-core machine: step times and loads are noisy; LoRA and full runs are interleaved",
         "budget": {k: getattr(args, k) for k in ("pretrain_steps", "steps", "mlm_steps", "classify_steps")},
     }
+    results.pop("script", None)
     common = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--samples.prompts", "[]"]
 
     def flags(name: str, steps: int, *extra: str) -> tuple[list[str], str]:
@@ -218,10 +227,19 @@ def main() -> None:
 
     # 1. Shakespeare, then the Bible.
     argv, shakespeare = flags("shakespeare", args.pretrain_steps, "--config", BASE)
-    pretrain = run({"name": "shakespeare", "args": argv, "checkpoint_dir": shakespeare, "threads": args.threads}, log)
-    base_ckpt = Path(shakespeare) / "last.ckpt"
-    bible = work / "bible"
-    write_bible(bible)
+    base_ckpt, bible = Path(shakespeare) / "last.ckpt", work / "bible"
+    if "domain" in args.parts:
+        spec = {"name": "shakespeare", "args": argv, "checkpoint_dir": shakespeare, "threads": args.threads}
+        results["domain_adaptation"] = {"pretraining": run(spec, log), "runs": {}}
+        write_bible(bible)
+        domain(args, results, work, base_ckpt, bible, flags, log)
+    if "classification" in args.parts:
+        classification(args, results, work, flags, log)
+    if "imported" in args.parts:
+        imported(args, results, work, base_ckpt, bible, flags, log)
+
+
+def domain(args, results: dict, work: Path, base_ckpt: Path, bible: Path, flags, log: Path) -> None:
     from lit_transformer.checkpointing import load_checkpoint
 
     tokenizer = work / "shakespeare_tokenizer.json"
@@ -229,7 +247,7 @@ def main() -> None:
     data = ["--data.init_args.dataset", str(bible), "--data.init_args.tokenizer", str(tokenizer)]
     init = ["--model.init_from", str(base_ckpt)]
     warmup = ["--model.optim.warmup_steps", str(max(1, args.steps // 10))]
-    runs = {}
+    runs = results["domain_adaptation"]["runs"]
     argv, _ = flags("bible_none", args.steps, "--config", BASE, *init, *data)
     runs["none"] = run({"name": "bible: no fine-tuning", "args": argv, "fit": False, "threads": args.threads}, log)
     # LoRA and full runs interleaved; lora_r8_ffn adapts the feed-forward layers too (every Linear of the blocks).
@@ -244,10 +262,11 @@ def main() -> None:
                 extra += ["--model.lora.target_modules", "[qkv, out, up, down]"]
         argv, ckpt = flags(f"bible_{name}", args.steps, *extra)
         runs[name] = run({"name": f"bible: {name}", "args": argv, "checkpoint_dir": ckpt, "threads": args.threads}, log)
-    results["domain_adaptation"] = {"pretraining": pretrain, "runs": runs}
     _write(args.json, results)
 
-    # 2. The genre classifier from the masked LM.
+
+def classification(args, results: dict, work: Path, flags, log: Path) -> None:
+    """2. The genre classifier from the masked LM."""
     argv, mlm = flags("mlm", args.mlm_steps, "--config", MLM, "--trainer.limit_val_batches", "5")
     mlm_run = run({"name": "mlm", "args": argv, "checkpoint_dir": mlm, "threads": args.threads}, log)
     clf = {}
@@ -262,20 +281,24 @@ def main() -> None:
     results["classification"] = {"pretraining": mlm_run, "runs": clf}
     _write(args.json, results)
 
-    # 3. An imported model: our Shakespeare model as a Hugging Face GPT-2 folder, LoRA through init_from, and back.
+
+
+def imported(args, results: dict, work: Path, base_ckpt: Path, bible: Path, flags, log: Path) -> None:
+    """3. An imported model: our Shakespeare model as a Hugging Face GPT-2 folder, LoRA through init_from, and back."""
     from lit_transformer.inference import load_model
     from lit_transformer.interop import export
 
     folder = work / "hf_shakespeare"
+    warmup = ["--model.optim.warmup_steps", str(max(1, args.steps // 10))]
     export(load_model(base_ckpt), "hf", folder)
     data = ["--data.init_args.dataset", str(bible), "--data.init_args.tokenizer", str(folder / "tokenizer.json")]
     extra = ["--config", BASE, "--config", LORA, "--model.init_from", str(folder), *data, *warmup]
     extra += ["--model.optim.lr", str(args.lora_lr)]
     argv, ckpt = flags("hf_lora_r8", args.steps, *extra)
     spec = {"name": "imported: lora_r8", "args": argv, "checkpoint_dir": ckpt, "threads": args.threads}
-    imported = run({**spec, "score_hf": str(work / "hf_bible")}, log)
-    imported["export_command"] = f"python -m lit_transformer export --checkpoint {ckpt}/last.ckpt --format hf --out DIR"
-    results["imported"] = imported
+    result = run({**spec, "score_hf": str(work / "hf_bible")}, log)
+    result["export_command"] = f"python -m lit_transformer export --checkpoint {ckpt}/last.ckpt --format hf --out DIR"
+    results["imported"] = result
     _write(args.json, results)
 
 
