@@ -282,7 +282,6 @@ def classification(args, results: dict, work: Path, flags, log: Path) -> None:
     _write(args.json, results)
 
 
-
 def imported(args, results: dict, work: Path, base_ckpt: Path, bible: Path, flags, log: Path) -> None:
     """3. An imported model: our Shakespeare model as a Hugging Face GPT-2 folder, LoRA through init_from, and back."""
     from lit_transformer.inference import load_model
