@@ -264,6 +264,19 @@ def describe(trainable: int, total: int, record: Mapping[str, Any] | None = None
     return line
 
 
+def report_checkpoint(trainer: Any, record: Mapping[str, Any]) -> None:
+    """Print the size of the run's last LoRA checkpoint on disk beside the full model's (its weights and Adam state)."""
+    import os
+
+    paths = {getattr(c, "last_model_path", "") for c in trainer.checkpoint_callbacks} - {""}
+    for path in sorted(p for p in paths if os.path.isfile(p)):
+        print(
+            f"LoRA checkpoint {path}: {_mb(os.path.getsize(path))} on disk; the full model's weights and Adam state "
+            f"alone would take ~{_mb(12 * record['total_params'])}",
+            flush=True,
+        )
+
+
 def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.1f} kB"
 

@@ -243,6 +243,12 @@ class LitTransformer(L.LightningModule):
         if self.trainer.is_global_zero and log_dir and save is not None:
             save(log_dir)
 
+    def on_fit_end(self) -> None:
+        if self._lora_record is not None and self.trainer.is_global_zero:
+            from lit_transformer.lora import report_checkpoint
+
+            report_checkpoint(self.trainer, self._lora_record)
+
     def _check_tokenizer(self) -> None:
         if self.tokenizer is not None:
             check_tokenizer_vocabulary(self.tokenizer.get_vocab_size(), self.config)

@@ -227,12 +227,12 @@ TINY_LM = ["--config", str(CONFIGS / "presets" / "tiny.yaml"), "--data.init_args
 STEPS = ["--trainer.val_check_interval", "2", "--trainer.log_every_n_steps", "1"]
 
 
-def _lora_fit(run: Path, cache: Path, base: Path, steps: int, *extra: str) -> None:
-    _cli(
+def _lora_fit(run: Path, cache: Path, base: Path, steps: int, *extra: str) -> str:
+    return _cli(
         "fit", *TINY_LM, "--config", LORA, "--model.init_from", str(base), "--model.lora.rank", "2",
         "--trainer.max_steps", str(steps), *STEPS, "--checkpoint.every_n_train_steps", "2",
         "--checkpoint.save_top_k", "-1", *_where(run, cache), *extra, cwd=ROOT,
-    )  # fmt: skip
+    ).stdout  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +241,8 @@ def lm_runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lora_lm")
     cache = root / "cache"
     _cli("fit", *TINY_LM, "--trainer.max_steps", "2", *STEPS, *_where(root / "base", cache), cwd=ROOT)
-    _lora_fit(root / "lora", cache, root / "base" / "checkpoints" / "last.ckpt", 4)
+    out = _lora_fit(root / "lora", cache, root / "base" / "checkpoints" / "last.ckpt", 4)
+    (root / "lora" / "stdout.txt").write_text(out)
     return root
 
 
@@ -255,6 +256,9 @@ def test_a_lora_checkpoint_holds_adapters_and_the_base_fingerprint(lm_runs: Path
     adam = lora["optimizer_states"][0]["state"]
     assert len(adam) == len(lora["state_dict"])  # moments for the adapters only
     assert (lm_runs / "lora" / "checkpoints" / "last.ckpt").stat().st_size < base.stat().st_size / 2
+    printed = (lm_runs / "lora" / "stdout.txt").read_text()
+    assert f"LoRA: {lora['lora']['trainable_params']:,} of {lora['lora']['total_params']:,} parameters train" in printed
+    assert "last.ckpt: " in printed and "on disk; the full model's weights and Adam state" in printed
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (events,) = {p.parent for p in (lm_runs / "lora").rglob("events.out.tfevents.*")}
