@@ -126,6 +126,22 @@ def _inputs(config: TransformerConfig) -> tuple:
 CASES = {
     # task: (base architecture, the run's config changes, task)
     "language_modeling": ({**GPT2}, {}, None),
+    "llama": (
+        {
+            "topology": "decoder_only",
+            "positions": "rope",
+            "norm": "rmsnorm",
+            "activation": "swiglu",
+            "n_kv_heads": 2,
+            "bias": False,
+            "tie_embeddings": False,
+            "d_ff": 40,
+            "pad_token_id": None,
+            "layer_norm_eps": 1e-6,
+        },
+        {},
+        None,
+    ),  # fmt: skip
     "translation": ({**PAPER}, {}, "translation"),
     "captioning": (
         {
@@ -152,20 +168,25 @@ CASES = {
 def test_the_merged_model_equals_the_adapted_one(tmp_path, tokenizer, case):
     base_arch, run_changes, task = CASES[case]
     base = build(base_arch, vocab_size=128)
-    if case == "language_modeling":  # a Hugging Face folder; the others our own checkpoints
+    if case == "language_modeling":  # Hugging Face folders (GPT-2, Llama); the others our own checkpoints
         from lit_transformer.interop import save_hf_gpt2
 
         source = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
+    elif case == "llama":
+        from lit_transformer.interop import save_hf_llama
+
+        source = save_hf_llama(base, tmp_path / "llama", tokenizer)
     else:
         source = _base_checkpoint(tmp_path / "base.ckpt", base, tokenizer, task if case != "classification" else None)
     config = TransformerConfig.preset("tiny", **{**base_arch, **run_changes}, vocab_size=128)
-    lit = _adapted(config, source, task, rank=4, target_modules=EVERYTHING, trainable=["biases"])
+    extras = ["norms"] if case == "llama" else ["biases"]  # Llama has no biases
+    lit = _adapted(config, source, task, rank=4, target_modules=EVERYTHING, trainable=extras)
     if case == "classification":  # the new head trains in full by itself
         assert all(p.requires_grad for p in lit.model.classifier.parameters())
     _randomize(lit)
     path = _lora_checkpoint(tmp_path / "lora.ckpt", lit, tokenizer)
     saved = load_checkpoint(path)
-    assert all(".lora_" in k or k.endswith(".bias") or ".classifier." in k for k in saved["state_dict"])
+    assert all(".lora_" in k or k.endswith(".bias") or "norm" in k or ".classifier." in k for k in saved["state_dict"])
     assert saved["lora"]["base"] == str(source) and len(saved["lora"]["fingerprint"]) == 16
     x = _inputs(lit.config)
     merged = load_model(path).model
@@ -179,7 +200,7 @@ def test_the_merged_model_equals_the_adapted_one(tmp_path, tokenizer, case):
     export_main(["--checkpoint", str(path), "--format", "safetensors", "--out", str(tmp_path / "st")])
     with torch.no_grad():
         torch.testing.assert_close(load_safetensors(tmp_path / "st")(*x), adapted, atol=1e-5, rtol=1e-5)
-    if case in ("language_modeling", "translation"):
+    if case in ("language_modeling", "llama", "translation"):
         export_main(["--checkpoint", str(path), "--format", "hf", "--out", str(tmp_path / "hf")])
         hf = transformers.AutoModelForSeq2SeqLM if lit.config.is_encoder_decoder else transformers.AutoModelForCausalLM
         hf_model = hf.from_pretrained(tmp_path / "hf").eval()
