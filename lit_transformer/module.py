@@ -82,9 +82,9 @@ class LitTransformer(L.LightningModule):
                 auto: step, unless activation checkpointing or FSDP/DeepSpeed is on.
             generation: How `predict` and validation/test BLEU decode (any GenerationConfig field, e.g.
                 --model.generation.num_beams 4); None uses the task's defaults (GenerationConfig.for_task).
-            init_from: Weights to start from (see lit_transformer.interop.pretrained): a Hugging Face GPT-2 or
-                Marian folder (its tokenizer then the data's: --data.init_args.tokenizer DIR/tokenizer.json), or an
-                encoder's .ckpt (a masked LM or classifier) under a new head. Read once: the hyperparameters record
+            init_from: Weights to start from (see lit_transformer.interop.pretrained): a Hugging Face GPT-2, Llama
+                or Marian folder (its tokenizer then the data's: --data.init_args.tokenizer DIR/tokenizer.json), an
+                encoder's .ckpt (a masked LM or classifier) under a new head, or any other .ckpt of ours. Read once: the hyperparameters record
                 the resolved config and init_from=None, so loading or resuming never reads it again (except with
                 lora: its checkpoints hold no base weights).
             quantize: int8: `validate`, `test` and `predict` run dynamic int8 Linear layers (CPU only), e.g.
