@@ -119,6 +119,12 @@ def _check_same_model(reference: dict[str, Any], other: dict[str, Any], ref_path
             f"{path} and {ref_path} are different architectures; only checkpoints of one model can be averaged. "
             "Config fields that differ:\n    " + "\n    ".join(differences)
         )
+    base, other_base = (reference.get("lora") or {}).get("fingerprint"), (other.get("lora") or {}).get("fingerprint")
+    if base != other_base:  # LoRA adapters (whose factors are averaged) mean something on their own base only
+        raise CheckpointError(
+            f"{path} and {ref_path} are not adapters of one base (LoRA base fingerprints {other_base} and {base}): "
+            "average the checkpoints of one run"
+        )
     for key in ("tokenizer", "target_tokenizer"):
         if reference.get(key) != other.get(key):
             raise CheckpointError(

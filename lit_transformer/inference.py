@@ -96,7 +96,8 @@ def _refuse_other_kinds(path: Path) -> None:
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
     """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it."""
-    from lit_transformer.checkpointing import CheckpointError, load_checkpoint, load_model_state
+    from lit_transformer.checkpointing import CheckpointError, load_checkpoint
+    from lit_transformer.interop.pretrained import checkpoint_weights
 
     _refuse_other_kinds(Path(path))
     checkpoint = load_checkpoint(path, map_location="cpu")
@@ -104,8 +105,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
         config = config_from_checkpoint(checkpoint)
     except ValueError as error:
         raise CheckpointError(f"{path}: {error}") from None
-    model = Transformer(config)
-    load_model_state(model, checkpoint, current=config, prefix="model.")
+    # A LoRA checkpoint's base is read again from its init_from, checked, and the adapters merged in.
+    model = checkpoint_weights(checkpoint, config, str(path))
     if "tokenizer" not in checkpoint:
         raise CheckpointError(f"{path} holds no tokenizer: it was saved without a DataModule; retrain with one")
     tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])

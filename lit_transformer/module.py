@@ -19,6 +19,7 @@ from typing_extensions import Unpack
 from lit_transformer.checkpointing import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.deprecated import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
+from lit_transformer.lora import LoraOptions
 from lit_transformer.model import Transformer
 from lit_transformer.optim import Optimization, build_optimizer, weight_decay_groups
 from lit_transformer.reliability import gradient_norm
@@ -58,6 +59,7 @@ class LitTransformer(L.LightningModule):
         generation: GenerationConfig | None = None,
         init_from: str | None = None,
         quantize: Literal["none", "int8"] = "none",
+        lora: LoraOptions | None = None,
         **deprecated: Unpack[DeprecatedOptions],
     ) -> None:
         """
@@ -80,16 +82,26 @@ class LitTransformer(L.LightningModule):
                 auto: step, unless activation checkpointing or FSDP/DeepSpeed is on.
             generation: How `predict` and validation/test BLEU decode (any GenerationConfig field, e.g.
                 --model.generation.num_beams 4); None uses the task's defaults (GenerationConfig.for_task).
-            init_from: Weights to start from (see lit_transformer.interop.pretrained): a Hugging Face GPT-2 or
-                Marian folder (its tokenizer then the data's: --data.init_args.tokenizer DIR/tokenizer.json), or an
-                encoder's .ckpt (a masked LM or classifier) under a new head. Read once: the hyperparameters record
-                the resolved config and init_from=None, so loading or resuming never reads it again.
+            init_from: Weights to start from (see lit_transformer.interop.pretrained): a Hugging Face GPT-2, Llama
+                or Marian folder (its tokenizer then the data's: --data.init_args.tokenizer DIR/tokenizer.json), an
+                encoder's .ckpt (a masked LM or classifier) under a new head, or any other .ckpt of ours. Read once: the hyperparameters record
+                the resolved config and init_from=None, so loading or resuming never reads it again (except with
+                lora: its checkpoints hold no base weights).
             quantize: int8: `validate`, `test` and `predict` run dynamic int8 Linear layers (CPU only), e.g.
                 `predict --ckpt_path C --model.quantize int8`; `fit` refuses it.
+            lora: Fine-tune low-rank adapters (peft's LoRA) on init_from's weights, which stay frozen (see
+                lit_transformer.lora, configs/finetune/lora.yaml): checkpoints hold the adapters, the extras that train
+                and a fingerprint of the base, which loading reads again from init_from and checks.
             deprecated: The arguments before model.optim and model.task (lr, warmup_steps, label_smoothing, ...):
                 passed on with a warning naming the new key (see lit_transformer.deprecated).
         """
         source, pretrained, self._init_tokenizer = init_from, None, None
+        lora = LoraOptions.of(lora)
+        if lora is not None and not init_from:
+            raise ValueError(
+                "model.lora adapts pretrained weights: give them with --model.init_from (a Hugging Face GPT-2, Llama or "
+                "Marian folder, or a .ckpt of ours)"
+            )
         if init_from:
             from lit_transformer.interop.pretrained import load_init_from
 
@@ -108,10 +120,14 @@ class LitTransformer(L.LightningModule):
             # instead of these locals: record the resolved ones in the form it was given.
             given = self.hparams["config"]
             self.hparams["config"] = config.to_dict() if isinstance(given, dict) else config
-            self.hparams["init_from"] = None
+            # LoRA checkpoints hold no base weights: loading reads them again from init_from (and checks them).
+            self.hparams["init_from"] = source if lora is not None else None
         for name in DEPRECATED_NAMES:  # LightningCLI hands its parsed arguments, old ones included
             self.hparams.pop(name, None)
         self.hparams.update({"task": task, "optim": optim})
+        self.hparams["lora"] = dataclasses.asdict(lora) if lora is not None else None
+        self.lora = lora
+        self._lora_record: dict[str, Any] | None = None  # the base's init_from and fingerprint, once applied
         self.task, self.optim = the_task, resolved
         self.init_from = source  # where the weights came from: kept in checkpoints for the record, never re-read
         self.config = config
@@ -133,6 +149,7 @@ class LitTransformer(L.LightningModule):
             return
         from lit_transformer.parallelize import CompiledStep, apply_activation_checkpointing, compile_blocks
 
+        self._apply_lora()  # first: checkpointing and compile then wrap the adapted blocks
         strategy = type(self._trainer.strategy).__name__ if self._trainer is not None else ""
         # FSDP applies checkpointing itself from its activation_checkpointing_policy.
         if self.hparams.activation_checkpointing and "FSDP" not in strategy:
@@ -150,6 +167,17 @@ class LitTransformer(L.LightningModule):
                 dynamic = not self.task.static_shapes
                 self._compiled_sums = CompiledStep(self._training_sums, mode, self.task.fullgraph, dynamic)
         self._parallelized = True
+
+    def _apply_lora(self) -> None:
+        if self.lora is None or self._lora_record is not None:
+            return
+        from lit_transformer import lora
+        from lit_transformer.interop.pretrained import new_parameters
+
+        self._lora_keys = lora.apply_lora(self.model, self.lora, new_parameters(self.model, self.init_from))
+        trainable, total = lora.count(self.model)
+        self._lora_record = {"base": self.init_from, "fingerprint": lora.fingerprint(self.model),
+                             "trainable_params": trainable, "total_params": total}  # fmt: skip
 
     def setup(self, stage: str) -> None:
         from lightning.pytorch.strategies import DeepSpeedStrategy
@@ -185,6 +213,10 @@ class LitTransformer(L.LightningModule):
         from lit_transformer.quantization import is_quantized, quantize_int8
 
         if not is_quantized(self.model):
+            if self._lora_record is not None:  # int8 layers take plain Linear weights: the adapters merged in
+                from lit_transformer.lora import merged
+
+                merged(self.model)
             quantize_int8(self.model, inplace=True)
 
     def on_validation_start(self) -> None:
@@ -198,11 +230,24 @@ class LitTransformer(L.LightningModule):
         self._quantize_for_inference()
 
     def on_fit_start(self) -> None:
+        from lit_transformer.lora import count, describe
+
+        trainable, total = count(self.model)
+        if self.trainer.is_global_zero and self.lora is not None:
+            print("LoRA: " + describe(trainable, total, self._lora_record), flush=True)
+        for logger in self.trainer.loggers:
+            logger.log_metrics({"params/trainable": trainable, "params/total": total}, step=0)
         # The tokenizer beside the TensorBoard logs too, for tools that read the run folder rather than checkpoints.
         save = data_fields(self.trainer.datamodule, ("save_tokenizer",)).get("save_tokenizer")
         log_dir = self.trainer.log_dir  # a broadcast under DDP: every rank must ask
         if self.trainer.is_global_zero and log_dir and save is not None:
             save(log_dir)
+
+    def on_fit_end(self) -> None:
+        if self._lora_record is not None and self.trainer.is_global_zero:
+            from lit_transformer.lora import report_checkpoint
+
+            report_checkpoint(self.trainer, self._lora_record)
 
     def _check_tokenizer(self) -> None:
         if self.tokenizer is not None:
@@ -226,6 +271,10 @@ class LitTransformer(L.LightningModule):
         if self.target_tokenizer is not None and self.target_tokenizer is not self.tokenizer:
             checkpoint["target_tokenizer"] = self.target_tokenizer.to_str()
         self.task.on_save_checkpoint(checkpoint)
+        if self._lora_record is not None:  # the adapters and extras only, and the base they belong to
+            from lit_transformer.lora import strip_checkpoint
+
+            strip_checkpoint(checkpoint, self._lora_keys, self._lora_record, prefix="model.")
         # A DataModule's state (Lightning saves it before this hook) repeats the tokenizers: keep one copy.
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         entry = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
@@ -240,6 +289,11 @@ class LitTransformer(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.init_from = self.init_from or checkpoint.get("init_from")
+        if self.lora is not None:  # the base tensors, loaded again from init_from, if they are the adapters' base
+            from lit_transformer.lora import complete_checkpoint
+
+            self._apply_lora()
+            complete_checkpoint(checkpoint, self.state_dict(), self._lora_record["fingerprint"])
         if "tokenizer" in checkpoint:
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
             target = checkpoint.get("target_tokenizer")

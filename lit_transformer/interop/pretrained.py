@@ -1,7 +1,8 @@
 """`init_from`: the weights a run starts from, read once when the LightningModule is built.
 
-A Hugging Face GPT-2 folder (or hub name), a Marian folder (an OPUS-MT download, or `export --format hf` of an
-encoder-decoder), or a .ckpt of an encoder (a masked LM or a classifier) for an encoder_only model. The checkpoint's
+A Hugging Face GPT-2 or Llama folder (or hub name), a Marian folder (an OPUS-MT download, or `export --format hf` of an
+encoder-decoder), a .ckpt of an encoder (a masked LM or a classifier) for an encoder_only model under a new head, or
+any other .ckpt of ours (a LoRA one merged), whose whole model continues. The checkpoint's
 or folder's tokenizer, when it names one, must be the one this run's data uses: `check_same_tokenizer`.
 """
 
@@ -43,13 +44,84 @@ def load_init_from(init_from: str, config: TransformerConfig) -> tuple[Transform
     """The model to start from (in train mode; its config is the resolved architecture) and the tokenizer JSON the
     data must use (None where the source does not name one: a GPT-2 folder's is checked by the data's own link)."""
     if str(init_from).endswith(".ckpt"):
-        return load_pretrained_encoder(init_from, config)
-    from lit_transformer.interop import load_hf_gpt2
+        if config.is_encoder_only:
+            return load_pretrained_encoder(init_from, config)
+        return load_checkpoint_model(init_from, config)
+    from lit_transformer.interop.hf_gpt2 import load_hf_gpt2
+    from lit_transformer.interop.hf_llama import load_hf_llama
     from lit_transformer.interop.hf_marian import is_marian_folder, load_hf_marian, marian_tokenizer_json
 
     if is_marian_folder(init_from):  # the encoder-decoder, and the tokenizer this run's data must use
         return load_hf_marian(init_from, base=config).train(), marian_tokenizer_json(init_from)
+    if _model_type(init_from) == "llama":
+        return load_hf_llama(init_from, base=config).train(), None
     return load_hf_gpt2(init_from, base=config).train(), None
+
+
+def _model_type(init_from: str) -> str | None:
+    from pathlib import Path
+
+    path = Path(init_from) / "config.json"
+    return json.loads(path.read_text()).get("model_type") if path.is_file() else None
+
+
+# What a run chooses of a continued checkpoint's model: how it trains, not what it is.
+TRAINING_FIELDS = ("dropout", "attention_dropout", "classifier_dropout")
+
+
+def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
+    """The whole model of one of our checkpoints (a LoRA checkpoint's merged), to continue training it, with this
+    run's dropout; and its tokenizer (JSON), which the data must use."""
+    from lit_transformer.checkpointing import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    saved = _saved_config(checkpoint)
+    if saved is None:
+        raise ValueError(f"init_from {path}: the checkpoint has no hyper_parameters.config (not written by `fit`)")
+    if saved.topology != config.topology:
+        raise ValueError(
+            f"init_from {path} holds a {saved.topology} model; this run's model.config.topology is "
+            f"{config.topology}: set it to {saved.topology}"
+        )
+    resolved = saved.replace(**{name: getattr(config, name) for name in TRAINING_FIELDS})
+    model = Transformer(resolved)
+    model.load_state_dict(checkpoint_weights(checkpoint, saved, path).state_dict())
+    return model.train(), checkpoint.get("tokenizer")
+
+
+def _saved_config(checkpoint: dict) -> TransformerConfig | None:
+    saved = (checkpoint.get("hyper_parameters") or {}).get("config")
+    return TransformerConfig(**saved) if isinstance(saved, dict) else saved
+
+
+def checkpoint_weights(checkpoint: dict, config: TransformerConfig, path: str = "The checkpoint") -> Transformer:
+    """The model a checkpoint holds: its weights, or (LoRA) its base read again from init_from, the base's fingerprint
+    checked, and the adapters merged in."""
+    from lit_transformer.checkpointing import CheckpointError, load_model_state
+
+    if "lora" not in checkpoint:
+        model = Transformer(config)
+        load_model_state(model, checkpoint, current=config, prefix="model.")
+        return model
+    from lit_transformer.lora import load_adapted
+
+    base = checkpoint["lora"].get("base")
+    if not base:
+        raise CheckpointError(f"{path} holds LoRA adapters but names no base (init_from) to apply them to")
+    try:
+        model, _ = load_init_from(base, config)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(
+            f"{path} holds LoRA adapters for the base {base}, which cannot be read: {error}"
+        ) from None
+    return load_adapted(model, checkpoint, new_parameters(model, base), str(path))
+
+
+def new_parameters(model: Transformer, init_from: str | None) -> set[str]:
+    """Parameters the base does not supply: a new head over an encoder checkpoint (see load_pretrained_encoder)."""
+    if not init_from or not str(init_from).endswith(".ckpt") or not model.config.is_encoder_only:
+        return set()
+    return {n for n, _ in model.named_parameters() if not n.startswith(ENCODER_PREFIXES)}
 
 
 def _same_segmentation(tokenizer_json: str, other_json: str) -> bool:
@@ -92,7 +164,10 @@ def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Trans
         raise ValueError(f"init_from {path} holds an encoder; this run's model.config.topology must be encoder_only")
     config = config.replace(**{name: getattr(saved, name) for name in ENCODER_FIELDS})
     model = Transformer(config)
-    state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    if "lora" in checkpoint:  # adapters: their base read again and the adapters merged in
+        state = checkpoint_weights(checkpoint, saved, path).state_dict()
+    else:
+        state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     encoder = {k: v for k, v in state.items() if k.startswith(ENCODER_PREFIXES)}
     missing = [k for k in model.state_dict() if k.startswith(ENCODER_PREFIXES) and k not in encoder]
     if missing:

@@ -1,0 +1,426 @@
+"""LoRA through peft (lit_transformer/lora.py): only the adapters and the named extras train; a checkpoint holds them
+and the base's fingerprint; the merged model (generate, translate, export) equals the adapted one for every topology
+and task; resume is exact; every task's CLI path runs from a LoRA checkpoint, also under DDP, activation
+checkpointing and compile. Tiny models on bases written in tmp dirs; CLI runs of a few steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from pathlib import Path
+
+import lightning
+import pytest
+import torch
+from model_variants import PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
+from test_cli import CONFIGS, ENV, ROOT, _cli, _process
+
+from lit_transformer.checkpointing import CheckpointError, load_checkpoint
+from lit_transformer.config import TransformerConfig
+from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.inference import load_model
+from lit_transformer.lora import LoraOptions
+from lit_transformer.module import LitTransformer
+
+pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
+
+GPT2 = {"topology": "decoder_only", "norm_position": "pre", "positions": "learned"}
+LORA = str(CONFIGS / "finetune" / "lora.yaml")
+EVERYTHING = ["qkv", "q", "kv", "out", "up", "down"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer([string.printable * 3], kind="char", vocab_size=128)
+
+
+def _base_checkpoint(path: Path, model, tokenizer, task: str | None = None) -> Path:
+    """A checkpoint as LitTransformer writes it: the model under "model.", the config, the task and the tokenizer."""
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    hparams = {"config": model.config, "task": task}
+    torch.save({"state_dict": state, "hyper_parameters": hparams, "tokenizer": tokenizer.to_str()}, path)
+    return path
+
+
+def _randomize(module: torch.nn.Module, seed: int = 0) -> None:
+    """Adapters start as a no-op (B = 0): give every trainable tensor values, so merging has something to merge."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            if param.requires_grad:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+
+
+def _lora_checkpoint(path: Path, lit: LitTransformer, tokenizer) -> Path:
+    """What fit writes, without fitting: the LoRA module's checkpoint after on_save_checkpoint."""
+    lit.tokenizer = lit.target_tokenizer = tokenizer
+    checkpoint = {
+        "state_dict": lit.state_dict(),
+        "hyper_parameters": dict(lit.hparams),
+        "pytorch-lightning_version": lightning.__version__,
+    }
+    lit.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    return path
+
+
+def _adapted(config: TransformerConfig, init_from: Path, task: str | None = None, **lora) -> LitTransformer:
+    from lit_transformer.optim import Optimization
+
+    optim = Optimization(schedule_steps=10)
+    lit = LitTransformer(config, task=task, init_from=str(init_from), lora=LoraOptions(**lora), optim=optim)
+    lit.configure_model()
+    return lit
+
+
+# ---- what trains ------------------------------------------------------------------------------------------------
+
+
+def test_only_adapters_and_named_extras_get_gradients_and_optimizer_state(tmp_path, tokenizer):
+    from lit_transformer.interop import save_hf_gpt2
+
+    folder = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
+    lit = _adapted(TransformerConfig.preset("tiny"), folder, rank=2, trainable=["norms"])
+    expected = {n for n, _ in lit.named_parameters() if ".lora_A." in n or ".lora_B." in n or "norm" in n}
+    assert {n for n, p in lit.named_parameters() if p.requires_grad} == expected
+    assert any("lora_A" in n for n in expected) and any("decoder_norm" in n for n in expected)
+    optimizer = lit.configure_optimizers()["optimizer"]
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert held == {id(p) for n, p in lit.named_parameters() if n in expected}
+    x = tokens(2, 12)
+    lit.model(x).logsumexp(-1).sum().backward()
+    optimizer.step()
+    with_grad = {n for n, p in lit.named_parameters() if p.grad is not None}
+    assert with_grad == expected
+    assert {id(p) for p in optimizer.state} == held
+    trainable = sum(p.numel() for p in lit.parameters() if p.requires_grad)
+    assert 0 < trainable < sum(p.numel() for p in lit.parameters()) / 5
+
+
+def test_lora_needs_a_base_and_names_the_layers_it_can_adapt(tmp_path, tokenizer):
+    with pytest.raises(ValueError, match="--model.init_from"):
+        LitTransformer(TransformerConfig.preset("tiny"), lora=LoraOptions())
+    from lit_transformer.interop import save_hf_gpt2
+
+    folder = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
+    with pytest.raises(ValueError, match=r"\['qvk'\].*self_attn.qkv"):
+        _adapted(TransformerConfig.preset("tiny"), folder, target_modules=["qvk"])
+    with pytest.raises(ValueError, match="'classifer' selects no parameter"):
+        _adapted(TransformerConfig.preset("tiny"), folder, trainable=["classifer"])
+
+
+# ---- merged = adapted, for every topology and task ------------------------------------------------------------
+
+
+def _inputs(config: TransformerConfig) -> tuple:
+    if config.source == "patches":
+        return torch.rand(2, config.image_channels, *config.image_size), tokens(2, 7)
+    if config.is_encoder_decoder:
+        return tokens(2, 9), tokens(2, 7)
+    return (tokens(2, 12),)
+
+
+CASES = {
+    # task: (base architecture, the run's config changes, task)
+    "language_modeling": ({**GPT2}, {}, None),
+    "llama": (
+        {
+            "topology": "decoder_only",
+            "positions": "rope",
+            "norm": "rmsnorm",
+            "activation": "swiglu",
+            "n_kv_heads": 2,
+            "bias": False,
+            "tie_embeddings": False,
+            "d_ff": 40,
+            "pad_token_id": None,
+            "layer_norm_eps": 1e-6,
+        },
+        {},
+        None,
+    ),  # fmt: skip
+    "translation": ({**PAPER}, {}, "translation"),
+    "captioning": (
+        {
+            "topology": "encoder_decoder",
+            "source": "patches",
+            "image_size": (8, 16),
+            "patch_size": 4,
+            "image_channels": 1,
+            "positions": "sinusoidal",
+        },
+        {},
+        "captioning",
+    ),  # fmt: skip
+    "masked_lm": ({"topology": "encoder_only", "head": "masked_lm", "mask_token_id": 3}, {}, "masked_lm"),
+    "classification": (
+        {"topology": "encoder_only", "head": "masked_lm", "mask_token_id": 3},
+        {"head": "classification", "num_labels": 3},
+        "classification",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_merged_model_equals_the_adapted_one(tmp_path, tokenizer, case):
+    base_arch, run_changes, task = CASES[case]
+    base = build(base_arch, vocab_size=128)
+    if case == "language_modeling":  # Hugging Face folders (GPT-2, Llama); the others our own checkpoints
+        from lit_transformer.interop import save_hf_gpt2
+
+        source = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
+    elif case == "llama":
+        from lit_transformer.interop import save_hf_llama
+
+        source = save_hf_llama(base, tmp_path / "llama", tokenizer)
+    else:
+        source = _base_checkpoint(tmp_path / "base.ckpt", base, tokenizer, task if case != "classification" else None)
+    config = TransformerConfig.preset("tiny", **{**base_arch, **run_changes}, vocab_size=128)
+    extras = ["norms"] if case == "llama" else ["biases"]  # Llama has no biases
+    lit = _adapted(config, source, task, rank=4, target_modules=EVERYTHING, trainable=extras)
+    if case == "classification":  # the new head trains in full by itself
+        assert all(p.requires_grad for p in lit.model.classifier.parameters())
+    _randomize(lit)
+    path = _lora_checkpoint(tmp_path / "lora.ckpt", lit, tokenizer)
+    saved = load_checkpoint(path)
+    assert all(".lora_" in k or k.endswith(".bias") or "norm" in k or ".classifier." in k for k in saved["state_dict"])
+    assert saved["lora"]["base"] == str(source) and len(saved["lora"]["fingerprint"]) == 16
+    x = _inputs(lit.config)
+    merged = load_model(path).model
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    with torch.no_grad():
+        adapted = lit.model.eval()(*x)
+        torch.testing.assert_close(merged(*x), adapted, atol=1e-5, rtol=1e-5)
+    # Every export format takes the merged model.
+    from lit_transformer.interop import export_main, load_safetensors
+
+    export_main(["--checkpoint", str(path), "--format", "safetensors", "--out", str(tmp_path / "st")])
+    with torch.no_grad():
+        torch.testing.assert_close(load_safetensors(tmp_path / "st")(*x), adapted, atol=1e-5, rtol=1e-5)
+    if case in ("language_modeling", "llama", "translation"):
+        export_main(["--checkpoint", str(path), "--format", "hf", "--out", str(tmp_path / "hf")])
+        hf = transformers.AutoModelForSeq2SeqLM if lit.config.is_encoder_decoder else transformers.AutoModelForCausalLM
+        hf_model = hf.from_pretrained(tmp_path / "hf").eval()
+        with torch.no_grad():
+            if lit.config.is_encoder_decoder:
+                logits = hf_model(input_ids=x[0], decoder_input_ids=x[1]).logits
+            else:
+                logits = hf_model(x[0]).logits
+        torch.testing.assert_close(logits[..., : adapted.shape[-1]], adapted, atol=1e-5, rtol=1e-5)
+    if case == "language_modeling":
+        ort = pytest.importorskip("onnxruntime")
+        export_main(["--checkpoint", str(path), "--format", "onnx", "--out", str(tmp_path / "onnx")])
+        session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+        (logits,) = session.run(["logits"], {"input_ids": x[0].numpy()})
+        torch.testing.assert_close(torch.from_numpy(logits), adapted, atol=1e-4, rtol=1e-4)
+
+
+def test_other_base_weights_are_refused_with_a_message_that_says_so(tmp_path, tokenizer):
+    from lit_transformer.interop import save_hf_gpt2
+
+    folder = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
+    lit = _adapted(TransformerConfig.preset("tiny"), folder, rank=2)
+    _randomize(lit)
+    path = _lora_checkpoint(tmp_path / "lora.ckpt", lit, tokenizer)
+    load_model(path)  # the same base: fine
+    LitTransformer.load_from_checkpoint(path, weights_only=True)
+    save_hf_gpt2(build(GPT2, seed=1, vocab_size=128, pad_token_id=None), folder, tokenizer)  # another base there
+    for load in (load_model, lambda p: LitTransformer.load_from_checkpoint(p, weights_only=True)):
+        with pytest.raises(CheckpointError, match="trained on other base weights than those loaded now") as error:
+            load(path)
+        assert str(folder) in str(error.value) and "base fingerprint" in str(error.value)
+
+
+# ---- the command line, from LoRA checkpoints --------------------------------------------------------------------
+
+
+def _where(run: Path, cache: Path) -> list[str]:
+    return [
+        "--trainer.default_root_dir", str(run), "--trainer.logger.init_args.save_dir", str(run),
+        "--checkpoint.dirpath", str(run / "checkpoints"), "--data.init_args.cache_dir", str(cache),
+    ]  # fmt: skip
+
+
+TINY_LM = ["--config", str(CONFIGS / "presets" / "tiny.yaml"), "--data.init_args.max_chars", "20000"]
+STEPS = ["--trainer.val_check_interval", "2", "--trainer.log_every_n_steps", "1"]
+
+
+def _lora_fit(run: Path, cache: Path, base: Path, steps: int, *extra: str) -> str:
+    return _cli(
+        "fit", *TINY_LM, "--config", LORA, "--model.init_from", str(base), "--model.lora.rank", "2",
+        "--trainer.max_steps", str(steps), *STEPS, "--checkpoint.every_n_train_steps", "2",
+        "--checkpoint.save_top_k", "-1", *_where(run, cache), *extra, cwd=ROOT,
+    ).stdout  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lm_runs(tmp_path_factory) -> Path:
+    """A base language model of 2 steps, and a LoRA run of 4 steps from it."""
+    root = tmp_path_factory.mktemp("lora_lm")
+    cache = root / "cache"
+    _cli("fit", *TINY_LM, "--trainer.max_steps", "2", *STEPS, *_where(root / "base", cache), cwd=ROOT)
+    out = _lora_fit(root / "lora", cache, root / "base" / "checkpoints" / "last.ckpt", 4)
+    (root / "lora" / "stdout.txt").write_text(out)
+    return root
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_holds_adapters_and_the_base_fingerprint(lm_runs: Path):
+    base = lm_runs / "base" / "checkpoints" / "last.ckpt"
+    lora = load_checkpoint(lm_runs / "lora" / "checkpoints" / "last.ckpt")
+    assert all(".lora_" in k for k in lora["state_dict"]) and lora["state_dict"]
+    assert lora["lora"]["base"] == str(base) and lora["hyper_parameters"]["init_from"] == str(base)
+    assert lora["lora"]["trainable_params"] < lora["lora"]["total_params"] / 5
+    adam = lora["optimizer_states"][0]["state"]
+    assert len(adam) == len(lora["state_dict"])  # moments for the adapters only
+    assert (lm_runs / "lora" / "checkpoints" / "last.ckpt").stat().st_size < base.stat().st_size / 2
+    printed = (lm_runs / "lora" / "stdout.txt").read_text()
+    assert f"LoRA: {lora['lora']['trainable_params']:,} of {lora['lora']['total_params']:,} parameters train" in printed
+    assert "last.ckpt: " in printed and "on disk; the full model's weights and Adam state" in printed
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = {p.parent for p in (lm_runs / "lora").rglob("events.out.tfevents.*")}
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    trainable = acc.Scalars("params/trainable")[0].value
+    assert trainable == lora["lora"]["trainable_params"] and acc.Scalars("params/total")[0].value > trainable
+
+
+@pytest.mark.slow
+def test_every_language_model_command_runs_from_a_lora_checkpoint(lm_runs: Path, tmp_path: Path):
+    ckpt = lm_runs / "lora" / "checkpoints" / "last.ckpt"
+    common = [*TINY_LM, "--trainer.logger", "false", "--data.init_args.cache_dir", str(lm_runs / "cache")]
+    for command in ("validate", "test"):
+        out = _cli(command, *common, "--ckpt_path", str(ckpt), cwd=tmp_path).stdout
+        assert f"{'val' if command == 'validate' else 'test'}/loss" in out
+    int8 = _cli("validate", *common, "--ckpt_path", str(ckpt), "--model.quantize", "int8", cwd=tmp_path).stdout
+    assert "val/loss" in int8  # int8 layers over the merged weights
+    (tmp_path / "prompts.txt").write_text("ROMEO:\nJULIET:\n")
+    predict = ["--data.init_args.predict_file", "prompts.txt", "--predictions.output", "out.jsonl"]
+    _cli("predict", *common, "--ckpt_path", str(ckpt), *predict, "--model.generation.max_new_tokens", "4", cwd=tmp_path)
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2
+    out = _cli("generate", "--checkpoint", str(ckpt), "--prompt", "ROMEO:", "--max_new_tokens", "8", cwd=tmp_path)
+    assert out.stdout.startswith("ROMEO:")
+    _cli("average", "--checkpoints", str(ckpt.parent), "--last", "2", "--output", str(tmp_path / "avg.ckpt"), cwd=ROOT)
+    averaged = load_checkpoint(tmp_path / "avg.ckpt")
+    assert averaged["lora"] == load_checkpoint(ckpt)["lora"] and all(".lora_" in k for k in averaged["state_dict"])
+    _cli("generate", "--checkpoint", str(tmp_path / "avg.ckpt"), "--max_new_tokens", "4", cwd=tmp_path)
+    # The Hugging Face folder holds the merged model: transformers gives the adapted model's logits.
+    _cli("export", "--checkpoint", str(ckpt), "--format", "hf", "--out", str(tmp_path / "hf"), cwd=ROOT)
+    adapted = LitTransformer.load_from_checkpoint(ckpt, weights_only=True).model.eval()
+    assert any("lora_A" in n for n, _ in adapted.named_parameters())
+    x = tokens(2, 16, vocab=60)
+    with torch.no_grad():
+        hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+        torch.testing.assert_close(hf(x).logits[..., : adapted.config.vocab_size], adapted(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_resuming_a_lora_run_continues_exactly(lm_runs: Path, tmp_path: Path):
+    """2 steps, then a resume to 4: the same adapters and Adam moments as the uninterrupted 4 steps."""
+    base = lm_runs / "base" / "checkpoints" / "last.ckpt"
+    _lora_fit(tmp_path, lm_runs / "cache", base, 2)
+    _lora_fit(tmp_path, lm_runs / "cache", base, 4, "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"))
+    resumed = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    straight = load_checkpoint(lm_runs / "lora" / "checkpoints" / "last.ckpt")
+    assert resumed["global_step"] == straight["global_step"] == 4
+    assert resumed["state_dict"].keys() == straight["state_dict"].keys()
+    for name, value in straight["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], value), name
+    for index, state in straight["optimizer_states"][0]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(resumed["optimizer_states"][0]["state"][index][key], state[key])
+
+
+@pytest.mark.slow
+def test_translation_from_a_lora_checkpoint(tmp_path: Path):
+    preset = ["--config", str(CONFIGS / "presets" / "tiny-translate.yaml"), "--data.init_args.max_pairs", "300"]
+    short = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.num_sanity_val_steps", "0"]
+    cache = tmp_path / "cache"
+    _cli("fit", *preset, *short, *_where(tmp_path / "base", cache), cwd=ROOT)
+    base = tmp_path / "base" / "checkpoints" / "last.ckpt"
+    lora = [*preset, "--config", LORA, "--model.init_from", str(base), *short]
+    _cli("fit", *lora, *_where(tmp_path / "lora", cache), cwd=ROOT)
+    ckpt = tmp_path / "lora" / "checkpoints" / "last.ckpt"
+    assert "cross_attn.kv.lora_A.default.weight" in " ".join(load_checkpoint(ckpt)["state_dict"])
+    (tmp_path / "sources.txt").write_text("In the beginning God created the heaven and the earth.\n")
+    translate = ["--input", "sources.txt", "--max_new_tokens", "6", "--num_beams", "2"]
+    translated = _cli("translate", "--checkpoint", str(ckpt), *translate, cwd=tmp_path).stdout.splitlines()
+    args = [*preset, "--trainer.logger", "false", "--data.init_args.cache_dir", str(cache), "--ckpt_path", str(ckpt)]
+    args += ["--data.init_args.predict_file", "sources.txt", "--predictions.output", "out.jsonl"]
+    _cli("predict", *args, "--model.generation.max_new_tokens", "6", cwd=tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["output"] for r in rows] == translated
+
+
+@pytest.mark.slow
+def test_masked_lm_and_classifier_from_lora_checkpoints(tmp_path: Path):
+    from test_cli_classification import SHORT, TINY
+
+    mlm, genre = str(CONFIGS / "presets" / "mlm.yaml"), str(CONFIGS / "presets" / "classify-genre.yaml")
+    cache = tmp_path / "cache"
+    where = lambda name: _where(tmp_path / name, cache)  # noqa: E731
+    _cli("fit", "--config", mlm, *TINY, *SHORT, *where("mlm"), cwd=ROOT)
+    base = ["--model.init_from", str(tmp_path / "mlm" / "checkpoints" / "last.ckpt"), "--config", LORA]
+    _cli("fit", "--config", mlm, *TINY, *SHORT, *base, *where("mlm_lora"), cwd=ROOT)
+    _cli("fit", "--config", genre, *TINY, *SHORT, *base, *where("genre_lora"), cwd=ROOT)
+    ckpt = tmp_path / "genre_lora" / "checkpoints" / "last.ckpt"
+    saved = load_checkpoint(ckpt)
+    assert any(".classifier." in k for k in saved["state_dict"])  # the new head trained in full
+    assert saved["label_names"] == ["comedy", "history", "tragedy"]
+    out = _cli("test", "--config", genre, *TINY, *where("genre_lora"), "--ckpt_path", str(ckpt), cwd=ROOT).stdout
+    assert "test/f1" in out
+    mlm_ckpt = str(tmp_path / "mlm_lora" / "checkpoints" / "last.ckpt")
+    out = _cli("validate", "--config", mlm, *TINY, *where("mlm_lora"), "--ckpt_path", mlm_ckpt, cwd=ROOT).stdout
+    assert "val/accuracy" in out
+    (tmp_path / "lines.txt").write_text("To be, or not to be\n")
+    predict = ["--data.init_args.predict_file", str(tmp_path / "lines.txt"), "--predictions.output", "p.jsonl"]
+    _cli("predict", "--config", genre, *TINY, *where("genre_lora"), "--ckpt_path", str(ckpt), *predict, cwd=tmp_path)
+    assert json.loads((tmp_path / "p.jsonl").read_text())["label"] in saved["label_names"]
+
+
+@pytest.mark.slow
+def test_captioning_from_a_lora_checkpoint(tmp_path: Path):
+    from test_cli_captioning import PRESET, _small
+
+    _cli("fit", "--config", PRESET, *_small(tmp_path / "base"), cwd=ROOT)
+    init = ["--config", LORA, "--model.init_from", str(tmp_path / "base" / "checkpoints" / "last.ckpt")]
+    _cli("fit", "--config", PRESET, *_small(tmp_path / "lora"), *init, cwd=ROOT)
+    ckpt = ["--ckpt_path", str(tmp_path / "lora" / "checkpoints" / "last.ckpt")]
+    out = _cli("test", "--config", PRESET, *_small(tmp_path / "lora"), *ckpt, cwd=ROOT).stdout
+    assert "test/" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fragment", ["activation_checkpointing", "compile"])
+def test_lora_with_activation_checkpointing_and_compile(lm_runs: Path, tmp_path: Path, monkeypatch, fragment: str):
+    monkeypatch.setenv("LIT_TRANSFORMER_COMPILE_BACKEND", "aot_eager")  # seconds, not inductor's minutes
+    base = lm_runs / "base" / "checkpoints" / "last.ckpt"
+    _lora_fit(tmp_path, lm_runs / "cache", base, 2, "--config", str(CONFIGS / "trainer" / f"{fragment}.yaml"))
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert saved["state_dict"] and all(".lora_" in k for k in saved["state_dict"])
+    load_model(tmp_path / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.slow
+def test_lora_with_ddp_on_two_cpu_processes(lm_runs: Path, tmp_path: Path):
+    """Both ranks hold the same adapters after 4 steps; the checkpoint holds the adapters only."""
+    tests = Path(__file__).parent
+    base = lm_runs / "base" / "checkpoints" / "last.ckpt"
+    _process(
+        "fit", *TINY_LM, "--config", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--config", LORA,
+        "--model.init_from", str(base), "--trainer.max_steps", "4", *STEPS, *_where(tmp_path, lm_runs / "cache"),
+        "--trainer.callbacks+=_boring.RankParameters", f"--trainer.callbacks.dirpath={tmp_path / 'ranks'}",
+        cwd=ROOT, env={**ENV, "PYTHONPATH": f"{tests}{os.pathsep}{ROOT}"},
+    )  # fmt: skip
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == 4 and all(".lora_" in k for k in saved["state_dict"])
+    ranks = [torch.load(tmp_path / "ranks" / f"rank{r}.pt") for r in (0, 1)]
+    assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+    for name, value in ranks[0]["params"].items():
+        assert torch.equal(value, ranks[1]["params"][name]), name
+    b_matrices = [v for n, v in ranks[0]["params"].items() if "lora_B" in n]
+    assert b_matrices and any(v.abs().sum() > 0 for v in b_matrices)  # the adapters moved
