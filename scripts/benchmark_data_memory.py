@@ -96,7 +96,8 @@ def write_reviews(path: Path, size_mb: float, seed: int = 0) -> int:
     words = Words(seed)
     target, written, rows = int(size_mb * 1e6), 0, 0
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="") as handle:
+    part = path.with_suffix(".part")
+    with part.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["text", "label"])
         while written < target:
@@ -106,6 +107,7 @@ def write_reviews(path: Path, size_mb: float, seed: int = 0) -> int:
             writer.writerow([text, label])
             written += len(text) + len(label) + 6
             rows += 1
+    os.replace(part, path)  # complete files only: a rerun with --keep reuses it
     return rows
 
 
@@ -125,7 +127,8 @@ def write_captions(folder: Path, size_mb: float, seed: int = 0) -> tuple[Path, i
         picture.save(base / f"{i:02d}.png")
     target, written, rows, count = int(size_mb * 1e6), 0, 0, 0
     path = folder / "captions.csv"
-    with path.open("w", encoding="utf-8", newline="") as handle:
+    part = path.with_suffix(".part")
+    with part.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["image", "caption"])
         while written < target:
@@ -140,6 +143,7 @@ def write_captions(folder: Path, size_mb: float, seed: int = 0) -> tuple[Path, i
                 written += len(name) + len(caption) + 4
                 rows += 1
             count += 1
+    os.replace(part, path)
     return path, rows, count
 
 
@@ -241,17 +245,16 @@ def task_args(task: str, data: Path, run: Path, steps: int) -> tuple[str, list[s
 def run_task(task: str, size_mb: float, args: argparse.Namespace) -> dict:
     work = Path(args.work) / f"{task}-{size_mb:g}mb"
     started = time.perf_counter()
-    if task == "classification":
-        data = work / "reviews.csv"
-        rows = write_reviews(data, size_mb) if not data.exists() else None
-        described = {"rows": rows}
+    data = work / ("reviews.csv" if task == "classification" else "captions.csv")
+    about = work / "about.json"  # what the writer made, for a rerun with --keep
+    if data.exists() and about.exists():
+        described = json.loads(about.read_text())
+    elif task == "classification":
+        described = {"rows": write_reviews(data, size_mb)}
     else:
-        data = work / "captions.csv"
-        if data.exists():
-            described = {"rows": None, "images": None}
-        else:
-            _, rows, count = write_captions(work, size_mb)
-            described = {"rows": rows, "images": count, "distinct_image_files": len(COLOURS)}
+        _, rows, count = write_captions(work, size_mb)
+        described = {"rows": rows, "images": count, "distinct_image_files": len(COLOURS)}
+    about.write_text(json.dumps(described))
     made = time.perf_counter() - started
     run = work / "run"
     subprocess.run(["rm", "-rf", str(run)], check=True)
@@ -280,7 +283,7 @@ def run_task(task: str, size_mb: float, args: argparse.Namespace) -> dict:
     ):
         print(f"{task} {size_mb:g} MB: {name} ...", flush=True)
         record[name] = measure(command, tree, env, args.cap_gb, run / f"{name}.log")
-        record[name]["command"] = shlex.join(["python", *command[1:]])
+        record[name]["cli"] = shlex.join(["python", *command[1:]])
         print(json.dumps({k: v for k, v in record[name].items() if k != "log_tail"}), flush=True)
         if record[name]["rc"] != 0 and name == "prepare" and not record[name]["exceeded"]:
             print(record[name]["log_tail"], flush=True)
@@ -312,6 +315,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/data_memory", help="where the data and runs go")
     parser.add_argument("--keep", action="store_true", help="keep the data (a rerun on another tree reuses it)")
     parser.add_argument("--out", default=None, help="a JSON file the runs are appended to")
+    parser.add_argument("--label", default="main", help="what tree this is, in each record (e.g. before, after)")
     args = parser.parse_args()
     tree = Path(args.tree).resolve()
     runs = []
@@ -319,6 +323,7 @@ def main() -> None:
         for task in args.tasks:
             record = run_task(task, size, args)
             record.update(
+                label=args.label,
                 tree=str(tree),
                 commit=_git_head(tree),
                 cpu=_cpu_model(),

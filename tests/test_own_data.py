@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -229,7 +230,8 @@ TASKS = {
         },
     },
 }
-PROMPTS = ["the king, the", "", "a quiet night"]
+PROMPTS = ["the king, the", "", "a quiet night"]  # predict's inputs: one a line, an empty line too
+SOURCES = ["the king, the sea.", "old red wine."]
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +242,7 @@ def work(tmp_path_factory) -> Path:
         full = {"seed_everything": 1, **config, "trainer": TRAINER, "checkpoint": {"every_n_train_steps": 2}}
         (root / f"{task}.yaml").write_text(yaml.safe_dump(full))
     (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    (root / "sources.txt").write_text("\n".join(SOURCES) + "\n")
     _images(root / "images", 30)
     _images(root / "predict_images", 3, seed=7)
     return root
@@ -285,8 +288,10 @@ def _fit_and_predict(task: str, work: Path, run: Path, dataset: Path | str, *ext
     assert ckpt.is_file(), out.stderr[-2000:]
     from lit_transformer.checkpointing import load_checkpoint
 
-    checkpoint = load_checkpoint(ckpt)
-    assert checkpoint["global_step"] == 2
+    assert load_checkpoint(ckpt)["global_step"] == 2
+    # validation ran after step 2: the best checkpoint is named by its validation NLL, a finite positive number
+    (best,) = (run / "checkpoints").glob("best-step000002-val_nll*.ckpt")
+    assert 0 < float(best.stem.split("val_nll")[1]) < 100, best.name
     output = run / "predictions.jsonl"
     common = ["--config", str(work / f"{task}.yaml"), "--data.init_args.dataset", str(dataset)]
     common += ["--data.init_args.cache_dir", str(work / "cache"), "--ckpt_path", str(ckpt), *extra]
@@ -299,8 +304,6 @@ def _fit_and_predict(task: str, work: Path, run: Path, dataset: Path | str, *ext
         _cli("predict", *common, "--data.init_args.predict_dir", str(work / "predict_images"), cwd=run)
     else:
         inputs = work / ("sources.txt" if task == "translation" else "prompts.txt")
-        if task == "translation":
-            inputs.write_text("the king, the sea.\nold red wine.\n")
         _cli("predict", *common, "--data.init_args.predict_file", str(inputs), cwd=run)
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     _check_predictions(task, work, rows)
@@ -317,7 +320,7 @@ def _check_predictions(task: str, work: Path, rows: list[dict]) -> None:
             assert row["label"] in LABELS and set(row["probabilities"]) == set(LABELS)
             assert sum(row["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
     elif task == "translation":
-        assert [r["input"] for r in rows] == ["the king, the sea.", "old red wine."]
+        assert [r["input"] for r in rows] == SOURCES
         assert all(isinstance(r["output"], str) and len(r["tokens"]) <= 6 for r in rows)
     else:
         assert [r["input"] for r in rows] == PROMPTS
@@ -343,7 +346,7 @@ def form_txt_folder(task: str, folder: Path) -> tuple[Path, list[str]]:
 def _records(task: str, seed: int = 0) -> dict[str, list[dict]]:
     """Each split's records for a task, in the default column names, with extra fields a user's data would hold."""
     if task in ("lm", "mlm"):
-        return _splits(lambda rng: {**_lm_record(rng), "id": rng.randrange(10**6), "source": "made-up"}, seed)
+        return _splits(lambda rng: {**_lm_record(rng), "id": rng.randrange(10**6), "origin": "made-up"}, seed)
     if task == "translation":
         return _splits(
             lambda rng: dict(zip(("en", "es"), _pair(rng), strict=True)) | {"id": rng.randrange(10**6)}, seed
@@ -593,10 +596,13 @@ def _broken_line(task: str, folder: Path) -> tuple[Path, list[str], list[str]]:
 
 
 MISSING = {  # a column the config names that the data lacks; the message names the columns that are there
-    "lm": (["--data.init_args.text_column", "body"], ["'body'", "'text'", "'source'"]),
-    "translation": (["--data.init_args.source_lang", "fr"], ["'fr'", "'en'", "'es'"]),
-    "classification": (["--data.init_args.label_column", "sentiment"], ["'sentiment'", "'label'", "'stars'"]),
-    "captioning": (["--data.init_args.text_column", "description"], ["description", "'caption'", "'photographer'"]),
+    "lm": (["--data.init_args.text_column", "body"], ["body", "text", "id", "origin"]),
+    "translation": (["--data.init_args.source_lang", "fr"], ["fr", "en", "es", "id"]),
+    "classification": (["--data.init_args.label_column", "sentiment"], ["sentiment", "text", "label", "stars", "user"]),
+    "captioning": (
+        ["--data.init_args.text_column", "description"],
+        ["description", "image", "caption", "photographer"],
+    ),
 }
 
 
@@ -628,7 +634,7 @@ def _unseen_label(task: str, folder: Path) -> tuple[Path, list[str], list[str]]:
         handle.write(
             json.dumps({"text": "a furious red storm, again.", "label": "furious", "stars": 1, "user": "u1"}) + "\n"
         )
-    return dataset, args, ["'furious'"]
+    return dataset, args, ["furious"]
 
 
 def _offline(task: str, folder: Path) -> tuple[str, list[str], list[str]]:
@@ -672,5 +678,6 @@ def test_an_error_says_what_is_wrong(error: str, task: str, work: Path, monkeypa
     (cell / "run").mkdir(parents=True)
     failed = _run(task, work, cell / "run", dataset, *args, ok=False)
     message = failed.stderr.strip().splitlines()[-1] if failed.stderr.strip() else ""
-    for part in expected:
-        assert part in message, f"{message!r} lacks {part!r}"
+    for part in expected:  # a name as a whole word, however the message quotes it; a phrase as it is
+        pattern = rf"\b{re.escape(part)}\b" if part.isidentifier() else re.escape(part)
+        assert re.search(pattern, message), f"{message!r} lacks {part!r}"
