@@ -292,6 +292,11 @@ def run_task(task: str, size_mb: float, args: argparse.Namespace) -> dict:
     return record
 
 
+def _git_status(tree: Path, *paths: str) -> str:
+    command = ["git", "-C", str(tree), "status", "--porcelain", "--", *paths]
+    return subprocess.run(command, capture_output=True, text=True).stdout.strip()
+
+
 def _cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -300,9 +305,10 @@ def _cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
-def _git_head(tree: Path) -> str | None:
-    result = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return result.stdout.strip() or None
+def _git_head(tree: Path, *paths: str) -> str | None:
+    """The tree's HEAD, or the last commit that touched `paths` (the package: what the figures depend on)."""
+    command = ["git", "-C", str(tree), "log", "-1", "--format=%h", "--", *paths]
+    return subprocess.run(command, capture_output=True, text=True).stdout.strip() or None
 
 
 def main() -> None:
@@ -326,6 +332,8 @@ def main() -> None:
                 label=args.label,
                 tree=str(tree),
                 commit=_git_head(tree),
+                package_commit=_git_head(tree, "lit_transformer"),
+                package_dirty=bool(_git_status(tree, "lit_transformer")),
                 cpu=_cpu_model(),
                 cores=os.cpu_count(),
                 python=platform.python_version(),
