@@ -138,7 +138,7 @@ OPTIM = {"lr": 1.0e-3, "schedule": "constant", "warmup_steps": 1}
 TASKS = {
     "lm": {
         "model": {
-            "config": {"topology": "decoder_only", "max_seq_len": 32, **TINY},
+            "config": {"topology": "decoder_only", **TINY},  # max_seq_len follows data.block_size
             "optim": OPTIM,
             "generation": {"max_new_tokens": 6},
         },
@@ -150,7 +150,7 @@ TASKS = {
     },
     "mlm": {
         "model": {
-            "config": {"topology": "encoder_only", "head": "masked_lm", "max_seq_len": 17, **TINY},
+            "config": {"topology": "encoder_only", "head": "masked_lm", **TINY},
             "optim": OPTIM,
             "task": {"class_path": "lit_transformer.tasks.MaskedLM"},
         },
