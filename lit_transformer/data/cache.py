@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from filelock import FileLock
 
 from .workers import spawn_guard
@@ -94,13 +93,3 @@ def cached_json(path: Path, build: Callable[[], Any]) -> Any:
             json.dump(value, handle, ensure_ascii=False)
 
     return cached(path, build, save, lambda p: json.loads(p.read_text(encoding="utf-8")))
-
-
-def cached_array(path: Path, build: Callable[[], np.ndarray]) -> np.ndarray:
-    """A numpy array cached as .npy and memory-mapped on load (cheap for every rank)."""
-
-    def save(value: np.ndarray, tmp: str) -> None:
-        with open(tmp, "wb") as handle:
-            np.save(handle, value)
-
-    return cached(path, build, save, lambda p: np.load(p, mmap_mode="r"))

@@ -12,9 +12,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from ..tasks import LanguageModeling, Task
-from .cache import cached_array, fingerprint, hash_texts
-from .encoding import line_pieces, pad_right, token_ids
+from .encoding import encode_input, pad_right, token_ids
 from .sources import SPLIT_ALIASES
 from .splits import SPLITS as SPLITS  # re-exported: the DataModules read it here
 from .tokenizer import special_token_id
@@ -42,24 +40,6 @@ def require_columns(data: datasets.DatasetDict, columns: Sequence[str], what: st
             )
 
 
-def encode_stream(tokenizer: Tokenizer, texts: Sequence[str], eos_id: int | None) -> np.ndarray:
-    """All documents as one token stream, each followed by eos (when the vocabulary has one)."""
-    pieces, owner = [], []
-    for doc, text in enumerate(texts):
-        for piece in line_pieces(text):
-            pieces.append(piece)
-            owner.append(doc)
-    encoded = token_ids(tokenizer, pieces)
-    dtype = np.uint16 if tokenizer.get_vocab_size() <= np.iinfo(np.uint16).max else np.int32
-    parts: list[np.ndarray] = []
-    for i, ids in enumerate(encoded):
-        parts.append(np.asarray(ids, dtype=dtype))
-        last_of_doc = i + 1 == len(encoded) or owner[i + 1] != owner[i]
-        if last_of_doc and eos_id is not None:
-            parts.append(np.asarray([eos_id], dtype=dtype))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-
 def encode_ragged(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Each text's ids, as one flat array and offsets (n + 1) into it."""
     encoded = token_ids(tokenizer, texts)
@@ -68,13 +48,6 @@ def encode_ragged(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarra
     np.cumsum(lengths, out=offsets[1:])
     flat = np.fromiter((i for ids in encoded for i in ids), dtype=np.int32, count=int(offsets[-1]))
     return flat, offsets
-
-
-def cached_stream(
-    cache_dir: Path, tokenizer: Tokenizer, tokenizer_key: str, texts: Sequence[str], eos_id
-) -> np.ndarray:
-    key = fingerprint("lm-stream", 1, tokenizer_key, hash_texts(texts), eos_id)
-    return cached_array(cache_dir / "tokens" / f"stream-{key}.npy", lambda: encode_stream(tokenizer, texts, eos_id))
 
 
 class SingleTokenizer:
@@ -120,8 +93,8 @@ class SplitLoaders:
 
     predict_file: str | None = None
     predict_batch_size: int = 16
-    # Predict inputs are encoded as this task encodes them (Task.encode_input): prompts, or a translation's sources.
-    predict_task: type[Task] = LanguageModeling
+    # Predict inputs are encoded as training builds inputs: a prompt's tokens, or a translation source's then EOS.
+    encoder_decoder = False
     num_labels: int | None = None  # classes of a classification DataModule; linked into the model config
     max_input_length: int | None = None  # predict inputs are cut to this many tokens (a classifier's max_length)
 
@@ -150,7 +123,8 @@ class SplitLoaders:
                 'sentence, a passage) per line or a JSONL file whose lines hold a "text" field'
             )
         texts = read_inputs(self.predict_file)
-        rows = [self.predict_task.encode_input(self.tokenizer, t, self.eos_token_id) for t in texts]
+        eos = self.eos_token_id
+        rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]
         rows = [row[: self.max_input_length] for row in rows]
 
         def collate(indices: list[int]) -> dict:

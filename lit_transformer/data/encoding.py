@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from tokenizers import Tokenizer
 
+IGNORE_INDEX = -100
+"""The label of a position without a target (padding, a masked LM's unchosen tokens): torch's ignore_index."""
 PIECE_CHARS = 1 << 14  # a long text is encoded in pieces of about this many characters, cut at line boundaries
 
 

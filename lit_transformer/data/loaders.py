@@ -228,11 +228,6 @@ class ResumableLoader(_ElasticStream):
         # A materialised permutation: batch lists are short, and this order is the one earlier releases used.
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_items)[within]
 
-    def epoch_order(self, epoch: int) -> list[list[int]]:
-        """The global order of the batches in `epoch` (every rank's)."""
-        items = self.items_at(np.arange(epoch * self.num_items, (epoch + 1) * self.num_items))
-        return [self.batches[i] for i in items]
-
     def __len__(self) -> int:
         return self.num_items // _rank_and_world()[1] if not self.shuffle else super().__len__()
 
@@ -408,28 +403,3 @@ def stack_blocks(blocks: np.ndarray) -> dict[str, torch.Tensor]:
     """(B, T+1) packed tokens to next-token inputs and labels."""
     tokens = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.int64))
     return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
-
-
-class BlockDataset(Dataset):
-    """A flat token stream seen as blocks of block_size + 1 tokens, each overlapping the next by one token.
-
-    Block i is tokens[i*T : i*T + T + 1]: inputs are its first T tokens, labels its last T, so every token after
-    the first is predicted exactly once and no padding is needed.
-    """
-
-    def __init__(self, tokens: np.ndarray, block_size: int) -> None:
-        if len(tokens) < block_size + 1:
-            raise ValueError(f"{len(tokens)} tokens are fewer than one block of block_size + 1 = {block_size + 1}")
-        self.tokens = tokens
-        self.block_size = block_size
-        self._offsets = np.arange(block_size + 1)
-
-    def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.block_size
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {k: v[0] for k, v in self.__getitems__([index]).items()}
-
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        starts = np.asarray(indices, dtype=np.int64)[:, None] * self.block_size
-        return stack_blocks(self.tokens[starts + self._offsets])

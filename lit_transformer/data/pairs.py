@@ -27,7 +27,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from ..tasks.losses import IGNORE_INDEX
+from .encoding import IGNORE_INDEX
 from .preparation import SHARD_TOKENS, RecordKind, prepare
 from .sources import BUILDERS
 from .splits import HELD_OUT, carve, hash_bucket

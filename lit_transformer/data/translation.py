@@ -23,11 +23,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from ..tasks import Translation
-from ..tasks.losses import IGNORE_INDEX
 from . import corpora
 from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
 from .common import SPLITS, SplitLoaders, encode_ragged, normalise_splits, require_columns
+from .encoding import IGNORE_INDEX
 from .loaders import ResumableLoader, token_budget_plan
 from .pairs import (
     PairStream,
@@ -38,7 +37,13 @@ from .pairs import (
     sample_pairs,
 )
 from .sources import load_any
-from .tokenizer import KINDS, load_or_train_tokenizer, special_token_id
+from .tokenizer import (
+    KINDS,
+    load_hf_marian_tokenizers,
+    load_or_train_tokenizer,
+    marian_decoder_start_token_id,
+    special_token_id,
+)
 
 __all__ = ["IGNORE_INDEX", "PairDataset", "TranslationDataModule"]
 
@@ -98,7 +103,7 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
     vocabulary sizes and special ids into the model config.
     """
 
-    predict_task = Translation  # predict inputs are sources: their tokens, then EOS
+    encoder_decoder = True  # predict inputs are sources: their tokens, then EOS
 
     def __init__(
         self,
@@ -287,8 +292,6 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
 
     def _load_tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
         if self._tokenizers is None and self._marian_folder():
-            from lit_transformer.interop.hf_marian import load_hf_marian_tokenizers
-
             src, tgt = load_hf_marian_tokenizers(self.tokenizer_spec)
             if self.shared_vocab and src.get_vocab() != tgt.get_vocab():
                 raise ValueError(f"{self.tokenizer_spec} has a vocabulary per language: set shared_vocab false")
@@ -348,8 +351,6 @@ class TranslationDataModule(SplitLoaders, L.LightningDataModule):
     def bos_token_id(self) -> int:
         """Where targets start (tgt_in = [bos] + target): a Marian folder says so in its config (OPUS-MT: <pad>)."""
         if self._marian_folder():
-            from lit_transformer.interop.hf_marian import marian_decoder_start_token_id
-
             start = marian_decoder_start_token_id(self.tokenizer_spec)
             if start is not None:
                 return start
