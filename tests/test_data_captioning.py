@@ -144,7 +144,7 @@ def test_an_offline_hub_name_says_how_to_use_local_files(tmp_path, monkeypatch):
 def test_predict_reads_a_folder_of_images_in_name_order(tmp_path):
     _write_images(tmp_path, ["b.png", "a.jpg"])
     (tmp_path / "notes.txt").write_text("not an image")
-    dm = CaptioningDataModule(predict_dir=str(tmp_path), image_size=(8, 48), cache_dir=str(tmp_path / "c"))
+    dm = CaptioningDataModule(predict_file=str(tmp_path), image_size=(8, 48), cache_dir=str(tmp_path / "c"))
     dm.setup()
     batch = next(iter(dm.predict_dataloader()))
     assert batch["image"] == ["a.jpg", "b.png"] and batch["src"].shape == (2, 1, 8, 48)

@@ -79,7 +79,6 @@ def split_pairs(dm: TranslationDataModule, split: str) -> list[tuple[list[int], 
 def test_each_format_prepares_into_shards_holding_every_pair_once_with_held_out_splits_by_hash(tmp_path, fmt):
     rows = pair_rows(400)
     dm = make(tmp_path, write_pairs(tmp_path / "corpus", rows, fmt))
-    assert dm.uses_shards
     info, splits = load_prepared_pairs(dm.prepare())
     assert info["held_out"] == "hash" and info["dtype"] == "uint16"
     by_split = dm.pairs()
@@ -191,7 +190,7 @@ def test_worker_processes_write_the_same_shards_with_separate_tokenizers(tmp_pat
     monkeypatch.setattr(preparation, "POOL_MIN_BYTES", 0)
     monkeypatch.setattr(preparation, "CHUNK_CHARS", 5000)
     dm = make(tmp_path, write_pairs(tmp_path / "corpus", pair_rows(800), "jsonl"), shared_vocab=False)
-    tokenizers, keys = dm._load_tokenizers(), dm._tokenizer_keys
+    tokenizers, keys = dm.tokenizers, dm._tokenizer_keys
     assert tokenizers[0].to_str() != tokenizers[1].to_str()
     files = {}
     for workers in (1, 2):
@@ -206,7 +205,7 @@ def test_a_killed_preparation_resumes_after_its_last_finished_shard(tmp_path, mo
     monkeypatch.setattr(preparation, "CHUNK_CHARS", 3000)
     reference = make(tmp_path / "a", path)
     stream = reference.pair_stream
-    tokenizers, keys = reference._load_tokenizers(), reference._tokenizer_keys
+    tokenizers, keys = reference.tokenizers, reference._tokenizer_keys
     fresh = prepare_pairs(stream, tokenizers, keys, tmp_path / "a" / "cache", shard_tokens=20_000)
 
     cache = tmp_path / "b"
@@ -295,18 +294,10 @@ def test_batches_stay_within_the_token_budget_and_cover_every_kept_pair(tmp_path
     assert len(seen) == len(data) == len({tuple(s) for s in seen})
 
 
-def test_the_shards_give_the_same_batches_as_the_in_memory_path(tmp_path):
-    folder = folder_of_splits(tmp_path)
-    memory = make(tmp_path, folder, storage="memory", max_length=80)
-    shards = make(tmp_path, folder, storage="shards", max_length=80)
-    assert memory._tokenizer_keys == shards._tokenizer_keys or memory.tokenizer.to_str() == shards.tokenizer.to_str()
-    for split, loader in (("train", "train_dataloader"), ("validation", "val_dataloader")):
-        a, b = list(getattr(memory, loader)()), list(getattr(shards, loader)())
-        assert len(a) == len(b) >= 4, split
-        for x, y in zip(a, b, strict=True):
-            assert x.keys() == y.keys()
-            for key in x:
-                assert (x[key] == y[key]).all() if hasattr(x[key], "shape") else x[key] == y[key], (split, key)
+def test_the_former_in_memory_storage_is_accepted_with_a_warning_and_streams_into_shards(tmp_path):
+    with pytest.warns(FutureWarning, match="data.storage is deprecated"):
+        dm = make(tmp_path, folder_of_splits(tmp_path), storage="memory", max_length=80)
+    assert (dm.prepare() / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)])
@@ -323,7 +314,7 @@ def test_training_batches_resume_elastically_on_another_process_count(tmp_path, 
         ranks = []
         for rank in range(world):
             monkeypatch.setattr(loaders, "_rank_and_world", lambda rank=rank: (rank, world))
-            loader = dm._loader("train", shuffle=True)
+            loader = dm.loader("train", shuffle=True)
             if state is not None:
                 loader.load_state_dict(state)
             ranks.append([rank, loader, iter(loader)])
@@ -340,7 +331,7 @@ def test_training_batches_resume_elastically_on_another_process_count(tmp_path, 
         return seen, ranks[0][1].state_dict()
 
     monkeypatch.setattr(loaders, "_rank_and_world", lambda: (0, 1))
-    single = dm._loader("train", shuffle=True)
+    single = dm.loader("train", shuffle=True)
     per_epoch = len(single)
     reference = [key(b) for b in itertools.chain(single, single, single)]
     steps = per_epoch // 2 + 3

@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -20,12 +19,13 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from . import corpora
-from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
-from .common import SingleTokenizer, SplitLoaders, encode_ragged, normalise_splits, require_columns
+from .base import DataModule
+from .cache import cached, fingerprint, hash_texts
+from .common import encode_ragged, normalise_splits, require_columns
 from .loaders import ResumableLoader, token_budget_batches
 from .sources import load_any
 from .splits import SPLITS, carve_columns
-from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
+from .tokenizer import MASK, special_token_id
 
 
 class TextClassDataset(Dataset):
@@ -56,7 +56,7 @@ class TextClassDataset(Dataset):
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataModule):
+class ClassificationDataModule(DataModule):
     """Sequence classification data: texts with one label (or several, multi_label) each.
 
     The tokenizer and the label names are ready right after construction (read and trained on first access), so the
@@ -120,36 +120,23 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
                 field per line; each gets its label and probability in the output JSONL (see --predictions.output).
             predict_batch_size: Inputs classified at once by `predict`.
         """
-        super().__init__()
-        if max_length < 1 or batch_size < 1 or (max_tokens is not None and max_tokens < max_length):
+        super().__init__(
+            dataset, dataset_config, text_column, tokenizer, vocab_size, batch_size=batch_size, max_tokens=max_tokens,
+            held_out=held_out, num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
+            predict_batch_size=predict_batch_size,
+        )  # fmt: skip
+        if max_length < 1 or (max_tokens is not None and max_tokens < max_length):
             raise ValueError(
-                f"Need max_length >= 1, batch_size >= 1 and max_tokens >= max_length or None (got {max_length}, "
-                f"{batch_size}, {max_tokens})"
+                f"Need max_length >= 1 and max_tokens >= max_length or None (got {max_length}, {max_tokens})"
             )
-        if not 0 < held_out < 0.5:
-            raise ValueError(f"held_out={held_out} must be between 0 and 0.5 (validation and test take it each)")
-        self.dataset = dataset
-        self.dataset_config = dataset_config
-        self.text_column, self.label_column = text_column, label_column
+        self.label_column = label_column
         self.requested_label_names = label_names
         self.multi_label = multi_label
-        self.tokenizer_spec = tokenizer
-        self.requested_vocab_size = vocab_size
         self.max_length = self.max_input_length = max_length
-        self.batch_size = batch_size
-        self.max_tokens = max_tokens
         self.max_examples = max_examples
-        self.held_out = held_out
         self.lines_per_passage = lines_per_passage
-        self.num_workers = num_workers
-        self.seed = seed
-        self.cache_dir = resolve_cache_dir(cache_dir)
-        self.predict_file = predict_file
-        self.predict_batch_size = predict_batch_size
         self._rows: dict[str, tuple[list[str], list[Any]]] | None = None
         self._label_names: list[str] | None = None
-        self._tokenizer: Tokenizer | None = None
-        self._tokenizer_key = ""
         self._datasets: dict[str, TextClassDataset] = {}
 
     # ------------------------------------------------------------------ rows and labels
@@ -161,10 +148,8 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
         return self._rows
 
     def _load_rows(self) -> dict[str, tuple[list[str], list[Any]]]:
-        class_names = None
-        if self.dataset in corpora.EMBEDDED_CLASSIFICATION:
-            data = corpora.shakespeare_genre(self.lines_per_passage)
-        else:
+        data = corpora.embedded(self.dataset, self.cache_dir, lines_per_passage=self.lines_per_passage)
+        if data is None:
             data = load_any(self.dataset, self.dataset_config, self.cache_dir, self.text_column)
         data = normalise_splits(data)
         require_columns(data, [self.text_column, self.label_column], f"dataset {self.dataset!r}")
@@ -244,23 +229,22 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
 
     # ------------------------------------------------------------------ tokenizer
 
-    @property
-    def tokenizer(self) -> Tokenizer:
+    def tokenizer_texts(self) -> list[str]:
+        return self.rows()["train"][0]
+
+    def build_tokenizers(self) -> tuple[tuple[Tokenizer, Tokenizer], tuple[str, str]]:
         """The tokenizer, with a <mask> token (added after the trained vocabulary when it has none)."""
-        if self._tokenizer is None:
-            tokenizer, self._tokenizer_key = load_or_train_tokenizer(
-                self.tokenizer_spec, lambda: self.rows()["train"][0], self.requested_vocab_size, self.cache_dir
-            )
-            if special_token_id(tokenizer, "mask") is None:
-                tokenizer.add_special_tokens([MASK])
-            self._tokenizer = tokenizer
-        return self._tokenizer
+        (tokenizer, _), keys = super().build_tokenizers()
+        if special_token_id(tokenizer, "mask") is None:
+            tokenizer.add_special_tokens([MASK])
+        return (tokenizer, tokenizer), keys
 
     # ------------------------------------------------------------------ Lightning hooks
 
     def _encoded(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         texts = self.rows()[split][0]
-        key = fingerprint("classification", 1, self._tokenizer_key, self.tokenizer.get_vocab_size(), hash_texts(texts))
+        tokenizer = self.tokenizer
+        key = fingerprint("classification", 1, self._tokenizer_keys[0], tokenizer.get_vocab_size(), hash_texts(texts))
 
         def save(arrays: tuple[np.ndarray, np.ndarray], tmp: str) -> None:
             with open(tmp, "wb") as f:
@@ -270,12 +254,11 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
             with np.load(path) as arrays:
                 return arrays["ids"], arrays["offsets"]
 
-        tokenizer = self.tokenizer
         path = self.cache_dir / "tokens" / f"classification-{key}.npz"
         return cached(path, lambda: encode_ragged(tokenizer, texts), save, load)
 
-    def prepare_data(self) -> None:
-        """Once per node: train the tokenizer and tokenize every split into the cache."""
+    def prepare(self) -> None:
+        """Train the tokenizer and tokenize every split into the cache."""
         for split in SPLITS:
             self._encoded(split)
 
@@ -286,7 +269,7 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
                 pad = self.pad_token_id if self.pad_token_id is not None else 0
                 self._datasets[split] = TextClassDataset(ids, offsets, self.label_ids(split), self.max_length, pad)
 
-    def _loader(self, split: str, shuffle: bool) -> ResumableLoader:
+    def loader(self, split: str, shuffle: bool) -> ResumableLoader:
         if split not in self._datasets:
             self.setup()
         dataset = self._datasets[split]
@@ -307,21 +290,18 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
         if split not in self._datasets:
             self.setup()
         lengths = self._datasets[split].lengths()
-        batches = self._loader(split, shuffle=False).batches
+        batches = self.loader(split, shuffle=False).batches
         real = sum(int(lengths[b].sum()) for b in batches)
         total = sum(int(lengths[b].max()) * len(b) for b in batches)
         return 1.0 - real / total
 
-    def state_dict(self) -> dict:
-        """Saved in every checkpoint: the tokenizer and the label names."""
-        return {"tokenizer": self.tokenizer.to_str(), "label_names": self.label_names}
+    def own_state(self) -> dict:
+        """Saved in every checkpoint beside the tokenizer: the label names."""
+        return {"label_names": self.label_names}
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        saved = state_dict.get("tokenizer")
-        if saved is not None and self._tokenizer is None:
-            self._tokenizer = Tokenizer.from_str(saved)
-        if state_dict.get("label_names") and self._label_names is None:
-            self._label_names = list(state_dict["label_names"])
+    def load_own_state(self, state: dict) -> None:
+        if state.get("label_names") and self._label_names is None:
+            self._label_names = list(state["label_names"])
 
 
 def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int) -> list[list[int]]:

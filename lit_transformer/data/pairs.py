@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from .encoding import IGNORE_INDEX
 from .preparation import SHARD_TOKENS, RecordKind, prepare
 from .sources import BUILDERS
-from .splits import HELD_OUT, carve, hash_bucket
+from .splits import HELD_OUT, held_out_split
 from .streaming import Source, SplitStream, columns_of, records
 
 # ---------------------------------------------------------------------------------------------------- batches
@@ -119,12 +119,13 @@ class PairStream(SplitStream):
         source_column: str | None = None,
         target_column: str | None = None,
         embedded=None,
+        held_out: float = HELD_OUT,
     ) -> None:
         self.langs = (source_lang, target_lang)
         self.explicit = bool(source_column or target_column)
         self.columns = (source_column or source_lang, target_column or target_lang)
         self._read_columns: dict[str, list[str] | None] = {}
-        super().__init__(dataset, dataset_config, embedded)
+        super().__init__(dataset, dataset_config, embedded, held_out)
 
     def _columns(self) -> list[str]:
         return list(self.columns)
@@ -150,7 +151,8 @@ class PairStream(SplitStream):
             if not source or not target:
                 yield None, pair
             else:
-                yield (carve(hash_bucket(source, target), self.missing) if carving else source_name), pair
+                split = held_out_split(source, target, missing=self.missing, held_out=self.held_out)
+                yield (split if carving else source_name), pair
 
     def pairs(self, split: str) -> Iterator[tuple[str, str]]:
         """The (source, target) pairs of `split` in order, rows with an empty side left out."""
@@ -275,8 +277,8 @@ class PairKind(RecordKind):
                 total = sum(index["pairs"] for index in splits.values())
                 raise ValueError(
                     f"{stream.dataset!r} has {total} pairs and no {name} split: the held-out splits take "
-                    f"{HELD_OUT:.0%} each, picked by a hash of the pair, and this one got none. Give at least about "
-                    f"{int(20 / HELD_OUT)} pairs, or files named train*/valid*/test* to choose the splits yourself"
+                    f"{stream.held_out:.0%} each, picked by a hash of the pair, and this one got none. Give at least about "
+                    f"{int(20 / stream.held_out)} pairs, or files named train*/valid*/test* to choose the splits yourself"
                 )
             raise ValueError(f"{stream.dataset!r} has no {name} pairs; provide a {name} split (e.g. a {name}.tsv file)")
 

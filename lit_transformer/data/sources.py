@@ -7,6 +7,7 @@ the file; a hub name while offline fails within seconds and says how to use loca
 from __future__ import annotations
 
 import glob
+import json
 import os
 import socket
 import threading
@@ -170,3 +171,27 @@ def load_hub(name: str, config: str | None, cache_dir: Path) -> datasets.Dataset
 
 def load_any(spec: str, config: str | None, cache_dir: Path, text_column: str = "text") -> datasets.DatasetDict:
     return load_local(spec, cache_dir, text_column) if is_local(spec) else load_hub(spec, config, cache_dir)
+
+
+def read_inputs(path: str | Path, field: str = "text") -> list[str]:
+    """The inputs of a predict run: a .jsonl/.json file's `field` per line, or else every line of a text file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"predict_file {str(path)!r} does not exist; give a text file with one input per line")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix not in (".jsonl", ".json"):
+        return lines
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise ValueError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
+        texts.append(row[field])
+    if not texts:
+        raise ValueError(f"predict_file {str(path)!r} holds no input")
+    return texts

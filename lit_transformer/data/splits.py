@@ -36,6 +36,15 @@ def carve(bucket: int, missing: Sequence[str], held_out: float = HELD_OUT) -> st
     return missing[index] if index < len(missing) else "train"
 
 
+def held_out_split(*texts: str, missing: Sequence[str], held_out: float = HELD_OUT) -> str:
+    """The one carving: the split of a training record by a hash of its content (its texts, a pair's sides joined
+    by a tab; a verse's key; an image's name), when `missing` held-out splits are carved from train.
+
+    Each embedded corpus that is split by hash goes through here too; KJV-RV1909 keeps the layout its caches were
+    built with (test first, 2% each: `missing=("test", "validation"), held_out=0.02`)."""
+    return carve(hash_bucket(*texts), missing, held_out)
+
+
 def line_range(split: str, missing: Sequence[str], held_out: float = HELD_OUT) -> tuple[float, float]:
     """The fraction of each document `split` takes when carving by lines: train first, then the held-out splits."""
     n = len(missing)

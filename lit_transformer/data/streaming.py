@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .cache import fingerprint
 from .sources import BUILDERS, LOCAL_HINT, OfflineError, ensure_online, is_local, local_files, split_of
-from .splits import SPLITS, carve, digest_bucket, hash_bucket, line_range, missing_splits
+from .splits import HELD_OUT, SPLITS, carve, digest_bucket, held_out_split, line_range, missing_splits
 
 HASH_MIN_DOCUMENTS = 200  # from this many training documents on, held-out splits are whole documents picked by hash
 CHUNK_BYTES = 1 << 20  # a .txt file is read in line-bounded chunks of about this size
@@ -64,8 +64,10 @@ class SplitStream:
     key: str  # the content key's tag
     local_hint: str  # what local data may be, for the error naming a missing path
 
-    def __init__(self, dataset: str, dataset_config: str | None = None, embedded=None) -> None:
-        self.dataset, self.dataset_config = dataset, dataset_config
+    def __init__(
+        self, dataset: str, dataset_config: str | None = None, embedded=None, held_out: float = HELD_OUT
+    ) -> None:
+        self.dataset, self.dataset_config, self.held_out = dataset, dataset_config, held_out
         self.sources: dict[str, Source] = {}
         self._hub: dict = {}
         if embedded is not None:
@@ -128,7 +130,9 @@ class SplitStream:
 
     def content_key(self, file_hash) -> str:
         """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
-        return fingerprint(self.key, 1, self._source_parts(file_hash), *self._settings(), self.mode)
+        # held_out enters the key only when it is not the default every earlier cache was carved with.
+        carving = () if self.held_out == HELD_OUT else (self.held_out,)
+        return fingerprint(self.key, 1, self._source_parts(file_hash), *self._settings(), self.mode, *carving)
 
     def _source_parts(self, file_hash) -> list[tuple]:
         """Each source's identity: its files' hashes, a digest of its in-memory rows (a text or a tuple of texts each),
@@ -184,9 +188,10 @@ class CorpusStream(SplitStream):
         dataset_config: str | None = None,
         text_column: str = "text",
         embedded=None,
+        held_out: float = HELD_OUT,
     ) -> None:
         self.text_column = text_column
-        super().__init__(dataset, dataset_config, embedded)
+        super().__init__(dataset, dataset_config, embedded, held_out)
 
     def _columns(self) -> list[str]:
         return [self.text_column]
@@ -212,22 +217,24 @@ class CorpusStream(SplitStream):
                 path = payload
                 if line_mode:
                     for split in ("train", *self.missing):
-                        for piece in self._file_lines(path, document, *line_range(split, self.missing)):
+                        for piece in self._file_lines(path, document, *line_range(split, self.missing, self.held_out)):
                             yield split, piece
                 else:
-                    owner = carve(digest_bucket(digest()), self.missing) if carving else source_name
+                    owner = carve(digest_bucket(digest()), self.missing, self.held_out) if carving else source_name
                     for piece in _file_chunks(path, document):
                         yield owner, piece
             else:
                 text, nbytes = payload
                 if line_mode:
                     for split in ("train", *self.missing):
-                        start, end = line_range(split, self.missing)
+                        start, end = line_range(split, self.missing, self.held_out)
                         a = 0 if start == 0 else _line_cut(text, start)
                         b = len(text) if end >= 1 else _line_cut(text, end)
                         yield split, Piece(text[a:b], document, True, nbytes if split == "train" else 0)
                 else:
-                    owner = carve(hash_bucket(text), self.missing) if carving else source_name
+                    owner = (
+                        held_out_split(text, missing=self.missing, held_out=self.held_out) if carving else source_name
+                    )
                     yield owner, Piece(text, document, True, nbytes)
             document += 1
 
