@@ -116,7 +116,8 @@ def test_without_a_split_column_images_are_carved_by_name(tmp_path):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"image": "a.png"}\n', 'captions.jsonl:1 has no "caption" value'),
+        ('{"image": "a.png"}\n', r"captions.jsonl has no column 'caption'; its columns are \['image'\]"),
+        ('{"image": "a.png", "caption": "x"}\n{"image": "b.png"}\n', r"captions.jsonl:2 has no column 'caption'"),
         ('{"image": "a.png", "caption": "x"}\nnot json\n', "captions.jsonl:2 is not valid JSON"),
     ],
 )

@@ -125,7 +125,7 @@ def test_a_hub_dataset_is_read_as_a_stream(tmp_path, monkeypatch):
     dm = make(tmp_path, "someone/pairs", dataset_config="en-es")
     info, splits = load_prepared_pairs(dm.prepare())
     assert asked and all(a == ("someone/pairs", "en-es", True) for a in asked)
-    assert isinstance(dm.pair_stream._hub["train"], datasets.IterableDataset)
+    assert isinstance(dm.pair_stream.sources["train"].table, datasets.IterableDataset)
     assert info["held_out"] == "hash" and sum(len(s) for s in splits.values()) == len(rows)
 
 

@@ -17,8 +17,6 @@ first caption and BLEU against all of them. Images are decoded and resized with 
 
 from __future__ import annotations
 
-import csv
-import json
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,12 +26,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from . import corpora
 from .base import DataModule
-from .digits import digit_strips
+from .digits import DigitStrips
 from .encoding import token_ids
 from .pairs import target_batch
-from .sources import SPLIT_ALIASES, ensure_online
-from .splits import carve, hash_bucket
+from .sources import SPLIT_ALIASES, ensure_online, is_local
+from .splits import SPLITS
+from .streaming import RowStream, is_saved_dataset
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 FEATURE_SUFFIXES = (".npy", ".safetensors")
@@ -82,38 +82,6 @@ def load_features(path: Path) -> torch.Tensor:
     if features.dim() != 2:
         raise ValueError(f"{path}: features must be (regions, source_dim), got shape {tuple(features.shape)}")
     return features
-
-
-def read_caption_rows(path: Path, image_column: str, text_column: str) -> list[dict[str, str]]:
-    """The rows of a .csv or .jsonl captions file, each checked for its image and caption fields."""
-    if path.suffix not in (".csv", ".jsonl"):
-        raise ValueError(f"captions file {str(path)!r}: expected .csv or .jsonl, one row per caption")
-    with path.open(encoding="utf-8", newline="") as handle:
-        if path.suffix == ".csv":
-            rows = list(csv.DictReader(handle))
-            numbered = enumerate(rows, 2)  # line 1 is the header
-        else:
-            rows, numbered = [], []
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise ValueError(
-                        f"{path}:{number} is not valid JSON ({error.msg}); write one object a line"
-                    ) from None
-                numbered.append((number, rows[-1]))
-    for number, row in numbered:
-        for column in (image_column, text_column):
-            if not isinstance(row, dict) or not isinstance(row.get(column), str) or not row[column].strip():
-                raise ValueError(
-                    f'{path}:{number} has no "{column}" value; each row needs "{image_column}" (an image path) and '
-                    f'"{text_column}" (one caption)'
-                )
-    if not rows:
-        raise ValueError(f"captions file {str(path)!r} holds no caption")
-    return rows
 
 
 class _Pairs(Dataset):
@@ -203,56 +171,60 @@ class CaptioningDataModule(DataModule):
 
     # ---- sources ---------------------------------------------------------------------------------------------
     def _read_splits(self) -> dict[str, CaptionSplit]:
-        dataset = self.dataset
-        if dataset == "digits":
-            return self._digit_splits()
-        if Path(dataset).suffix in (".csv", ".jsonl"):
-            return self._file_splits(Path(dataset))
-        if Path(dataset).exists():
-            raise ValueError(f"dataset {dataset!r}: give a .csv or .jsonl captions file (one row per caption)")
-        return self._hub_splits(dataset)
+        embedded = corpora.embedded(
+            self.dataset, self.cache_dir, image_size=self.image_size, channels=self.channels, strips=self.strips
+        )
+        if embedded is not None and isinstance(next(iter(embedded.values())), DigitStrips):
+            return {
+                split: CaptionSplit(
+                    torch.from_numpy(strips.images).__getitem__,
+                    [f"{split}-{i}" for i in range(len(strips))],
+                    [[c] for c in strips.captions],
+                )
+                for split, strips in embedded.items()
+            }
+        if embedded is None and not is_local(self.dataset) and not is_saved_dataset(self.dataset):
+            return self._hub_splits(self.dataset)
+        return self._row_splits(embedded)
 
-    def _digit_splits(self) -> dict[str, CaptionSplit]:
-        if self.image_size[0] != 8 or self.image_size[1] % 8 or self.channels != 1:
-            raise ValueError(
-                f"dataset='digits' strips are 8 pixels high, 8 wide a digit, greyscale: image_size=[8, 8 * max digits] "
-                f"and channels=1, not image_size={list(self.image_size)}, channels={self.channels}"
-            )
-        splits = {}
-        for split, count in zip(("train", "validation", "test"), self.strips, strict=True):
-            strips = digit_strips(split, count, max_digits=self.image_size[1] // 8)
-            images = torch.from_numpy(strips.images)
-            splits[split] = CaptionSplit(
-                images.__getitem__, [f"{split}-{i}" for i in range(count)], [[c] for c in strips.captions]
-            )
-        return splits
-
-    def _file_splits(self, path: Path) -> dict[str, CaptionSplit]:
-        if not path.is_file():
-            raise FileNotFoundError(f"captions file {str(path)!r} does not exist")
-        rows = read_caption_rows(path, self.image_column, self.text_column)
-        root = Path(self.images_dir or path.parent)
+    def _row_splits(self, embedded) -> dict[str, CaptionSplit]:
+        """Captions read through the one reader: one row per caption (an image may have several, its references);
+        an image's split is its rows' split column, else its file's (train*/valid*/test*), else carved by a hash of
+        its name."""
+        hint = " (choose them with --data.init_args.image_column and text_column)"
+        stream = RowStream(
+            self.dataset, [self.image_column, self.text_column], self.image_column, self.dataset_config, embedded,
+            self.held_out, hint,
+        )  # fmt: skip
         captions: dict[str, list[str]] = {}
         split_of: dict[str, str] = {}
-        for row in rows:
-            name = row[self.image_column]
-            captions.setdefault(name, []).append(row[self.text_column].strip())
-            given = str(row.get("split") or "").strip().lower()
+        where: dict[str, str] = {}
+        for split, row in stream.all_rows():
+            name, caption = row.values[self.image_column], row.values[self.text_column]
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f'{row.where} has no "{self.image_column}" value: each row names an image (a path)')
+            refs = [caption] if isinstance(caption, str) else list(caption or [])
+            if not any(isinstance(c, str) and c.strip() for c in refs):
+                raise ValueError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
+            given = str(row.values.get("split") or "").strip().lower()
             if given and given not in SPLIT_ALIASES:
-                raise ValueError(f"{path}: image {name!r} has split {given!r}; use train, validation or test")
-            split_of.setdefault(name, SPLIT_ALIASES[given] if given else self._carve(name))
+                raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
+            captions.setdefault(name, []).extend(c.strip() for c in refs if isinstance(c, str) and c.strip())
+            split_of.setdefault(name, SPLIT_ALIASES[given] if given else split)
+            where.setdefault(name, self.images_dir or row.folder or ".")
         splits = {}
-        for split in ("train", "validation", "test"):
+        for split in SPLITS:
             names = [n for n in captions if split_of[n] == split]
             if not names:
-                raise ValueError(f"{path}: no image falls in the {split} split; add rows or a split column")
+                why = "carved by a hash of the image name" if split in stream.missing else "its source has no row"
+                raise ValueError(
+                    f"{self.dataset}: no image falls in the {split} split ({why}); add rows, a {split} file or a "
+                    "split column"
+                )
             splits[split] = CaptionSplit(
-                self._loader_for([root / n for n in names]), names, [captions[n] for n in names]
+                self._loader_for([Path(where[n]) / n for n in names]), names, [captions[n] for n in names]
             )
         return splits
-
-    def _carve(self, name: str) -> str:
-        return carve(hash_bucket(name), ("validation", "test"), self.held_out)
 
     def _loader_for(self, paths: Sequence[Path]) -> Callable[[int], torch.Tensor]:
         """Each image's source: its features (features_dir) or its pixels, read when the batch is built."""

@@ -8,7 +8,9 @@ length, so padding stays a few percent of the tokens.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,10 @@ from torch.utils.data import Dataset
 from . import corpora
 from .base import DataModule
 from .cache import cached, fingerprint, hash_texts
-from .common import encode_ragged, normalise_splits, require_columns
+from .encoding import token_ids
 from .loaders import ResumableLoader, token_budget_batches
-from .sources import load_any
-from .splits import SPLITS, carve_columns
+from .splits import SPLITS
+from .streaming import LabelledStream
 from .tokenizer import MASK, special_token_id
 
 
@@ -135,6 +137,7 @@ class ClassificationDataModule(DataModule):
         self.max_length = self.max_input_length = max_length
         self.max_examples = max_examples
         self.lines_per_passage = lines_per_passage
+        self._stream: LabelledStream | None = None
         self._rows: dict[str, tuple[list[str], list[Any]]] | None = None
         self._label_names: list[str] | None = None
         self._datasets: dict[str, TextClassDataset] = {}
@@ -147,29 +150,39 @@ class ClassificationDataModule(DataModule):
             self._rows = self._load_rows()
         return self._rows
 
+    @property
+    def stream(self) -> LabelledStream:
+        """The labelled texts of each split, read through the one reader (held-out splits carved by text hash)."""
+        if self._stream is None:
+            embedded = corpora.embedded(self.dataset, self.cache_dir, lines_per_passage=self.lines_per_passage)
+            self._stream = LabelledStream(
+                self.dataset, self.dataset_config, self.text_column, self.label_column, embedded, self.held_out
+            )
+        return self._stream
+
     def _load_rows(self) -> dict[str, tuple[list[str], list[Any]]]:
-        data = corpora.embedded(self.dataset, self.cache_dir, lines_per_passage=self.lines_per_passage)
-        if data is None:
-            data = load_any(self.dataset, self.dataset_config, self.cache_dir, self.text_column)
-        data = normalise_splits(data)
-        require_columns(data, [self.text_column, self.label_column], f"dataset {self.dataset!r}")
-        feature = data["train"].features.get(self.label_column)
-        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
-        class_names = getattr(feature, "names", None)
+        class_names = self.stream.class_names()
         rows = {}
-        for name, split in data.items():
-            kept = [(t, y) for t, y in zip(split[self.text_column], split[self.label_column], strict=True) if t]
-            # Hub test splits often hide their labels as -1 (glue): such a split cannot be scored.
-            if kept and not self.multi_label and all(y == -1 for _, y in kept):
-                continue
-            if class_names is not None:
-                kept = [(t, _names(y, class_names)) for t, y in kept]
-            rows[name] = ([t for t, _ in kept], [y for _, y in kept])
-        if not rows.get("train", ([],))[0]:
-            raise ValueError(f"The training split of {self.dataset!r} has no labelled text")
-        rows = carve_columns(rows, self.held_out)
-        if self.max_examples is not None:
-            rows["train"] = (rows["train"][0][: self.max_examples], rows["train"][1][: self.max_examples])
+        for split in SPLITS:
+            records = self.stream.records_of(split)
+            if split == "train" and self.max_examples is not None:
+                records = itertools.islice(records, self.max_examples)
+            kept = [(r.text, r.label if class_names is None else _names(r.label, class_names)) for r in records]
+            rows[split] = ([t for t, _ in kept], [y for _, y in kept])
+        if not rows["train"][0]:
+            raise ValueError(
+                f"The training split of {self.dataset!r} has no labelled text: every row's {self.text_column!r} is "
+                f"blank or its {self.label_column!r} empty"
+            )
+        for split in SPLITS[1:]:
+            if not rows[split][0]:
+                why = (
+                    f"carved from train, {self.held_out:.0%} of the texts by a hash of each, it got none: give more "
+                    f"texts, a larger held_out, or a {split} file"
+                    if split in self.stream.missing
+                    else "its source has no labelled text: fill it, or leave it out to carve it from train"
+                )
+                raise ValueError(f"The {split} split of {self.dataset!r} is empty: {why}")
         self._label_names = self._names_from(rows["train"][1], class_names)
         rank_zero_info(f"{self.dataset}: texts per split { {k: len(v[0]) for k, v in rows.items()} }")
         return rows
@@ -200,8 +213,11 @@ class ClassificationDataModule(DataModule):
 
         def lookup(label: Any) -> int:
             if str(label) not in index:
+                where = "the training split" if not self.requested_label_names else "label_names"
                 raise ValueError(
-                    f"{self.dataset!r} {split}: label {label!r} is not one of the label names {self.label_names}"
+                    f"{self.dataset!r} {split}: label {label!r} is not one of the label names {self.label_names} "
+                    f"(taken from {where}): add training rows labelled {label!r}, or give every class in "
+                    "--data.init_args.label_names"
                 )
             return index[str(label)]
 
@@ -302,6 +318,16 @@ class ClassificationDataModule(DataModule):
     def load_own_state(self, state: dict) -> None:
         if state.get("label_names") and self._label_names is None:
             self._label_names = list(state["label_names"])
+
+
+def encode_ragged(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each text's ids, as one flat array and offsets (n + 1) into it."""
+    encoded = token_ids(tokenizer, texts)
+    lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((i for ids in encoded for i in ids), dtype=np.int32, count=int(offsets[-1]))
+    return flat, offsets
 
 
 def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int) -> list[list[int]]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import datasets
 
 from .cache import cached_json, fingerprint, hash_file
+from .digits import DigitStrips, digit_strips
 from .splits import held_out_split
 
 log = logging.getLogger(__name__)
@@ -296,19 +297,37 @@ def kjv_rv1909(cache_dir: Path) -> datasets.DatasetDict:
     return datasets.DatasetDict({split: datasets.Dataset.from_dict(cols) for split, cols in data["rows"].items()})
 
 
+# ---------------------------------------------------------------- handwritten digit strips
+
+
+def digit_captions(
+    image_size: tuple[int, int] = (8, 48), channels: int = 1, strips: tuple[int, int, int] = (20000, 500, 1000), **_
+) -> dict[str, DigitStrips]:
+    """The embedded captioning task (digits.py): each split's strips, composed from that split's scans only; the
+    strip's width says how many digits it holds at most."""
+    if image_size[0] != 8 or image_size[1] % 8 or channels != 1:
+        raise ValueError(
+            f"dataset='digits' strips are 8 pixels high, 8 wide a digit, greyscale: image_size=[8, 8 * max digits] "
+            f"and channels=1, not image_size={list(image_size)}, channels={channels}"
+        )
+    splits = ("train", "validation", "test")
+    return {s: digit_strips(s, n, max_digits=image_size[1] // 8) for s, n in zip(splits, strips, strict=True)}
+
+
 # ---------------------------------------------------------------- the one table of embedded corpora
 
-# name -> reader(cache_dir, **options): a DatasetDict with train/validation/test. A DataModule reads any of them
+# name -> reader(cache_dir, **options): a DatasetDict with train/validation/test (the digit strips: their images). A DataModule reads any of them
 # through the same reader as local files (its columns decide which task it suits); options are the DataModule's
 # settings a corpus reads (lines_per_passage; a digit strip's counts and size), the others ignored.
-EMBEDDED: dict[str, Callable[..., datasets.DatasetDict]] = {
+EMBEDDED: dict[str, Callable[..., datasets.DatasetDict | dict[str, DigitStrips]]] = {
     "shakespeare": lambda cache_dir, **options: shakespeare(),
     "shakespeare-genre": lambda cache_dir, lines_per_passage=8, **options: shakespeare_genre(lines_per_passage),
     "kjv-rv1909": lambda cache_dir, **options: kjv_rv1909(cache_dir),
+    "digits": lambda cache_dir, **options: digit_captions(**options),
 }
 
 
-def embedded(name: str, cache_dir: Path, **options) -> datasets.DatasetDict | None:
+def embedded(name: str, cache_dir: Path, **options) -> datasets.DatasetDict | dict[str, DigitStrips] | None:
     """The embedded corpus `name` (see EMBEDDED), or None when `name` is none of them."""
     reader = EMBEDDED.get(name)
     return None if reader is None else reader(cache_dir, **options)

@@ -31,7 +31,7 @@ from .encoding import IGNORE_INDEX
 from .preparation import SHARD_TOKENS, RecordKind, prepare
 from .sources import BUILDERS
 from .splits import HELD_OUT, held_out_split
-from .streaming import Source, SplitStream, columns_of, records
+from .streaming import Source, SplitStream, column_value, columns_of, records, table_rows
 
 # ---------------------------------------------------------------------------------------------------- batches
 
@@ -161,14 +161,10 @@ class PairStream(SplitStream):
 
     def _rows(self, source: Source) -> Iterator[tuple[str, str, int]]:
         """(source text, target text, input bytes) per row, stripped."""
-        if source.rows is not None:
-            for number, (s, t) in enumerate(source.rows, 1):
-                where = f"{self.dataset} row {number}"
-                yield _as_text(s, where), _as_text(t, where), len(s or "") + len(t or "")
-            return
-        if source.hub_split is not None:
-            for number, row in enumerate(self._hub[source.hub_split], 1):
-                yield *self._pair(row, f"{self.dataset} ({source.hub_split}) row {number}"), 0
+        if source.table is not None:
+            for number, row in enumerate(table_rows(source.table), 1):
+                source_text, target_text = self._pair(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
+                yield source_text, target_text, len(source_text) + len(target_text) if source.in_memory else 0
             return
         for path in source.files:
             for row, nbytes, number in records(path, self._read_columns.get(path)):
@@ -180,7 +176,13 @@ class PairStream(SplitStream):
         values, keys = (row["translation"], self.langs) if translation else (row, self.columns)
         if not isinstance(values, dict):
             raise ValueError(f"{where}: the translation column holds {type(values).__name__}, not a mapping")
-        missing = [key for key in keys if key not in values]
+        found = {}
+        for key in keys:
+            try:
+                found[key] = column_value(values, key)
+            except KeyError:
+                pass
+        missing = [key for key in keys if key not in found]
         if missing and translation:
             raise ValueError(
                 f"{self.dataset!r}: the translation column has no language {missing}; it has {sorted(values)} ({where})"
@@ -190,7 +192,7 @@ class PairStream(SplitStream):
                 f"dataset {self.dataset!r}: {where} has no column {', '.join(map(repr, missing))}; its columns are "
                 f"{sorted(values)} (set source_column/target_column)"
             )
-        return _as_text(values[keys[0]], where), _as_text(values[keys[1]], where)
+        return _as_text(found[keys[0]], where), _as_text(found[keys[1]], where)
 
     def _check_columns(self, path: str) -> None:
         """A file without the pair's columns fails at once, naming the columns it has."""
@@ -200,13 +202,13 @@ class PairStream(SplitStream):
         if not self.explicit and "translation" in columns:
             self._read_columns[path] = ["translation"]
             return
-        missing = [c for c in self.columns if c not in columns]
+        missing = [c for c in self.columns if c.split(".")[0] not in columns]
         if missing:
             raise ValueError(
                 f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
                 f"{columns} (set source_column/target_column, or source_lang/target_lang)"
             )
-        self._read_columns[path] = list(dict.fromkeys(self.columns))
+        self._read_columns[path] = list(dict.fromkeys(c.split(".")[0] for c in self.columns))
 
 
 def sample_pairs(stream: PairStream, max_chars: int, max_pairs: int | None = None) -> tuple[list[str], list[str]]:

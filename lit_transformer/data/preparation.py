@@ -508,7 +508,7 @@ def prepare_pass(
     names = "+".join(todo)
     started, tokens = time.perf_counter(), 0
     size = stream.input_bytes(source)
-    big = size is None and stream.sources[source].rows is None or (size or 0) >= POOL_MIN_BYTES
+    big = size is None and not stream.sources[source].in_memory or (size or 0) >= POOL_MIN_BYTES
     encoder = Encoder(tokenizers, eos_id, dtype, workers if big else 1)
     bar = _progress_bar(names, size)
     already = sum(w.progress["bytes"] for w in writers.values())

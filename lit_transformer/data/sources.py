@@ -11,12 +11,7 @@ import json
 import os
 import socket
 import threading
-import warnings
 from pathlib import Path
-
-import datasets
-
-from .cache import atomic_write, hash_file
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
@@ -73,32 +68,6 @@ LOCAL_HINT = (
 )
 
 
-def read_text(path: str | os.PathLike) -> str:
-    """A file's text as UTF-8, undecodable bytes replaced by U+FFFD and counted in a warning naming the file."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        bad = text.count("\ufffd") - data.count("\ufffd".encode())
-        warnings.warn(f"{path}: {bad} undecodable byte sequence(s) replaced with U+FFFD", stacklevel=2)
-        return text
-
-
-def _repaired(path: str, cache_dir: Path) -> str:
-    """A UTF-8-clean copy of a json/csv file when it has undecodable bytes (the builders would fail on them)."""
-    data = Path(path).read_bytes()
-    try:
-        data.decode("utf-8")
-        return path
-    except UnicodeDecodeError:
-        text = read_text(path)
-    target = cache_dir / "repaired" / f"{hash_file(path)}{Path(path).suffix}"
-    if not target.exists():
-        atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return str(target)
-
-
 def is_local(spec: str) -> bool:
     return os.path.exists(spec) or any(ch in spec for ch in "*?[")
 
@@ -124,53 +93,6 @@ def split_of(path: str) -> str:
         if stem.startswith(prefix):
             return split
     return "train"
-
-
-def load_local(spec: str, cache_dir: Path, text_column: str = "text") -> datasets.DatasetDict:
-    """Local files as a DatasetDict; splits from train*/valid*/test* file names, else everything is train.
-
-    Plain-text files become one row per file (a document) in `text_column`.
-    """
-    files = local_files(spec)
-    by_split: dict[str, list[str]] = {}
-    for f in files:
-        by_split.setdefault(split_of(f) if len(files) > 1 else "train", []).append(f)
-    if "train" not in by_split:
-        raise ValueError(f"{spec!r} has no training file (names starting with train/valid/test pick the split)")
-    suffixes = {Path(f).suffix.lower() for f in files}
-    if suffixes <= set(TEXT_SUFFIXES):
-        return datasets.DatasetDict(
-            {
-                split: datasets.Dataset.from_dict({text_column: [read_text(f) for f in fs]})
-                for split, fs in by_split.items()
-            }
-        )
-    builders = {BUILDERS.get(s) for s in suffixes}
-    if len(builders) != 1 or None in builders:
-        raise ValueError(f"{spec!r} mixes file types {sorted(suffixes)}; use one type per dataset")
-    builder = builders.pop()
-    kwargs = {"sep": "\t"} if suffixes == {".tsv"} else {}
-    data_files = {
-        split: [_repaired(f, cache_dir) if builder != "parquet" else f for f in fs] for split, fs in by_split.items()
-    }
-    return datasets.load_dataset(builder, data_files=data_files, cache_dir=str(cache_dir / "hf"), **kwargs)
-
-
-def load_hub(name: str, config: str | None, cache_dir: Path) -> datasets.DatasetDict:
-    """A hub dataset (all its splits), failing fast and clearly when offline."""
-    what = f"dataset {name!r}" + (f" (config {config!r})" if config else "")
-    ensure_online(what, LOCAL_HINT)
-    try:
-        loaded = datasets.load_dataset(name, config, cache_dir=str(cache_dir / "hf"))
-    except ConnectionError as error:
-        raise OfflineError(f"Cannot load {what} from the hub: {error}. {LOCAL_HINT}") from error
-    if isinstance(loaded, datasets.Dataset):
-        loaded = datasets.DatasetDict({"train": loaded})
-    return loaded
-
-
-def load_any(spec: str, config: str | None, cache_dir: Path, text_column: str = "text") -> datasets.DatasetDict:
-    return load_local(spec, cache_dir, text_column) if is_local(spec) else load_hub(spec, config, cache_dir)
 
 
 def read_inputs(path: str | Path, field: str = "text") -> list[str]:

@@ -53,20 +53,3 @@ def line_range(split: str, missing: Sequence[str], held_out: float = HELD_OUT) -
         return 0.0, train_end
     i = missing.index(split)
     return train_end + held_out * i, train_end + held_out * (i + 1) if i + 1 < n else 1.0
-
-
-def carve_columns(splits: dict[str, tuple[list, ...]], held_out: float = HELD_OUT) -> dict[str, tuple[list, ...]]:
-    """In-memory splits as columns (the first holds each row's text), with the missing held-out splits carved from
-    train's rows by a hash of the text."""
-    missing = missing_splits(splits)
-    if not missing:
-        return splits
-    out = {name: tuple([] for _ in splits["train"]) for name in ["train", *missing]}
-    out.update({name: columns for name, columns in splits.items() if name != "train"})
-    for row in zip(*splits["train"], strict=True):
-        for column, value in zip(out[carve(hash_bucket(row[0]), missing, held_out)], row, strict=True):
-            column.append(value)
-    for name in missing:
-        if not out[name][0]:
-            raise ValueError(f"Could not carve a {name} split from the training data: too few texts")
-    return out

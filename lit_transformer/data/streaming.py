@@ -20,9 +20,10 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .cache import fingerprint
-from .sources import BUILDERS, LOCAL_HINT, OfflineError, ensure_online, is_local, local_files, split_of
+from .sources import BUILDERS, LOCAL_HINT, SPLIT_ALIASES, OfflineError, ensure_online, is_local, local_files, split_of
 from .splits import HELD_OUT, SPLITS, carve, digest_bucket, held_out_split, line_range, missing_splits
 
 HASH_MIN_DOCUMENTS = 200  # from this many training documents on, held-out splits are whole documents picked by hash
@@ -45,20 +46,50 @@ class Piece:
 
 @dataclass
 class Source:
-    """Where one split's records come from: local files, an embedded corpus's rows, or a hub split."""
+    """Where one split's records come from: local files, or a table of rows (`datasets`' own: an embedded corpus, a
+    folder `datasets` saved, a hub stream), read in order."""
 
     files: list[str] = field(default_factory=list)
-    rows: list | None = None  # in memory (an embedded corpus, a few MB): a text, or a tuple of texts, per row
-    hub_split: str | None = None
+    table: Any = None
+    origin: tuple = ()  # how a table is known in the content key: ("rows",) embedded, ("hub", name), ("saved", files)
+
+    @property
+    def in_memory(self) -> bool:
+        """An embedded corpus's rows: a few MB, tokenized in this process."""
+        return self.origin[:1] == ("rows",)
+
+
+def column_value(row: dict, column: str) -> Any:
+    """A row's value of `column`, a dotted name reaching into nested fields (translation.en); KeyError if absent."""
+    value: Any = row
+    for part in column.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(column)
+        value = value[part]
+    return value
+
+
+def table_rows(table) -> Iterator[dict]:
+    """The rows of a `datasets` table (Dataset or IterableDataset) as dicts, read a thousand at a time."""
+    for batch in table.iter(batch_size=1024):
+        names = list(batch)
+        for values in zip(*batch.values(), strict=True):
+            yield dict(zip(names, values, strict=True))
+
+
+def is_saved_dataset(spec: str) -> bool:
+    """A folder that `datasets` wrote (save_to_disk): a DatasetDict's dataset_dict.json or a Dataset's state.json."""
+    folder = Path(spec)
+    return folder.is_dir() and ((folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file())
 
 
 class SplitStream:
     """A dataset's splits as streams of records, with held-out splits carved from train when missing.
 
-    dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a hub name; or an
-    embedded corpus's DatasetDict (given as `embedded`). A subclass says what a record is: `routed` yields each
-    record of one pass over a source split with the split it belongs to (CorpusStream: pieces of documents;
-    pairs.PairStream: sentence pairs).
+    dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a folder that
+    `datasets` saved; a hub name; or an embedded corpus's DatasetDict (given as `embedded`). A subclass says what a
+    record is: `routed` yields each record of one pass over a source split with the split it belongs to
+    (CorpusStream: pieces of documents; pairs.PairStream: sentence pairs; LabelledStream: texts and their labels).
     """
 
     key: str  # the content key's tag
@@ -69,17 +100,10 @@ class SplitStream:
     ) -> None:
         self.dataset, self.dataset_config, self.held_out = dataset, dataset_config, held_out
         self.sources: dict[str, Source] = {}
-        self._hub: dict = {}
         if embedded is not None:
-            for name, split in embedded.items():
-                missing = [c for c in self._columns() if c not in split.column_names]
-                if missing:
-                    raise ValueError(
-                        f"dataset {dataset!r}: split {name!r} has no column {', '.join(map(repr, missing))}; its "
-                        f"columns are {split.column_names}"
-                    )
-                columns = [split[c] for c in self._columns()]
-                self.sources[name] = Source(rows=list(columns[0] if len(columns) == 1 else zip(*columns)))
+            self._add_tables(embedded, lambda name: ("rows",))
+        elif is_saved_dataset(dataset):
+            self._add_tables(load_saved(dataset), lambda name: ("saved", name))
         elif not is_local(dataset) and _looks_like_a_path(dataset):
             raise FileNotFoundError(
                 f"{dataset!r} does not exist: give an existing local file, folder or glob {self.local_hint}"
@@ -97,10 +121,28 @@ class SplitStream:
                 self._check_columns(f)
         else:
             for canonical, (name, split) in hub_streams(dataset, dataset_config).items():
-                self._hub[name] = split
-                self.sources[canonical] = Source(hub_split=name)
+                self.sources[canonical] = Source(table=split, origin=("hub", name))
         self.missing = missing_splits(self.sources)
         self.mode = self._carving_mode() if self.missing else "given"
+
+    def _add_tables(self, tables, origin) -> None:
+        """A DatasetDict's splits (names normalised to train/validation/test), each checked for the columns."""
+        for name, table in tables.items():
+            canonical = SPLIT_ALIASES.get(name.lower())
+            if canonical is None or canonical in self.sources:
+                continue
+            columns = table.column_names or []
+            missing = [c for c in self._columns() if c.split(".")[0] not in columns]
+            if missing:
+                raise ValueError(
+                    f"dataset {self.dataset!r}: split {name!r} has no column {', '.join(map(repr, missing))}; its "
+                    f"columns are {columns}{self.column_hint}"
+                )
+            self.sources[canonical] = Source(table=table, origin=origin(name))
+        if "train" not in self.sources:
+            raise ValueError(f"dataset {self.dataset!r} has no training split (its splits: {sorted(tables)})")
+
+    column_hint = ""  # how to choose the columns, after an error naming the missing ones
 
     # ------------------------------------------------------------------ what a subclass says
 
@@ -140,15 +182,18 @@ class SplitStream:
         parts = []
         for name in sorted(self.sources):
             source = self.sources[name]
-            if source.rows is not None:
+            if source.in_memory:  # the texts of the record's columns, row by row (as every earlier cache was keyed)
                 digest = hashlib.sha256()
-                for row in source.rows:
-                    for text in row if isinstance(row, tuple) else (row,):
-                        data = (text or "").encode("utf-8", "surrogatepass")
+                for row in table_rows(source.table):
+                    for column in self._columns():
+                        data = (row[column] or "").encode("utf-8", "surrogatepass")
                         digest.update(len(data).to_bytes(8, "little") + data)
                 parts.append((name, "rows", digest.hexdigest()[:20]))
-            elif source.hub_split is not None:
-                parts.append((name, "hub", self.dataset, self.dataset_config, source.hub_split))
+            elif source.origin[:1] == ("hub",):
+                parts.append((name, "hub", self.dataset, self.dataset_config, source.origin[1]))
+            elif source.origin[:1] == ("saved",):
+                files = sorted(p for p in Path(self.dataset).rglob("*") if p.is_file())
+                parts.append((name, "saved", source.origin[1], [(p.name, file_hash(str(p))) for p in files]))
             else:
                 parts.append((name, "files", [(Path(f).suffix.lower(), file_hash(f)) for f in source.files]))
         return parts
@@ -248,15 +293,10 @@ class CorpusStream(SplitStream):
     def _documents(self, source: Source):
         """(kind, payload, digest) per document: ("file", path, lazy hash) for .txt files, ("row", (text, bytes),
         None) for rows. Blank rows are dropped."""
-        if source.rows is not None:
-            for text in source.rows:
-                if text and text.strip():
-                    yield "row", (text, len(text)), None
-            return
-        if source.hub_split is not None:
-            for row in self._hub[source.hub_split]:
-                text = row.get(self.text_column)
-                if isinstance(text, str) and text.strip():
+        if source.table is not None:
+            for row in table_rows(source.table):
+                text = self._text(row, self.dataset)
+                if text.strip():
                     yield "row", (text, len(text)), None
             return
         for path in source.files:
@@ -264,11 +304,20 @@ class CorpusStream(SplitStream):
             if suffix not in BUILDERS:
                 yield "file", path, lambda path=path: _file_digest(path)
                 continue
-            for text, nbytes in _rows(path, self.text_column):
-                if text and text.strip():
+            for row, nbytes, number in records(path, [self.text_column.split(".")[0]]):
+                text = self._text(row, f"{path}:{number}")
+                if text.strip():
                     yield "row", (text, nbytes), None
 
     # ------------------------------------------------------------------ splits
+
+    def _text(self, row: dict, where: str) -> str:
+        """A row's text ("" when blank or absent in this row: such rows are dropped)."""
+        try:
+            text = column_value(row, self.text_column)
+        except KeyError:
+            return ""
+        return text if isinstance(text, str) else ""
 
     def _carving_mode(self) -> str:
         """hash when the training source has at least HASH_MIN_DOCUMENTS documents, else lines."""
@@ -296,7 +345,7 @@ class CorpusStream(SplitStream):
         if Path(path).suffix.lower() not in BUILDERS:
             return
         columns = columns_of(path)
-        if columns is not None and self.text_column not in columns:
+        if columns is not None and self.text_column.split(".")[0] not in columns:
             raise ValueError(
                 f"dataset {self.dataset!r}: {path} has no column {self.text_column!r}; its columns are {columns} "
                 "(choose one with --data.init_args.text_column)"
@@ -306,12 +355,22 @@ class CorpusStream(SplitStream):
 # ---------------------------------------------------------------------------------------------------- readers
 
 
+def load_saved(folder: str):
+    """A folder `datasets` saved (save_to_disk), as a DatasetDict (a saved Dataset is the training split), memory-
+    mapped: rows are read in order, never all at once."""
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(folder)
+    except (FileNotFoundError, ValueError, OSError) as error:
+        raise ValueError(f"{folder} looks like a folder `datasets` saved but cannot be read: {error}") from None
+    return datasets.DatasetDict({"train": loaded}) if isinstance(loaded, datasets.Dataset) else loaded
+
+
 def hub_streams(dataset: str, config: str | None) -> dict[str, tuple[str, object]]:
     """A hub dataset's splits as streams (`datasets` with streaming=True): {canonical split: (hub name, stream)}.
     Offline, it fails at once and says how to use local files instead."""
     import datasets
-
-    from .sources import SPLIT_ALIASES
 
     what = f"dataset {dataset!r}" + (f" (config {config!r})" if config else "")
     ensure_online(what, LOCAL_HINT)
@@ -423,13 +482,6 @@ def columns_of(path: str) -> list[str] | None:
     return list(row) if isinstance(row, dict) else None
 
 
-def _rows(path: str, column: str) -> Iterator[tuple[str, int]]:
-    """(text, input bytes) per row of a JSON-lines, JSON, CSV/TSV or parquet file, streamed."""
-    for row, nbytes, _ in records(path, [column]):
-        text = row.get(column)
-        yield (text if isinstance(text, str) else ""), nbytes
-
-
 def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict, int, int]]:
     """(row, input bytes, line number) per row of a JSON-lines, JSON, CSV/TSV or parquet file, streamed: one row at a
     time, parquet in record batches of `columns` only (all when None). A line that does not parse fails with a
@@ -441,6 +493,8 @@ def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict,
         parquet = pq.ParquetFile(path)
         per_row = os.path.getsize(path) / max(1, parquet.metadata.num_rows)
         number = 0
+        if columns is not None:  # those the file has (an optional column, a split, may be absent)
+            columns = [c for c in columns if c in parquet.schema_arrow.names]
         for batch in parquet.iter_batches(columns=columns, batch_size=1024):
             for row in batch.to_pylist():
                 number += 1
@@ -486,3 +540,230 @@ def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict,
                 ) from None
             yield (row if isinstance(row, dict) else {}), len(line), number
     _warn_bad(path, bad)
+
+
+# ---------------------------------------------------------------------------------------------------- labelled texts
+
+
+@dataclass
+class LabelledText:
+    """A text and its label (a name, an id, or a list of them for multi-label data): one row of a classifier's data."""
+
+    text: str
+    label: Any
+    row: int  # the row's index in its source split
+    nbytes: int
+    last = True
+
+    @property
+    def texts(self) -> tuple[str]:
+        return (self.text,)
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+class LabelledStream(SplitStream):
+    """Each split's labelled texts as a stream, read row by row through the one reader; held-out splits carved from
+    train by a hash of the text when missing. A split whose labels are hidden (a hub test split of -1 labels, as in
+    GLUE) cannot be scored: it is left out and carved from train like a missing one."""
+
+    key = "labelled"
+    local_hint = "(.csv/.tsv, .jsonl/.json, .parquet) with a text and a label column, or a hub dataset name"
+    column_hint = " (choose them with --data.init_args.text_column and label_column)"
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        embedded=None,
+        held_out: float = HELD_OUT,
+    ) -> None:
+        self.text_column, self.label_column = text_column, label_column
+        super().__init__(dataset, dataset_config, embedded, held_out)
+        hidden = [name for name, source in self.sources.items() if name != "train" and self._hidden(source)]
+        for name in hidden:
+            del self.sources[name]
+        if hidden:
+            self.missing = missing_splits(self.sources)
+            self.mode = "hash"
+
+    def _columns(self) -> list[str]:
+        return [self.text_column, self.label_column]
+
+    def _settings(self) -> tuple:
+        return self.text_column, self.label_column
+
+    def _check_files(self, files: list[str]) -> None:
+        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
+        if other:
+            raise ValueError(
+                f"{self.dataset!r}: labelled texts come from {self.local_hint.split(' with')[0]}, not {other}"
+            )
+
+    def _check_columns(self, path: str) -> None:
+        columns = columns_of(path)
+        missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
+        if missing:
+            raise ValueError(
+                f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
+                f"{columns}{self.column_hint}"
+            )
+
+    def _hidden(self, source: Source) -> bool:
+        if source.table is None:
+            return False
+        first = next(iter(table_rows(source.table)), None)
+        return first is not None and first.get(self.label_column) == -1
+
+    def class_names(self) -> list[str] | None:
+        """The label names a `datasets` ClassLabel column carries (hub and saved datasets), else None."""
+        table = self.sources["train"].table
+        feature = (getattr(table, "features", None) or {}).get(self.label_column)
+        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
+        return getattr(feature, "names", None)
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, LabelledText]]:
+        """(split, labelled text) for every row of one pass over a source split; split is None for a row with a
+        blank text or no label (dropped). The training source also feeds carved held-out splits, by text hash."""
+        carving = source_name == "train" and bool(self.missing)
+        for row, (text, label, nbytes) in enumerate(self._rows(self.sources[source_name])):
+            if row < skip:
+                continue
+            record = LabelledText(text, label, row, nbytes)
+            if not text.strip() or label is None or label == "":
+                yield None, record
+            elif carving:
+                yield held_out_split(text, missing=self.missing, held_out=self.held_out), record
+            else:
+                yield source_name, record
+
+    def _rows(self, source: Source) -> Iterator[tuple[str, Any, int]]:
+        if source.table is not None:
+            for number, row in enumerate(table_rows(source.table), 1):
+                yield *self._labelled(row, f"{self.dataset} ({source.origin[-1]}) row {number}"), 0
+            return
+        for path in source.files:
+            columns = list(dict.fromkeys(c.split(".")[0] for c in self._columns()))
+            for row, nbytes, number in records(path, columns):
+                yield *self._labelled(row, f"{path}:{number}"), nbytes
+
+    def _labelled(self, row: dict, where: str) -> tuple[str, Any]:
+        values = []
+        for column in self._columns():
+            try:
+                values.append(column_value(row, column))
+            except KeyError:
+                raise ValueError(
+                    f"dataset {self.dataset!r}: {where} has no column {column!r}; its columns are {sorted(row)}"
+                    f"{self.column_hint}"
+                ) from None
+        text, label = values
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
+        return text or "", label
+
+
+# ---------------------------------------------------------------------------------------------------- rows of columns
+
+
+@dataclass
+class Row:
+    """The values of the requested columns of one row, and where it came from (a relative path in it resolves
+    against `folder`, the folder of its file)."""
+
+    values: dict[str, Any]
+    where: str
+    folder: str | None
+    row: int
+    nbytes: int
+    last = True
+    texts = ()
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+class RowStream(SplitStream):
+    """Each split's rows of named columns (dotted names reach into nested fields), read through the one reader;
+    held-out splits carved from train by a hash of `key_column` (an image's name: all its captions stay together)."""
+
+    key = "rows"
+    local_hint = "(.csv/.tsv, .jsonl/.json, .parquet), a folder `datasets` saved, or a hub dataset name"
+
+    def __init__(
+        self,
+        dataset: str,
+        columns: list[str],
+        key_column: str,
+        dataset_config: str | None = None,
+        embedded=None,
+        held_out: float = HELD_OUT,
+        column_hint: str = "",
+    ) -> None:
+        self.columns, self.key_column, self.column_hint = list(columns), key_column, column_hint
+        super().__init__(dataset, dataset_config, embedded, held_out)
+
+    def _columns(self) -> list[str]:
+        return self.columns
+
+    def _settings(self) -> tuple:
+        return tuple(self.columns), self.key_column
+
+    def _check_files(self, files: list[str]) -> None:
+        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
+        if other:
+            raise ValueError(f"{self.dataset!r}: rows come from .csv/.tsv, .jsonl/.json or .parquet files, not {other}")
+
+    def _check_columns(self, path: str) -> None:
+        columns = columns_of(path)
+        missing = [c for c in self.columns if columns is not None and c.split(".")[0] not in columns]
+        if missing:
+            raise ValueError(
+                f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
+                f"{columns}{self.column_hint}"
+            )
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Row]]:
+        carving = source_name == "train" and bool(self.missing)
+        for number, row in enumerate(self._rows(self.sources[source_name])):
+            if number < skip:
+                continue
+            key = str(row.values.get(self.key_column, ""))
+            yield (held_out_split(key, missing=self.missing, held_out=self.held_out) if carving else source_name), row
+
+    def all_rows(self) -> Iterator[tuple[str, Row]]:
+        """(split, row) for every row of every source split, in order."""
+        for source, _ in self.passes():
+            yield from self.routed(source)
+
+    def _rows(self, source: Source) -> Iterator[Row]:
+        top = list(dict.fromkeys(c.split(".")[0] for c in self.columns))
+        if source.table is not None:
+            for number, row in enumerate(table_rows(source.table), 1):
+                where = f"{self.dataset} ({source.origin[-1]}) row {number}"
+                yield Row(self._values(row, where), where, None, number - 1, 0)
+            return
+        for path in source.files:
+            for number, (row, nbytes, line) in enumerate(records(path, top + ["split"])):
+                where = f"{path}:{line}"
+                values = self._values(row, where)
+                if row.get("split") not in (None, ""):
+                    values["split"] = row["split"]
+                yield Row(values, where, str(Path(path).parent), number, nbytes)
+
+    def _values(self, row: dict, where: str) -> dict[str, Any]:
+        values = {}
+        for column in self.columns:
+            try:
+                values[column] = column_value(row, column)
+            except KeyError:
+                raise ValueError(
+                    f"dataset {self.dataset!r}: {where} has no column {column!r}; its columns are {sorted(row)}"
+                    f"{self.column_hint}"
+                ) from None
+        return values
