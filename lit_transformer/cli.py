@@ -10,7 +10,9 @@ python -m lit_transformer average --checkpoints runs/en-es/checkpoints --last 5 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -31,6 +33,7 @@ from lit_transformer.callbacks import (
     TokenThroughputMonitor,
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
+from lit_transformer.config import TransformerConfig
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import (
     NonFiniteLossGuard,
@@ -114,7 +117,9 @@ class TransformerCLI(LightningCLI):
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def before_instantiate_classes(self) -> None:
-        trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        set_once(config)
+        trainer = config.trainer
         strategy = trainer.strategy
         if not isinstance(strategy, str):  # a {class_path, init_args} mapping
             strategy = getattr(strategy, "class_path", None) or str(strategy)
@@ -151,6 +156,43 @@ class TransformerCLI(LightningCLI):
             except SystemExit:
                 sys.stderr.write(f"The hyperparameters saved in {path} do not parse as this LitTransformer's\n")
                 raise
+
+
+def set_once(config) -> None:
+    """What the data decides of the architecture is set once: each model config field the data decides (its
+    `model_fields`) is filled from the data when the model leaves it unset or at its default, and a different value
+    fails naming both keys; the model's max_seq_len must hold the data's longest sequence."""
+    data, model = config.get("data"), config.get("model")
+    class_path = getattr(data, "class_path", None) if data is not None else None
+    architecture = getattr(model, "config", None) if model is not None else None
+    if not class_path or architecture is None:
+        return
+    module, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    if cls is None or not hasattr(cls, "model_fields"):
+        return
+    args = dict(data.init_args or {})
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    for field, (key, value) in cls.model_fields(args).items():
+        if field.startswith("image") and architecture.get("source") != "patches":
+            continue  # a model that reads tokens or features: the images' geometry is not its concern
+        current = architecture.get(field)
+        current = list(current) if isinstance(current, tuple) else current
+        if current is None or current == defaults.get(field) or current == value:
+            architecture[field] = value
+        else:
+            raise ValueError(
+                f"data.init_args.{key}={value} and model.config.{field}={current} differ: the data decides it, so set "
+                f"data.init_args.{key} alone (or both alike)"
+            )
+    longest = cls.longest_sequence(args)
+    max_seq_len = architecture.get("max_seq_len")
+    if longest is not None and max_seq_len is not None and longest[1] > max_seq_len:
+        key, need = longest
+        raise ValueError(
+            f"data.init_args.{key}={args[key]} needs {need} positions but model.config.max_seq_len={max_seq_len}: "
+            f"raise model.config.max_seq_len to {need} or more, or lower data.init_args.{key}"
+        )
 
 
 def _trainer_defaults() -> dict:

@@ -77,3 +77,33 @@ def test_an_empty_split_names_the_split_and_why(tmp_path):
     dm = ClassificationDataModule(str(tmp_path / "data.csv"), tokenizer="char", cache_dir=str(tmp_path / "c"))
     with pytest.raises(ValueError, match=r"The validation split .* is empty: carved from train, 10% .* got none"):
         dm.rows()
+
+
+def _config(data_class: str, data_args: dict, model_config: dict):
+    from jsonargparse import Namespace
+
+    return Namespace(
+        data=Namespace(class_path=f"lit_transformer.data.{data_class}", init_args=Namespace(**data_args)),
+        model=Namespace(config=Namespace(**model_config)),
+    )
+
+
+def test_the_data_sets_the_image_geometry_once_and_a_mismatch_names_both_keys():
+    from lit_transformer.cli import set_once
+
+    data = {"image_size": (8, 48), "channels": 1, "features_dir": None, "max_caption_tokens": 16}
+    config = _config("CaptioningDataModule", data, {"source": "patches", "image_size": None, "image_channels": 3,
+                                                     "max_seq_len": 32})  # fmt: skip
+    set_once(config)
+    assert config.model.config.image_size == [8, 48] and config.model.config.image_channels == 1
+    config = _config("CaptioningDataModule", data, {"source": "patches", "image_size": [8, 40], "max_seq_len": 32})
+    with pytest.raises(ValueError, match=r"data.init_args.image_size=\[8, 48\] and model.config.image_size=\[8, 40\]"):
+        set_once(config)
+
+
+def test_a_model_too_short_for_the_data_names_both_keys():
+    from lit_transformer.cli import set_once
+
+    config = _config("LanguageModelingDataModule", {"block_size": 256}, {"max_seq_len": 128})
+    with pytest.raises(ValueError, match=r"data.init_args.block_size=256 needs 256 .* model.config.max_seq_len=128"):
+        set_once(config)

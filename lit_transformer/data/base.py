@@ -98,6 +98,18 @@ class DataModule(L.LightningDataModule):
         """The batches of `split` (train: shuffle=True)."""
         raise NotImplementedError
 
+    @classmethod
+    def model_fields(cls, args: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+        """What this data decides of the architecture, from its init args: {model config field: (data argument,
+        value)}. The CLI fills each field the model config leaves unset and refuses a different value, naming both
+        keys (vocabulary sizes and num_labels, known only once the data is read, are linked instead)."""
+        return {}
+
+    @classmethod
+    def longest_sequence(cls, args: dict[str, Any]) -> tuple[str, int] | None:
+        """(data argument, the most positions a batch's sequence takes): the model's max_seq_len must hold it."""
+        return None
+
     def own_state(self) -> dict[str, Any]:
         """What this DataModule keeps in a checkpoint besides the tokenizers (saved by the LightningModule)."""
         return {}

@@ -169,6 +169,19 @@ class CaptioningDataModule(DataModule):
         self.max_caption_tokens, self.strips, self.bleu_samples = max_caption_tokens, tuple(strips), bleu_samples
         self.splits: dict[str, CaptionSplit] = {}
 
+    @classmethod
+    def model_fields(cls, args: dict) -> dict:
+        if args.get("features_dir"):  # features: their width is read from the files (source_dim), not set here
+            return {}
+        return {
+            "image_size": ("image_size", list(args["image_size"])),
+            "image_channels": ("channels", args["channels"]),
+        }
+
+    @classmethod
+    def longest_sequence(cls, args: dict) -> tuple[str, int]:
+        return "max_caption_tokens", args["max_caption_tokens"] + 1  # bos then the caption; the caption then eos
+
     # ---- sources ---------------------------------------------------------------------------------------------
     def _read_splits(self) -> dict[str, CaptionSplit]:
         embedded = corpora.embedded(

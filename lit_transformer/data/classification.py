@@ -142,6 +142,10 @@ class ClassificationDataModule(DataModule):
         self._label_names: list[str] | None = None
         self._datasets: dict[str, TextClassDataset] = {}
 
+    @classmethod
+    def longest_sequence(cls, args: dict) -> tuple[str, int]:
+        return "max_length", args["max_length"]  # (+1 with pooling=cls: the model prepends its [CLS] itself)
+
     # ------------------------------------------------------------------ rows and labels
 
     def rows(self) -> dict[str, tuple[list[str], list[Any]]]:

@@ -124,6 +124,10 @@ class TranslationDataModule(DataModule):
         self._pairs: dict[str, tuple[list[str], list[str]]] | None = None
         self._datasets: dict[str, ShardPairDataset] = {}
 
+    @classmethod
+    def longest_sequence(cls, args: dict) -> tuple[str, int]:
+        return "max_length", args["max_length"]  # either side, with bos/eos
+
     # ------------------------------------------------------------------ pairs
 
     @property
