@@ -161,7 +161,7 @@ class TransformerCLI(LightningCLI):
 def set_once(config) -> None:
     """What the data decides of the architecture is set once: each model config field the data decides (its
     `model_fields`) is filled from the data when the model leaves it unset or at its default, and a different value
-    fails naming both keys; the model's max_seq_len must hold the data's longest sequence."""
+    fails naming both keys; a model with learned positions must hold the data's longest sequence."""
     data, model = config.get("data"), config.get("model")
     class_path = getattr(data, "class_path", None) if data is not None else None
     architecture = getattr(model, "config", None) if model is not None else None
@@ -187,7 +187,8 @@ def set_once(config) -> None:
             )
     longest = cls.longest_sequence(args)
     max_seq_len = architecture.get("max_seq_len")
-    if longest is not None and max_seq_len is not None and longest[1] > max_seq_len:
+    learned = architecture.get("positions") == "learned"  # the only positions that cannot go past max_seq_len
+    if learned and longest is not None and max_seq_len is not None and longest[1] > max_seq_len:
         key, need = longest
         raise ValueError(
             f"data.init_args.{key}={args[key]} needs {need} positions but model.config.max_seq_len={max_seq_len}: "
