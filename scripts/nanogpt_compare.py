@@ -120,7 +120,7 @@ def bits_per_char(nll_nats: float, characters: int) -> float:
 
 def encode_stream(tokenizer, texts: list[str], eos_id: int | None) -> np.ndarray:
     """All documents as one token stream (as the DataModule's shards hold them), each followed by eos (when the vocabulary has one)."""
-    from lit_transformer.data.encoding import line_pieces, token_ids
+    from lit_transformer.data.text import line_pieces, token_ids
 
     pieces, owner = [], []
     for doc, text in enumerate(texts):

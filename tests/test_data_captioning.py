@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lit_transformer.data.captioning import CaptioningDataModule
-from lit_transformer.data.digits import DIGIT_WORDS, digit_scans, digit_strips, scan_split
-from lit_transformer.data.pairs import target_batch
+from lit_transformer.data.corpora import DIGIT_WORDS, digit_scans, digit_strips, scan_split
+from lit_transformer.data.loaders import target_batch
 from lit_transformer.data.sources import OfflineError
 
 

@@ -10,9 +10,7 @@ import datasets
 import pytest
 
 from lit_transformer.data import ClassificationDataModule, corpora
-from lit_transformer.data.pairs import PairStream
-from lit_transformer.data.splits import held_out_split
-from lit_transformer.data.streaming import CorpusStream, LabelledStream, RowStream
+from lit_transformer.data.sources import CorpusStream, LabelledStream, PairStream, RowStream, held_out_split
 
 
 def test_a_folder_datasets_saved_is_read_with_its_splits(tmp_path):

@@ -21,10 +21,8 @@ import torch
 from tokenizers import Tokenizer
 
 from .cache import fingerprint, resolve_cache_dir
-from .encoding import encode_input, pad_right
-from .sources import read_inputs
-from .splits import HELD_OUT
-from .tokenizer import load_or_train_tokenizer, special_token_id
+from .sources import HELD_OUT, read_inputs
+from .text import encode_input, load_or_train_tokenizer, pad_right, special_token_id
 
 
 class DataModule(L.LightningDataModule):

@@ -1,7 +1,7 @@
 """CaptioningDataModule: (image, caption) pairs for an encoder-decoder whose source is pixels or feature vectors.
 
 Where the pairs come from (``dataset``):
-- ``digits``: the embedded task (lit_transformer.data.digits), strips of handwritten digits captioned in words;
+- ``digits``: the embedded task (lit_transformer.data.corpora), strips of handwritten digits captioned in words;
 - a captions file, ``.csv`` or ``.jsonl``, one row per caption (an image may have several, its references): an image
   column (a path under ``images_dir``, default the file's folder), a caption column, and optionally a split column
   (train/validation/test); without one, images are carved into splits by a hash of their name;
@@ -28,12 +28,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import corpora
 from .base import DataModule
-from .digits import DigitStrips
-from .encoding import token_ids
-from .pairs import target_batch
-from .sources import SPLIT_ALIASES, ensure_online, is_local
-from .splits import SPLITS
-from .streaming import RowStream, is_saved_dataset
+from .corpora import DigitStrips
+from .loaders import target_batch
+from .sources import SPLIT_ALIASES, SPLITS, RowStream, ensure_online, is_local, is_saved_dataset
+from .text import token_ids
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 FEATURE_SUFFIXES = (".npy", ".safetensors")

@@ -23,11 +23,9 @@ from torch.utils.data import Dataset
 from . import corpora
 from .base import DataModule
 from .cache import cached, fingerprint, hash_texts
-from .encoding import token_ids
 from .loaders import ResumableLoader, token_budget_batches
-from .splits import SPLITS
-from .streaming import LabelledStream
-from .tokenizer import MASK, special_token_id
+from .sources import SPLITS, LabelledStream
+from .text import MASK, special_token_id, token_ids
 
 
 class TextClassDataset(Dataset):

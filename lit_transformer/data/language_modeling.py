@@ -12,11 +12,10 @@ from tokenizers import Tokenizer
 
 from . import corpora
 from .base import DataModule
-from .loaders import BlockStreamLoader, ResumableLoader, fixed_size_batches
-from .shards import ShardBlocks, TokenShards, load_prepared, prepare_corpus, sample_texts
-from .splits import SPLITS
-from .streaming import CorpusStream
-from .tokenizer import MASK, special_token_id
+from .loaders import BlockStreamLoader, ResumableLoader, ShardBlocks, TokenShards, fixed_size_batches, load_prepared
+from .shards import prepare_corpus
+from .sources import SPLITS, CorpusStream, sample_texts
+from .text import MASK, special_token_id
 
 
 class LanguageModelingDataModule(DataModule):

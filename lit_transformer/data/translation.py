@@ -25,10 +25,10 @@ from tokenizers import Tokenizer
 from . import corpora
 from .base import DataModule
 from .cache import fingerprint
-from .loaders import ResumableLoader, token_budget_plan
-from .pairs import PairStream, ShardPairDataset, load_prepared_pairs, prepare_pairs, sample_pairs
-from .splits import HELD_OUT, SPLITS
-from .tokenizer import KINDS, load_hf_marian_tokenizers, load_or_train_tokenizer, marian_decoder_start_token_id
+from .loaders import ResumableLoader, ShardPairDataset, load_prepared_pairs, token_budget_plan
+from .shards import prepare_pairs
+from .sources import HELD_OUT, SPLITS, PairStream, sample_pairs
+from .text import KINDS, load_hf_marian_tokenizers, load_or_train_tokenizer, marian_decoder_start_token_id
 
 
 def _collate(batch: dict) -> dict:

@@ -2,7 +2,7 @@
 
 Sums rather than means: the engine (LitTransformer) picks the normaliser (the optimizer step's target count, or each
 micro-batch's own), so a task never divides. A token task's targets are its non-ignored labels; a classifier's are
-its examples. IGNORE_INDEX, the label of a position without a target, comes from the batch layout (data.encoding),
+its examples. IGNORE_INDEX, the label of a position without a target, comes from the batch layout (data.text),
 the layer below both the DataModules that write it and the tasks that read it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lit_transformer.data.encoding import IGNORE_INDEX
+from lit_transformer.data.text import IGNORE_INDEX
 
 __all__ = ["IGNORE_INDEX", "smoothed_cross_entropy"]
 
