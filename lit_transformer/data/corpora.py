@@ -388,7 +388,7 @@ def kjv_rv1909(cache_dir: Path) -> datasets.DatasetDict:
 def digit_captions(
     image_size: tuple[int, int] = (8, 48), channels: int = 1, strips: tuple[int, int, int] = (20000, 500, 1000), **_
 ) -> dict[str, DigitStrips]:
-    """The embedded captioning task (digits.py): each split's strips, composed from that split's scans only; the
+    """The embedded captioning task (the digit strips above): each split's strips, composed from that split's scans only; the
     strip's width says how many digits it holds at most."""
     if image_size[0] != 8 or image_size[1] % 8 or channels != 1:
         raise ValueError(

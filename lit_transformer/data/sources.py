@@ -315,11 +315,25 @@ class SplitStream:
         """What else than the sources the records depend on (columns, languages), in the content key."""
         raise NotImplementedError
 
+    text_files = False  # whether plain .txt files can hold these records (documents), or only row files
+
     def _check_files(self, files: list[str]) -> None:
         """Refuse local files this kind of record cannot come from."""
+        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
+        if other and not self.text_files:
+            raise ValueError(
+                f"{self.dataset!r}: this task reads rows from .jsonl/.json, .csv/.tsv or .parquet files, not {other}"
+            )
 
     def _check_columns(self, path: str) -> None:
         """A row file without the record's columns fails at once, naming the columns it has."""
+        columns = columns_of(path) if Path(path).suffix.lower() in BUILDERS else None
+        missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
+        if missing:
+            raise ValueError(
+                f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
+                f"{columns}{self.column_hint}"
+            )
 
     def _carving_mode(self) -> str:
         return "hash"
@@ -387,6 +401,8 @@ class CorpusStream(SplitStream):
 
     key = "corpus"
     local_hint = "(.txt, .jsonl/.json, .csv/.tsv, .parquet), a hub dataset name, or an embedded corpus"
+    text_files = True
+    column_hint = " (choose one with --data.init_args.text_column)"
 
     def __init__(
         self,
@@ -501,16 +517,6 @@ class CorpusStream(SplitStream):
                     yield text
 
     # ------------------------------------------------------------------ checks
-
-    def _check_columns(self, path: str) -> None:
-        if Path(path).suffix.lower() not in BUILDERS:
-            return
-        columns = columns_of(path)
-        if columns is not None and self.text_column.split(".")[0] not in columns:
-            raise ValueError(
-                f"dataset {self.dataset!r}: {path} has no column {self.text_column!r}; its columns are {columns} "
-                "(choose one with --data.init_args.text_column)"
-            )
 
 
 # ---------------------------------------------------------------------------------------------------- readers
@@ -758,22 +764,6 @@ class LabelledStream(SplitStream):
     def _settings(self) -> tuple:
         return self.text_column, self.label_column
 
-    def _check_files(self, files: list[str]) -> None:
-        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
-        if other:
-            raise ValueError(
-                f"{self.dataset!r}: labelled texts come from {self.local_hint.split(' with')[0]}, not {other}"
-            )
-
-    def _check_columns(self, path: str) -> None:
-        columns = columns_of(path)
-        missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
-        if missing:
-            raise ValueError(
-                f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
-                f"{columns}{self.column_hint}"
-            )
-
     def _hidden(self, source: Source) -> bool:
         if source.table is None:
             return False
@@ -875,20 +865,6 @@ class RowStream(SplitStream):
     def _settings(self) -> tuple:
         return tuple(self.columns), self.key_column
 
-    def _check_files(self, files: list[str]) -> None:
-        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
-        if other:
-            raise ValueError(f"{self.dataset!r}: rows come from .csv/.tsv, .jsonl/.json or .parquet files, not {other}")
-
-    def _check_columns(self, path: str) -> None:
-        columns = columns_of(path)
-        missing = [c for c in self.columns if columns is not None and c.split(".")[0] not in columns]
-        if missing:
-            raise ValueError(
-                f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
-                f"{columns}{self.column_hint}"
-            )
-
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Row]]:
         carving = source_name == "train" and bool(self.missing)
         for number, row in enumerate(self._rows(self.sources[source_name])):
@@ -968,6 +944,7 @@ class PairStream(SplitStream):
 
     key = "pairs"
     local_hint = "of pairs (.jsonl/.json, .csv/.tsv, .parquet), a hub dataset name, or the embedded kjv-rv1909"
+    column_hint = " (set source_column/target_column, or source_lang/target_lang)"
 
     def __init__(
         self,
@@ -991,13 +968,6 @@ class PairStream(SplitStream):
 
     def _settings(self) -> tuple:
         return self.langs, self.columns, self.explicit
-
-    def _check_files(self, files: list[str]) -> None:
-        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
-        if other:
-            raise ValueError(f"{self.dataset!r}: pairs come from .jsonl/.json/.csv/.tsv/.parquet files, not {other}")
-
-    # ------------------------------------------------------------------ the stream of a split
 
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, Pair]]:
         """(split, pair) for every row of one pass over a source split, from row `skip` on; split is None for a
@@ -1061,12 +1031,7 @@ class PairStream(SplitStream):
         if not self.explicit and "translation" in columns:
             self._read_columns[path] = ["translation"]
             return
-        missing = [c for c in self.columns if c.split(".")[0] not in columns]
-        if missing:
-            raise ValueError(
-                f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
-                f"{columns} (set source_column/target_column, or source_lang/target_lang)"
-            )
+        super()._check_columns(path)
         self._read_columns[path] = list(dict.fromkeys(c.split(".")[0] for c in self.columns))
 
 

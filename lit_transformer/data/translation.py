@@ -1,6 +1,6 @@
 """TranslationDataModule: sentence pairs from the hub, local files or the embedded KJV-RV1909, batched by token budget.
 
-The pairs (local files, a hub stream or the embedded corpus) are streamed once into token shards (`pairs.py`:
+The pairs (local files, a hub stream or the embedded corpus) are streamed once into token shards (`shards.py`:
 `python -m lit_transformer prepare`, or the first `fit`) and read through memory maps, so a corpus of any size trains
 in flat memory. (The former in-memory path gave the same batches bit for bit, with memory growing 20 bytes per byte of
 corpus and no gain in time: docs/performance.md, "Data preparation at scale"; it is gone.)
