@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,30 +21,31 @@ from torch.utils.data import Dataset
 
 from . import corpora
 from .base import DataModule
-from .cache import cached, fingerprint, hash_texts
-from .loaders import ResumableLoader, token_budget_batches
+from .loaders import LabelledShards, ResumableLoader, load_prepared_labelled, token_budget_batches
+from .shards import prepare_labelled
 from .sources import SPLITS, LabelledStream
-from .text import MASK, special_token_id, token_ids
+from .text import MASK, special_token_id
 
 
 class TextClassDataset(Dataset):
-    """Tokenized texts (flat ids + offsets) and their labels, collating themselves into padded batches."""
+    """The texts of one prepared split (read through memory maps a batch at a time) and their label ids, collating
+    themselves into padded batches."""
 
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray, max_length: int, pad_id: int) -> None:
-        self.ids, self.offsets, self.labels = ids, offsets, labels
+    def __init__(self, shards: LabelledShards, labels: np.ndarray, max_length: int, pad_id: int) -> None:
+        self.shards, self.labels = shards, labels
         self.max_length, self.pad_id = max_length, pad_id
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def lengths(self) -> np.ndarray:
-        return np.minimum(np.diff(self.offsets), self.max_length).clip(min=1)
+        return np.minimum(self.shards.lengths, self.max_length).clip(min=1)
 
     def __getitem__(self, index: int) -> dict:
         return self.__getitems__([index])
 
     def __getitems__(self, indices) -> dict:
-        rows = [self.ids[self.offsets[i] : self.offsets[i + 1]][: self.max_length] for i in indices]
+        rows = [row[: self.max_length] for row in self.shards.read(indices)]
         width = max(1, max(len(r) for r in rows))
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.bool)
@@ -139,6 +139,8 @@ class ClassificationDataModule(DataModule):
         self._rows: dict[str, tuple[list[str], list[Any]]] | None = None
         self._label_names: list[str] | None = None
         self._datasets: dict[str, TextClassDataset] = {}
+        self._root: Path | None = None
+        self._splits: dict[str, LabelledShards] = {}
 
     @classmethod
     def longest_sequence(cls, args: dict) -> tuple[str, int]:
@@ -185,24 +187,44 @@ class ClassificationDataModule(DataModule):
                     else "its source has no labelled text: fill it, or leave it out to carve it from train"
                 )
                 raise ValueError(f"The {split} split of {self.dataset!r} is empty: {why}")
-        self._label_names = self._names_from(rows["train"][1], class_names)
         rank_zero_info(f"{self.dataset}: texts per split { {k: len(v[0]) for k, v in rows.items()} }")
         return rows
 
-    def _names_from(self, labels: list[Any], class_names: list[str] | None) -> list[str]:
+    def _names_from(self, labels: list[Any], class_names: list[str] | None, flat: bool = False) -> list[str]:
         if self.requested_label_names:
             return [str(n) for n in self.requested_label_names]
         if class_names is not None:
             return list(class_names)
+        if flat:
+            labels = [[y] for y in labels] if self.multi_label else labels
         seen = {str(y) for labels_of_row in labels for y in (labels_of_row if self.multi_label else [labels_of_row])}
         # Integer labels sort as numbers (2 before 10), names alphabetically.
         return sorted(seen, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))
 
     @property
     def label_names(self) -> list[str]:
-        """The classes in id order (what the model's outputs mean); saved in checkpoints."""
+        """The classes in id order (what the model's outputs mean); saved in checkpoints. Without label_names or a
+        ClassLabel column, the distinct labels of the training split, read in one pass (its labels only)."""
         if self._label_names is None:
-            self.rows()
+            class_names = self.stream.class_names()
+            labels = []
+            if not self.requested_label_names and class_names is None:
+                records = self.stream.records_of("train")
+                if self.max_examples is not None:
+                    records = itertools.islice(records, self.max_examples)
+                seen = {}
+                for record in records:
+                    for label in (
+                        record.label if self.multi_label and isinstance(record.label, list) else [record.label]
+                    ):
+                        seen.setdefault(str(label), label)
+                labels = list(seen.values())
+                if not labels:
+                    raise ValueError(
+                        f"The training split of {self.dataset!r} has no labelled text: every row's "
+                        f"{self.text_column!r} is blank or its {self.label_column!r} empty"
+                    )
+            self._label_names = self._names_from(labels, class_names, flat=True)
         return self._label_names
 
     @property
@@ -223,7 +245,10 @@ class ClassificationDataModule(DataModule):
                 )
             return index[str(label)]
 
-        labels = self.rows()[split][1]
+        labels = self._prepared()[split].labels()
+        class_names = self.stream.class_names()
+        if class_names is not None:
+            labels = [_names(y, class_names) for y in labels]
         if not self.multi_label:
             return np.asarray([lookup(y) for y in labels], dtype=np.int64)
         targets = np.zeros((len(labels), len(index)), dtype=np.float32)
@@ -248,7 +273,16 @@ class ClassificationDataModule(DataModule):
     # ------------------------------------------------------------------ tokenizer
 
     def tokenizer_texts(self) -> list[str]:
-        return self.rows()["train"][0]
+        """The first training texts, up to tokenizer_sample_chars characters (and max_examples texts)."""
+        texts, total = [], 0
+        for record in self.stream.records_of("train"):
+            if total >= self.tokenizer_sample_chars or (
+                self.max_examples is not None and len(texts) >= self.max_examples
+            ):
+                break
+            texts.append(record.text)
+            total += len(record.text)
+        return texts
 
     def build_tokenizers(self) -> tuple[tuple[Tokenizer, Tokenizer], tuple[str, str]]:
         """The tokenizer, with a <mask> token (added after the trained vocabulary when it has none)."""
@@ -259,33 +293,29 @@ class ClassificationDataModule(DataModule):
 
     # ------------------------------------------------------------------ Lightning hooks
 
-    def _encoded(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        texts = self.rows()[split][0]
-        tokenizer = self.tokenizer
-        key = fingerprint("classification", 1, self._tokenizer_keys[0], tokenizer.get_vocab_size(), hash_texts(texts))
+    def _prepared(self) -> dict[str, LabelledShards]:
+        """The texts' token shards and labels of every split, prepared first when the cache lacks them."""
+        if not self._splits:
+            info, self._splits = load_prepared_labelled(self.prepare())
+            sizes = {split: len(shards) for split, shards in self._splits.items()}
+            rank_zero_info(f"{self.dataset}: texts per split {sizes}; held-out: {info['held_out']}")
+        return self._splits
 
-        def save(arrays: tuple[np.ndarray, np.ndarray], tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                np.savez(f, ids=arrays[0], offsets=arrays[1])
-
-        def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
-            with np.load(path) as arrays:
-                return arrays["ids"], arrays["offsets"]
-
-        path = self.cache_dir / "tokens" / f"classification-{key}.npz"
-        return cached(path, lambda: encode_ragged(tokenizer, texts), save, load)
-
-    def prepare(self) -> None:
-        """Train the tokenizer and tokenize every split into the cache."""
-        for split in SPLITS:
-            self._encoded(split)
+    def prepare(self) -> Path:
+        """Stream every split into token shards once, labels beside the ids (training the tokenizer first when
+        needed); the prepared folder. Memory stays flat in corpus size."""
+        if self._root is None:
+            tokenizer = self.tokenizer
+            self._root = prepare_labelled(self.stream, tokenizer, self._tokenizer_keys[0], self.cache_dir,
+                                          self.max_examples)  # fmt: skip
+        return self._root
 
     def setup(self, stage: str | None = None) -> None:
+        splits = self._prepared()
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
         for split in SPLITS:
             if split not in self._datasets:
-                ids, offsets = self._encoded(split)
-                pad = self.pad_token_id if self.pad_token_id is not None else 0
-                self._datasets[split] = TextClassDataset(ids, offsets, self.label_ids(split), self.max_length, pad)
+                self._datasets[split] = TextClassDataset(splits[split], self.label_ids(split), self.max_length, pad)
 
     def loader(self, split: str, shuffle: bool) -> ResumableLoader:
         if split not in self._datasets:
@@ -320,16 +350,6 @@ class ClassificationDataModule(DataModule):
     def load_own_state(self, state: dict) -> None:
         if state.get("label_names") and self._label_names is None:
             self._label_names = list(state["label_names"])
-
-
-def encode_ragged(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Each text's ids, as one flat array and offsets (n + 1) into it."""
-    encoded = token_ids(tokenizer, texts)
-    lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((i for ids in encoded for i in ids), dtype=np.int32, count=int(offsets[-1]))
-    return flat, offsets
 
 
 def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int) -> list[list[int]]:

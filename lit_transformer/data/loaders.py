@@ -619,3 +619,52 @@ def load_prepared_pairs(root: Path) -> tuple[dict, dict[str, PairShards]]:
     """A prepared pair corpus's manifest and its splits."""
     info = json.loads((Path(root) / "manifest.json").read_text())
     return info, {split: PairShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
+
+
+# ---------------------------------------------------------------------------------------------------- labelled texts' shards
+
+
+class LabelledShards:
+    """One prepared split of labelled texts: the texts' lengths (from the index, 8 bytes a text) and raw labels, read
+    whole; their ids through memory maps opened for one batch and dropped."""
+
+    def __init__(self, directory: Path, index: dict) -> None:
+        self.directory = Path(directory)
+        self.dtype = np.dtype(index["dtype"])
+        self.names = [s["name"] for s in index["shards"]]
+        offsets = [np.load(self.directory / f"{name}.texts.npy") for name in self.names]
+        self.offsets = offsets
+        self.first = np.concatenate([[0], np.cumsum([len(o) - 1 for o in offsets])]).astype(np.int64)
+        self.lengths = np.concatenate([np.diff(o) for o in offsets] or [np.zeros(0, np.int64)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def labels(self) -> list:
+        """Each text's label as the source wrote it (a name, an id, or a list of them)."""
+        out = []
+        for name in self.names:
+            with open(self.directory / f"{name}.extras.jsonl", encoding="utf-8") as handle:
+                out += [json.loads(line) for line in handle]
+        return out
+
+    def read(self, rows: Sequence[int]) -> list[np.ndarray]:
+        """The ids (copies) of the texts at `rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        shard_of = np.searchsorted(self.first, rows, side="right") - 1
+        out: list = [None] * len(rows)
+        for shard in np.unique(shard_of).tolist():
+            path = self.directory / f"{self.names[shard]}.bin"
+            ids = np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+            offsets = self.offsets[shard]
+            for b in np.flatnonzero(shard_of == shard).tolist():
+                local = int(rows[b] - self.first[shard])
+                out[b] = np.array(ids[offsets[local] : offsets[local + 1]])
+            del ids  # the map closes here: nothing stays mapped between batches
+        return out
+
+
+def load_prepared_labelled(root: Path) -> tuple[dict, dict[str, LabelledShards]]:
+    """A prepared labelled corpus's manifest and its splits."""
+    info = json.loads((Path(root) / "manifest.json").read_text())
+    return info, {split: LabelledShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}

@@ -45,7 +45,7 @@ from tokenizers import Tokenizer
 
 from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
-from .sources import SPLITS, CorpusStream, PairStream
+from .sources import SPLITS, CorpusStream, LabelledStream, PairStream
 from .text import line_pieces
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class RecordKind:
     counter: str  # progress.json's count of the source's records covered (where a resumed pass goes on)
     noun = ""  # in the log line of a pass
     split_long = False  # long texts are encoded in line-bounded pieces (a document; never a pair's side)
+    extras = False  # each record carries a JSON value beside its ids (a label), kept in shard-N.extras.jsonl
 
     def new_progress(self) -> dict:
         return {"shards": [], self.counter: 0, "characters": 0, "bytes": 0}
@@ -147,11 +148,12 @@ class Chunk:
     """Texts to encode together (a list per side), where documents end, the source records finished and the bytes
     read."""
 
-    __slots__ = ("texts", "ends", "continues", "documents", "nbytes", "characters", "at_boundary")
+    __slots__ = ("texts", "ends", "extras", "continues", "documents", "nbytes", "characters", "at_boundary")
 
     def __init__(self, sides: int, documents: int = 0) -> None:
         self.texts: list[list[str]] = [[] for _ in range(sides)]
         self.ends: list[list[bool]] = [[] for _ in range(sides)]  # EOS (a record start next) after this text
+        self.extras: list[str] = []  # each record's JSON value (a label), for a kind with extras
         self.continues = False  # the first text continues a document begun in an earlier chunk
         self.documents = documents  # source records finished by the end of this chunk (a running count)
         self.nbytes = 0
@@ -195,6 +197,8 @@ class Chunker:
                 parts = line_pieces(text) if self.split_long else [text]
                 chunk.texts[side] += parts
                 chunk.ends[side] += [False] * len(parts)
+            if getattr(record, "extra", None) is not None:
+                chunk.extras.append(record.extra)
             characters = sum(map(len, texts))
             chunk.characters += characters
             self.total += characters
@@ -351,6 +355,7 @@ class ShardWriter:
         self.kind, self.directory, self.shard_tokens = kind, directory, shard_tokens
         self.progress, self.keep_text = progress, keep_text
         self.files = [f"{side}.bin" if side else "bin" for side in kind.sides] + (["text.bin"] if keep_text else [])
+        self.files += ["extras.jsonl"] if kind.extras else []
         self.handles: dict | None = None
         self._reset()
 
@@ -372,6 +377,8 @@ class ShardWriter:
                 self.starts[side].append(np.asarray(starts, dtype=np.int64) + self.tokens[side])
             self.handles[self.files[side]].write(ids.tobytes())
             self.tokens[side] += len(ids)
+        if self.kind.extras and chunk.extras:
+            self.handles["extras.jsonl"].write("".join(e + "\n" for e in chunk.extras).encode("utf-8"))
         if self.keep_text:  # each record's texts in turn (source, target, source, ...)
             parts = [text.encode("utf-8", "surrogatepass") for record in zip(*chunk.texts) for text in record]
             self.handles["text.bin"].write(b"".join(parts))
@@ -700,6 +707,82 @@ class PairKind(RecordKind):
 
 
 PAIRS = PairKind()
+
+
+# ---------------------------------------------------------------------------------------------------- labelled texts
+
+
+class LabelledKind(RecordKind):
+    """Labelled texts: one side (each text's ids, no EOS), `texts.npy` the n + 1 offsets where texts start, and each
+    text's label as a JSON line in `extras.jsonl` (a name, an id, or a list of them)."""
+
+    folder, tag, sides, starts, counter = "labelled", "labelled-shards", ("",), "texts.npy", "rows"
+    noun = " texts"
+    extras = True
+
+    def new_progress(self) -> dict:
+        return {**super().new_progress(), "empty": 0}
+
+    def budget(self, progress: dict, limit: int | None) -> dict[str, int | None]:
+        done = sum(s["texts"] for s in progress["shards"])
+        return {"max_records": None if limit is None else max(0, limit - done)}
+
+    def starts_array(self, starts: list[np.ndarray], tokens: list[int]) -> np.ndarray:
+        return np.concatenate([starts[0], np.array([tokens[0]], dtype=np.int64)])
+
+    def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
+        return {"name": name, "texts": records, "tokens": tokens[0]}
+
+    def index(self, progress: dict, dtype: np.dtype, keep_text: bool) -> dict:
+        shards = progress["shards"]
+        return {
+            "dtype": dtype.name,
+            "shards": shards,
+            "texts": sum(s["texts"] for s in shards),
+            "tokens": sum(s["tokens"] for s in shards),
+            "characters": progress["characters"],
+            "bytes": progress["bytes"],
+            "empty": progress.get("empty", 0),
+        }
+
+    def summary(self, indexes: dict[str, dict]) -> str:
+        return f"texts { {s: i['texts'] for s, i in indexes.items()} }"
+
+    def check(self, stream: LabelledStream, splits: dict[str, dict]) -> None:
+        if not splits["train"]["texts"]:
+            raise ValueError(
+                f"The training split of {stream.dataset!r} has no labelled text: every row's {stream.text_column!r} "
+                f"is blank or its {stream.label_column!r} empty"
+            )
+        for split in SPLITS[1:]:
+            if splits[split]["texts"]:
+                continue
+            why = (
+                f"carved from train, {stream.held_out:.0%} of the texts by a hash of each, it got none: give more "
+                f"texts, a larger held_out, or a {split} file"
+                if split in stream.missing
+                else "its source has no labelled text: fill it, or leave it out to carve it from train"
+            )
+            raise ValueError(f"The {split} split of {stream.dataset!r} is empty: {why}")
+
+
+LABELLED = LabelledKind()
+
+
+def prepare_labelled(
+    stream: LabelledStream,
+    tokenizer: Tokenizer,
+    tokenizer_key: str,
+    cache_dir: Path,
+    max_examples: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+    workers: int | None = None,
+) -> Path:
+    """Prepare every split of `stream` once (cached by content; resumable; atomic): the texts' ids in shards, their
+    labels beside them; the prepared folder. max_examples: the training split is cut after this many texts."""
+    info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
+    keys = (tokenizer_key,)
+    return prepare(stream, LABELLED, (tokenizer,), keys, cache_dir, info, None, max_examples, shard_tokens, workers)
 
 
 def prepare_pairs(

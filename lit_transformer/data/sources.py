@@ -723,6 +723,11 @@ class LabelledText:
     last = True
 
     @property
+    def extra(self) -> str:
+        """The label as JSON: what a prepared shard keeps beside the text's ids."""
+        return json.dumps(self.label, ensure_ascii=False)
+
+    @property
     def texts(self) -> tuple[str]:
         return (self.text,)
 
