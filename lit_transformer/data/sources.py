@@ -343,6 +343,27 @@ class SplitStream:
         None for a record that is dropped. The training source also feeds the carved held-out splits."""
         raise NotImplementedError
 
+    def owner(self, source_name: str, *content: str) -> str:
+        """The split a record of `source_name` goes to: its own, or, for the training source of a stream with
+        missing held-out splits, the one carving's choice by a hash of `content`."""
+        if source_name != "train" or not self.missing:
+            return source_name
+        return held_out_split(*content, missing=self.missing, held_out=self.held_out)
+
+    def values(self, row: dict, where: str) -> list[Any]:
+        """The row's value of each of the stream's columns (dotted names reach into nested fields); a missing one
+        fails naming the columns the row has."""
+        values = []
+        for column in self._columns():
+            try:
+                values.append(column_value(row, column))
+            except KeyError:
+                raise ValueError(
+                    f"dataset {self.dataset!r}: {where} has no column {column!r}; its columns are {sorted(row)}"
+                    f"{self.column_hint}"
+                ) from None
+        return values
+
     # ------------------------------------------------------------------ identity
 
     def content_key(self, file_hash) -> str:
@@ -454,10 +475,7 @@ class CorpusStream(SplitStream):
                         b = len(text) if end >= 1 else _line_cut(text, end)
                         yield split, Piece(text[a:b], document, True, nbytes if split == "train" else 0)
                 else:
-                    owner = (
-                        held_out_split(text, missing=self.missing, held_out=self.held_out) if carving else source_name
-                    )
-                    yield owner, Piece(text, document, True, nbytes)
+                    yield self.owner(source_name, text), Piece(text, document, True, nbytes)
             document += 1
 
     def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
@@ -785,22 +803,17 @@ class LabelledStream(SplitStream):
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, LabelledText]]:
         """(split, labelled text) for every row of one pass over a source split; split is None for a row with a
         blank text or no label (dropped). The training source also feeds carved held-out splits, by text hash."""
-        carving = source_name == "train" and bool(self.missing)
         for row, (text, label, nbytes) in enumerate(self._rows(self.sources[source_name])):
             if row < skip:
                 continue
-            record = LabelledText(text, label, row, nbytes)
-            if not text.strip() or label is None or label == "":
-                yield None, record
-            elif carving:
-                yield held_out_split(text, missing=self.missing, held_out=self.held_out), record
-            else:
-                yield source_name, record
+            blank = not text.strip() or label is None or label == ""
+            yield (None if blank else self.owner(source_name, text)), LabelledText(text, label, row, nbytes)
 
     def _rows(self, source: Source) -> Iterator[tuple[str, Any, int]]:
         if source.table is not None:
             for number, row in enumerate(table_rows(source.table), 1):
-                yield *self._labelled(row, f"{self.dataset} ({source.origin[-1]}) row {number}"), 0
+                text, label = self._labelled(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
+                yield text, label, len(text) if source.in_memory else 0
             return
         for path in source.files:
             columns = list(dict.fromkeys(c.split(".")[0] for c in self._columns()))
@@ -808,15 +821,7 @@ class LabelledStream(SplitStream):
                 yield *self._labelled(row, f"{path}:{number}"), nbytes
 
     def _labelled(self, row: dict, where: str) -> tuple[str, Any]:
-        values = []
-        for column in self._columns():
-            try:
-                values.append(column_value(row, column))
-            except KeyError:
-                raise ValueError(
-                    f"dataset {self.dataset!r}: {where} has no column {column!r}; its columns are {sorted(row)}"
-                    f"{self.column_hint}"
-                ) from None
+        values = self.values(row, where)
         text, label = values
         if text is not None and not isinstance(text, str):
             raise ValueError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
@@ -871,12 +876,9 @@ class RowStream(SplitStream):
         return tuple(self.columns), self.key_column
 
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Row]]:
-        carving = source_name == "train" and bool(self.missing)
         for number, row in enumerate(self._rows(self.sources[source_name])):
-            if number < skip:
-                continue
-            key = str(row.values.get(self.key_column, ""))
-            yield (held_out_split(key, missing=self.missing, held_out=self.held_out) if carving else source_name), row
+            if number >= skip:
+                yield self.owner(source_name, str(row.values.get(self.key_column, ""))), row
 
     def all_rows(self) -> Iterator[tuple[str, Row]]:
         """(split, row) for every row of every source split, in order."""
@@ -888,27 +890,15 @@ class RowStream(SplitStream):
         if source.table is not None:
             for number, row in enumerate(table_rows(source.table), 1):
                 where = f"{self.dataset} ({source.origin[-1]}) row {number}"
-                yield Row(self._values(row, where), where, None, number - 1, 0)
+                yield Row(dict(zip(self.columns, self.values(row, where), strict=True)), where, None, number - 1, 0)
             return
         for path in source.files:
             for number, (row, nbytes, line) in enumerate(records(path, top + ["split"])):
                 where = f"{path}:{line}"
-                values = self._values(row, where)
+                values = dict(zip(self.columns, self.values(row, where), strict=True))
                 if row.get("split") not in (None, ""):
                     values["split"] = row["split"]
                 yield Row(values, where, str(Path(path).parent), number, nbytes)
-
-    def _values(self, row: dict, where: str) -> dict[str, Any]:
-        values = {}
-        for column in self.columns:
-            try:
-                values[column] = column_value(row, column)
-            except KeyError:
-                raise ValueError(
-                    f"dataset {self.dataset!r}: {where} has no column {column!r}; its columns are {sorted(row)}"
-                    f"{self.column_hint}"
-                ) from None
-        return values
 
 
 # ---------------------------------------------------------------------------------------------------- sentence pairs
@@ -977,16 +967,10 @@ class PairStream(SplitStream):
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, Pair]]:
         """(split, pair) for every row of one pass over a source split, from row `skip` on; split is None for a
         row with an empty side (dropped). The training source also feeds carved held-out splits, by pair hash."""
-        carving = source_name == "train" and bool(self.missing)
         for row, (source, target, nbytes) in enumerate(self._rows(self.sources[source_name])):
-            if row < skip:
-                continue
-            pair = Pair(source, target, row, nbytes)
-            if not source or not target:
-                yield None, pair
-            else:
-                split = held_out_split(source, target, missing=self.missing, held_out=self.held_out)
-                yield (split if carving else source_name), pair
+            if row >= skip:
+                split = self.owner(source_name, source, target) if source and target else None
+                yield split, Pair(source, target, row, nbytes)
 
     def pairs(self, split: str) -> Iterator[tuple[str, str]]:
         """The (source, target) pairs of `split` in order, rows with an empty side left out."""
