@@ -13,15 +13,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import docstring_parser
 import jsonargparse
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_transformer.callbacks import (
@@ -34,6 +36,7 @@ from lit_transformer.callbacks import (
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
 from lit_transformer.config import TransformerConfig
+from lit_transformer.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import (
     NonFiniteLossGuard,
@@ -41,6 +44,8 @@ from lit_transformer.reliability import (
     StepSeed,
     check_device_options,
     exit_on_signals,
+    lost_peer_message,
+    resume_after_restart,
 )
 
 # Field docstrings of TransformerConfig become --help text.
@@ -70,11 +75,18 @@ def _parse_once(parse: Callable) -> Callable:
 if not hasattr(docstring_parser.parse_from_object, "__wrapped__"):
     docstring_parser.parse_from_object = _parse_once(docstring_parser.parse_from_object)
 
+# How long a collective (all-reduce, barrier) waits for a peer before the run fails: a hung or unreachable node ends
+# the others within this, not torch's 30 minutes. Data preparation waits without limit (Lightning's own barrier).
+COLLECTIVE_TIMEOUT_S = 600.0
+
 # What the tokenizer decides, the model config must follow: linked once the DataModule exists.
 TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id")
 # What the data decides of the architecture: the number of classes (None for language-model and translation data).
 # What it decides of the task (label names, multi_label, bits per character, ...) the task reads itself (Task.reads).
 DATA_LINKS = ("num_labels",)
+# The run folder is one value, trainer.default_root_dir: the TensorBoard logger's save_dir and the checkpoints' dirpath
+# default to this placeholder, which resolve_run_folder replaces by it. A value given explicitly is kept.
+RUN_FOLDER = "${trainer.default_root_dir}"
 
 
 class TransformerCLI(LightningCLI):
@@ -93,7 +105,7 @@ class TransformerCLI(LightningCLI):
         parser.link_arguments("checkpoint.dirpath", "best_checkpoint.dirpath")
         parser.set_defaults(
             {
-                "checkpoint.dirpath": "checkpoints",
+                "checkpoint.dirpath": f"{RUN_FOLDER}/checkpoints",
                 "checkpoint.monitor": None,
                 "checkpoint.save_last": True,
                 "checkpoint.save_top_k": 0,
@@ -115,9 +127,18 @@ class TransformerCLI(LightningCLI):
         parser.add_lightning_class_args(AttentionMaps, "attention")
         parser.add_lightning_class_args(TokenThroughputMonitor, "throughput")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
+        parser.add_argument(
+            "--collective_timeout",
+            type=float | None,
+            default=COLLECTIVE_TIMEOUT_S,
+            help="Seconds a collective waits for a peer (another process or node) before the run fails with one line "
+            "naming the lost rank; None keeps the strategy's own (torch's 30 minutes).",
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        resolve_run_folder(config)
+        link_context_length(config, self.subcommand)
         set_once(config)
         trainer = config.trainer
         strategy = trainer.strategy
@@ -132,7 +153,28 @@ class TransformerCLI(LightningCLI):
         given = [*callbacks, *(existing if isinstance(existing, list) else [existing])]
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks = [*callbacks, SyncFreeProgressBar()]
-        return super()._instantiate_trainer(config, callbacks)
+        # Lightning's default summary shows a FLOPs column of zeros: ours leaves it out (see console.py).
+        if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in given):
+            callbacks = [*callbacks, ModelSummaryWithoutFlops()]
+            config = {**config, "enable_model_summary": False}  # the default's place is taken, without a notice
+        trainer = super()._instantiate_trainer(config, callbacks)
+        timeout = (self.config[self.subcommand] if self.subcommand else self.config).get("collective_timeout")
+        if timeout is not None and hasattr(trainer.strategy, "_timeout"):  # what init_process_group is given
+            trainer.strategy._timeout = timedelta(seconds=timeout)
+        return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """A collective that fails because a peer died or hung ends this process with one line (which rank was
+        lost, how to resume) and exit status 1, not a traceback from inside gloo or NCCL."""
+        try:
+            super()._run_subcommand(subcommand)
+        except RuntimeError as error:
+            message = lost_peer_message(error, self.trainer)
+            if message is None:
+                raise
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+            raise SystemExit(1) from None
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
@@ -140,7 +182,12 @@ class TransformerCLI(LightningCLI):
         wrong, and nothing in it ever runs), and keep the command line's `generation` and `quantize`: how to decode is
         chosen per run (`predict --model.generation.temperature 0`), not inherited from training."""
         subcommand = self.config.get("subcommand")
+        if subcommand == "fit":  # restarted by torchrun (--max-restarts): go on from the run's last checkpoint
+            dirpath = (self.config.fit.get("checkpoint") or {}).get("dirpath")
+            self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if subcommand:
+            resolve_run_folder(self.config[subcommand])
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
             path = Path(dirpath) / "last.ckpt" if dirpath and (Path(dirpath) / "last.ckpt").is_file() else None
@@ -196,10 +243,71 @@ def set_once(config) -> None:
         )
 
 
+def resolve_run_folder(config) -> None:
+    """Put trainer.default_root_dir (the working directory when unset) wherever RUN_FOLDER stands: the logger's
+    save_dir, the checkpoint folders. So `--trainer.default_root_dir DIR` alone moves logs, TensorBoard and
+    checkpoints into DIR, while `--checkpoint.dirpath X` or `--trainer.logger.init_args.save_dir X` still win."""
+    root = str(config.trainer.get("default_root_dir") or ".")
+
+    def resolve(value):
+        return value.replace(RUN_FOLDER, root) if isinstance(value, str) and RUN_FOLDER in value else value
+
+    logger = config.trainer.get("logger")
+    for spec in logger if isinstance(logger, list) else [logger]:
+        init_args = getattr(spec, "init_args", None)
+        if init_args is not None and "save_dir" in init_args:
+            init_args.save_dir = resolve(init_args.save_dir)
+    for group in ("checkpoint", "best_checkpoint", "preemption"):
+        if config.get(group) is not None and "dirpath" in config[group]:
+            config[group].dirpath = resolve(config[group].dirpath)
+
+
+def _default(owner: Callable | type, name: str) -> object:
+    if dataclasses.is_dataclass(owner):
+        field = {f.name: f for f in dataclasses.fields(owner)}.get(name)
+        return field.default if field is not None else inspect.Parameter.empty
+    parameter = inspect.signature(owner).parameters.get(name)
+    return parameter.default if parameter is not None else inspect.Parameter.empty
+
+
+def link_context_length(config, subcommand: str | None) -> None:
+    """The model's context (model.config.max_seq_len) and the data's (data.init_args.block_size, where the data has
+    one) are one value: the one given sets the other; given both, `fit` needs them equal. (validate/test may read
+    longer blocks than the model was trained on: that is how length extrapolation is measured.)"""
+    from lit_transformer.config import TransformerConfig
+
+    data, model = config.get("data"), config.get("model")
+    init_args = getattr(data, "init_args", None)
+    if init_args is None or "block_size" not in init_args or model is None or model.get("config") is None:
+        return
+    try:
+        module, _, name = str(data.class_path).rpartition(".")
+        block_default = _default(getattr(importlib.import_module(module), name), "block_size")
+    except (ImportError, AttributeError, ValueError):
+        return
+    block, context = init_args.block_size, model.config.max_seq_len
+    block_given = block != block_default
+    context_given = context != _default(TransformerConfig, "max_seq_len")
+    if block_given and not context_given:
+        model.config.max_seq_len = block
+    elif context_given and not block_given:
+        init_args.block_size = context
+    elif block != context and subcommand == "fit":
+        raise ValueError(
+            f"data.init_args.block_size={block} and model.config.max_seq_len={context} disagree: the model trains on "
+            "blocks of its context length. Give one of them (the other follows) or the same value to both"
+        )
+
+
 def _trainer_defaults() -> dict:
     # Every checkpoint is written atomically: a crash at any moment leaves the previous one loadable.
     return {
         "callbacks": [LearningRateLogger()],
+        # TensorBoard in <run folder>/tensorboard/version_N (resolve_run_folder fills in the run folder).
+        "logger": {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": RUN_FOLDER, "name": "tensorboard"},
+        },
         # A class path, not an instance: the run's saved config.yaml can name it (an instance is "Unable to serialize").
         "plugins": [{"class_path": f"{AtomicCheckpointIO.__module__}.{AtomicCheckpointIO.__qualname__}"}],
     }
@@ -263,6 +371,7 @@ def show_package_info_logs() -> None:
 
 def main(args: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
+    quiet_dependencies()
     if argv and argv[0] in ("generate", "translate", "export", "prepare", "average"):
         _extra_commands()[argv[0]](argv[1:])
         return

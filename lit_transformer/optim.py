@@ -4,6 +4,7 @@ layers, and the learning-rate schedule (`model.optim` in the YAML)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,8 +25,9 @@ class Optimization:
     """Adam betas; None uses (0.9, 0.95) for adamw and the paper's (0.9, 0.98) for adam."""
     eps: float | None = None
     """Adam epsilon; None uses 1e-8 for adamw and the paper's 1e-9 for adam."""
-    weight_decay: float = 0.1
-    """AdamW weight decay, on the weight matrices of linear layers only (see weight_decay_groups)."""
+    weight_decay: float | None = None
+    """AdamW weight decay, on the weight matrices of linear layers only (see weight_decay_groups); None: 0.1. Plain
+    adam (the paper's) has none: a weight decay given with it is ignored, with a warning."""
     decay_embeddings: bool = False
     """Decay the token and position tables too (nanoGPT does; off by default)."""
     fused: bool | None = None
@@ -78,15 +80,32 @@ def weight_decay_groups(
     return decay, no_decay
 
 
+def warn_no_effect_with_adam(optim: Optimization) -> None:
+    """Plain Adam has no weight decay: say so once when a run sets one, and how to get it."""
+    ignored = [f"weight_decay={optim.weight_decay}"] if optim.weight_decay else []
+    ignored += ["decay_embeddings=true"] if optim.decay_embeddings else []
+    if ignored:
+        warnings.warn(
+            f"model.optim.{' and '.join(ignored)} has no effect with optimizer adam (the paper's Adam decays no "
+            "weight): set model.optim.optimizer adamw to decay the weights, or model.optim.weight_decay null to "
+            "silence this",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def build_optimizer(model: torch.nn.Module, optim: Optimization, fused: bool) -> torch.optim.Optimizer:
     """Adam (the paper's: betas (0.9, 0.98), eps 1e-9 unless given, no decay) or AdamW (betas (0.9, 0.95), eps 1e-8,
     decay on weight_decay_groups' first group), fused or foreach."""
     decay, no_decay = weight_decay_groups(model, optim.decay_embeddings)
     adam = optim.optimizer == "adam"
+    if adam:
+        warn_no_effect_with_adam(optim)
     betas = optim.betas or ((0.9, 0.98) if adam else (0.9, 0.95))
     kwargs: dict[str, Any] = {"lr": optim.lr, "betas": tuple(betas), "eps": optim.eps or (1e-9 if adam else 1e-8)}
     kwargs["fused" if fused else "foreach"] = True
     if adam:
         return torch.optim.Adam(decay + no_decay, **kwargs)
-    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    weight_decay = 0.1 if optim.weight_decay is None else optim.weight_decay
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, **kwargs)

@@ -3,7 +3,7 @@
 # runs under `timeout -k $GRACE <its box>` (SIGTERM, then SIGKILL after the grace), no part starts past the budget,
 # and each part's row is printed and appended to $OUT/rows.jsonl as soon as it is measured (a part cut short gets a
 # "timeout" row). At the end (also after Ctrl-C) the rows become one run appended to $JSON (docs/gpu_check.json);
-# `python scripts/gpu_table.py render docs/gpu_check.json --readme README.md` writes the README's GPU table from it.
+# `python scripts/gpu_table.py render docs/gpu_check.json --readme docs/scaling.md` writes the GPU table of docs/scaling.md from it.
 #
 #   bash scripts/gpu_check.sh /path/to/nanoGPT            # on the GPU machine (a nanoGPT checkout: bench.py, model.py)
 #   bash scripts/gpu_check.sh /work/nanogpt --dry-run     # on a CPU: tiny sizes, every part's plumbing and time box

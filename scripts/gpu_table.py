@@ -1,12 +1,12 @@
 """The GPU check's results: collect the rows `scripts/gpu_check.sh` measured into docs/gpu_check.json, and render the
-README's GPU table from that JSON (never from hand-copied numbers).
+docs/scaling.md's GPU table from that JSON (never from hand-copied numbers).
 
     python scripts/gpu_table.py collect runs/gpu/rows.jsonl --meta runs/gpu/meta.json --json docs/gpu_check.json
     python scripts/gpu_table.py render docs/gpu_check.json                     # print the latest run's table
-    python scripts/gpu_table.py render docs/gpu_check.json --readme README.md  # replace the table between markers
+    python scripts/gpu_table.py render docs/gpu_check.json --readme docs/scaling.md  # replace the table between markers
 
 A row is one JSON object per measured part: {"part", "label", "status": ok|timeout|failed|skipped, ...figures}.
-The README's table lives between `<!-- gpu-check:start -->` and `<!-- gpu-check:end -->`.
+The table (docs/scaling.md) lives between `<!-- gpu-check:start -->` and `<!-- gpu-check:end -->`.
 """
 
 from __future__ import annotations

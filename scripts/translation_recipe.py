@@ -1,8 +1,9 @@
 """The paper's recipe, evaluated: test BLEU of one run's last checkpoint, of the average of its last N, and of its EMA,
 each with greedy decoding and with the paper's rules; plus the validation BLEU curve as a PNG.
 
-The run must have been trained with step checkpoints kept and Lightning's EMAWeightAveraging (README, "The paper's
-recipe"), so each checkpoint holds the EMA (state_dict) and the optimizer's weights (current_model_state):
+The run must have been trained with step checkpoints kept and Lightning's EMAWeightAveraging (as
+configs/presets/translate-en-es-gpu.yaml does; docs/translation.md), so each checkpoint holds the EMA (state_dict)
+and the optimizer's weights (current_model_state):
 
     python scripts/translation_recipe.py --run runs/en-es-long --config configs/presets/translate-en-es.yaml --last 5
 

@@ -4,9 +4,12 @@ attention over the image in TensorBoard, and predicts captions for a folder of i
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+from _printed import printed_metrics
+from _printed import scalars as _scalars
 from test_cli import CONFIGS, ROOT, _cli
 
 PRESET = str(CONFIGS / "presets" / "caption-digits.yaml")
@@ -41,6 +44,12 @@ def test_fit_logs_caption_metrics_and_images_with_attention(caption_run: Path):
     assert {"val/loss", "val/ppl", "val/bleu", "val/exact_match", "train/loss"} <= scalars, sorted(scalars)
     assert {f"captions/{i}" for i in range(4)} <= images, sorted(images)  # image, captions, attention per word
     assert "attention/self/layer_0" in images
+    # The values (each is checked against sacreBLEU and a hand count over all references in test_task_metrics.py):
+    logged = _scalars(caption_run)
+    for step in logged["val/ppl"]:  # validations at steps 3 and 6
+        assert logged["val/ppl"][step] == pytest.approx(math.exp(logged["val/nll"][step]), rel=1e-5)
+        assert 0.0 <= logged["val/bleu"][step] <= 100.0
+        assert 16 * logged["val/exact_match"][step] == pytest.approx(round(16 * logged["val/exact_match"][step]))
 
 
 def test_test_and_predict_on_a_folder_of_images(caption_run: Path, tmp_path: Path):
@@ -50,7 +59,10 @@ def test_test_and_predict_on_a_folder_of_images(caption_run: Path, tmp_path: Pat
 
     ckpt = ["--ckpt_path", str(caption_run / "checkpoints" / "last.ckpt")]
     out = _cli("test", "--config", PRESET, *_small(caption_run), *ckpt, cwd=ROOT).stdout
-    assert "test/bleu" in out and "test/exact_match" in out
+    metrics = printed_metrics(out)
+    assert metrics["test/ppl"] == pytest.approx(math.exp(metrics["test/nll"]), rel=1e-5)
+    assert 0.0 <= metrics["test/bleu"] <= 100.0
+    assert 16 * metrics["test/exact_match"] == pytest.approx(round(16 * metrics["test/exact_match"]))  # of 16
     strips = digit_strips("test", 3)
     folder = tmp_path / "images"
     folder.mkdir()
@@ -61,7 +73,21 @@ def test_test_and_predict_on_a_folder_of_images(caption_run: Path, tmp_path: Pat
     _cli("predict", "--config", PRESET, *_small(caption_run), *ckpt, *predict, cwd=ROOT)
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["image"] for r in rows] == ["strip0.png", "strip1.png", "strip2.png"]
-    assert all(isinstance(r["caption"], str) for r in rows)
+    # Each caption is the checkpoint's own for its image (read as predict reads it), decoded as the preset says.
+    import torch
+    import yaml
+
+    from lit_transformer.config import GenerationConfig
+    from lit_transformer.data.captioning import load_image
+    from lit_transformer.inference import load_model
+    from lit_transformer.tasks import Captioning
+
+    loaded = load_model(caption_run / "checkpoints" / "last.ckpt")
+    generation = GenerationConfig.for_task(
+        Captioning, **yaml.safe_load(Path(PRESET).read_text())["model"]["generation"]
+    )
+    images = torch.stack([load_image(folder / r["image"], (8, 48), 1) for r in rows])
+    assert [r["caption"] for r in rows] == loaded.decode(loaded.model.eval().generate(images, generation))
 
 
 def test_the_translation_task_refuses_an_image_source():

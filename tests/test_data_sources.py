@@ -102,6 +102,6 @@ def test_the_data_sets_the_image_geometry_once_and_a_mismatch_names_both_keys():
 def test_learned_positions_too_few_for_the_data_name_both_keys():
     from lit_transformer.cli import set_once
 
-    config = _config("LanguageModelingDataModule", {"block_size": 256}, {"max_seq_len": 128, "positions": "learned"})
-    with pytest.raises(ValueError, match=r"data.init_args.block_size=256 needs 256 .* model.config.max_seq_len=128"):
+    config = _config("TranslationDataModule", {"max_length": 256}, {"max_seq_len": 128, "positions": "learned"})
+    with pytest.raises(ValueError, match=r"data.init_args.max_length=256 needs 256 .* model.config.max_seq_len=128"):
         set_once(config)

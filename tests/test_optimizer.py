@@ -99,8 +99,9 @@ def test_an_adamw_step_decays_only_the_decayed_parameters(decay_embeddings: bool
 
 @pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
 def test_adam_decays_nothing(variant: dict) -> None:
-    """The paper's Adam: no decay on any parameter, whatever weight_decay says."""
-    lit, optimizer = optimizer_of(variant, optimizer="adam", weight_decay=WEIGHT_DECAY)
+    """The paper's Adam: no decay on any parameter, whatever weight_decay says (and a weight decay given says so)."""
+    with pytest.warns(UserWarning, match="has no effect with optimizer adam"):
+        lit, optimizer = optimizer_of(variant, optimizer="adam", weight_decay=WEIGHT_DECAY)
     assert type(optimizer) is torch.optim.Adam
     assert all(group["weight_decay"] == 0.0 for group in optimizer.param_groups)
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -1,4 +1,7 @@
-"""Every command of the README runs as written, in the order a reader meets them, on the embedded corpora.
+"""Every command of the README, and of the docs pages its content moved to (PAGES), runs as written, in the order a
+reader meets them (the README first, then each page), on the embedded corpora. Commands are those of the bash blocks
+and the `python ...` spans of table rows (the README's task table; a span followed by "(GPU)" needs a GPU); a
+command printed twice runs once.
 
 Each command gets only small-size overrides appended (fewer steps, fewer tokens); a command marked "# needs a GPU"
 is checked to parse (--print_config / --help), one marked "# takes minutes" is parsed with all its flags by its own
@@ -25,24 +28,47 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The pages whose commands run after the README's, in this order (they use the checkpoints the README's commands write).
+PAGES = [README] + [ROOT / "docs" / f"{name}.md" for name in ("results", "translation", "inference", "scaling")]
+PAGES += [ROOT / "docs" / "troubleshooting.md"]
 SMALL = "--trainer.max_steps 4 --trainer.val_check_interval 4 --trainer.limit_val_batches 2"
 SMALL += " --trainer.num_sanity_val_steps 0 --checkpoint.every_n_train_steps 2 --trainer.log_every_n_steps 1"
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+def blocks(language: str, pages: list[Path] = PAGES) -> list[str]:
+    return [b for page in pages for b in re.findall(rf"```{language}\n(.*?)```", page.read_text(), flags=re.S)]
 
 
-def readme_commands() -> list[str]:
-    """The shell commands of the README's bash blocks, continuation lines joined, comment lines dropped."""
+TABLE_COMMAND = re.compile(r"`(python [^`]+)`( \(GPU\))?")
+
+
+def page_commands(text: str) -> list[str]:
+    """The shell commands of a page in reading order: its bash blocks (continuation lines joined, comment lines
+    dropped) and the commands in its table rows."""
     commands = []
-    for block in blocks("bash"):
+    for block, row in re.findall(r"```bash\n(.*?)```|^(\|[^\n]*\|)$", text, flags=re.S | re.M):
+        if row:
+            commands += [code + ("  # needs a GPU" if gpu else "") for code, gpu in TABLE_COMMAND.findall(row)]
+            continue
         for command in re.sub(r"\\\n\s*", "", block).splitlines():
             if command.strip() and not command.lstrip().startswith("#"):
                 commands.append(command.strip())
+    return commands
+
+
+def readme_commands() -> list[str]:
+    """Every page's commands, the README's first; a command printed on two pages (or twice) runs once."""
+    commands, seen = [], set()
+    for page in PAGES:
+        for command in page_commands(page.read_text()):
+            code = command.partition("  #")[0].strip()
+            if code not in seen:
+                seen.add(code)
+                commands.append(command)
     return commands
 
 
@@ -232,14 +258,14 @@ def _checkpoint(command: str, workdir: Path) -> Path:
 
 
 def _run_dir(command: str) -> str:
-    config = re.search(r"--config (\S+)", command).group(1)
-    if "classify-genre" in config:
-        return "runs/genre"
-    if "presets/mlm" in config:
-        return "runs/mlm"
-    if "caption-digits" in config:
-        return "runs/caption-digits"
-    return "runs/en-es" if "translate-en-es" in config else "runs/shakespeare"
+    """The run folder: --trainer.default_root_dir, else the last --config that sets it."""
+    match = re.search(r"--trainer.default_root_dir (\S+)", command)
+    if match:
+        return match.group(1)
+    folder = None
+    for config in re.findall(r"--config (\S+)", command):
+        folder = (yaml.safe_load((ROOT / config).read_text()).get("trainer") or {}).get("default_root_dir") or folder
+    return folder
 
 
 def _checkpoint_dir(command: str) -> str:

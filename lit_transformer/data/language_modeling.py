@@ -90,10 +90,6 @@ class LanguageModelingDataModule(DataModule):
         self._splits: dict[str, TokenShards] = {}
         self._blocks: dict[str, ShardBlocks] = {}
 
-    @classmethod
-    def longest_sequence(cls, args: dict) -> tuple[str, int]:
-        return "block_size", args["block_size"]
-
     # ------------------------------------------------------------------ text
 
     @property

@@ -83,7 +83,10 @@ def build_task(task: Task | str | dict | None, config: TransformerConfig, **depr
         obj = task
     elif isinstance(task, dict) or hasattr(task, "class_path"):
         spec = dict(task)
-        obj = _task_class(spec["class_path"])(**dict(spec.get("init_args") or {}))
+        cls = _task_class(spec["class_path"])
+        # Options without a task (a variant's `model.task.init_args.label_smoothing` over a config that names no task:
+        # the parser fills in the base class) are options of the architecture's default task.
+        obj = (default_task(config) if cls is Task else cls)(**dict(spec.get("init_args") or {}))
     else:
         obj = (_task_class(task) if task else default_task(config))()
     legacy = {k: v for k, v in deprecated.items() if v is not None and v != DEPRECATED_OPTIONS.get(k)}

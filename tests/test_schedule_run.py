@@ -1,0 +1,89 @@
+"""The learning rate a run actually gets: a tiny `fit` through the command line, every schedule, with and without
+gradient accumulation, the rate the optimizer holds at each optimizer step (and after the last) read by a callback,
+against each schedule's formula written out here (not lit_transformer/schedules.py's)."""
+
+from __future__ import annotations
+
+import json
+import math
+import typing
+from pathlib import Path
+
+import lightning as L
+import pytest
+from test_cli import CONFIGS, ROOT, _cli
+
+from lit_transformer.schedules import ScheduleName
+
+LR, WARMUP, STEPS, D_MODEL, MIN_RATIO = 2e-3, 3, 10, 32, 0.2
+
+
+class LearningRates(L.Callback):
+    """Writes the learning rate of every parameter group at each optimizer step (just before the optimizer uses it)
+    and once training ends (where the schedule left it, at step max_steps), as JSON {step: [lr per group]}."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rates: dict[int, list[float]] = {}
+        self.batches = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batches += 1
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.rates[trainer.global_step] = [group["lr"] for group in optimizer.param_groups]
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.rates[trainer.global_step] = [group["lr"] for group in trainer.optimizers[0].param_groups]
+        Path(self.path).write_text(json.dumps({"rates": self.rates, "batches": self.batches}))
+
+
+def expected_lr(schedule: str, step: int) -> float:
+    """The rate at optimizer step `step` (0-based), as each schedule's documentation defines it."""
+    if schedule == "noam":  # Vaswani et al. 2017, eq. 3, steps counted from 1, scaled by the base rate
+        n = step + 1
+        return LR * D_MODEL**-0.5 * min(n**-0.5, n * WARMUP**-1.5)
+    if schedule == "cosine":  # linear warmup to LR, then half a cosine to MIN_RATIO * LR at max_steps
+        if step < WARMUP:
+            return LR * (step + 1) / WARMUP
+        progress = (step - WARMUP) / (STEPS - WARMUP)
+        return LR * (MIN_RATIO + (1 - MIN_RATIO) * (1 + math.cos(math.pi * progress)) / 2)
+    if schedule == "constant":  # linear warmup, then flat
+        return LR * min(1.0, (step + 1) / WARMUP)
+    raise AssertionError(f"no formula written for the schedule {schedule!r}: add it here")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("schedule_cache")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("schedule", typing.get_args(ScheduleName))
+def test_the_optimizer_sees_the_schedules_formula(schedule: str, accumulate: int, cache: Path, tmp_path: Path):
+    trace = tmp_path / "lr.json"
+    callback = {"class_path": f"{__name__}.LearningRates", "init_args": {"path": str(trace)}}
+    _cli(
+        "fit", "--config", str(CONFIGS / "presets" / "tiny.yaml"),
+        "--trainer.max_steps", str(STEPS), "--trainer.accumulate_grad_batches", str(accumulate),
+        "--trainer.limit_val_batches", "0", "--trainer.logger", "false", "--checkpoint.every_n_train_steps", "0",
+        "--trainer.default_root_dir", str(tmp_path), "--checkpoint.dirpath", str(tmp_path / "ckpt"),
+        "--data.init_args.cache_dir", str(cache), "--data.init_args.max_chars", "20000",
+        "--model.optim.lr", str(LR), "--model.optim.schedule", schedule, "--model.optim.warmup_steps", str(WARMUP),
+        "--model.optim.min_lr_ratio", str(MIN_RATIO), "--model.config.d_model", str(D_MODEL),
+        f"--trainer.callbacks+={json.dumps(callback)}",
+        cwd=ROOT,
+    )  # fmt: skip
+    seen = json.loads(trace.read_text())
+    assert seen["batches"] == STEPS * accumulate  # each optimizer step took `accumulate` micro-batches
+    rates = {int(step): lrs for step, lrs in seen["rates"].items()}
+    assert sorted(rates) == list(range(STEPS + 1))
+    for step, lrs in rates.items():  # every parameter group (decayed or not) on the same curve
+        assert lrs == pytest.approx([expected_lr(schedule, step)] * len(lrs), rel=1e-9), step
+    # The landmarks: the first step, the peak at the end of warmup, the middle, and where max_steps leaves it.
+    landmarks = {0: rates[0][0], WARMUP - 1: rates[WARMUP - 1][0], STEPS // 2: rates[STEPS // 2][0]}
+    if schedule == "cosine":
+        assert landmarks[WARMUP - 1] == pytest.approx(LR) and rates[STEPS][0] == pytest.approx(MIN_RATIO * LR)
+    if schedule == "constant":
+        assert landmarks[STEPS // 2] == pytest.approx(LR) == rates[STEPS][0]
