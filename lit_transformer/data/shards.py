@@ -131,8 +131,18 @@ class RecordKind:
     def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
         raise NotImplementedError
 
+    summed: tuple[str, ...] = ()  # the shard entries' counts a split's index sums
+
     def index(self, progress: dict, dtype: np.dtype, keep_text: bool) -> dict:
-        raise NotImplementedError
+        """A finished split's index.json: its shards, their summed counts, the characters and bytes read."""
+        shards = progress["shards"]
+        counts = {key: sum(s[key] for s in shards) for key in self.summed}
+        return {"dtype": dtype.name, "shards": shards, **counts, "characters": progress["characters"],
+                "bytes": progress["bytes"], **self.index_extras(progress, keep_text)}  # fmt: skip
+
+    def index_extras(self, progress: dict, keep_text: bool) -> dict:
+        """What else a kind's index holds."""
+        return {}
 
     def summary(self, indexes: dict[str, dict]) -> str:
         raise NotImplementedError
@@ -603,6 +613,7 @@ class TextKind(RecordKind):
     """A corpus's documents: one side, each document's ids then EOS; `docs.npy` holds where documents start."""
 
     folder, tag, sides, starts, counter = "shards", "shards", ("",), "docs.npy", "documents"
+    summed = ("tokens", "documents")
     split_long = True
 
     def starts_array(self, starts: list[np.ndarray], tokens: list[int]) -> np.ndarray:
@@ -610,16 +621,6 @@ class TextKind(RecordKind):
 
     def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
         return {"file": f"{name}.bin", "tokens": tokens[0], "documents": records}
-
-    def index(self, progress: dict, dtype: np.dtype, keep_text: bool) -> dict:
-        return {
-            "dtype": dtype.name,
-            "shards": progress["shards"],
-            "tokens": sum(s["tokens"] for s in progress["shards"]),
-            "documents": sum(s["documents"] for s in progress["shards"]),
-            "characters": progress["characters"],
-            "bytes": progress["bytes"],
-        }
 
     def summary(self, indexes: dict[str, dict]) -> str:
         return f"shards { {s: len(i['shards']) for s, i in indexes.items()} }"
@@ -652,10 +653,14 @@ class PairKind(RecordKind):
     """Sentence pairs: a source and a target side, `pairs.npy` the starts of both; held-out splits keep their text."""
 
     folder, tag, sides, starts, counter = "pairs", "pair-shards", ("src", "tgt"), "pairs.npy", "rows"
+    summed = ("pairs", "src_tokens", "tgt_tokens")
     noun = " pairs"
 
     def new_progress(self) -> dict:
         return {**super().new_progress(), "empty": 0}
+
+    def index_extras(self, progress: dict, keep_text: bool) -> dict:
+        return {"empty": progress.get("empty", 0), "text": keep_text}
 
     def keeps_text(self, split: str) -> bool:
         return split != "train"
@@ -669,20 +674,6 @@ class PairKind(RecordKind):
 
     def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
         return {"name": name, "pairs": records, "src_tokens": tokens[0], "tgt_tokens": tokens[1]}
-
-    def index(self, progress: dict, dtype: np.dtype, keep_text: bool) -> dict:
-        shards = progress["shards"]
-        return {
-            "dtype": dtype.name,
-            "shards": shards,
-            "pairs": sum(s["pairs"] for s in shards),
-            "src_tokens": sum(s["src_tokens"] for s in shards),
-            "tgt_tokens": sum(s["tgt_tokens"] for s in shards),
-            "characters": progress["characters"],
-            "bytes": progress["bytes"],
-            "empty": progress.get("empty", 0),
-            "text": keep_text,
-        }
 
     def summary(self, indexes: dict[str, dict]) -> str:
         return f"pairs { {s: i['pairs'] for s, i in indexes.items()} }"
@@ -717,11 +708,15 @@ class LabelledKind(RecordKind):
     text's label as a JSON line in `extras.jsonl` (a name, an id, or a list of them)."""
 
     folder, tag, sides, starts, counter = "labelled", "labelled-shards", ("",), "texts.npy", "rows"
+    summed = ("texts", "tokens")
     noun = " texts"
     extras = True
 
     def new_progress(self) -> dict:
         return {**super().new_progress(), "empty": 0}
+
+    def index_extras(self, progress: dict, keep_text: bool) -> dict:
+        return {"empty": progress.get("empty", 0)}
 
     def budget(self, progress: dict, limit: int | None) -> dict[str, int | None]:
         done = sum(s["texts"] for s in progress["shards"])
@@ -732,18 +727,6 @@ class LabelledKind(RecordKind):
 
     def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
         return {"name": name, "texts": records, "tokens": tokens[0]}
-
-    def index(self, progress: dict, dtype: np.dtype, keep_text: bool) -> dict:
-        shards = progress["shards"]
-        return {
-            "dtype": dtype.name,
-            "shards": shards,
-            "texts": sum(s["texts"] for s in shards),
-            "tokens": sum(s["tokens"] for s in shards),
-            "characters": progress["characters"],
-            "bytes": progress["bytes"],
-            "empty": progress.get("empty", 0),
-        }
 
     def summary(self, indexes: dict[str, dict]) -> str:
         return f"texts { {s: i['texts'] for s, i in indexes.items()} }"
