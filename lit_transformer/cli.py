@@ -35,6 +35,7 @@ from lit_transformer.callbacks import (
     TokenThroughputMonitor,
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
+from lit_transformer.config import TransformerConfig
 from lit_transformer.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import (
@@ -135,9 +136,11 @@ class TransformerCLI(LightningCLI):
         )
 
     def before_instantiate_classes(self) -> None:
-        resolve_run_folder(self.config[self.subcommand] if self.subcommand else self.config)
-        link_context_length(self.config[self.subcommand] if self.subcommand else self.config, self.subcommand)
-        trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        resolve_run_folder(config)
+        link_context_length(config, self.subcommand)
+        set_once(config)
+        trainer = config.trainer
         strategy = trainer.strategy
         if not isinstance(strategy, str):  # a {class_path, init_args} mapping
             strategy = getattr(strategy, "class_path", None) or str(strategy)
@@ -200,6 +203,44 @@ class TransformerCLI(LightningCLI):
             except SystemExit:
                 sys.stderr.write(f"The hyperparameters saved in {path} do not parse as this LitTransformer's\n")
                 raise
+
+
+def set_once(config) -> None:
+    """What the data decides of the architecture is set once: each model config field the data decides (its
+    `model_fields`) is filled from the data when the model leaves it unset or at its default, and a different value
+    fails naming both keys; a model with learned positions must hold the data's longest sequence."""
+    data, model = config.get("data"), config.get("model")
+    class_path = getattr(data, "class_path", None) if data is not None else None
+    architecture = getattr(model, "config", None) if model is not None else None
+    if not class_path or architecture is None:
+        return
+    module, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    if cls is None or not hasattr(cls, "model_fields"):
+        return
+    args = dict(data.init_args or {})
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    for field, (key, value) in cls.model_fields(args).items():
+        if field.startswith("image") and architecture.get("source") != "patches":
+            continue  # a model that reads tokens or features: the images' geometry is not its concern
+        current = architecture.get(field)
+        current = list(current) if isinstance(current, tuple) else current
+        if current is None or current == defaults.get(field) or current == value:
+            architecture[field] = value
+        else:
+            raise ValueError(
+                f"data.init_args.{key}={value} and model.config.{field}={current} differ: the data decides it, so set "
+                f"data.init_args.{key} alone (or both alike)"
+            )
+    longest = cls.longest_sequence(args)
+    max_seq_len = architecture.get("max_seq_len")
+    learned = architecture.get("positions") == "learned"  # the only positions that cannot go past max_seq_len
+    if learned and longest is not None and max_seq_len is not None and longest[1] > max_seq_len:
+        key, need = longest
+        raise ValueError(
+            f"data.init_args.{key}={args[key]} needs {need} positions but model.config.max_seq_len={max_seq_len}: "
+            f"raise model.config.max_seq_len to {need} or more, or lower data.init_args.{key}"
+        )
 
 
 def resolve_run_folder(config) -> None:

@@ -22,7 +22,7 @@ from jsonargparse import ArgumentParser
 from tokenizers import Tokenizer
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
-from lit_transformer.data.encoding import pad_right
+from lit_transformer.data.text import pad_right
 from lit_transformer.model import Transformer
 from lit_transformer.tasks import Task, build_task, default_task
 from lit_transformer.text_stream import TextStream

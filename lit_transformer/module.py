@@ -264,7 +264,8 @@ class LitTransformer(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.init_from:
             checkpoint["init_from"] = self.init_from
-        # The tokenizer travels inside the checkpoint, once, as a JSON string: generate/translate need nothing else.
+        # The tokenizer travels inside the checkpoint, once, as a JSON string: generate/translate need nothing else
+        # (a DataModule's own state leaves it to this hook).
         tokenizer = self.tokenizer.to_str() if self.tokenizer is not None else None
         if tokenizer is not None:
             checkpoint["tokenizer"] = tokenizer
@@ -275,17 +276,6 @@ class LitTransformer(L.LightningModule):
             from lit_transformer.lora import strip_checkpoint
 
             strip_checkpoint(checkpoint, self._lora_keys, self._lora_record, prefix="model.")
-        # A DataModule's state (Lightning saves it before this hook) repeats the tokenizers: keep one copy.
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        entry = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
-        if isinstance(entry, dict) and tokenizer is not None:
-            copies = [
-                k for k in ("tokenizer", "target_tokenizer") if k in entry and entry[k] == checkpoint.get(k, tokenizer)
-            ]
-            for key in copies:
-                del entry[key]
-            if copies:
-                checkpoint["tokenizer_copies"] = {type(datamodule).__qualname__: copies}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.init_from = self.init_from or checkpoint.get("init_from")
@@ -299,10 +289,6 @@ class LitTransformer(L.LightningModule):
             target = checkpoint.get("target_tokenizer")
             self.target_tokenizer = Tokenizer.from_str(target) if target else self.tokenizer
         self.task.on_load_checkpoint(checkpoint)
-        # Lightning restores the DataModule after the module, from the same dictionary: give it back its copies.
-        for name, keys in checkpoint.get("tokenizer_copies", {}).items():
-            for key in keys:
-                checkpoint[name][key] = checkpoint.get(key, checkpoint["tokenizer"])
 
     # ---- steps --------------------------------------------------------------------------------------------------
 

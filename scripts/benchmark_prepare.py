@@ -79,7 +79,7 @@ def make_corpus(size_mb: float, out: Path, seed: int = 0) -> None:
 
 def make_tokenizer(out: Path, vocab_size: int = 8192) -> None:
     from lit_transformer.data import corpora
-    from lit_transformer.data.tokenizer import train_tokenizer
+    from lit_transformer.data.text import train_tokenizer
 
     tokenizer = train_tokenizer(corpora.shakespeare()["train"]["text"], "byte_bpe", vocab_size)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def make_pair_corpus(size_mb: float, out: Path, seed: int = 0, held_out: int = 1
 def make_pair_tokenizer(out: Path, vocab_size: int = 8000) -> None:
     from lit_transformer.data import corpora
     from lit_transformer.data.cache import resolve_cache_dir
-    from lit_transformer.data.tokenizer import train_tokenizer
+    from lit_transformer.data.text import train_tokenizer
 
     train = corpora.kjv_rv1909(resolve_cache_dir())["train"]
     tokenizer = train_tokenizer(list(train["en"]) + list(train["es"]), "bpe", vocab_size)

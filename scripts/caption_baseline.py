@@ -18,7 +18,7 @@ import numpy as np
 import sacrebleu
 from sklearn.linear_model import LogisticRegression
 
-from lit_transformer.data.digits import DIGIT_WORDS, digit_strips
+from lit_transformer.data.corpora import DIGIT_WORDS, digit_strips
 
 BLANK = 10
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from lit_transformer.data.digits import SCAN_SPLITS, digit_strips
+from lit_transformer.data.corpora import SCAN_SPLITS, digit_strips
 
 
 def main() -> None:

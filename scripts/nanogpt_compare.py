@@ -118,9 +118,28 @@ def bits_per_char(nll_nats: float, characters: int) -> float:
     return nll_nats / math.log(2) / characters
 
 
+def encode_stream(tokenizer, texts: list[str], eos_id: int | None) -> np.ndarray:
+    """All documents as one token stream (as the DataModule's shards hold them), each followed by eos (when the vocabulary has one)."""
+    from lit_transformer.data.text import line_pieces, token_ids
+
+    pieces, owner = [], []
+    for doc, text in enumerate(texts):
+        for piece in line_pieces(text):
+            pieces.append(piece)
+            owner.append(doc)
+    encoded = token_ids(tokenizer, pieces)
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= np.iinfo(np.uint16).max else np.int32
+    parts: list[np.ndarray] = []
+    for i, ids in enumerate(encoded):
+        parts.append(np.asarray(ids, dtype=dtype))
+        last_of_doc = i + 1 == len(encoded) or owner[i + 1] != owner[i]
+        if last_of_doc and eos_id is not None:
+            parts.append(np.asarray([eos_id], dtype=dtype))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
 def score_checkpoint(path: str, batch: int = 32) -> dict[str, float]:
     """bpc of a lit_transformer checkpoint over the whole validation split, tokenized as the DataModule does."""
-    from lit_transformer.data.common import encode_stream
     from lit_transformer.inference import load_model
 
     loaded = load_model(path)

@@ -12,7 +12,7 @@ import torch
 from lit_transformer.averaging import average_checkpoints, average_main, parse_steps, select_checkpoints
 from lit_transformer.checkpointing import CheckpointError, load_checkpoint
 from lit_transformer.config import TransformerConfig
-from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.data.text import train_tokenizer
 from lit_transformer.inference import load_model
 from lit_transformer.model import Transformer
 

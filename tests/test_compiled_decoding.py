@@ -16,7 +16,7 @@ import torch
 from model_variants import GPT2, PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
 from torch import nn
 
-from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.data.text import train_tokenizer
 from lit_transformer.quantization import (
     Int8Linear,
     input_qparams,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lit_transformer.data.captioning import CaptioningDataModule
-from lit_transformer.data.digits import DIGIT_WORDS, digit_scans, digit_strips, scan_split
-from lit_transformer.data.pairs import target_batch
+from lit_transformer.data.corpora import DIGIT_WORDS, digit_scans, digit_strips, scan_split
+from lit_transformer.data.loaders import target_batch
 from lit_transformer.data.sources import OfflineError
 
 
@@ -116,7 +116,8 @@ def test_without_a_split_column_images_are_carved_by_name(tmp_path):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"image": "a.png"}\n', 'captions.jsonl:1 has no "caption" value'),
+        ('{"image": "a.png"}\n', r"captions.jsonl has no column 'caption'; its columns are \['image'\]"),
+        ('{"image": "a.png", "caption": "x"}\n{"image": "b.png"}\n', r"captions.jsonl:2 has no column 'caption'"),
         ('{"image": "a.png", "caption": "x"}\nnot json\n', "captions.jsonl:2 is not valid JSON"),
     ],
 )
@@ -144,7 +145,7 @@ def test_an_offline_hub_name_says_how_to_use_local_files(tmp_path, monkeypatch):
 def test_predict_reads_a_folder_of_images_in_name_order(tmp_path):
     _write_images(tmp_path, ["b.png", "a.jpg"])
     (tmp_path / "notes.txt").write_text("not an image")
-    dm = CaptioningDataModule(predict_dir=str(tmp_path), image_size=(8, 48), cache_dir=str(tmp_path / "c"))
+    dm = CaptioningDataModule(predict_file=str(tmp_path), image_size=(8, 48), cache_dir=str(tmp_path / "c"))
     dm.setup()
     batch = next(iter(dm.predict_dataloader()))
     assert batch["image"] == ["a.jpg", "b.png"] and batch["src"].shape == (2, 1, 8, 48)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lit_transformer.data import ClassificationDataModule, corpora
-from lit_transformer.data.splits import hash_bucket
+from lit_transformer.data.sources import hash_bucket
 
 ROWS = [
     ("what a merry jest, good sir", "comedy"),

@@ -229,4 +229,4 @@ def test_shakespeare_module_trains_on_a_prefix(tmp_path):
     dm.setup()
     assert dm.vocab_size < 100
     assert len(dm.train_dataloader()) == (50_000 // 64) // 8 or len(dm.train_dataloader()) > 50
-    assert dm.state_dict()["tokenizer"] == dm.tokenizer.to_str()
+    assert dm.state_dict() == {}  # the LightningModule saves the tokenizer, once a checkpoint

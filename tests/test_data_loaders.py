@@ -7,7 +7,25 @@ import numpy as np
 import pytest
 import torch
 
-from lit_transformer.data.loaders import BlockDataset, ResumableLoader, fixed_size_batches, token_budget_batches
+from lit_transformer.data.loaders import ResumableLoader, fixed_size_batches, stack_blocks, token_budget_batches
+
+
+class BlockDataset(torch.utils.data.Dataset):
+    """A flat token array as blocks of block_size + 1 tokens, each overlapping the next by one (as ShardBlocks reads
+    a shard): the loaders' items in these tests."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int) -> None:
+        self.tokens, self.block_size = tokens, block_size
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.block_size
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    def __getitems__(self, indices) -> dict[str, torch.Tensor]:
+        starts = np.asarray(indices, dtype=np.int64)[:, None] * self.block_size
+        return stack_blocks(self.tokens[starts + np.arange(self.block_size + 1)])
 
 
 def make_loader(num_workers: int = 0, shuffle: bool = True, seed: int = 7) -> ResumableLoader:

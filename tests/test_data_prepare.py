@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from lit_transformer import TransformerConfig
-from lit_transformer.data import LanguageModelingDataModule, encode_worker, loaders, preparation, shards, streaming
+from lit_transformer.data import LanguageModelingDataModule, encode_worker, loaders, shards, sources
 from lit_transformer.data.loaders import BlockStreamLoader, permute
-from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.data.text import train_tokenizer
 
 WORDS = "now is the winter of our discontent made glorious summer by this sun of york".split()
 
@@ -84,7 +84,7 @@ def test_every_local_format_streams_into_shards_that_hold_each_document_then_eos
     docs = paragraphs(240)
     dm = make(tmp_path, write(tmp_path, fmt, docs))
     dm.prepare_data()
-    info, splits = shards.load_prepared(dm._root)
+    info, splits = loaders.load_prepared(dm._root)
     assert info["held_out"] == "hash" and info["dtype"] == "uint16"
     texts = dm.texts()
     assert sorted(texts["train"] + texts["validation"] + texts["test"]) == sorted(docs)  # by document, disjoint
@@ -114,10 +114,10 @@ def test_a_handful_of_long_documents_are_cut_by_lines(tmp_path):
 
 
 def test_a_large_text_file_is_read_in_line_bounded_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(streaming, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 1000)
     text = "".join(f"line {i} {' '.join(WORDS[: i % 9])}\n" for i in range(2000))
     (tmp_path / "big.txt").write_text(text)
-    pieces = list(streaming._file_chunks(str(tmp_path / "big.txt"), 0))
+    pieces = list(sources._file_chunks(str(tmp_path / "big.txt"), 0))
     assert len(pieces) > 40 and all(p.text.endswith("\n") for p in pieces if p.text)
     assert max(len(p.text) for p in pieces) < 1100 and "".join(p.text for p in pieces) == text
     assert [p.last for p in pieces].count(True) == 1 and pieces[-1].last
@@ -169,7 +169,7 @@ class Killed(Exception):
 
 def _prepare(stream, tokenizer, root, shard_tokens=5000) -> dict:
     uint16 = np.dtype(np.uint16)
-    return preparation.prepare_pass(stream, "train", root, shards.TEXT, (tokenizer,), 2, uint16, None, shard_tokens)
+    return shards.prepare_pass(stream, "train", root, shards.TEXT, (tokenizer,), 2, uint16, None, shard_tokens)
 
 
 @pytest.mark.parametrize("kill_at_chunk", [2, 5])
@@ -177,9 +177,9 @@ def test_a_killed_prepare_resumes_after_its_last_finished_shard(tmp_path, monkey
     """Chunks of ~2,000 characters, shards of >= 5,000 tokens: the kill lands mid-shard (in the first, or after some
     finished). The resumed run encodes only what the finished shards lack, and its shards are byte for byte those of
     an uninterrupted run, in every split the pass fills (train and the carved validation and test)."""
-    monkeypatch.setattr(preparation, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 2000)
     path = write(tmp_path, "jsonl", paragraphs(260))
-    stream = streaming.CorpusStream(path)
+    stream = sources.CorpusStream(path)
     tokenizer = train_tokenizer(["".join(WORDS) + "0123456789: \n"], "char", 64)
     real_encode, encoded = encode_worker.encode, []
 
@@ -233,7 +233,7 @@ def test_a_second_prepare_is_a_cache_hit_keyed_by_content(tmp_path, monkeypatch)
 
 def test_the_tokenizer_trains_on_a_bounded_sample(tmp_path, monkeypatch):
     seen = []
-    real = shards.sample_texts
+    real = sources.sample_texts
 
     def sample(stream, limit):
         texts = real(stream, limit)
@@ -333,15 +333,15 @@ def test_the_prepare_command_fills_the_cache_that_fit_then_reads(tmp_path, capsy
 
 def test_worker_processes_write_the_same_shards_as_one_process(tmp_path, monkeypatch):
     """A big source is tokenized by spawned worker processes (in order, a bounded number of chunks in flight)."""
-    monkeypatch.setattr(preparation, "CHUNK_CHARS", 3000)
-    monkeypatch.setattr(preparation, "POOL_MIN_BYTES", 0)
-    stream = streaming.CorpusStream(write(tmp_path, "jsonl", paragraphs(300)))
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(shards, "POOL_MIN_BYTES", 0)
+    stream = sources.CorpusStream(write(tmp_path, "jsonl", paragraphs(300)))
     tokenizer = train_tokenizer(["".join(WORDS) + "0123456789: \n"], "char", 64)
     results = {}
     for workers in (1, 2):
         root = tmp_path / f"workers{workers}"
         args = (root, shards.TEXT, (tokenizer,), 2, np.dtype(np.uint16), None, 4000, workers)
-        index = preparation.prepare_pass(stream, "train", *args)
+        index = shards.prepare_pass(stream, "train", *args)
         results[workers] = (index, {p.relative_to(root): p.read_bytes() for p in sorted(root.glob("*/*.bin"))})
     assert results[1] == results[2] and len(results[1][1]) > 6
 
@@ -359,7 +359,7 @@ def test_a_hub_dataset_is_read_with_streaming(tmp_path, monkeypatch):
             {"train": split(docs[:50]), "valid": split(docs[50:55]), "test": split(docs[55:])}
         )
 
-    monkeypatch.setattr("lit_transformer.data.streaming.ensure_online", lambda what, hint: None)
+    monkeypatch.setattr("lit_transformer.data.sources.ensure_online", lambda what, hint: None)
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     dm = make(tmp_path, "someone/corpus", dataset_config="plain")
     dm.prepare_data()
@@ -420,7 +420,9 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
     """A prepared corpus is reused only if the same inputs give the same key: these keys and file layouts are those
     the code wrote before text and pairs shared one machinery (given fixed tokenizer keys, so no tokenizer version
     enters them), so caches prepared then are still found and read."""
-    from lit_transformer.data.pairs import PairStream, load_prepared_pairs, prepare_pairs
+    from lit_transformer.data.loaders import load_prepared_pairs
+    from lit_transformer.data.shards import prepare_pairs
+    from lit_transformer.data.sources import PairStream
 
     (tmp_path / "corpus.jsonl").write_text(
         "".join(json.dumps({"text": f"document {i}\nof a corpus\n"}) + "\n" for i in range(240))
@@ -430,7 +432,7 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
     )
     tokenizer = train_tokenizer(["document of a corpus the house la casa 0123456789\n"], "char", 64)
     text = shards.prepare_corpus(
-        streaming.CorpusStream(str(tmp_path / "corpus.jsonl")), tokenizer, "tokenizer-key", 2, tmp_path / "c"
+        sources.CorpusStream(str(tmp_path / "corpus.jsonl")), tokenizer, "tokenizer-key", 2, tmp_path / "c"
     )
     pair_stream = PairStream(str(tmp_path / "pairs.jsonl"))
     pairs = prepare_pairs(
@@ -450,5 +452,5 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
             assert set(index) == {"dtype", "shards", "characters", "bytes", *counts}
             names = {p.name.split(".", 1)[1] for p in (root / split).glob("shard-00000.*")}
             assert names == files | (held_out_files if split != "train" else set())
-    assert shards.load_prepared(text)[1]["validation"].documents == 13
+    assert loaders.load_prepared(text)[1]["validation"].documents == 13
     assert len(load_prepared_pairs(pairs)[1]["train"]) == 400

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from lit_transformer.data.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, special_token_id, train_tokenizer
+from lit_transformer.data.text import SPECIAL_TOKENS, load_or_train_tokenizer, special_token_id, train_tokenizer
 
 TEXTS = ["To be, or not to be: that is the question.\n", "Whether 'tis nobler in the mind to suffer\n"] * 20
 TEXT = "To be, or not to suffer: the question.\nWhether 'tis"
@@ -74,7 +74,7 @@ def test_inference_encodes_as_training_does_even_with_a_post_processor():
     and inference both encode without the tokenizer's own special tokens, then add what the model expects."""
     from tokenizers.processors import TemplateProcessing
 
-    from lit_transformer.data.encoding import encode_input, token_ids
+    from lit_transformer.data.text import encode_input, token_ids
 
     tokenizer = train_tokenizer(TEXTS, "bpe", vocab_size=300)
     eos = special_token_id(tokenizer, "eos")

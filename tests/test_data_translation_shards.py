@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import yaml
 
-from lit_transformer.data import TranslationDataModule, encode_worker, loaders, pairs, preparation, streaming
-from lit_transformer.data.pairs import load_prepared_pairs, prepare_pairs
-from lit_transformer.data.splits import hash_bucket
+from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources
+from lit_transformer.data.loaders import load_prepared_pairs
+from lit_transformer.data.shards import prepare_pairs
+from lit_transformer.data.sources import hash_bucket
 
 ROOT = Path(__file__).resolve().parents[1]
 EN = "the house is red and the dog sleeps by the sea in the morning light".split()
@@ -79,17 +80,16 @@ def split_pairs(dm: TranslationDataModule, split: str) -> list[tuple[list[int], 
 def test_each_format_prepares_into_shards_holding_every_pair_once_with_held_out_splits_by_hash(tmp_path, fmt):
     rows = pair_rows(400)
     dm = make(tmp_path, write_pairs(tmp_path / "corpus", rows, fmt))
-    assert dm.uses_shards
     info, splits = load_prepared_pairs(dm.prepare())
     assert info["held_out"] == "hash" and info["dtype"] == "uint16"
     by_split = dm.pairs()
     assert sorted(p for s in by_split.values() for p in zip(*s, strict=True)) == sorted(rows)  # each pair once
     owner = {0: "validation", 1: "test"}
-    for split, (sources, targets) in by_split.items():
-        assert {owner.get(hash_bucket(s, t) // 5, "train") for s, t in zip(sources, targets)} == {split}
-        expected = [(ids(dm.tokenizer, s), ids(dm.target_tokenizer, t)) for s, t in zip(sources, targets, strict=True)]
+    for split, (srcs, tgts) in by_split.items():
+        assert {owner.get(hash_bucket(s, t) // 5, "train") for s, t in zip(srcs, tgts)} == {split}
+        expected = [(ids(dm.tokenizer, s), ids(dm.target_tokenizer, t)) for s, t in zip(srcs, tgts, strict=True)]
         assert split_pairs(dm, split) == expected
-        assert splits[split].characters == sum(map(len, sources + targets))
+        assert splits[split].characters == sum(map(len, srcs + tgts))
     assert 5 < len(by_split["validation"][0]) < 40 and 5 < len(by_split["test"][0]) < 40
 
 
@@ -122,11 +122,11 @@ def test_a_hub_dataset_is_read_as_a_stream(tmp_path, monkeypatch):
         return real("parquet", data_files={"train": str(data)}, streaming=streaming)
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(streaming, "ensure_online", lambda what, hint: None)
+    monkeypatch.setattr(sources, "ensure_online", lambda what, hint: None)
     dm = make(tmp_path, "someone/pairs", dataset_config="en-es")
     info, splits = load_prepared_pairs(dm.prepare())
     assert asked and all(a == ("someone/pairs", "en-es", True) for a in asked)
-    assert isinstance(dm.pair_stream._hub["train"], datasets.IterableDataset)
+    assert isinstance(dm.pair_stream.sources["train"].table, datasets.IterableDataset)
     assert info["held_out"] == "hash" and sum(len(s) for s in splits.values()) == len(rows)
 
 
@@ -156,9 +156,9 @@ def test_preparation_encodes_bounded_chunks_while_reading_row_by_row(tmp_path, m
     reader is at most a few chunks ahead of it (memory bounded by the chunk size, not the corpus)."""
     rows = pair_rows(3000)
     path = write_pairs(tmp_path / "corpus", rows, "jsonl")
-    monkeypatch.setattr(preparation, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 2000)
     read = [0]
-    real_records, real_encode = streaming.records, encode_worker.encode
+    real_records, real_encode = sources.records, encode_worker.encode
     calls = []
 
     def counting_records(*args, **kwargs):
@@ -171,7 +171,7 @@ def test_preparation_encodes_bounded_chunks_while_reading_row_by_row(tmp_path, m
         return real_encode(texts, *args, **kwargs)
 
     dm = make(tmp_path, path, tokenizer_sample_chars=5000)
-    monkeypatch.setattr(pairs, "records", counting_records)
+    monkeypatch.setattr(sources, "records", counting_records)
     assert dm.tokenizer.get_vocab_size() > 4  # trained on a bounded sample: the stream's head only
     assert read[0] < 200
     read[0] = 0
@@ -188,10 +188,10 @@ def test_preparation_encodes_bounded_chunks_while_reading_row_by_row(tmp_path, m
 
 def test_worker_processes_write_the_same_shards_with_separate_tokenizers(tmp_path, monkeypatch):
     """A big source is encoded by spawned workers, each holding both tokenizers: the same bytes as in process."""
-    monkeypatch.setattr(preparation, "POOL_MIN_BYTES", 0)
-    monkeypatch.setattr(preparation, "CHUNK_CHARS", 5000)
+    monkeypatch.setattr(shards, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 5000)
     dm = make(tmp_path, write_pairs(tmp_path / "corpus", pair_rows(800), "jsonl"), shared_vocab=False)
-    tokenizers, keys = dm._load_tokenizers(), dm._tokenizer_keys
+    tokenizers, keys = dm.tokenizers, dm._tokenizer_keys
     assert tokenizers[0].to_str() != tokenizers[1].to_str()
     files = {}
     for workers in (1, 2):
@@ -203,14 +203,14 @@ def test_worker_processes_write_the_same_shards_with_separate_tokenizers(tmp_pat
 def test_a_killed_preparation_resumes_after_its_last_finished_shard(tmp_path, monkeypatch):
     rows = pair_rows(1500)
     path = write_pairs(tmp_path / "corpus", rows, "tsv")
-    monkeypatch.setattr(preparation, "CHUNK_CHARS", 3000)
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 3000)
     reference = make(tmp_path / "a", path)
     stream = reference.pair_stream
-    tokenizers, keys = reference._load_tokenizers(), reference._tokenizer_keys
+    tokenizers, keys = reference.tokenizers, reference._tokenizer_keys
     fresh = prepare_pairs(stream, tokenizers, keys, tmp_path / "a" / "cache", shard_tokens=20_000)
 
     cache = tmp_path / "b"
-    real_close, closed = preparation.ShardWriter.close, []
+    real_close, closed = shards.ShardWriter.close, []
 
     def dying_close(self):
         real_close(self)
@@ -218,10 +218,10 @@ def test_a_killed_preparation_resumes_after_its_last_finished_shard(tmp_path, mo
         if closed.count("train") == 2:
             raise KeyboardInterrupt  # killed after the second finished training shard
 
-    monkeypatch.setattr(preparation.ShardWriter, "close", dying_close)
+    monkeypatch.setattr(shards.ShardWriter, "close", dying_close)
     with pytest.raises(KeyboardInterrupt):
         prepare_pairs(stream, tokenizers, keys, cache, shard_tokens=20_000)
-    monkeypatch.setattr(preparation.ShardWriter, "close", real_close)
+    monkeypatch.setattr(shards.ShardWriter, "close", real_close)
     real_encode, encoded = encode_worker.encode, []
 
     def counting_encode(texts, *args, **kwargs):
@@ -257,15 +257,15 @@ def test_max_pairs_cuts_the_training_split_and_stops_reading_a_source_with_its_o
     folder = tmp_path / "d"
     for split, rows in (("train", pair_rows(2000)), ("valid", pair_rows(40, 1)), ("test", pair_rows(40, 2))):
         write_pairs(folder / split, rows, "tsv")
-    monkeypatch.setattr(preparation, "CHUNK_CHARS", 2000)
-    real_records, read = streaming.records, {}
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 2000)
+    real_records, read = sources.records, {}
 
     def counting_records(path, *args, **kwargs):
         for record in real_records(path, *args, **kwargs):
             read[Path(path).stem] = read.get(Path(path).stem, 0) + 1
             yield record
 
-    monkeypatch.setattr(pairs, "records", counting_records)
+    monkeypatch.setattr(sources, "records", counting_records)
     dm = make(tmp_path, folder, max_pairs=100)
     _, splits = load_prepared_pairs(dm.prepare())
     assert {s: len(shards) for s, shards in splits.items()} == {"train": 100, "validation": 40, "test": 40}
@@ -295,18 +295,10 @@ def test_batches_stay_within_the_token_budget_and_cover_every_kept_pair(tmp_path
     assert len(seen) == len(data) == len({tuple(s) for s in seen})
 
 
-def test_the_shards_give_the_same_batches_as_the_in_memory_path(tmp_path):
-    folder = folder_of_splits(tmp_path)
-    memory = make(tmp_path, folder, storage="memory", max_length=80)
-    shards = make(tmp_path, folder, storage="shards", max_length=80)
-    assert memory._tokenizer_keys == shards._tokenizer_keys or memory.tokenizer.to_str() == shards.tokenizer.to_str()
-    for split, loader in (("train", "train_dataloader"), ("validation", "val_dataloader")):
-        a, b = list(getattr(memory, loader)()), list(getattr(shards, loader)())
-        assert len(a) == len(b) >= 4, split
-        for x, y in zip(a, b, strict=True):
-            assert x.keys() == y.keys()
-            for key in x:
-                assert (x[key] == y[key]).all() if hasattr(x[key], "shape") else x[key] == y[key], (split, key)
+def test_the_former_in_memory_storage_is_accepted_with_a_warning_and_streams_into_shards(tmp_path):
+    with pytest.warns(FutureWarning, match="data.storage is deprecated"):
+        dm = make(tmp_path, folder_of_splits(tmp_path), storage="memory", max_length=80)
+    assert (dm.prepare() / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)])
@@ -323,7 +315,7 @@ def test_training_batches_resume_elastically_on_another_process_count(tmp_path, 
         ranks = []
         for rank in range(world):
             monkeypatch.setattr(loaders, "_rank_and_world", lambda rank=rank: (rank, world))
-            loader = dm._loader("train", shuffle=True)
+            loader = dm.loader("train", shuffle=True)
             if state is not None:
                 loader.load_state_dict(state)
             ranks.append([rank, loader, iter(loader)])
@@ -340,7 +332,7 @@ def test_training_batches_resume_elastically_on_another_process_count(tmp_path, 
         return seen, ranks[0][1].state_dict()
 
     monkeypatch.setattr(loaders, "_rank_and_world", lambda: (0, 1))
-    single = dm._loader("train", shuffle=True)
+    single = dm.loader("train", shuffle=True)
     per_epoch = len(single)
     reference = [key(b) for b in itertools.chain(single, single, single)]
     steps = per_epoch // 2 + 3

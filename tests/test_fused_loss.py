@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_transformer.fused_loss import fused_linear_cross_entropy, reference_linear_cross_entropy, require_fused_loss
+from lit_transformer.tasks.fused_loss import (
+    fused_linear_cross_entropy,
+    reference_linear_cross_entropy,
+    require_fused_loss,
+)
 from lit_transformer.tasks.losses import smoothed_cross_entropy
 
 

@@ -12,7 +12,7 @@ import torch
 from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.data.text import train_tokenizer
 from lit_transformer.interop import (
     OnnxModel,
     export_main,

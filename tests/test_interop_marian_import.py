@@ -11,7 +11,7 @@ import pytest
 import torch
 from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
 
-from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.data.text import train_tokenizer
 from lit_transformer.interop import load_hf_marian, load_hf_marian_tokenizers, save_hf_marian
 from lit_transformer.interop.hf_marian import from_hf_config, spm_tokenizer
 

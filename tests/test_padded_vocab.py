@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from lit_transformer.checkpointing import CheckpointError, check_tokenizer_vocabulary
 from lit_transformer.config import TransformerConfig
-from lit_transformer.data.tokenizer import train_tokenizer
+from lit_transformer.data.text import train_tokenizer
 from lit_transformer.inference import load_model
 from lit_transformer.interop import load_hf_gpt2, load_safetensors, save_hf_gpt2, save_hf_marian, save_safetensors
 from lit_transformer.model import Transformer

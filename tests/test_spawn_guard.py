@@ -17,10 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 FIX = "wrap your script's entry point in `if __name__ == '__main__':`"
 
 PREPARE = """
-import lit_transformer.data.preparation as preparation
+import lit_transformer.data.shards as shards
 from lit_transformer.data import LanguageModelingDataModule
 
-preparation.POOL_MIN_BYTES = 0  # tokenize this small corpus in worker processes, as a corpus from 16 MB on is
+shards.POOL_MIN_BYTES = 0  # tokenize this small corpus in worker processes, as a corpus from 16 MB on is
 data = LanguageModelingDataModule(dataset={corpus!r}, tokenizer="char", vocab_size=64, block_size=16, cache_dir={cache!r})
 data.prepare_data()
 print("PREPARED", len(data._prepared()["train"]), flush=True)
@@ -56,7 +56,7 @@ def test_an_unguarded_script_fails_naming_the_fix_and_a_guarded_one_prepares(tmp
     assert result.returncode != 0 and "PREPARED" not in result.stdout
     # The parent says it too (not only the workers' tracebacks): its last line is the error that names the fix.
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("lit_transformer.data.workers.UnguardedMainError: A tokenizing worker stopped:"), last
+    assert last.startswith("lit_transformer.data.cache.UnguardedMainError: A tokenizing worker stopped:"), last
     assert str(unguarded) in last and FIX in last
 
     guarded = tmp_path / "guarded.py"

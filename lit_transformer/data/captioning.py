@@ -1,7 +1,7 @@
 """CaptioningDataModule: (image, caption) pairs for an encoder-decoder whose source is pixels or feature vectors.
 
 Where the pairs come from (``dataset``):
-- ``digits``: the embedded task (lit_transformer.data.digits), strips of handwritten digits captioned in words;
+- ``digits``: the embedded task (lit_transformer.data.corpora), strips of handwritten digits captioned in words;
 - a captions file, ``.csv`` or ``.jsonl``, one row per caption (an image may have several, its references): an image
   column (a path under ``images_dir``, default the file's folder), a caption column, and optionally a split column
   (train/validation/test); without one, images are carved into splits by a hash of their name;
@@ -17,25 +17,21 @@ first caption and BLEU against all of them. Images are decoded and resized with 
 
 from __future__ import annotations
 
-import csv
-import json
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .cache import resolve_cache_dir
-from .common import SingleTokenizer
-from .digits import digit_strips
-from .encoding import token_ids
-from .pairs import target_batch
-from .sources import SPLIT_ALIASES, ensure_online
-from .splits import carve, hash_bucket
-from .tokenizer import load_or_train_tokenizer
+from . import corpora
+from .base import DataModule
+from .corpora import DigitStrips
+from .loaders import target_batch
+from .sources import SPLIT_ALIASES, SPLITS, RowStream, ensure_online, is_local, is_saved_dataset
+from .text import token_ids
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 FEATURE_SUFFIXES = (".npy", ".safetensors")
@@ -86,38 +82,6 @@ def load_features(path: Path) -> torch.Tensor:
     return features
 
 
-def read_caption_rows(path: Path, image_column: str, text_column: str) -> list[dict[str, str]]:
-    """The rows of a .csv or .jsonl captions file, each checked for its image and caption fields."""
-    if path.suffix not in (".csv", ".jsonl"):
-        raise ValueError(f"captions file {str(path)!r}: expected .csv or .jsonl, one row per caption")
-    with path.open(encoding="utf-8", newline="") as handle:
-        if path.suffix == ".csv":
-            rows = list(csv.DictReader(handle))
-            numbered = enumerate(rows, 2)  # line 1 is the header
-        else:
-            rows, numbered = [], []
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise ValueError(
-                        f"{path}:{number} is not valid JSON ({error.msg}); write one object a line"
-                    ) from None
-                numbered.append((number, rows[-1]))
-    for number, row in numbered:
-        for column in (image_column, text_column):
-            if not isinstance(row, dict) or not isinstance(row.get(column), str) or not row[column].strip():
-                raise ValueError(
-                    f'{path}:{number} has no "{column}" value; each row needs "{image_column}" (an image path) and '
-                    f'"{text_column}" (one caption)'
-                )
-    if not rows:
-        raise ValueError(f"captions file {str(path)!r} holds no caption")
-    return rows
-
-
 class _Pairs(Dataset):
     """Training reads (image, caption) pairs; evaluation (all_pairs=False) each image once with its references."""
 
@@ -137,15 +101,15 @@ class _Pairs(Dataset):
         return image, caption, self.split.load(image)
 
 
-class CaptioningDataModule(SingleTokenizer, L.LightningDataModule):
+class CaptioningDataModule(DataModule):
     """Image (or image-feature) captioning data: see the module's docstring for the sources and the batches."""
 
-    num_labels = None  # linked into the model config by the CLI, as for every DataModule: captions have no classes
-    mask_token_id = None
+    tokenizer_tag = "captions"
 
     def __init__(
         self,
         dataset: str = "digits",
+        dataset_config: str | None = None,
         images_dir: str | None = None,
         features_dir: str | None = None,
         image_column: str = "image",
@@ -158,14 +122,17 @@ class CaptioningDataModule(SingleTokenizer, L.LightningDataModule):
         batch_size: int = 64,
         held_out: float = 0.1,
         strips: tuple[int, int, int] = (20000, 500, 1000),
-        predict_dir: str | None = None,
         bleu_samples: int | None = None,
         num_workers: int = 0,
+        seed: int = 42,
         cache_dir: str | None = None,
+        predict_file: str | None = None,
+        predict_dir: str | None = None,
     ) -> None:
         """
         Args:
             dataset: digits (the embedded task), a .csv/.jsonl captions file, or a hub dataset name.
+            dataset_config: The hub dataset's configuration name.
             images_dir: The folder the captions file's image paths are relative to (default: the file's folder).
             features_dir: Precomputed features, <image stem>.npy or .safetensors each, read instead of the pixels.
             image_column: The column naming the image (a path; a hub dataset: the image itself).
@@ -179,81 +146,100 @@ class CaptioningDataModule(SingleTokenizer, L.LightningDataModule):
             held_out: A captions file without a split column: the fraction of images for validation, and again for
                 test, chosen by a hash of the image name (stable as the file grows).
             strips: digits: the number of (train, validation, test) strips, each composed from its split's scans.
-            predict_dir: A folder of images (or of feature files) for `predict`: one JSONL caption per file.
             bleu_samples: Validation images decoded for BLEU; None decodes all of them.
             num_workers: DataLoader worker processes.
+            seed: Seed of the training order.
             cache_dir: Where the trained tokenizer is cached (default $LIT_TRANSFORMER_CACHE or ~/.cache).
+            predict_file: A folder of images (or of feature files) for `predict`: one JSONL caption per file.
+            predict_dir: Deprecated: predict_file.
         """
-        super().__init__()
+        if predict_dir is not None:
+            warnings.warn("data.predict_dir is deprecated: set data.predict_file", FutureWarning, stacklevel=2)
+            predict_file = predict_file or predict_dir
+        super().__init__(
+            dataset, dataset_config, text_column, tokenizer, vocab_size, batch_size=batch_size, held_out=held_out,
+            num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
+        )  # fmt: skip
         if channels not in (1, 3):
             raise ValueError(f"channels={channels}: images are read as greyscale (1) or RGB (3)")
-        if not 0.0 < held_out < 0.5:
-            raise ValueError(f"held_out={held_out} must lie in (0, 0.5): it is taken for validation and for test")
-        self.save_hyperparameters()
+        self.images_dir, self.features_dir, self.image_column = images_dir, features_dir, image_column
         self.image_size, self.channels = tuple(image_size), channels
-        self.batch_size, self.bleu_samples = batch_size, bleu_samples
-        self.max_caption_tokens, self.num_workers = max_caption_tokens, num_workers
-        self.predict_dir = predict_dir
+        self.max_caption_tokens, self.strips, self.bleu_samples = max_caption_tokens, tuple(strips), bleu_samples
         self.splits: dict[str, CaptionSplit] = {}
-        self.tokenizer = None
-        self._cache_dir = resolve_cache_dir(cache_dir)
+
+    @classmethod
+    def model_fields(cls, args: dict) -> dict:
+        if args.get("features_dir"):  # features: their width is read from the files (source_dim), not set here
+            return {}
+        return {
+            "image_size": ("image_size", list(args["image_size"])),
+            "image_channels": ("channels", args["channels"]),
+        }
+
+    @classmethod
+    def longest_sequence(cls, args: dict) -> tuple[str, int]:
+        return "max_caption_tokens", args["max_caption_tokens"] + 1  # bos then the caption; the caption then eos
 
     # ---- sources ---------------------------------------------------------------------------------------------
     def _read_splits(self) -> dict[str, CaptionSplit]:
-        dataset = self.hparams.dataset
-        if dataset == "digits":
-            return self._digit_splits()
-        if Path(dataset).suffix in (".csv", ".jsonl"):
-            return self._file_splits(Path(dataset))
-        if Path(dataset).exists():
-            raise ValueError(f"dataset {dataset!r}: give a .csv or .jsonl captions file (one row per caption)")
-        return self._hub_splits(dataset)
+        embedded = corpora.embedded(
+            self.dataset, self.cache_dir, image_size=self.image_size, channels=self.channels, strips=self.strips
+        )
+        if embedded is not None and isinstance(next(iter(embedded.values())), DigitStrips):
+            return {
+                split: CaptionSplit(
+                    torch.from_numpy(strips.images).__getitem__,
+                    [f"{split}-{i}" for i in range(len(strips))],
+                    [[c] for c in strips.captions],
+                )
+                for split, strips in embedded.items()
+            }
+        if embedded is None and not is_local(self.dataset) and not is_saved_dataset(self.dataset):
+            return self._hub_splits(self.dataset)
+        return self._row_splits(embedded)
 
-    def _digit_splits(self) -> dict[str, CaptionSplit]:
-        if self.image_size[0] != 8 or self.image_size[1] % 8 or self.channels != 1:
-            raise ValueError(
-                f"dataset='digits' strips are 8 pixels high, 8 wide a digit, greyscale: image_size=[8, 8 * max digits] "
-                f"and channels=1, not image_size={list(self.image_size)}, channels={self.channels}"
-            )
-        splits = {}
-        for split, count in zip(("train", "validation", "test"), self.hparams.strips, strict=True):
-            strips = digit_strips(split, count, max_digits=self.image_size[1] // 8)
-            images = torch.from_numpy(strips.images)
-            splits[split] = CaptionSplit(
-                images.__getitem__, [f"{split}-{i}" for i in range(count)], [[c] for c in strips.captions]
-            )
-        return splits
-
-    def _file_splits(self, path: Path) -> dict[str, CaptionSplit]:
-        if not path.is_file():
-            raise FileNotFoundError(f"captions file {str(path)!r} does not exist")
-        rows = read_caption_rows(path, self.hparams.image_column, self.hparams.text_column)
-        root = Path(self.hparams.images_dir or path.parent)
+    def _row_splits(self, embedded) -> dict[str, CaptionSplit]:
+        """Captions read through the one reader: one row per caption (an image may have several, its references);
+        an image's split is its rows' split column, else its file's (train*/valid*/test*), else carved by a hash of
+        its name."""
+        hint = " (choose them with --data.init_args.image_column and text_column)"
+        stream = RowStream(
+            self.dataset, [self.image_column, self.text_column], self.image_column, self.dataset_config, embedded,
+            self.held_out, hint,
+        )  # fmt: skip
         captions: dict[str, list[str]] = {}
         split_of: dict[str, str] = {}
-        for row in rows:
-            name = row[self.hparams.image_column]
-            captions.setdefault(name, []).append(row[self.hparams.text_column].strip())
-            given = str(row.get("split") or "").strip().lower()
+        where: dict[str, str] = {}
+        for split, row in stream.all_rows():
+            name, caption = row.values[self.image_column], row.values[self.text_column]
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f'{row.where} has no "{self.image_column}" value: each row names an image (a path)')
+            refs = [caption] if isinstance(caption, str) else list(caption or [])
+            if not any(isinstance(c, str) and c.strip() for c in refs):
+                raise ValueError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
+            given = str(row.values.get("split") or "").strip().lower()
             if given and given not in SPLIT_ALIASES:
-                raise ValueError(f"{path}: image {name!r} has split {given!r}; use train, validation or test")
-            split_of.setdefault(name, SPLIT_ALIASES[given] if given else self._carve(name))
+                raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
+            captions.setdefault(name, []).extend(c.strip() for c in refs if isinstance(c, str) and c.strip())
+            split_of.setdefault(name, SPLIT_ALIASES[given] if given else split)
+            where.setdefault(name, self.images_dir or row.folder or ".")
         splits = {}
-        for split in ("train", "validation", "test"):
+        for split in SPLITS:
             names = [n for n in captions if split_of[n] == split]
             if not names:
-                raise ValueError(f"{path}: no image falls in the {split} split; add rows or a split column")
+                why = "carved by a hash of the image name" if split in stream.missing else "its source has no row"
+                raise ValueError(
+                    f"{self.dataset}: no image falls in the {split} split ({why}); add rows, a {split} file or a "
+                    "split column"
+                )
             splits[split] = CaptionSplit(
-                self._loader_for([root / n for n in names]), names, [captions[n] for n in names]
+                self._loader_for([Path(where[n]) / n for n in names]), names, [captions[n] for n in names]
             )
         return splits
-
-    def _carve(self, name: str) -> str:
-        return carve(hash_bucket(name), ("validation", "test"), self.hparams.held_out)
 
     def _loader_for(self, paths: Sequence[Path]) -> Callable[[int], torch.Tensor]:
         """Each image's source: its features (features_dir) or its pixels, read when the batch is built."""
-        features_dir = self.hparams.features_dir
+        features_dir = self.features_dir
         if features_dir is None:
             return lambda i: load_image(paths[i], self.image_size, self.channels)
         files = [_feature_file(Path(features_dir), Path(p).stem) for p in paths]
@@ -263,8 +249,8 @@ class CaptioningDataModule(SingleTokenizer, L.LightningDataModule):
         import datasets
 
         ensure_online(f"captioning dataset {name!r}", HUB_HINT)
-        loaded = datasets.load_dataset(name, cache_dir=str(self._cache_dir / "hf"))
-        image_column, text_column = self.hparams.image_column, self.hparams.text_column
+        loaded = datasets.load_dataset(name, cache_dir=str(self.cache_dir / "hf"))
+        image_column, text_column = self.image_column, self.text_column
         splits = {}
         for given, data in loaded.items():
             split = SPLIT_ALIASES.get(given.lower())
@@ -282,14 +268,18 @@ class CaptioningDataModule(SingleTokenizer, L.LightningDataModule):
         return splits
 
     # ---- Lightning hooks ---------------------------------------------------------------------------------------
+    def tokenizer_texts(self) -> list[str]:
+        self.setup()
+        return [c for refs in self.splits["train"].references for c in refs]
+
+    def prepare(self) -> None:
+        """Read the captions and train the tokenizer (the images are read when a batch is built)."""
+        self.setup()
+        _ = self.tokenizers  # trained (and cached) on first access
+
     def setup(self, stage: str | None = None) -> None:
-        if self.splits:
-            return
-        self.splits = self._read_splits()
-        train_captions = [c for refs in self.splits["train"].references for c in refs]
-        self.tokenizer, _ = load_or_train_tokenizer(
-            self.hparams.tokenizer, lambda: train_captions, self.hparams.vocab_size, self._cache_dir, tag="captions"
-        )
+        if not self.splits:
+            self.splits = self._read_splits()
 
     def collate(self, items: list[tuple[int, int, torch.Tensor]], split: CaptionSplit) -> dict:
         sources = [source for _, _, source in items]
@@ -309,9 +299,8 @@ class CaptioningDataModule(SingleTokenizer, L.LightningDataModule):
         batch["image"] = [split.names[image] for image, _, _ in items]
         return batch
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        if not self.splits:
-            self.setup()
+    def loader(self, split: str, shuffle: bool) -> DataLoader:
+        self.setup()
         data = self.splits[split]
         return DataLoader(
             _Pairs(data, all_pairs=split == "train"),
@@ -321,27 +310,19 @@ class CaptioningDataModule(SingleTokenizer, L.LightningDataModule):
             collate_fn=lambda items: self.collate(items, data),
         )
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
     def predict_dataloader(self) -> DataLoader:
-        """Batches {"src" (, "src_mask"), "image"} of every image (or feature file) in predict_dir, sorted by name."""
-        if not self.predict_dir or not Path(self.predict_dir).is_dir():
+        """Batches {"src" (, "src_mask"), "image"} of every image (or feature file) in predict_file, a folder,
+        sorted by name."""
+        if not self.predict_file or not Path(self.predict_file).is_dir():
             raise ValueError(
-                f"predict needs a folder of images: --data.predict_dir DIR (got {self.predict_dir!r}); captions are "
+                f"predict needs a folder of images: --data.predict_file DIR (got {self.predict_file!r}); captions are "
                 "written one JSON line per image"
             )
-        suffixes = FEATURE_SUFFIXES if self.hparams.features_dir else IMAGE_SUFFIXES
-        paths = sorted(p for p in Path(self.predict_dir).iterdir() if p.suffix.lower() in suffixes)
+        suffixes = FEATURE_SUFFIXES if self.features_dir else IMAGE_SUFFIXES
+        paths = sorted(p for p in Path(self.predict_file).iterdir() if p.suffix.lower() in suffixes)
         if not paths:
-            raise ValueError(f"predict_dir {self.predict_dir!r} holds no {'/'.join(suffixes)} file")
-        if self.hparams.features_dir:
+            raise ValueError(f"predict_file {self.predict_file!r} holds no {'/'.join(suffixes)} file")
+        if self.features_dir:
             load = lambda i: load_features(paths[i])  # noqa: E731
         else:
             load = lambda i: load_image(paths[i], self.image_size, self.channels)  # noqa: E731

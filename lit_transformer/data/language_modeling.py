@@ -7,22 +7,18 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer
 
 from . import corpora
-from .cache import fingerprint, resolve_cache_dir
-from .common import SingleTokenizer, SplitLoaders
-from .encoding import token_ids
-from .loaders import BlockStreamLoader, ResumableLoader, fixed_size_batches
-from .shards import ShardBlocks, TokenShards, load_prepared, prepare_corpus, sample_texts
-from .splits import HELD_OUT, SPLITS
-from .streaming import CorpusStream
-from .tokenizer import MASK, load_or_train_tokenizer, special_token_id
+from .base import DataModule
+from .loaders import BlockStreamLoader, ResumableLoader, ShardBlocks, TokenShards, fixed_size_batches, load_prepared
+from .shards import prepare_corpus
+from .sources import SPLITS, CorpusStream, sample_texts
+from .text import MASK, special_token_id
 
 
-class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataModule):
+class LanguageModelingDataModule(DataModule):
     """Next-token prediction batches {"input_ids", "labels"} of shape (batch_size, block_size), packed without padding.
 
     The tokenizer is ready right after construction (trained and cached on first access), so the CLI can link its
@@ -76,34 +72,20 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
             tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters from the start of
                 the training split (a bounded sample: the whole split when it is smaller).
         """
-        super().__init__()
-        if block_size < 1 or batch_size < 1:
-            raise ValueError(f"block_size={block_size} and batch_size={batch_size} must be positive")
+        super().__init__(
+            dataset, dataset_config, text_column, tokenizer, vocab_size, tokenizer_sample_chars, batch_size,
+            num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
+            predict_batch_size=predict_batch_size,
+        )  # fmt: skip
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} must be positive")
         if sampling not in ("random", "sequential"):
             raise ValueError(f"sampling={sampling!r}: choose random or sequential")
-        if tokenizer_sample_chars < 1:
-            raise ValueError(f"tokenizer_sample_chars={tokenizer_sample_chars} must be positive")
         if max_chars is not None and max_chars < 1:
             raise ValueError(f"max_chars={max_chars} must be positive or None")
-        self.dataset = dataset
-        self.dataset_config = dataset_config
-        self.text_column = text_column
-        self.tokenizer_spec = tokenizer
-        self.requested_vocab_size = vocab_size
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.max_chars = max_chars
-        self.num_workers = num_workers
-        self.seed = seed
-        self.cache_dir = resolve_cache_dir(cache_dir)
-        self.predict_file = predict_file
-        self.predict_batch_size = predict_batch_size
-        self.mask_token = mask_token
-        self.sampling = sampling
-        self.tokenizer_sample_chars = tokenizer_sample_chars
+        self.block_size, self.max_chars = block_size, max_chars
+        self.mask_token, self.sampling = mask_token, sampling
         self._stream: CorpusStream | None = None
-        self._tokenizer: Tokenizer | None = None
-        self._tokenizer_key = ""
         self._root: Path | None = None
         self._splits: dict[str, TokenShards] = {}
         self._blocks: dict[str, ShardBlocks] = {}
@@ -114,8 +96,8 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
     def stream(self) -> CorpusStream:
         """The corpus as a stream of documents per split (held-out splits carved from train when missing)."""
         if self._stream is None:
-            embedded = corpora.shakespeare() if self.dataset in corpora.EMBEDDED_LM else None
-            self._stream = CorpusStream(self.dataset, self.dataset_config, self.text_column, embedded=embedded)
+            embedded = corpora.embedded(self.dataset, self.cache_dir)
+            self._stream = CorpusStream(self.dataset, self.dataset_config, self.text_column, embedded, self.held_out)
         return self._stream
 
     def texts(self) -> dict[str, list[str]]:
@@ -130,7 +112,7 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
     def _empty(self) -> ValueError:
         return ValueError(f"The training split of {self.dataset!r} is empty (no non-blank {self.text_column!r} rows)")
 
-    def _tokenizer_sample(self) -> list[str]:
+    def tokenizer_texts(self) -> list[str]:
         limit = (
             self.tokenizer_sample_chars if self.max_chars is None else min(self.max_chars, self.tokenizer_sample_chars)
         )
@@ -141,24 +123,12 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
 
     # ------------------------------------------------------------------ tokenizer
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The tokenizer (trained on the training split and cached on first access when tokenizer is a kind)."""
-        if self._tokenizer is None:
-            self._tokenizer, self._tokenizer_key = load_or_train_tokenizer(
-                self.tokenizer_spec, self._tokenizer_sample, self.requested_vocab_size, self.cache_dir
-            )
-            if self.mask_token and special_token_id(self._tokenizer, "mask") is None:
-                self._tokenizer.add_special_tokens([MASK])
-                self._tokenizer_key += "+mask"  # a literal "<mask>" in the text now encodes otherwise
-        return self._tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return token_ids(self.tokenizer, [text])[0]
-
-    def decode(self, ids) -> str:
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def build_tokenizers(self) -> tuple[tuple[Tokenizer, Tokenizer], tuple[str, str]]:
+        (tokenizer, _), (key, _) = super().build_tokenizers()
+        if self.mask_token and special_token_id(tokenizer, "mask") is None:
+            tokenizer.add_special_tokens([MASK])
+            key += "+mask"  # a literal "<mask>" in the text now encodes otherwise
+        return (tokenizer, tokenizer), (key, key)
 
     def characters_per_token(self, split: str = "validation") -> float:
         """Characters of the split's text per token of its stream (EOS included): converts a per-token NLL into
@@ -174,7 +144,7 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
             if self._root is None:
                 tokenizer = self.tokenizer
                 self._root = prepare_corpus(
-                    self.stream, tokenizer, self._tokenizer_key, self.eos_token_id, self.cache_dir, self.max_chars
+                    self.stream, tokenizer, self._tokenizer_keys[0], self.eos_token_id, self.cache_dir, self.max_chars
                 )
             info, self._splits = load_prepared(self._root)
             if len(self._splits["train"]) == 0:
@@ -187,10 +157,6 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
         """Stream the corpus into token shards (train the tokenizer first when needed); the prepared folder."""
         self._prepared()
         return self._root
-
-    def prepare_data(self) -> None:
-        """Once per node: train the tokenizer and tokenize every split into shards (cached by content)."""
-        self.prepare()
 
     def setup(self, stage: str | None = None) -> None:
         """Every rank: open the shards (memory-mapped per batch) and view them as blocks."""
@@ -211,14 +177,14 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
         total_chars = sum(s.characters for s in splits.values())
         documents = sum(s.documents for s in splits.values())
         need = self.block_size + 1
-        minimum = int(need / HELD_OUT) if self.stream.missing else need
+        minimum = int(need / self.held_out) if self.stream.missing else need
         chars = int(minimum * total_chars / max(1, total_tokens))
         return (
             f"The {split} split of {self.dataset!r} has {tokens} tokens, fewer than one block of block_size + 1 = "
             f"{need}. The corpus holds {total_chars:,} characters in {documents:,} documents ({total_tokens:,} "
             f"tokens); "
             + (
-                f"validation and test take {HELD_OUT:.0%} of it each, so it needs at least about {minimum:,} tokens "
+                f"validation and test take {self.held_out:.0%} of it each, so it needs at least about {minimum:,} tokens "
                 f"(~{chars:,} characters) for block_size={self.block_size}. "
                 if self.stream.missing
                 else ""
@@ -226,7 +192,7 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
             + "Give more text, a smaller block_size, or files named train*/valid*/test* to choose the splits yourself"
         )
 
-    def _loader(self, split: str, shuffle: bool) -> BlockStreamLoader | ResumableLoader:
+    def loader(self, split: str, shuffle: bool) -> BlockStreamLoader | ResumableLoader:
         if split not in self._blocks:
             self.setup()
         blocks = self._blocks[split]
@@ -238,16 +204,6 @@ class LanguageModelingDataModule(SingleTokenizer, SplitLoaders, L.LightningDataM
             )
         batches = fixed_size_batches(len(blocks), self.batch_size, self.seed, shuffle=False, drop_last=False)
         return ResumableLoader(blocks, batches, shuffle=False, seed=self.seed, num_workers=self.num_workers)
-
-    def state_dict(self) -> dict:
-        """Saved in every checkpoint: the tokenizer, so a checkpoint can always be decoded."""
-        return {"tokenizer": self.tokenizer.to_str()}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        saved = state_dict.get("tokenizer")
-        if saved is not None and self._tokenizer is None:
-            self._tokenizer = Tokenizer.from_str(saved)
-            self._tokenizer_key = fingerprint("tokenizer", saved)
 
 
 def _prefix(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:

@@ -1,4 +1,4 @@
-"""Resumable, elastic loaders and the batch layouts behind them.
+"""Token shards -> batches: resumable, elastic loaders and the batch layouts behind them.
 
 A training loader reads an endless stream of items (precomputed batches for translation and classification, blocks
 of tokens for language modelling). The item at global position p is a pure function of (seed, epoch = p // n,
@@ -14,17 +14,25 @@ still applies to the next one: no batch is replayed or skipped.
 
 Evaluation loaders (`shuffle=False`) read their items in order from the start at every iteration, each rank taking
 every world_size-th batch.
+
+Shards are read through short-lived memory maps: a map is opened for the rows of one batch and dropped, so the
+resident memory stays flat however much of the corpus is read (TokenShards and ShardBlocks: a corpus as blocks;
+PairShards and ShardPairDataset: sentence pairs collated into padded batches).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
+
+from .text import IGNORE_INDEX
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -228,11 +236,6 @@ class ResumableLoader(_ElasticStream):
         # A materialised permutation: batch lists are short, and this order is the one earlier releases used.
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_items)[within]
 
-    def epoch_order(self, epoch: int) -> list[list[int]]:
-        """The global order of the batches in `epoch` (every rank's)."""
-        items = self.items_at(np.arange(epoch * self.num_items, (epoch + 1) * self.num_items))
-        return [self.batches[i] for i in items]
-
     def __len__(self) -> int:
         return self.num_items // _rank_and_world()[1] if not self.shuffle else super().__len__()
 
@@ -410,26 +413,258 @@ def stack_blocks(blocks: np.ndarray) -> dict[str, torch.Tensor]:
     return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
 
 
-class BlockDataset(Dataset):
-    """A flat token stream seen as blocks of block_size + 1 tokens, each overlapping the next by one token.
+# ---------------------------------------------------------------------------------------------------- a corpus's shards as blocks
 
-    Block i is tokens[i*T : i*T + T + 1]: inputs are its first T tokens, labels its last T, so every token after
-    the first is predicted exactly once and no padding is needed.
-    """
+# ---------------------------------------------------------------------------------------------------- read
 
-    def __init__(self, tokens: np.ndarray, block_size: int) -> None:
-        if len(tokens) < block_size + 1:
-            raise ValueError(f"{len(tokens)} tokens are fewer than one block of block_size + 1 = {block_size + 1}")
-        self.tokens = tokens
+
+class TokenShards:
+    """One prepared split: its shards as one sequence of tokens, read through short-lived memory maps."""
+
+    def __init__(self, directory: Path, index: dict) -> None:
+        self.directory = Path(directory)
+        self.dtype = np.dtype(index["dtype"])
+        self.paths = [str(self.directory / s["file"]) for s in index["shards"]]
+        self.counts = np.array([s["tokens"] for s in index["shards"]], dtype=np.int64)
+        self.characters = int(index["characters"])
+        self.documents = int(index["documents"])
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def open(self, shard: int) -> np.memmap | np.ndarray:
+        count = int(self.counts[shard])
+        if not count:  # documents that encode to nothing (a vocabulary without EOS): no byte to map
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self.paths[shard], dtype=self.dtype, mode="r", shape=(count,))
+
+    def head(self, n: int) -> np.ndarray:
+        """The first n tokens (a copy; for inspection)."""
+        parts, left = [], n
+        for shard in range(len(self.paths)):
+            if left <= 0:
+                break
+            parts.append(np.array(self.open(shard)[:left]))
+            left -= len(parts[-1])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+
+    def blocks(self, block_size: int) -> ShardBlocks:
+        return ShardBlocks(self, block_size)
+
+
+class ShardBlocks(Dataset):
+    """Blocks of block_size + 1 tokens within each shard, each overlapping the next by one token (as BlockDataset):
+    inputs are a block's first T tokens, labels its last T. A shard's last partial block is left out (under one
+    block per shard of 64M tokens)."""
+
+    def __init__(self, shards: TokenShards, block_size: int) -> None:
+        self.shards = shards
         self.block_size = block_size
+        per_shard = np.maximum(0, (shards.counts - 1) // block_size)
+        self.first = np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
         self._offsets = np.arange(block_size + 1)
 
     def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.block_size
+        return int(self.first[-1])
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
     def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        starts = np.asarray(indices, dtype=np.int64)[:, None] * self.block_size
-        return stack_blocks(self.tokens[starts + self._offsets])
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"block index out of range [0, {len(self)})")
+        shard_of = np.searchsorted(self.first, indices, side="right") - 1
+        out = np.empty((len(indices), self.block_size + 1), dtype=self.shards.dtype)
+        for shard in np.unique(shard_of):
+            rows = shard_of == shard
+            starts = (indices[rows] - self.first[shard]) * self.block_size
+            tokens = self.shards.open(int(shard))  # mapped for this batch only: no page stays mapped
+            out[rows] = tokens[starts[:, None] + self._offsets]
+            del tokens
+        return stack_blocks(out)
+
+
+def load_prepared(root: Path) -> tuple[dict, dict[str, TokenShards]]:
+    """A prepared corpus's manifest and its splits."""
+    info = json.loads((Path(root) / "manifest.json").read_text())
+    return info, {split: TokenShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
+
+
+# ---------------------------------------------------------------------------------------------------- sentence pairs' shards as batches
+
+# ---------------------------------------------------------------------------------------------------- batches
+
+
+def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id: int) -> dict[str, torch.Tensor]:
+    """The decoder's side of a batch (translation, captioning): tgt_in is bos then the tokens, labels the tokens then
+    eos (IGNORE_INDEX at padding), tgt_mask True on real positions; the mask comes from the lengths, never a token id."""
+    width = max(map(len, rows)) + 1
+    tgt_in = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    for b, row in enumerate(rows):
+        t = torch.as_tensor(np.asarray(row, dtype=np.int64))
+        tgt_in[b, 0], tgt_in[b, 1 : len(t) + 1] = bos_id, t
+        labels[b, : len(t)], labels[b, len(t)] = t, eos_id
+    tgt_mask = torch.arange(width)[None, :] <= torch.tensor([len(r) for r in rows])[:, None]
+    return {"tgt_in": tgt_in, "labels": labels, "tgt_mask": tgt_mask}
+
+
+def collate_pairs(
+    srcs: Sequence[np.ndarray],
+    tgts: Sequence[np.ndarray],
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
+    texts: tuple[list[str], list[str]] | None = None,
+) -> dict:
+    """A padded batch: src is the source then eos, with its mask from the lengths; the target side is target_batch."""
+    batch_size, src_len = len(srcs), max(map(len, srcs)) + 1
+    src = torch.full((batch_size, src_len), pad_id, dtype=torch.long)
+    for b, s in enumerate(srcs):
+        src[b, : len(s)] = torch.from_numpy(s.astype(np.int64))
+        src[b, len(s)] = eos_id
+    src_mask = torch.arange(src_len)[None, :] <= torch.tensor([len(s) for s in srcs])[:, None]
+    batch = {"src": src, "src_mask": src_mask, **target_batch(tgts, pad_id, bos_id, eos_id)}
+    if texts is not None:
+        batch["src_text"], batch["ref_text"] = list(texts[0]), list(texts[1])
+    return batch
+
+
+# ---------------------------------------------------------------------------------------------------- the stream
+
+
+# ---------------------------------------------------------------------------------------------------- prepare
+
+
+# ---------------------------------------------------------------------------------------------------- read
+
+
+class PairShards:
+    """One prepared split: the pairs' lengths from the index (16 bytes per pair, read whole), their ids and texts
+    through memory maps opened for one batch and dropped, so no page of the corpus stays mapped."""
+
+    def __init__(self, directory: Path, index: dict) -> None:
+        self.directory = Path(directory)
+        self.dtype = np.dtype(index["dtype"])
+        self.names = [s["name"] for s in index["shards"]]
+        self.offsets = [np.load(self.directory / f"{name}.pairs.npy") for name in self.names]
+        counts = [len(o) - 1 for o in self.offsets]
+        self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        lengths = [np.diff(o, axis=0) for o in self.offsets] or [np.zeros((0, 2), np.int64)]
+        lengths = np.concatenate(lengths).astype(np.int32)
+        self.source_lengths, self.target_lengths = lengths[:, 0], lengths[:, 1]
+        self.has_text = bool(index.get("text"))
+        self.characters = int(index.get("characters", 0))
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def _map(self, name: str, suffix: str, dtype) -> np.memmap | np.ndarray:
+        path = self.directory / f"{name}.{suffix}"
+        return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+
+    def read(self, rows: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray], tuple[list, list] | None]:
+        """The source ids, target ids (copies) and, when kept, the texts of the pairs at `rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"pair index out of range [0, {len(self)})")
+        shard_of = np.searchsorted(self.first, rows, side="right") - 1
+        srcs: list = [None] * len(rows)
+        tgts: list = [None] * len(rows)
+        texts = ([None] * len(rows), [None] * len(rows)) if self.has_text else None
+        for shard in np.unique(shard_of).tolist():
+            name, offsets = self.names[shard], self.offsets[shard]
+            src, tgt = self._map(name, "src.bin", self.dtype), self._map(name, "tgt.bin", self.dtype)
+            text = self._map(name, "text.bin", np.uint8) if texts is not None else None
+            ends = np.load(self.directory / f"{name}.text.npy", mmap_mode="r") if texts is not None else None
+            for b in np.flatnonzero(shard_of == shard).tolist():
+                local = int(rows[b] - self.first[shard])
+                (s0, t0), (s1, t1) = offsets[local], offsets[local + 1]
+                srcs[b], tgts[b] = np.array(src[s0:s1]), np.array(tgt[t0:t1])
+                if texts is not None:
+                    for side in (0, 1):
+                        a, z = int(ends[2 * local + side]), int(ends[2 * local + side + 1])
+                        texts[side][b] = bytes(text[a:z]).decode("utf-8", "surrogatepass")
+            del src, tgt, text, ends  # the maps close here: nothing stays mapped between batches
+        return srcs, tgts, texts
+
+
+class ShardPairDataset(Dataset):
+    """The pairs of one prepared split that pass the length filter (`keep`), collated into padded batches exactly as
+    the in-memory PairDataset collates them."""
+
+    def __init__(self, shards: PairShards, keep: np.ndarray, pad_id: int, bos_id: int, eos_id: int) -> None:
+        self.shards, self.keep = shards, np.asarray(keep, dtype=np.int64)
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def source_lengths(self) -> np.ndarray:
+        return self.shards.source_lengths[self.keep].astype(np.int64) + 1  # + eos
+
+    def target_lengths(self) -> np.ndarray:
+        return self.shards.target_lengths[self.keep].astype(np.int64) + 1  # + bos (inputs) or + eos (labels)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices) -> dict:
+        srcs, tgts, texts = self.shards.read(self.keep[np.asarray(indices, dtype=np.int64)])
+        return collate_pairs(srcs, tgts, self.pad_id, self.bos_id, self.eos_id, texts)
+
+
+def load_prepared_pairs(root: Path) -> tuple[dict, dict[str, PairShards]]:
+    """A prepared pair corpus's manifest and its splits."""
+    info = json.loads((Path(root) / "manifest.json").read_text())
+    return info, {split: PairShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
+
+
+# ---------------------------------------------------------------------------------------------------- labelled texts' shards
+
+
+class LabelledShards:
+    """One prepared split of labelled texts: the texts' lengths (from the index, 8 bytes a text) and raw labels, read
+    whole; their ids through memory maps opened for one batch and dropped."""
+
+    def __init__(self, directory: Path, index: dict) -> None:
+        self.directory = Path(directory)
+        self.dtype = np.dtype(index["dtype"])
+        self.names = [s["name"] for s in index["shards"]]
+        offsets = [np.load(self.directory / f"{name}.texts.npy") for name in self.names]
+        self.offsets = offsets
+        self.first = np.concatenate([[0], np.cumsum([len(o) - 1 for o in offsets])]).astype(np.int64)
+        self.lengths = np.concatenate([np.diff(o) for o in offsets] or [np.zeros(0, np.int64)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def labels(self) -> list:
+        """Each text's label as the source wrote it (a name, an id, or a list of them)."""
+        out = []
+        for name in self.names:
+            with open(self.directory / f"{name}.extras.jsonl", encoding="utf-8") as handle:
+                out += [json.loads(line) for line in handle]
+        return out
+
+    def read(self, rows: Sequence[int]) -> list[np.ndarray]:
+        """The ids (copies) of the texts at `rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        shard_of = np.searchsorted(self.first, rows, side="right") - 1
+        out: list = [None] * len(rows)
+        for shard in np.unique(shard_of).tolist():
+            path = self.directory / f"{self.names[shard]}.bin"
+            ids = np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+            offsets = self.offsets[shard]
+            for b in np.flatnonzero(shard_of == shard).tolist():
+                local = int(rows[b] - self.first[shard])
+                out[b] = np.array(ids[offsets[local] : offsets[local + 1]])
+            del ids  # the map closes here: nothing stays mapped between batches
+        return out
+
+
+def load_prepared_labelled(root: Path) -> tuple[dict, dict[str, LabelledShards]]:
+    """A prepared labelled corpus's manifest and its splits."""
+    info = json.loads((Path(root) / "manifest.json").read_text())
+    return info, {split: LabelledShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}

@@ -1,21 +1,37 @@
-"""Where text comes from: local files (txt, jsonl/json, csv/tsv, parquet), folders, globs, or Hugging Face hub names.
+"""Where records come from: one reader for every task and every form, yielding records per split.
 
-Everything arrives as a `datasets.DatasetDict`. Undecodable bytes are replaced and counted in a warning that names
-the file; a hub name while offline fails within seconds and says how to use local files instead.
+- Local files: .txt (a document each, read in line-bounded chunks of about a megabyte), .jsonl/.json, .csv/.tsv and
+  .parquet (row by row; parquet in record batches): a file, a folder or a glob, a folder's train*/valid*/test* files
+  becoming the splits. A folder `datasets` saved (save_to_disk), memory-mapped. A hub name, streamed (`datasets`'
+  streaming=True); offline it fails within seconds and says how to use local files instead. An embedded corpus
+  (corpora.EMBEDDED), given as its DatasetDict.
+- A column may be dotted to reach into a nested field (`translation.en`).
+- A stream says what a record is: CorpusStream (pieces of documents), PairStream (sentence pairs), LabelledStream
+  (texts and their labels), RowStream (rows of named columns: captions and their images).
+- Held-out splits, for a source without them, are carved from train by one function, `held_out_split`: by a hash of
+  the record's content, so its duplicates land in the same split and its position in the source does not matter; each
+  missing held-out split takes `held_out` of the hash buckets. A handful of long documents (fewer than
+  HASH_MIN_DOCUMENTS) is carved by lines instead (`line_range`): each gives train its first lines.
+- Errors say what is wrong and the fix: a malformed line names its file and line, a missing column the columns there
+  are; undecodable bytes are replaced and counted in a warning that names the file.
 """
 
 from __future__ import annotations
 
+import csv
 import glob
+import hashlib
+import json
 import os
 import socket
 import threading
 import warnings
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import datasets
-
-from .cache import atomic_write, hash_file
+from .cache import fingerprint
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
@@ -72,32 +88,6 @@ LOCAL_HINT = (
 )
 
 
-def read_text(path: str | os.PathLike) -> str:
-    """A file's text as UTF-8, undecodable bytes replaced by U+FFFD and counted in a warning naming the file."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        bad = text.count("\ufffd") - data.count("\ufffd".encode())
-        warnings.warn(f"{path}: {bad} undecodable byte sequence(s) replaced with U+FFFD", stacklevel=2)
-        return text
-
-
-def _repaired(path: str, cache_dir: Path) -> str:
-    """A UTF-8-clean copy of a json/csv file when it has undecodable bytes (the builders would fail on them)."""
-    data = Path(path).read_bytes()
-    try:
-        data.decode("utf-8")
-        return path
-    except UnicodeDecodeError:
-        text = read_text(path)
-    target = cache_dir / "repaired" / f"{hash_file(path)}{Path(path).suffix}"
-    if not target.exists():
-        atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return str(target)
-
-
 def is_local(spec: str) -> bool:
     return os.path.exists(spec) or any(ch in spec for ch in "*?[")
 
@@ -125,48 +115,944 @@ def split_of(path: str) -> str:
     return "train"
 
 
-def load_local(spec: str, cache_dir: Path, text_column: str = "text") -> datasets.DatasetDict:
-    """Local files as a DatasetDict; splits from train*/valid*/test* file names, else everything is train.
+def read_inputs(path: str | Path, field: str = "text") -> list[str]:
+    """The inputs of a predict run: a .jsonl/.json file's `field` per line, or else every line of a text file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"predict_file {str(path)!r} does not exist; give a text file with one input per line")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix not in (".jsonl", ".json"):
+        return lines
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise ValueError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
+        texts.append(row[field])
+    if not texts:
+        raise ValueError(f"predict_file {str(path)!r} holds no input")
+    return texts
 
-    Plain-text files become one row per file (a document) in `text_column`.
+
+# ---------------------------------------------------------------------------------------------------- splits
+
+SPLITS = ("train", "validation", "test")
+HELD_OUT = 0.05  # the fraction of the training source each missing held-out split takes
+
+
+def missing_splits(present: Collection[str]) -> list[str]:
+    """The held-out splits a source lacks, in order: they are carved from its training split."""
+    return [split for split in SPLITS[1:] if split not in present]
+
+
+def digest_bucket(hexdigest: str) -> int:
+    """A hash bucket, 0 to 99, from a hexadecimal digest."""
+    return int(hexdigest, 16) % 100
+
+
+def hash_bucket(*texts: str) -> int:
+    """The hash bucket of a record's texts (a pair's two sides joined by a tab)."""
+    return digest_bucket(hashlib.md5("\t".join(texts).encode("utf-8", "surrogatepass")).hexdigest())
+
+
+def carve(bucket: int, missing: Sequence[str], held_out: float = HELD_OUT) -> str:
+    """The split of a training record in `bucket`: each missing held-out split takes `held_out` of the buckets."""
+    index = int(bucket // (held_out * 100))
+    return missing[index] if index < len(missing) else "train"
+
+
+def held_out_split(*texts: str, missing: Sequence[str], held_out: float = HELD_OUT) -> str:
+    """The one carving: the split of a training record by a hash of its content (its texts, a pair's sides joined
+    by a tab; a verse's key; an image's name), when `missing` held-out splits are carved from train.
+
+    Each embedded corpus that is split by hash goes through here too; KJV-RV1909 keeps the layout its caches were
+    built with (test first, 2% each: `missing=("test", "validation"), held_out=0.02`)."""
+    return carve(hash_bucket(*texts), missing, held_out)
+
+
+def line_range(split: str, missing: Sequence[str], held_out: float = HELD_OUT) -> tuple[float, float]:
+    """The fraction of each document `split` takes when carving by lines: train first, then the held-out splits."""
+    n = len(missing)
+    train_end = 1 - held_out * n
+    if split == "train":
+        return 0.0, train_end
+    i = missing.index(split)
+    return train_end + held_out * i, train_end + held_out * (i + 1) if i + 1 < n else 1.0
+
+
+# ---------------------------------------------------------------------------------------------------- streams of records
+
+HASH_MIN_DOCUMENTS = 200  # from this many training documents on, held-out splits are whole documents picked by hash
+CHUNK_BYTES = 1 << 20  # a .txt file is read in line-bounded chunks of about this size
+
+
+@dataclass
+class Piece:
+    """A piece of one document's text; `last` marks the document's end (where the writer places EOS)."""
+
+    text: str
+    document: int
+    last: bool
+    nbytes: int  # input bytes this piece accounts for (progress in MB/s)
+
+    @property
+    def texts(self) -> tuple[str]:
+        return (self.text,)
+
+
+@dataclass
+class Source:
+    """Where one split's records come from: local files, or a table of rows (`datasets`' own: an embedded corpus, a
+    folder `datasets` saved, a hub stream), read in order."""
+
+    files: list[str] = field(default_factory=list)
+    table: Any = None
+    origin: tuple = ()  # how a table is known in the content key: ("rows",) embedded, ("hub", name), ("saved", files)
+
+    @property
+    def in_memory(self) -> bool:
+        """An embedded corpus's rows: a few MB, tokenized in this process."""
+        return self.origin[:1] == ("rows",)
+
+
+def column_value(row: dict, column: str) -> Any:
+    """A row's value of `column`, a dotted name reaching into nested fields (translation.en); KeyError if absent."""
+    value: Any = row
+    for part in column.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(column)
+        value = value[part]
+    return value
+
+
+def table_rows(table) -> Iterator[dict]:
+    """The rows of a `datasets` table (Dataset or IterableDataset) as dicts, read a thousand at a time."""
+    for batch in table.iter(batch_size=1024):
+        names = list(batch)
+        for values in zip(*batch.values(), strict=True):
+            yield dict(zip(names, values, strict=True))
+
+
+def is_saved_dataset(spec: str) -> bool:
+    """A folder that `datasets` wrote (save_to_disk): a DatasetDict's dataset_dict.json or a Dataset's state.json."""
+    folder = Path(spec)
+    return folder.is_dir() and ((folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file())
+
+
+class SplitStream:
+    """A dataset's splits as streams of records, with held-out splits carved from train when missing.
+
+    dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a folder that
+    `datasets` saved; a hub name; or an embedded corpus's DatasetDict (given as `embedded`). A subclass says what a
+    record is: `routed` yields each record of one pass over a source split with the split it belongs to
+    (CorpusStream: pieces of documents; pairs.PairStream: sentence pairs; LabelledStream: texts and their labels).
     """
-    files = local_files(spec)
-    by_split: dict[str, list[str]] = {}
-    for f in files:
-        by_split.setdefault(split_of(f) if len(files) > 1 else "train", []).append(f)
-    if "train" not in by_split:
-        raise ValueError(f"{spec!r} has no training file (names starting with train/valid/test pick the split)")
-    suffixes = {Path(f).suffix.lower() for f in files}
-    if suffixes <= set(TEXT_SUFFIXES):
-        return datasets.DatasetDict(
-            {
-                split: datasets.Dataset.from_dict({text_column: [read_text(f) for f in fs]})
-                for split, fs in by_split.items()
-            }
-        )
-    builders = {BUILDERS.get(s) for s in suffixes}
-    if len(builders) != 1 or None in builders:
-        raise ValueError(f"{spec!r} mixes file types {sorted(suffixes)}; use one type per dataset")
-    builder = builders.pop()
-    kwargs = {"sep": "\t"} if suffixes == {".tsv"} else {}
-    data_files = {
-        split: [_repaired(f, cache_dir) if builder != "parquet" else f for f in fs] for split, fs in by_split.items()
-    }
-    return datasets.load_dataset(builder, data_files=data_files, cache_dir=str(cache_dir / "hf"), **kwargs)
+
+    key: str  # the content key's tag
+    local_hint: str  # what local data may be, for the error naming a missing path
+
+    def __init__(
+        self, dataset: str, dataset_config: str | None = None, embedded=None, held_out: float = HELD_OUT
+    ) -> None:
+        self.dataset, self.dataset_config, self.held_out = dataset, dataset_config, held_out
+        self.sources: dict[str, Source] = {}
+        if embedded is not None:
+            self._add_tables(embedded, lambda name: ("rows",))
+        elif is_saved_dataset(dataset):
+            self._add_tables(load_saved(dataset), lambda name: ("saved", name))
+        elif not is_local(dataset) and _looks_like_a_path(dataset):
+            raise FileNotFoundError(
+                f"{dataset!r} does not exist: give an existing local file, folder or glob {self.local_hint}"
+            )
+        elif is_local(dataset):
+            files = local_files(dataset)
+            self._check_files(files)
+            for f in files:
+                self.sources.setdefault(split_of(f) if len(files) > 1 else "train", Source()).files.append(f)
+            if "train" not in self.sources:
+                raise ValueError(
+                    f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
+                )
+            for f in files:
+                self._check_columns(f)
+        else:
+            for canonical, (name, split) in hub_streams(dataset, dataset_config).items():
+                self.sources[canonical] = Source(table=split, origin=("hub", name))
+        self.missing = missing_splits(self.sources)
+        self.mode = self._carving_mode() if self.missing else "given"
+
+    def _add_tables(self, tables, origin) -> None:
+        """A DatasetDict's splits (names normalised to train/validation/test), each checked for the columns."""
+        for name, table in tables.items():
+            canonical = SPLIT_ALIASES.get(name.lower())
+            if canonical is None or canonical in self.sources:
+                continue
+            columns = table.column_names or []
+            missing = [c for c in self._columns() if c.split(".")[0] not in columns]
+            if missing:
+                raise ValueError(
+                    f"dataset {self.dataset!r}: split {name!r} has no column {', '.join(map(repr, missing))}; its "
+                    f"columns are {columns}{self.column_hint}"
+                )
+            self.sources[canonical] = Source(table=table, origin=origin(name))
+        if "train" not in self.sources:
+            raise ValueError(f"dataset {self.dataset!r} has no training split (its splits: {sorted(tables)})")
+
+    column_hint = ""  # how to choose the columns, after an error naming the missing ones
+
+    # ------------------------------------------------------------------ what a subclass says
+
+    def _columns(self) -> list[str]:
+        """The columns a row's texts come from."""
+        raise NotImplementedError
+
+    def _settings(self) -> tuple:
+        """What else than the sources the records depend on (columns, languages), in the content key."""
+        raise NotImplementedError
+
+    text_files = False  # whether plain .txt files can hold these records (documents), or only row files
+
+    def _check_files(self, files: list[str]) -> None:
+        """Refuse local files this kind of record cannot come from."""
+        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
+        if other and not self.text_files:
+            raise ValueError(
+                f"{self.dataset!r}: this task reads rows from .jsonl/.json, .csv/.tsv or .parquet files, not {other}"
+            )
+
+    def _check_columns(self, path: str) -> None:
+        """A row file without the record's columns fails at once, naming the columns it has."""
+        columns = columns_of(path) if Path(path).suffix.lower() in BUILDERS else None
+        missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
+        if missing:
+            raise ValueError(
+                f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
+                f"{columns}{self.column_hint}"
+            )
+
+    def _carving_mode(self) -> str:
+        return "hash"
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, object]]:
+        """(split, record) for every record of one pass over a source split, from source record `skip` on; split is
+        None for a record that is dropped. The training source also feeds the carved held-out splits."""
+        raise NotImplementedError
+
+    def owner(self, source_name: str, *content: str) -> str:
+        """The split a record of `source_name` goes to: its own, or, for the training source of a stream with
+        missing held-out splits, the one carving's choice by a hash of `content`."""
+        if source_name != "train" or not self.missing:
+            return source_name
+        return held_out_split(*content, missing=self.missing, held_out=self.held_out)
+
+    def values(self, row: dict, where: str) -> list[Any]:
+        """The row's value of each of the stream's columns (dotted names reach into nested fields); a missing one
+        fails naming the columns the row has."""
+        values = []
+        for column in self._columns():
+            try:
+                values.append(column_value(row, column))
+            except KeyError:
+                raise ValueError(
+                    f"dataset {self.dataset!r}: {where} has no column {column!r}; its columns are {sorted(row)}"
+                    f"{self.column_hint}"
+                ) from None
+        return values
+
+    # ------------------------------------------------------------------ identity
+
+    def content_key(self, file_hash) -> str:
+        """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
+        # held_out enters the key only when it is not the default every earlier cache was carved with.
+        carving = () if self.held_out == HELD_OUT else (self.held_out,)
+        return fingerprint(self.key, 1, self._source_parts(file_hash), *self._settings(), self.mode, *carving)
+
+    def _source_parts(self, file_hash) -> list[tuple]:
+        """Each source's identity: its files' hashes, a digest of its in-memory rows (a text or a tuple of texts each),
+        or the hub name and config."""
+        parts = []
+        for name in sorted(self.sources):
+            source = self.sources[name]
+            if source.in_memory:  # the texts of the record's columns, row by row (as every earlier cache was keyed)
+                digest = hashlib.sha256()
+                for row in table_rows(source.table):
+                    for column in self._columns():
+                        data = (row[column] or "").encode("utf-8", "surrogatepass")
+                        digest.update(len(data).to_bytes(8, "little") + data)
+                parts.append((name, "rows", digest.hexdigest()[:20]))
+            elif source.origin[:1] == ("hub",):
+                parts.append((name, "hub", self.dataset, self.dataset_config, source.origin[1]))
+            elif source.origin[:1] == ("saved",):
+                files = sorted(p for p in Path(self.dataset).rglob("*") if p.is_file())
+                parts.append((name, "saved", source.origin[1], [(p.name, file_hash(str(p))) for p in files]))
+            else:
+                parts.append((name, "files", [(Path(f).suffix.lower(), file_hash(f)) for f in source.files]))
+        return parts
+
+    # ------------------------------------------------------------------ passes
+
+    def input_bytes(self, source: str) -> int | None:
+        """Bytes a pass over a source split reads (None when unknown: rows in memory or a hub stream)."""
+        files = self.sources[source].files
+        return sum(os.path.getsize(f) for f in files) if files else None
+
+    def passes(self) -> list[tuple[str, list[str]]]:
+        """(source split, the splits one pass over it fills): the training source also fills carved splits."""
+        out = [(name, ["train", *self.missing] if name == "train" else [name]) for name in self.sources]
+        return sorted(out, key=lambda item: SPLITS.index(item[0]))
+
+    def records_of(self, split: str, skip: int = 0) -> Iterator:
+        """The records of `split` in order (dropped ones left out); the first `skip` source records are read past."""
+        source = split if split in self.sources else "train"
+        if split not in self.sources and split not in self.missing:
+            raise ValueError(f"Unknown split {split!r}")
+        for owner, record in self.routed(source, skip):
+            if owner == split:
+                yield record
 
 
-def load_hub(name: str, config: str | None, cache_dir: Path) -> datasets.DatasetDict:
-    """A hub dataset (all its splits), failing fast and clearly when offline."""
-    what = f"dataset {name!r}" + (f" (config {config!r})" if config else "")
+class CorpusStream(SplitStream):
+    """Each split of a corpus as a stream of `Piece`s, with held-out splits carved from train when missing: by
+    document hash, or by lines for a handful of long documents (see the module)."""
+
+    key = "corpus"
+    local_hint = "(.txt, .jsonl/.json, .csv/.tsv, .parquet), a hub dataset name, or an embedded corpus"
+    text_files = True
+    column_hint = " (choose one with --data.init_args.text_column)"
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        embedded=None,
+        held_out: float = HELD_OUT,
+    ) -> None:
+        self.text_column = text_column
+        super().__init__(dataset, dataset_config, embedded, held_out)
+
+    def _columns(self) -> list[str]:
+        return [self.text_column]
+
+    def _settings(self) -> tuple:
+        return (self.text_column,)
+
+    # ------------------------------------------------------------------ the stream of a split
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Piece]]:
+        """(split, piece) for every piece of one pass over a source split; the first `skip` source documents are
+        read past (a resumed preparation continues where its last finished shard ended). The training source feeds
+        the carved held-out splits too: whole documents by hash, or each document's lines (see the module)."""
+        source = self.sources[source_name]
+        carving = source_name == "train" and bool(self.missing)
+        line_mode = carving and self.mode == "lines"
+        document = 0
+        for kind, payload, digest in self._documents(source):
+            if document < skip:
+                document += 1
+                continue
+            if kind == "file":  # a .txt file: one document, read in line-bounded chunks
+                path = payload
+                if line_mode:
+                    for split in ("train", *self.missing):
+                        for piece in self._file_lines(path, document, *line_range(split, self.missing, self.held_out)):
+                            yield split, piece
+                else:
+                    owner = carve(digest_bucket(digest()), self.missing, self.held_out) if carving else source_name
+                    for piece in _file_chunks(path, document):
+                        yield owner, piece
+            else:
+                text, nbytes = payload
+                if line_mode:
+                    for split in ("train", *self.missing):
+                        start, end = line_range(split, self.missing, self.held_out)
+                        a = 0 if start == 0 else _line_cut(text, start)
+                        b = len(text) if end >= 1 else _line_cut(text, end)
+                        yield split, Piece(text[a:b], document, True, nbytes if split == "train" else 0)
+                else:
+                    yield self.owner(source_name, text), Piece(text, document, True, nbytes)
+            document += 1
+
+    def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
+        """The lines of a .txt file between two fractions of its bytes, cut at line boundaries."""
+        size = os.path.getsize(path)
+        lo = 0 if start == 0 else _byte_line_cut(path, int(size * start))
+        hi = size if end >= 1 else _byte_line_cut(path, int(size * end))
+        yield from _file_chunks(path, document, lo, hi)
+
+    def _documents(self, source: Source):
+        """(kind, payload, digest) per document: ("file", path, lazy hash) for .txt files, ("row", (text, bytes),
+        None) for rows. Blank rows are dropped."""
+        if source.table is not None:
+            for row in table_rows(source.table):
+                text = self._text(row, self.dataset)
+                if text.strip():
+                    yield "row", (text, len(text)), None
+            return
+        for path in source.files:
+            suffix = Path(path).suffix.lower()
+            if suffix not in BUILDERS:
+                yield "file", path, lambda path=path: _file_digest(path)
+                continue
+            for row, nbytes, number in records(path, [self.text_column.split(".")[0]]):
+                text = self._text(row, f"{path}:{number}")
+                if text.strip():
+                    yield "row", (text, nbytes), None
+
+    # ------------------------------------------------------------------ splits
+
+    def _text(self, row: dict, where: str) -> str:
+        """A row's text ("" when blank or absent in this row: such rows are dropped)."""
+        try:
+            text = column_value(row, self.text_column)
+        except KeyError:
+            return ""
+        return text if isinstance(text, str) else ""
+
+    def _carving_mode(self) -> str:
+        """hash when the training source has at least HASH_MIN_DOCUMENTS documents, else lines."""
+        count = 0
+        for _ in self._documents(self.sources["train"]):
+            count += 1
+            if count >= HASH_MIN_DOCUMENTS:
+                return "hash"
+        return "lines"
+
+    def documents(self, split: str) -> Iterator[str]:
+        """Each document of `split` as one string (for inspection and small corpora: a document is held whole)."""
+        parts: list[str] = []
+        for piece in self.records_of(split):
+            parts.append(piece.text)
+            if piece.last:
+                text = "".join(parts)
+                parts = []
+                if text.strip():
+                    yield text
+
+    # ------------------------------------------------------------------ checks
+
+
+# ---------------------------------------------------------------------------------------------------- readers
+
+
+def load_saved(folder: str):
+    """A folder `datasets` saved (save_to_disk), as a DatasetDict (a saved Dataset is the training split), memory-
+    mapped: rows are read in order, never all at once."""
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(folder)
+    except (FileNotFoundError, ValueError, OSError) as error:
+        raise ValueError(f"{folder} looks like a folder `datasets` saved but cannot be read: {error}") from None
+    return datasets.DatasetDict({"train": loaded}) if isinstance(loaded, datasets.Dataset) else loaded
+
+
+def hub_streams(dataset: str, config: str | None) -> dict[str, tuple[str, object]]:
+    """A hub dataset's splits as streams (`datasets` with streaming=True): {canonical split: (hub name, stream)}.
+    Offline, it fails at once and says how to use local files instead."""
+    import datasets
+
+    what = f"dataset {dataset!r}" + (f" (config {config!r})" if config else "")
     ensure_online(what, LOCAL_HINT)
     try:
-        loaded = datasets.load_dataset(name, config, cache_dir=str(cache_dir / "hf"))
+        loaded = datasets.load_dataset(dataset, config, streaming=True)
     except ConnectionError as error:
         raise OfflineError(f"Cannot load {what} from the hub: {error}. {LOCAL_HINT}") from error
-    if isinstance(loaded, datasets.Dataset):
-        loaded = datasets.DatasetDict({"train": loaded})
-    return loaded
+    if isinstance(loaded, datasets.IterableDataset):
+        loaded = {"train": loaded}
+    out: dict[str, tuple[str, object]] = {}
+    for name, split in loaded.items():
+        canonical = SPLIT_ALIASES.get(name.lower())
+        if canonical and canonical not in out:
+            out[canonical] = (name, split)
+    if "train" not in out:
+        raise ValueError(f"The dataset has no training split (found splits: {sorted(loaded)})")
+    return out
 
 
-def load_any(spec: str, config: str | None, cache_dir: Path, text_column: str = "text") -> datasets.DatasetDict:
-    return load_local(spec, cache_dir, text_column) if is_local(spec) else load_hub(spec, config, cache_dir)
+def _looks_like_a_path(spec: str) -> bool:
+    """A spec that names a local file (a leading / . ~ or a data file suffix), never a hub name like owner/name."""
+    suffixes = (".txt", ".text", ".md", *BUILDERS)
+    return spec.startswith(("/", "./", "../", "~")) or Path(spec).suffix.lower() in suffixes
+
+
+def _file_digest(path: str) -> str:
+    from .cache import hash_file
+
+    return hash_file(path)
+
+
+def _line_cut(text: str, fraction: float) -> int:
+    at = text.find("\n", int(len(text) * fraction))
+    return len(text) if at < 0 else at + 1
+
+
+def _byte_line_cut(path: str, offset: int) -> int:
+    """The first line start at or after byte `offset` of a file."""
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        while True:
+            chunk = handle.read(1 << 16)
+            if not chunk:
+                return os.path.getsize(path)
+            at = chunk.find(b"\n")
+            if at >= 0:
+                return offset + at + 1
+            offset += len(chunk)
+
+
+def _decode(data: bytes, path: str, bad: list[int]) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        bad[0] += text.count("\ufffd") - data.count("\ufffd".encode())
+        return text
+
+
+def _warn_bad(path: str, bad: list[int]) -> None:
+    if bad[0]:
+        warnings.warn(f"{path}: {bad[0]} undecodable byte sequence(s) replaced with U+FFFD", stacklevel=3)
+
+
+def _file_chunks(path: str, document: int, start: int = 0, end: int | None = None) -> Iterator[Piece]:
+    """A text file (bytes start..end) in chunks of about CHUNK_BYTES that end at line boundaries.
+
+    A newline byte never occurs inside a UTF-8 sequence, so each chunk decodes on its own."""
+    end = os.path.getsize(path) if end is None else end
+    bad = [0]
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        position, carry = start, b""
+        while position < end:
+            data = handle.read(min(CHUNK_BYTES, end - position))
+            if not data:
+                break
+            position += len(data)
+            data = carry + data
+            cut = data.rfind(b"\n") + 1 if position < end else len(data)
+            if cut == 0:  # a line longer than a chunk: keep reading
+                carry = data
+                continue
+            carry = data[cut:]
+            yield Piece(_decode(data[:cut], path, bad), document, False, cut)
+        if carry:
+            yield Piece(_decode(carry, path, bad), document, False, len(carry))
+    yield Piece("", document, True, 0)
+    _warn_bad(path, bad)
+
+
+def columns_of(path: str) -> list[str] | None:
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).schema_arrow.names
+    with open(path, "rb") as handle:
+        first = handle.readline(1 << 24).decode("utf-8", errors="replace")
+    if suffix in (".csv", ".tsv"):
+        return next(csv.reader([first], delimiter="\t" if suffix == ".tsv" else ","), [])
+    stripped = first.strip()
+    if not stripped or stripped.startswith("["):
+        return None  # a JSON array: checked when read
+    try:
+        row = json.loads(stripped)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:1 is not valid JSON ({error.msg}); write one object per line") from None
+    return list(row) if isinstance(row, dict) else None
+
+
+def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict, int, int]]:
+    """(row, input bytes, line number) per row of a JSON-lines, JSON, CSV/TSV or parquet file, streamed: one row at a
+    time, parquet in record batches of `columns` only (all when None). A line that does not parse fails with a
+    message naming the file and the line."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(path)
+        per_row = os.path.getsize(path) / max(1, parquet.metadata.num_rows)
+        number = 0
+        if columns is not None:  # those the file has (an optional column, a split, may be absent)
+            columns = [c for c in columns if c in parquet.schema_arrow.names]
+        for batch in parquet.iter_batches(columns=columns, batch_size=1024):
+            for row in batch.to_pylist():
+                number += 1
+                yield row, int(per_row), number
+        return
+    if suffix in (".csv", ".tsv"):
+        bad = [0]
+        with open(path, "rb") as raw:
+            lines = (_decode(line, path, bad) for line in raw)
+            reader = csv.reader(lines, delimiter="\t" if suffix == ".tsv" else ",")
+            header = next(reader, None) or []
+            for fields in reader:
+                if not fields:
+                    continue
+                if len(fields) != len(header):
+                    raise ValueError(
+                        f"{path}:{reader.line_num} has {len(fields)} fields where the header has {len(header)} "
+                        f"({header}); quote fields that hold the delimiter"
+                    )
+                row = dict(zip(header, fields, strict=True))
+                yield row, sum(map(len, fields)) + len(fields), reader.line_num
+        _warn_bad(path, bad)
+        return
+    with open(path, "rb") as handle:
+        head = handle.read(4096).lstrip()
+    if head.startswith(b"["):  # a JSON array cannot be streamed line by line: read whole (write JSON lines instead)
+        warnings.warn(f"{path} is one JSON array, read whole; JSON lines stream in bounded memory", stacklevel=2)
+        bad = [0]
+        rows = json.loads(_decode(Path(path).read_bytes(), path, bad))
+        for number, row in enumerate(rows, 1):
+            yield (row if isinstance(row, dict) else {}), 0, number
+        return
+    bad = [0]
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(_decode(line, path, bad))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number} is not valid JSON ({error.msg}); write one object per line"
+                ) from None
+            yield (row if isinstance(row, dict) else {}), len(line), number
+    _warn_bad(path, bad)
+
+
+# ---------------------------------------------------------------------------------------------------- labelled texts
+
+
+@dataclass
+class LabelledText:
+    """A text and its label (a name, an id, or a list of them for multi-label data): one row of a classifier's data."""
+
+    text: str
+    label: Any
+    row: int  # the row's index in its source split
+    nbytes: int
+    last = True
+
+    @property
+    def extra(self) -> str:
+        """The label as JSON: what a prepared shard keeps beside the text's ids."""
+        return json.dumps(self.label, ensure_ascii=False)
+
+    @property
+    def texts(self) -> tuple[str]:
+        return (self.text,)
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+class LabelledStream(SplitStream):
+    """Each split's labelled texts as a stream, read row by row through the one reader; held-out splits carved from
+    train by a hash of the text when missing. A split whose labels are hidden (a hub test split of -1 labels, as in
+    GLUE) cannot be scored: it is left out and carved from train like a missing one."""
+
+    key = "labelled"
+    local_hint = "(.csv/.tsv, .jsonl/.json, .parquet) with a text and a label column, or a hub dataset name"
+    column_hint = " (choose them with --data.init_args.text_column and label_column)"
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        embedded=None,
+        held_out: float = HELD_OUT,
+    ) -> None:
+        self.text_column, self.label_column = text_column, label_column
+        super().__init__(dataset, dataset_config, embedded, held_out)
+        hidden = [name for name, source in self.sources.items() if name != "train" and self._hidden(source)]
+        for name in hidden:
+            del self.sources[name]
+        if hidden:
+            self.missing = missing_splits(self.sources)
+            self.mode = "hash"
+
+    def _columns(self) -> list[str]:
+        return [self.text_column, self.label_column]
+
+    def _settings(self) -> tuple:
+        return self.text_column, self.label_column
+
+    def _hidden(self, source: Source) -> bool:
+        if source.table is None:
+            return False
+        first = next(iter(table_rows(source.table)), None)
+        return first is not None and first.get(self.label_column) == -1
+
+    def class_names(self) -> list[str] | None:
+        """The label names a `datasets` ClassLabel column carries (hub and saved datasets), else None."""
+        table = self.sources["train"].table
+        feature = (getattr(table, "features", None) or {}).get(self.label_column)
+        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
+        return getattr(feature, "names", None)
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, LabelledText]]:
+        """(split, labelled text) for every row of one pass over a source split; split is None for a row with a
+        blank text or no label (dropped). The training source also feeds carved held-out splits, by text hash."""
+        for row, (text, label, nbytes) in enumerate(self._rows(self.sources[source_name])):
+            if row < skip:
+                continue
+            blank = not text.strip() or label is None or label == ""
+            yield (None if blank else self.owner(source_name, text)), LabelledText(text, label, row, nbytes)
+
+    def _rows(self, source: Source) -> Iterator[tuple[str, Any, int]]:
+        if source.table is not None:
+            for number, row in enumerate(table_rows(source.table), 1):
+                text, label = self._labelled(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
+                yield text, label, len(text) if source.in_memory else 0
+            return
+        for path in source.files:
+            columns = list(dict.fromkeys(c.split(".")[0] for c in self._columns()))
+            for row, nbytes, number in records(path, columns):
+                yield *self._labelled(row, f"{path}:{number}"), nbytes
+
+    def _labelled(self, row: dict, where: str) -> tuple[str, Any]:
+        values = self.values(row, where)
+        text, label = values
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
+        return text or "", label
+
+
+# ---------------------------------------------------------------------------------------------------- rows of columns
+
+
+@dataclass
+class Row:
+    """The values of the requested columns of one row, and where it came from (a relative path in it resolves
+    against `folder`, the folder of its file)."""
+
+    values: dict[str, Any]
+    where: str
+    folder: str | None
+    row: int
+    nbytes: int
+    last = True
+    texts = ()
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+class RowStream(SplitStream):
+    """Each split's rows of named columns (dotted names reach into nested fields), read through the one reader;
+    held-out splits carved from train by a hash of `key_column` (an image's name: all its captions stay together)."""
+
+    key = "rows"
+    local_hint = "(.csv/.tsv, .jsonl/.json, .parquet), a folder `datasets` saved, or a hub dataset name"
+
+    def __init__(
+        self,
+        dataset: str,
+        columns: list[str],
+        key_column: str,
+        dataset_config: str | None = None,
+        embedded=None,
+        held_out: float = HELD_OUT,
+        column_hint: str = "",
+    ) -> None:
+        self.columns, self.key_column, self.column_hint = list(columns), key_column, column_hint
+        super().__init__(dataset, dataset_config, embedded, held_out)
+
+    def _columns(self) -> list[str]:
+        return self.columns
+
+    def _settings(self) -> tuple:
+        return tuple(self.columns), self.key_column
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Row]]:
+        for number, row in enumerate(self._rows(self.sources[source_name])):
+            if number >= skip:
+                yield self.owner(source_name, str(row.values.get(self.key_column, ""))), row
+
+    def all_rows(self) -> Iterator[tuple[str, Row]]:
+        """(split, row) for every row of every source split, in order."""
+        for source, _ in self.passes():
+            yield from self.routed(source)
+
+    def _rows(self, source: Source) -> Iterator[Row]:
+        top = list(dict.fromkeys(c.split(".")[0] for c in self.columns))
+        if source.table is not None:
+            for number, row in enumerate(table_rows(source.table), 1):
+                where = f"{self.dataset} ({source.origin[-1]}) row {number}"
+                yield Row(dict(zip(self.columns, self.values(row, where), strict=True)), where, None, number - 1, 0)
+            return
+        for path in source.files:
+            for number, (row, nbytes, line) in enumerate(records(path, top + ["split"])):
+                where = f"{path}:{line}"
+                values = dict(zip(self.columns, self.values(row, where), strict=True))
+                if row.get("split") not in (None, ""):
+                    values["split"] = row["split"]
+                yield Row(values, where, str(Path(path).parent), number, nbytes)
+
+
+# ---------------------------------------------------------------------------------------------------- sentence pairs
+
+
+@dataclass
+class Pair:
+    source: str  # stripped; an empty side means the row is dropped
+    target: str
+    row: int  # the row's index in its source split (a resumed preparation reads past the rows before)
+    nbytes: int  # input bytes it accounts for (progress in MB/s)
+    last = True  # each pair is a record of its own
+
+    @property
+    def texts(self) -> tuple[str, str]:
+        return self.source, self.target
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+def _as_text(value, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: a side of a pair must be text, found {type(value).__name__} {str(value)[:40]!r}")
+    return value.strip()
+
+
+class PairStream(SplitStream):
+    """Each split's sentence pairs as a stream, read row by row; held-out splits carved from train when missing.
+
+    dataset: local .jsonl/.json/.csv/.tsv/.parquet files (a file, folder or glob), a hub name, or an embedded
+    corpus's DatasetDict (given as `embedded`). A row's pair is its `translation` {language: text} mapping, or its
+    two columns named by source_column/target_column (default: the language codes).
+    """
+
+    key = "pairs"
+    local_hint = "of pairs (.jsonl/.json, .csv/.tsv, .parquet), a hub dataset name, or the embedded kjv-rv1909"
+    column_hint = " (set source_column/target_column, or source_lang/target_lang)"
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        source_lang: str = "en",
+        target_lang: str = "es",
+        source_column: str | None = None,
+        target_column: str | None = None,
+        embedded=None,
+        held_out: float = HELD_OUT,
+    ) -> None:
+        self.langs = (source_lang, target_lang)
+        self.explicit = bool(source_column or target_column)
+        self.columns = (source_column or source_lang, target_column or target_lang)
+        self._read_columns: dict[str, list[str] | None] = {}
+        super().__init__(dataset, dataset_config, embedded, held_out)
+
+    def _columns(self) -> list[str]:
+        return list(self.columns)
+
+    def _settings(self) -> tuple:
+        return self.langs, self.columns, self.explicit
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, Pair]]:
+        """(split, pair) for every row of one pass over a source split, from row `skip` on; split is None for a
+        row with an empty side (dropped). The training source also feeds carved held-out splits, by pair hash."""
+        for row, (source, target, nbytes) in enumerate(self._rows(self.sources[source_name])):
+            if row >= skip:
+                split = self.owner(source_name, source, target) if source and target else None
+                yield split, Pair(source, target, row, nbytes)
+
+    def pairs(self, split: str) -> Iterator[tuple[str, str]]:
+        """The (source, target) pairs of `split` in order, rows with an empty side left out."""
+        for pair in self.records_of(split):
+            yield pair.source, pair.target
+
+    def _rows(self, source: Source) -> Iterator[tuple[str, str, int]]:
+        """(source text, target text, input bytes) per row, stripped."""
+        if source.table is not None:
+            for number, row in enumerate(table_rows(source.table), 1):
+                source_text, target_text = self._pair(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
+                yield source_text, target_text, len(source_text) + len(target_text) if source.in_memory else 0
+            return
+        for path in source.files:
+            for row, nbytes, number in records(path, self._read_columns.get(path)):
+                yield *self._pair(row, f"{path}:{number}"), nbytes
+
+    def _pair(self, row: dict, where: str) -> tuple[str, str]:
+        """A row's (source, target): from its translation mapping by language, else from its two columns."""
+        translation = not self.explicit and "translation" in row
+        values, keys = (row["translation"], self.langs) if translation else (row, self.columns)
+        if not isinstance(values, dict):
+            raise ValueError(f"{where}: the translation column holds {type(values).__name__}, not a mapping")
+        found = {}
+        for key in keys:
+            try:
+                found[key] = column_value(values, key)
+            except KeyError:
+                pass
+        missing = [key for key in keys if key not in found]
+        if missing and translation:
+            raise ValueError(
+                f"{self.dataset!r}: the translation column has no language {missing}; it has {sorted(values)} ({where})"
+            )
+        if missing:
+            raise ValueError(
+                f"dataset {self.dataset!r}: {where} has no column {', '.join(map(repr, missing))}; its columns are "
+                f"{sorted(values)} (set source_column/target_column)"
+            )
+        return _as_text(found[keys[0]], where), _as_text(found[keys[1]], where)
+
+    def _check_columns(self, path: str) -> None:
+        """A file without the pair's columns fails at once, naming the columns it has."""
+        columns = columns_of(path)
+        if columns is None:
+            return
+        if not self.explicit and "translation" in columns:
+            self._read_columns[path] = ["translation"]
+            return
+        super()._check_columns(path)
+        self._read_columns[path] = list(dict.fromkeys(c.split(".")[0] for c in self.columns))
+
+
+def sample_pairs(stream: PairStream, max_chars: int, max_pairs: int | None = None) -> tuple[list[str], list[str]]:
+    """The first training pairs, up to `max_chars` characters (both sides) and `max_pairs` pairs: a bounded sample
+    to train tokenizers on (the training split itself when it is smaller)."""
+    sources, targets, total = [], [], 0
+    for source, target in stream.pairs("train"):
+        if total >= max_chars or (max_pairs is not None and len(sources) >= max_pairs):
+            break
+        sources.append(source)
+        targets.append(target)
+        total += len(source) + len(target)
+    return sources, targets
+
+
+# ---------------------------------------------------------------------------------------------------- samples
+
+
+def sample_texts(stream: CorpusStream, max_chars: int) -> list[str]:
+    """The first `max_chars` characters of the training split, as documents: a bounded sample to train a tokenizer
+    on (the training text itself when it is smaller)."""
+    texts, parts, total = [], [], 0
+    for piece in stream.records_of("train"):
+        text = piece.text[: max_chars - total]
+        parts.append(text)
+        total += len(text)
+        if piece.last or total >= max_chars:
+            document = "".join(parts)
+            parts = []
+            if document.strip():
+                texts.append(document)
+            if total >= max_chars:
+                break
+    return texts

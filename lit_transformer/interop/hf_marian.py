@@ -23,6 +23,13 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.data.text import (  # noqa: F401 - the Marian readers of tokenizers live below data
+    decoder_start_token_id,
+    is_marian_folder,
+    load_hf_marian_tokenizers,
+    marian_decoder_start_token_id,
+    spm_tokenizer,
+)
 from lit_transformer.interop.hf_files import read_state_dict, save_hf_tokenizer
 from lit_transformer.model import Transformer
 
@@ -198,25 +205,6 @@ def save_hf_marian(
 # ---- the way back: a Marian folder (ours, or OPUS-MT's) as our Transformer -------------------------------------
 
 
-def is_marian_folder(path: str | os.PathLike) -> bool:
-    """Whether `path` is a local folder whose config.json describes a Marian model."""
-    config = Path(path) / "config.json"
-    return config.is_file() and json.loads(config.read_text()).get("model_type") == "marian"
-
-
-def marian_decoder_start_token_id(path: str | os.PathLike) -> int | None:
-    """The id a Marian folder's decoder starts from (config.json's decoder_start_token_id, else its pad token as in
-    Marian); None when `path` is no Marian folder. OPUS-MT starts from its pad token: it has no BOS."""
-    if not is_marian_folder(path):
-        return None
-    return _decoder_start(json.loads((Path(path) / "config.json").read_text()))
-
-
-def _decoder_start(hf: Mapping) -> int | None:
-    start = hf.get("decoder_start_token_id")
-    return hf.get("pad_token_id") if start is None else start
-
-
 def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> TransformerConfig:
     """Our config for a Marian config.json. The folder decides the architecture and the special ids (decoding starts
     from its decoder_start_token_id: OPUS-MT's is its pad token); dropout and initialisation come from `base` when
@@ -240,7 +228,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
         raise ValueError("This Marian model cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems))
     vocab = hf["vocab_size"]
     target_vocab = hf.get("decoder_vocab_size") or vocab
-    start = _decoder_start(hf)
+    start = decoder_start_token_id(hf)
     share = hf.get("share_encoder_decoder_embeddings", True)
     architecture = dict(
         topology="encoder_decoder",
@@ -348,28 +336,6 @@ def load_hf_marian(directory: str | os.PathLike, base: TransformerConfig | None 
     return model.eval()
 
 
-def load_hf_marian_tokenizers(directory: str | os.PathLike) -> tuple[Tokenizer, Tokenizer]:
-    """(source, target) tokenizers of a Marian folder: tokenizer.json (and target_tokenizer/tokenizer.json) as
-    save_hf_marian writes them, else OPUS-MT's SentencePiece models source.spm / target.spm with the shared id table
-    vocab.json (target_vocab.json when the vocabularies are separate), converted to `tokenizers` Unigram models."""
-    folder = Path(directory)
-    if (folder / "tokenizer.json").is_file():
-        source = _without_post_processor(Tokenizer.from_file(str(folder / "tokenizer.json")))
-        target_file = folder / "target_tokenizer" / "tokenizer.json"
-        return source, Tokenizer.from_file(str(target_file)) if target_file.is_file() else source
-    if (folder / "source.spm").is_file() and (folder / "vocab.json").is_file():
-        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-        target_vocab_file = folder / "target_vocab.json"
-        target_vocab = (
-            json.loads(target_vocab_file.read_text(encoding="utf-8")) if target_vocab_file.is_file() else vocab
-        )
-        target_spm = folder / "target.spm" if (folder / "target.spm").is_file() else folder / "source.spm"
-        return spm_tokenizer(folder / "source.spm", vocab), spm_tokenizer(target_spm, target_vocab)
-    raise FileNotFoundError(
-        f"{folder} holds neither tokenizer.json nor OPUS-MT's source.spm + vocab.json: no tokenizer to load"
-    )
-
-
 def marian_tokenizer_json(directory: str | os.PathLike) -> str:
     """The source tokenizer of a Marian folder as the JSON string a DataModule reading DIR/tokenizer.json holds
     (to check that fine-tuning data uses it); OPUS-MT's SentencePiece one, converted, when there is no tokenizer.json
@@ -378,41 +344,3 @@ def marian_tokenizer_json(directory: str | os.PathLike) -> str:
     if path.is_file():
         return Tokenizer.from_file(str(path)).to_str()
     return load_hf_marian_tokenizers(directory)[0].to_str()
-
-
-def _without_post_processor(tokenizer: Tokenizer) -> Tokenizer:
-    """save_hf_marian's tokenizer appends EOS for transformers' sake; our encoding appends it itself."""
-    tokenizer.post_processor = None
-    return tokenizer
-
-
-def spm_tokenizer(spm_file: str | os.PathLike, vocab: Mapping[str, int]) -> Tokenizer:
-    """A `tokenizers` Unigram tokenizer that segments as the SentencePiece model `spm_file` does and numbers pieces
-    as Marian's `vocab` (piece -> id) does. Read with the protobuf schema transformers ships, so the sentencepiece
-    package is not needed. Pieces of the id table the model lacks (the other language's) get a score below every
-    real piece, so segmentation prefers the model's own; the control tokens are special (skipped when decoding)."""
-    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import Unigram
-    from transformers.convert_slow_tokenizer import import_protobuf
-
-    proto = import_protobuf().ModelProto()
-    proto.ParseFromString(Path(spm_file).read_bytes())
-    scores = {p.piece: p.score for p in proto.pieces}
-    floor = min(scores.values(), default=0.0) - 10.0
-    ordered = sorted(vocab.items(), key=lambda item: item[1])
-    if [i for _, i in ordered] != list(range(len(ordered))):
-        raise ValueError(f"The id table beside {spm_file} does not number its pieces 0..{len(ordered) - 1}")
-    unk = vocab.get(proto.trainer_spec.unk_piece or "<unk>", vocab.get("<unk>"))
-    tokenizer = Tokenizer(Unigram([(piece, scores.get(piece, floor)) for piece, _ in ordered], unk_id=unk))
-    steps = []
-    if proto.normalizer_spec.precompiled_charsmap:
-        steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
-    steps.append(normalizers.Replace(Regex(" {2,}"), " "))
-    tokenizer.normalizer = normalizers.Sequence(steps)
-    prepend = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    control = [p.piece for p in proto.pieces if p.type in (2, 3)] + ["<pad>"]  # UNKNOWN, CONTROL
-
-    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in dict.fromkeys(control) if t in vocab])
-    return tokenizer

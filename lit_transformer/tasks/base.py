@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
-from lit_transformer.data.encoding import encode_input
+from lit_transformer.data.text import encode_input
 from lit_transformer.tasks.losses import IGNORE_INDEX, smoothed_cross_entropy
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ class LanguageModeling(Task):
         Args:
             label_smoothing: Label smoothing of the loss; perplexity and bits per character are always unsmoothed.
             fused_loss: Training on CUDA: the output layer and the cross-entropy in one liger-kernel kernel
-                (lit_transformer/fused_loss.py, `pip install -e '.[gpu]'`) that never materialises the logits; the
+                (lit_transformer/tasks/fused_loss.py, `pip install -e '.[gpu]'`) that never materialises the logits; the
                 same loss. Evaluation keeps the plain loss (its metrics read the logits). Refused on a CPU.
         """
         super().__init__(label_smoothing)
@@ -36,14 +36,14 @@ class LanguageModeling(Task):
         super().attach(module, data)
         self._characters_per_token = data.get("characters_per_token")
         if self.fused_loss and module.trainer.state.fn == "fit":
-            from lit_transformer.fused_loss import require_fused_loss
+            from lit_transformer.tasks.fused_loss import require_fused_loss
 
             require_fused_loss(module.trainer.strategy.root_device)
 
     def loss(self, model, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> Loss:
         if not (self.fused_loss and model.training):
             return super().loss(model, batch, generator)
-        from lit_transformer.fused_loss import fused_linear_cross_entropy
+        from lit_transformer.tasks.fused_loss import fused_linear_cross_entropy
 
         tokens, labels = batch["input_ids"], batch["labels"]
         hidden = model.decode(tokens, tgt_mask=model.key_mask(tokens, batch.get("attention_mask")), project=False)

@@ -2,7 +2,8 @@
 
 Sums rather than means: the engine (LitTransformer) picks the normaliser (the optimizer step's target count, or each
 micro-batch's own), so a task never divides. A token task's targets are its non-ignored labels; a classifier's are
-its examples. IGNORE_INDEX, the label of a position without a target, is defined here and only here.
+its examples. IGNORE_INDEX, the label of a position without a target, comes from the batch layout (data.text),
+the layer below both the DataModules that write it and the tasks that read it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
-"""The label of a position without a target (padding, a masked LM's unchosen tokens): torch's ignore_index."""
+from lit_transformer.data.text import IGNORE_INDEX
+
+__all__ = ["IGNORE_INDEX", "smoothed_cross_entropy"]
 
 
 def smoothed_cross_entropy(

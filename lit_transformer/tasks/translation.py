@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from lit_transformer.config import TRANSLATION_DECODING
-from lit_transformer.data.encoding import encode_input
+from lit_transformer.data.text import encode_input
 from lit_transformer.tasks.base import STAGES, Task, generated_rows, token_labels
 
 

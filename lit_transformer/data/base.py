@@ -1,0 +1,242 @@
+"""The base DataModule every task's DataModule extends: what all of them share, in one place.
+
+It owns the source (`dataset`, `dataset_config`, `text_column`), the tokenizers (one, or a source and a target one,
+shared or not; built on first access so the CLI can link vocabulary sizes and special ids into the model config),
+the batch size or token budget, the held-out fraction carved from a source without validation/test splits, the
+loader workers, the seed of the batch order, the cache folder, the predict input, `prepare()`, and the Lightning
+hooks, each over the task's `loader(split, shuffle)`.
+
+The tokenizers are saved once per checkpoint, by the LightningModule (`checkpoint["tokenizer"]`); a DataModule's own
+checkpoint state holds only what is its own (a classifier's label names).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from tokenizers import Tokenizer
+
+from .cache import fingerprint, resolve_cache_dir
+from .sources import HELD_OUT, read_inputs
+from .text import encode_input, load_or_train_tokenizer, pad_right, special_token_id
+
+
+class DataModule(L.LightningDataModule):
+    """What every task's DataModule shares (see the module). A task's DataModule says:
+
+    - `tokenizer_texts()`: the training texts a tokenizer kind is trained on (a bounded sample);
+    - `prepare()`: read and tokenize every split once into the cache;
+    - `loader(split, shuffle)`: the batches of a split.
+    """
+
+    encoder_decoder: ClassVar[bool] = False  # predict inputs: a prompt's tokens, or a source's tokens then EOS
+    required_special_tokens: ClassVar[tuple[str, ...]] = ()  # roles both tokenizers must share (translation's)
+    tokenizer_tag: ClassVar[str] = ""  # in a trained tokenizer's cache key
+    num_labels: int | None = None  # a classifier's classes; linked into the model config by the CLI
+    max_input_length: int | None = None  # predict inputs are cut to this many tokens
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        tokenizer: str = "byte_bpe",
+        vocab_size: int = 8192,
+        tokenizer_sample_chars: int = 20_000_000,
+        batch_size: int | None = 32,
+        max_tokens: int | None = None,
+        held_out: float = HELD_OUT,
+        num_workers: int = 0,
+        seed: int = 42,
+        cache_dir: str | None = None,
+        predict_file: str | None = None,
+        predict_batch_size: int = 16,
+    ) -> None:
+        super().__init__()
+        if batch_size is None and max_tokens is None:
+            raise ValueError("Give batch_size (examples a batch) or max_tokens (a token budget a batch)")
+        if (batch_size is not None and batch_size < 1) or (max_tokens is not None and max_tokens < 1):
+            raise ValueError(f"batch_size={batch_size} and max_tokens={max_tokens} must be positive (or None)")
+        if tokenizer_sample_chars < 1:
+            raise ValueError(f"tokenizer_sample_chars={tokenizer_sample_chars} must be positive")
+        if not 0 < held_out < 0.5:
+            raise ValueError(f"held_out={held_out} must be between 0 and 0.5 (validation and test take it each)")
+        self.dataset, self.dataset_config, self.text_column = dataset, dataset_config, text_column
+        self.tokenizer_spec, self.requested_vocab_size = tokenizer, vocab_size
+        self.tokenizer_sample_chars = tokenizer_sample_chars
+        self.batch_size, self.max_tokens, self.held_out = batch_size, max_tokens, held_out
+        self.num_workers, self.seed = num_workers, seed
+        self.cache_dir = resolve_cache_dir(cache_dir)
+        self.predict_file, self.predict_batch_size = predict_file, predict_batch_size
+        self._tokenizers: tuple[Tokenizer, Tokenizer] | None = None
+        self._tokenizer_keys = ("", "")
+
+    # ------------------------------------------------------------------ what a task says
+
+    def tokenizer_texts(self) -> list[str]:
+        """The training texts a tokenizer kind is trained on (at most tokenizer_sample_chars characters)."""
+        raise NotImplementedError
+
+    def build_tokenizers(self) -> tuple[tuple[Tokenizer, Tokenizer], tuple[str, str]]:
+        """(source, target) tokenizers and their cache keys; one tokenizer serves both sides by default."""
+        tokenizer, key = load_or_train_tokenizer(
+            self.tokenizer_spec, self.tokenizer_texts, self.requested_vocab_size, self.cache_dir, tag=self.tokenizer_tag
+        )
+        return (tokenizer, tokenizer), (key, key)
+
+    def prepare(self) -> Path | None:
+        """Read and tokenize every split once into the cache (training the tokenizer first when needed)."""
+        raise NotImplementedError
+
+    def loader(self, split: str, shuffle: bool) -> Any:
+        """The batches of `split` (train: shuffle=True)."""
+        raise NotImplementedError
+
+    @classmethod
+    def model_fields(cls, args: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+        """What this data decides of the architecture, from its init args: {model config field: (data argument,
+        value)}. The CLI fills each field the model config leaves unset and refuses a different value, naming both
+        keys (vocabulary sizes and num_labels, known only once the data is read, are linked instead)."""
+        return {}
+
+    @classmethod
+    def longest_sequence(cls, args: dict[str, Any]) -> tuple[str, int] | None:
+        """(data argument, the most positions a batch's sequence takes): the model's max_seq_len must hold it."""
+        return None
+
+    def own_state(self) -> dict[str, Any]:
+        """What this DataModule keeps in a checkpoint besides the tokenizers (saved by the LightningModule)."""
+        return {}
+
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        """Restore `own_state()`."""
+
+    # ------------------------------------------------------------------ tokenizers
+
+    @property
+    def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
+        """(source, target) tokenizers, the same object when the vocabulary is shared; built on first access."""
+        if self._tokenizers is None:
+            self._tokenizers, self._tokenizer_keys = self.build_tokenizers()
+        return self._tokenizers
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The (source) tokenizer."""
+        return self.tokenizers[0]
+
+    @property
+    def target_tokenizer(self) -> Tokenizer:
+        return self.tokenizers[1]
+
+    @property
+    def shared_tokenizer(self) -> bool:
+        return self.tokenizers[0] is self.tokenizers[1]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def target_vocab_size(self) -> int | None:
+        """None when one tokenizer serves both sides (the model config's convention)."""
+        return None if self.shared_tokenizer else self.target_tokenizer.get_vocab_size()
+
+    def special_id(self, role: str) -> int | None:
+        """The id of a special token (pad, bos, eos, mask); both tokenizers must agree on it when they differ."""
+        source, target = self.tokenizers
+        ids = {special_token_id(source, role), special_token_id(target, role)}
+        if len(ids) == 1 and (None not in ids or role not in self.required_special_tokens):
+            return ids.pop()
+        raise ValueError(
+            f"The tokenizers need one common {role} token (found ids {ids}): give tokenizers that share it"
+        )
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.special_id("pad")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.special_id("bos")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.special_id("eos")
+
+    @property
+    def mask_token_id(self) -> int | None:
+        """The [MASK] token of masked-LM pretraining, when the vocabulary has one."""
+        return special_token_id(self.tokenizer, "mask")
+
+    def encode(self, text: str) -> list[int]:
+        return encode_input(self.tokenizer, text, encoder_decoder=False, eos_token_id=None)
+
+    def decode(self, ids, target: bool = True) -> str:
+        """Token ids (the target side's by default) to text, special tokens dropped."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return (self.target_tokenizer if target else self.tokenizer).decode(ids, skip_special_tokens=True)
+
+    def save_tokenizer(self, directory: str | os.PathLike) -> Path:
+        """Write tokenizer.json (and target_tokenizer.json when separate) into `directory` (the run's log folder)."""
+        path = Path(directory) / "tokenizer.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(path))
+        if not self.shared_tokenizer:
+            self.target_tokenizer.save(str(path.with_name("target_tokenizer.json")))
+        return path
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Only the DataModule's own state: the LightningModule saves the tokenizers, once."""
+        return self.own_state()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Checkpoints written before the tokenizers were saved once hold them here too: adopted when none is built.
+        saved = state_dict.get("tokenizer")
+        if saved is not None and self._tokenizers is None:
+            target = state_dict.get("target_tokenizer", saved)
+            source = Tokenizer.from_str(saved)
+            self._tokenizers = (source, source if target == saved else Tokenizer.from_str(target))
+            self._tokenizer_keys = (fingerprint("tokenizer", saved), fingerprint("tokenizer", target))
+        self.load_own_state(state_dict)
+
+    # ------------------------------------------------------------------ Lightning hooks
+
+    def prepare_data(self) -> None:
+        """Once per node: train the tokenizer(s) and tokenize every split into the cache."""
+        self.prepare()
+
+    def train_dataloader(self):
+        return self.loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self.loader("validation", shuffle=False)
+
+    def test_dataloader(self):
+        return self.loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> torch.utils.data.DataLoader:
+        """Batches {"input_ids", "attention_mask", "text", "index"} of the predict_file's inputs, in file order."""
+        if not self.predict_file:
+            raise ValueError(
+                "predict needs inputs: --data.predict_file FILE, a text file with one input (a prompt, a source "
+                'sentence, a passage) per line or a JSONL file whose lines hold a "text" field'
+            )
+        texts = read_inputs(self.predict_file)
+        eos = self.eos_token_id
+        rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]
+        rows = [row[: self.max_input_length] for row in rows]
+
+        def collate(indices: list[int]) -> dict:
+            ids, mask = pad_right([rows[i] for i in indices], self.pad_token_id)
+            return {"input_ids": ids, "attention_mask": mask, "text": [texts[i] for i in indices], "index": indices}
+
+        return torch.utils.data.DataLoader(
+            range(len(texts)), batch_size=self.predict_batch_size, shuffle=False, collate_fn=collate
+        )
