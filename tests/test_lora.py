@@ -13,12 +13,12 @@ from pathlib import Path
 import lightning
 import pytest
 import torch
-from lit_transformer.data.tokenizer import train_tokenizer
 from model_variants import PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
 from test_cli import CONFIGS, ENV, ROOT, _cli, _process
 
 from lit_transformer.checkpointing import CheckpointError, load_checkpoint
 from lit_transformer.config import TransformerConfig
+from lit_transformer.data.text import train_tokenizer
 from lit_transformer.inference import load_model
 from lit_transformer.lora import LoraOptions
 from lit_transformer.module import LitTransformer
