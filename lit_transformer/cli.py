@@ -347,7 +347,7 @@ def _prepare_main(argv: Sequence[str]) -> None:
 
 
 def _export_main(argv: Sequence[str]) -> None:
-    from lit_transformer.interop import export_main
+    from lit_transformer.export import export_main
 
     export_main(argv)
 

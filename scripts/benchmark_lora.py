@@ -118,8 +118,8 @@ def score_in_transformers(cli, folder: str, checkpoint: Path) -> dict:
     import torch
     import transformers
 
+    from lit_transformer import export
     from lit_transformer.inference import load_model
-    from lit_transformer.interop import export
 
     export(load_model(checkpoint), "hf", folder)
     hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
@@ -284,8 +284,8 @@ def classification(args, results: dict, work: Path, flags, log: Path) -> None:
 
 def imported(args, results: dict, work: Path, base_ckpt: Path, bible: Path, flags, log: Path) -> None:
     """3. An imported model: our Shakespeare model as a Hugging Face GPT-2 folder, LoRA through init_from, and back."""
+    from lit_transformer import export
     from lit_transformer.inference import load_model
-    from lit_transformer.interop import export
 
     folder = work / "hf_shakespeare"
     warmup = ["--model.optim.warmup_steps", str(max(1, args.steps // 10))]

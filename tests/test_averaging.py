@@ -145,8 +145,8 @@ def test_the_best_checkpoint_is_chosen_by_validation_bleu(ema_run):
 
 
 def test_the_average_of_an_ema_run_loads_in_test_translate_predict_and_export(ema_run, capsys, monkeypatch):
+    from lit_transformer.export import export_main
     from lit_transformer.inference import translate_main
-    from lit_transformer.interop import export_main
 
     monkeypatch.chdir(ema_run)
     ckpts = ema_run / "checkpoints"

@@ -195,7 +195,8 @@ def test_the_merged_model_equals_the_adapted_one(tmp_path, tokenizer, case):
         adapted = lit.model.eval()(*x)
         torch.testing.assert_close(merged(*x), adapted, atol=1e-5, rtol=1e-5)
     # Every export format takes the merged model.
-    from lit_transformer.interop import export_main, load_safetensors
+    from lit_transformer.export import export_main
+    from lit_transformer.interop import load_safetensors
 
     export_main(["--checkpoint", str(path), "--format", "safetensors", "--out", str(tmp_path / "st")])
     with torch.no_grad():

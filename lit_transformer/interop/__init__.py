@@ -1,10 +1,11 @@
-"""Meet the ecosystem: Hugging Face folders (GPT-2, Llama, Marian), our safetensors folder, ONNX, and the `export` command.
+"""Meet the ecosystem: Hugging Face folders (GPT-2, Llama, Marian), our safetensors folder, ONNX.
+
+The `export` command that writes them from a checkpoint is lit_transformer.export.
 
 transformers is needed for the Hugging Face tokenizer files and Marian; onnx and onnxscript for ONNX. Each is
 imported only by the function that needs it.
 """
 
-from lit_transformer.interop.export import export, export_main
 from lit_transformer.interop.hf_gpt2 import from_hf_config, gpt2_problems, load_hf_gpt2, save_hf_gpt2
 from lit_transformer.interop.hf_llama import llama_problems, load_hf_llama, save_hf_llama
 from lit_transformer.interop.hf_marian import (
@@ -18,8 +19,6 @@ from lit_transformer.interop.onnx import OnnxModel, export_onnx, export_onnx_fol
 
 __all__ = [
     "OnnxModel",
-    "export",
-    "export_main",
     "export_onnx",
     "export_onnx_folder",
     "from_hf_config",
