@@ -40,6 +40,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from process_tree import tree_rss_kb
+
 REPO = Path(__file__).resolve().parents[1]
 LABELS = ("positive", "negative", "mixed, unsure")
 CUES = {
@@ -150,32 +152,6 @@ def write_captions(folder: Path, size_mb: float, seed: int = 0) -> tuple[Path, i
 # ---------------------------------------------------------------------------------------------------- measuring
 
 
-def _tree(root: int) -> dict[int, int]:
-    """{pid: VmRSS in KB} of `root` and its descendants."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/status") as handle:
-                for line in handle:
-                    if line.startswith("VmRSS:"):
-                        rss[int(entry)] = int(line.split()[1])
-                        break
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        out[pid] = rss.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return out
-
-
 def measure(command: list[str], cwd: Path, env: dict, cap_gb: float, log: Path) -> dict:
     """Run `command` in a session of its own, killing it if its tree's RSS passes cap_gb."""
     started = time.perf_counter()
@@ -189,7 +165,7 @@ def measure(command: list[str], cwd: Path, env: dict, cap_gb: float, log: Path) 
     def watch() -> None:
         nonlocal peak_tree, peak_process_sampled, exceeded
         while not stop.is_set():
-            tree = _tree(process.pid)
+            tree = tree_rss_kb(process.pid)
             total = sum(tree.values())
             peak_tree = max(peak_tree, total)
             peak_process_sampled = max([peak_process_sampled, *tree.values()])

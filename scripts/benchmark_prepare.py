@@ -49,6 +49,8 @@ import threading
 import time
 from pathlib import Path
 
+from process_tree import tree_rss_kb
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -129,32 +131,6 @@ def make_pair_tokenizer(out: Path, vocab_size: int = 8000) -> None:
 # ---------------------------------------------------------------------------------------------------- measuring
 
 
-def _tree_rss_kb(root: int) -> int:
-    """The summed VmRSS of `root` and its descendants."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/status") as handle:
-                for line in handle:
-                    if line.startswith("VmRSS:"):
-                        rss[int(entry)] = int(line.split()[1])
-                        break
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += rss.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total
-
-
 def measure(command: list[str], env: dict | None = None) -> dict:
     """Run `command`; its wall time, the largest process's peak RSS and the sampled peak of the tree's sum."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -167,7 +143,7 @@ def measure(command: list[str], env: dict | None = None) -> dict:
     def sample() -> None:
         nonlocal peak_tree
         while not stop.is_set():
-            peak_tree = max(peak_tree, _tree_rss_kb(process.pid))
+            peak_tree = max(peak_tree, sum(tree_rss_kb(process.pid).values()))
             stop.wait(0.1)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -463,7 +439,7 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
 
     def sample() -> None:
         while not stop.is_set():
-            samples.append((time.time(), _tree_rss_kb(process.pid)))
+            samples.append((time.time(), sum(tree_rss_kb(process.pid).values())))
             stop.wait(interval)
 
     thread = threading.Thread(target=sample, daemon=True)
