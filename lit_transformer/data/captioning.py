@@ -9,6 +9,10 @@ Where the pairs come from (``dataset``):
 With ``features_dir``, each image's source is its precomputed features instead of its pixels: ``<image stem>.npy``
 or ``.safetensors`` (one tensor, (regions, source_dim)), for a model with ``source: features``.
 
+A captions file (or a folder `datasets` saved) is prepared once into token shards on disk (`prepare`; shards.CAPTIONS):
+each caption's ids, and beside them its image's name, folder and the caption's text; batches read them back through
+memory maps and seeks, so memory stays flat in the number of captions. The digits and hub datasets are held in memory.
+
 Batches: {"src": (B, C, H, W) images or (B, S, source_dim) features with "src_mask" (B, S), "tgt_in": (B, T) bos then
 the caption, "labels": (B, T) the caption then eos (-100 at padding), "tgt_mask", "references": each image's captions,
 "image": each image's name}. Training reads every (image, caption) pair; evaluation each image once, its loss on its
