@@ -78,6 +78,28 @@ def test_a_captions_file_gives_pairs_for_training_and_references_for_evaluation(
     assert decoded == "a picture number 2"  # the loss reads the first reference
 
 
+def test_a_captions_file_is_prepared_once_into_shards_with_the_images_beside_the_ids(caption_folder, tmp_path):
+    """prepare streams the rows into token shards, each caption's image and text as a JSON line beside its ids; a
+    second DataModule finds them; training batches read the ids back and keep every reference of the image."""
+    root, path = caption_folder
+    args = dict(images_dir=str(root / "images"), image_size=(8, 16), channels=3, batch_size=10, tokenizer="bpe",
+                vocab_size=60, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    dm = CaptioningDataModule(str(path), **args)
+    prepared = dm.prepare()
+    info = json.loads((prepared / "manifest.json").read_text())
+    assert {s: info["splits"][s]["texts"] for s in info["splits"]} == {"train": 10, "validation": 4, "test": 4}
+    first = (prepared / "train" / "shard-00000.extras.jsonl").read_text().splitlines()[0]
+    assert json.loads(first) == ["img0.png", str(root), "a picture number 0"]
+    assert CaptioningDataModule(str(path), **args).prepare() == prepared
+    dm.setup()
+    batch = next(iter(dm.loader("train", shuffle=False)))
+    assert batch["image"][:2] == ["img0.png", "img0.png"] and batch["references"][1] == [
+        "a picture number 0", "image 0 again"
+    ]  # fmt: skip
+    decoded = dm.tokenizer.decode(batch["labels"][1][batch["labels"][1] >= 0].tolist()[:-1])
+    assert decoded == "image 0 again"
+
+
 def test_precomputed_features_are_padded_with_a_mask(caption_folder, tmp_path):
     root, path = caption_folder
     features = tmp_path / "features"

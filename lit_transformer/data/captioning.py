@@ -9,6 +9,10 @@ Where the pairs come from (``dataset``):
 With ``features_dir``, each image's source is its precomputed features instead of its pixels: ``<image stem>.npy``
 or ``.safetensors`` (one tensor, (regions, source_dim)), for a model with ``source: features``.
 
+A captions file (or a folder `datasets` saved) is prepared once into token shards on disk (`prepare`; shards.CAPTIONS):
+each caption's ids, and beside them its image's name, folder and the caption's text; batches read them back through
+memory maps and seeks, so memory stays flat in the number of captions. The digits and hub datasets are held in memory.
+
 Batches: {"src": (B, C, H, W) images or (B, S, source_dim) features with "src_mask" (B, S), "tgt_in": (B, T) bos then
 the caption, "labels": (B, T) the caption then eos (-100 at padding), "tgt_mask", "references": each image's captions,
 "image": each image's name}. Training reads every (image, caption) pair; evaluation each image once, its loss on its
@@ -19,18 +23,19 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from . import corpora
 from .base import DataModule
 from .corpora import DigitStrips
-from .loaders import target_batch
-from .sources import SPLIT_ALIASES, SPLITS, RowStream, ensure_online, is_local, is_saved_dataset
+from .loaders import CaptionShards, load_prepared_captions, target_batch
+from .shards import prepare_captions
+from .sources import SPLIT_ALIASES, SPLITS, CaptionStream, ensure_online, is_local, is_saved_dataset
 from .text import token_ids
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -42,16 +47,87 @@ HUB_HINT = (
 )
 
 
-@dataclass
 class CaptionSplit:
-    """One split: how to load each image's source, its name, and its reference captions."""
+    """One split: each caption (a record) and its image, images numbered in order of first appearance; `order` lists
+    the captions grouped by image (an image's are order[start[i]:start[i + 1]], its references)."""
 
-    load: Callable[[int], torch.Tensor]
-    names: list[str]
-    references: list[list[str]]
+    image_of: np.ndarray  # (captions,) each caption's image
+    order: np.ndarray
+    start: np.ndarray  # (images + 1,)
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.start) - 1
+
+    @property
+    def captions(self) -> int:
+        return len(self.image_of)
+
+    def load(self, image: int) -> torch.Tensor:
+        """The image's source: (C, H, W) pixels or (regions, dim) features."""
+        raise NotImplementedError
+
+    def name(self, image: int) -> str:
+        raise NotImplementedError
+
+    def texts(self, captions: Sequence[int]) -> list[str]:
+        raise NotImplementedError
+
+    def ids(self, captions: Sequence[int], tokenizer) -> list[list[int]]:
+        """The token ids of each caption (no BOS/EOS)."""
+        return token_ids(tokenizer, self.texts(captions))
+
+    def references(self, image: int) -> list[str]:
+        return self.texts(self.order[self.start[image] : self.start[image + 1]].tolist())
+
+    def first(self, image: int) -> int:
+        return int(self.order[self.start[image]])
+
+    @property
+    def names(self) -> list[str]:
+        """Every image's name (reads them all: for small splits and tests)."""
+        return [self.name(i) for i in range(len(self))]
+
+
+class MemorySplit(CaptionSplit):
+    """A split held in memory: the embedded digit strips, a hub dataset, predict's folder."""
+
+    def __init__(self, load: Callable[[int], torch.Tensor], names: list[str], references: list[list[str]]) -> None:
+        self._load, self._names = load, names
+        counts = np.array([len(r) for r in references], dtype=np.int64)
+        self._texts = [c for refs in references for c in refs]
+        self.image_of = np.repeat(np.arange(len(references)), counts)
+        self.order = np.arange(len(self._texts))
+        self.start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def load(self, image: int) -> torch.Tensor:
+        return self._load(image)
+
+    def name(self, image: int) -> str:
+        return self._names[image]
+
+    def texts(self, captions: Sequence[int]) -> list[str]:
+        return [self._texts[c] for c in captions]
+
+
+class ShardSplit(CaptionSplit):
+    """A prepared split on disk: caption ids through per-batch memory maps, images' references read per batch."""
+
+    def __init__(self, shards: CaptionShards, load: Callable[[str, str | None], torch.Tensor]) -> None:
+        self.shards, self._load = shards, load
+        self.image_of, self.order, self.start = shards.image_of, shards.order, shards.start
+
+    def load(self, image: int) -> torch.Tensor:
+        name, folder, _ = self.shards.extras([self.first(image)])[0]
+        return self._load(name, folder)
+
+    def name(self, image: int) -> str:
+        return self.shards.extras([self.first(image)])[0][0]
+
+    def texts(self, captions: Sequence[int]) -> list[str]:
+        return [extra[2] for extra in self.shards.extras(captions)] if len(captions) else []
+
+    def ids(self, captions: Sequence[int], tokenizer) -> list[list[int]]:
+        return [row.astype(np.int64).tolist() for row in self.shards.read(captions)]
 
 
 def load_image(source, size: tuple[int, int], channels: int) -> torch.Tensor:
@@ -83,21 +159,17 @@ def load_features(path: Path) -> torch.Tensor:
 
 
 class _Pairs(Dataset):
-    """Training reads (image, caption) pairs; evaluation (all_pairs=False) each image once with its references."""
+    """Training reads every (image, caption) pair; evaluation (all_pairs=False) each image once, with its first
+    caption. Items are (image, caption, source)."""
 
     def __init__(self, split: CaptionSplit, all_pairs: bool) -> None:
-        self.split = split
-        self.index = [
-            (image, caption)
-            for image, refs in enumerate(split.references)
-            for caption in (range(len(refs)) if all_pairs else [0])
-        ]
+        self.split, self.all_pairs = split, all_pairs
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self.split.captions if self.all_pairs else len(self.split)
 
     def __getitem__(self, i: int) -> tuple[int, int, torch.Tensor]:
-        image, caption = self.index[i]
+        image, caption = (int(self.split.image_of[i]), i) if self.all_pairs else (i, self.split.first(i))
         return image, caption, self.split.load(image)
 
 
@@ -166,6 +238,8 @@ class CaptioningDataModule(DataModule):
         self.image_size, self.channels = tuple(image_size), channels
         self.max_caption_tokens, self.strips, self.bleu_samples = max_caption_tokens, tuple(strips), bleu_samples
         self.splits: dict[str, CaptionSplit] = {}
+        self._stream: CaptionStream | None = None
+        self._root: Path | None = None
 
     @classmethod
     def model_fields(cls, args: dict) -> dict:
@@ -181,69 +255,48 @@ class CaptioningDataModule(DataModule):
         return "max_caption_tokens", args["max_caption_tokens"] + 1  # bos then the caption; the caption then eos
 
     # ---- sources ---------------------------------------------------------------------------------------------
-    def _read_splits(self) -> dict[str, CaptionSplit]:
-        embedded = corpora.embedded(
+    def _embedded(self):
+        return corpora.embedded(
             self.dataset, self.cache_dir, image_size=self.image_size, channels=self.channels, strips=self.strips
         )
-        if embedded is not None and isinstance(next(iter(embedded.values())), DigitStrips):
-            return {
-                split: CaptionSplit(
-                    torch.from_numpy(strips.images).__getitem__,
-                    [f"{split}-{i}" for i in range(len(strips))],
-                    [[c] for c in strips.captions],
-                )
-                for split, strips in embedded.items()
-            }
-        if embedded is None and not is_local(self.dataset) and not is_saved_dataset(self.dataset):
+
+    def _in_memory(self) -> bool:
+        """The digit strips and hub datasets are held in memory; every other source is prepared into shards."""
+        embedded = self._embedded()
+        if embedded is not None:
+            return isinstance(next(iter(embedded.values())), DigitStrips)
+        return not is_local(self.dataset) and not is_saved_dataset(self.dataset)
+
+    def _memory_splits(self) -> dict[str, CaptionSplit]:
+        embedded = self._embedded()
+        if embedded is None:
             return self._hub_splits(self.dataset)
-        return self._row_splits(embedded)
-
-    def _row_splits(self, embedded) -> dict[str, CaptionSplit]:
-        """Captions read through the one reader: one row per caption (an image may have several, its references);
-        an image's split is its rows' split column, else its file's (train*/valid*/test*), else carved by a hash of
-        its name."""
-        hint = " (choose them with --data.init_args.image_column and text_column)"
-        stream = RowStream(
-            self.dataset, [self.image_column, self.text_column], self.image_column, self.dataset_config, embedded,
-            self.held_out, hint,
-        )  # fmt: skip
-        captions: dict[str, list[str]] = {}
-        split_of: dict[str, str] = {}
-        where: dict[str, str] = {}
-        for split, row in stream.all_rows():
-            name, caption = row.values[self.image_column], row.values[self.text_column]
-            if not isinstance(name, str) or not name.strip():
-                raise ValueError(f'{row.where} has no "{self.image_column}" value: each row names an image (a path)')
-            refs = [caption] if isinstance(caption, str) else list(caption or [])
-            if not any(isinstance(c, str) and c.strip() for c in refs):
-                raise ValueError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
-            given = str(row.values.get("split") or "").strip().lower()
-            if given and given not in SPLIT_ALIASES:
-                raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
-            captions.setdefault(name, []).extend(c.strip() for c in refs if isinstance(c, str) and c.strip())
-            split_of.setdefault(name, SPLIT_ALIASES[given] if given else split)
-            where.setdefault(name, self.images_dir or row.folder or ".")
-        splits = {}
-        for split in SPLITS:
-            names = [n for n in captions if split_of[n] == split]
-            if not names:
-                why = "carved by a hash of the image name" if split in stream.missing else "its source has no row"
-                raise ValueError(
-                    f"{self.dataset}: no image falls in the {split} split ({why}); add rows, a {split} file or a "
-                    "split column"
-                )
-            splits[split] = CaptionSplit(
-                self._loader_for([Path(where[n]) / n for n in names]), names, [captions[n] for n in names]
+        return {
+            split: MemorySplit(
+                torch.from_numpy(strips.images).__getitem__,
+                [f"{split}-{i}" for i in range(len(strips))],
+                [[c] for c in strips.captions],
             )
-        return splits
+            for split, strips in embedded.items()
+        }
 
-    def _loader_for(self, paths: Sequence[Path]) -> Callable[[int], torch.Tensor]:
-        """Each image's source: its features (features_dir) or its pixels, read when the batch is built."""
-        features_dir = self.features_dir
-        if features_dir is None:
-            return lambda i: load_image(paths[i], self.image_size, self.channels)
-        files = [_feature_file(Path(features_dir), Path(p).stem) for p in paths]
-        return lambda i: load_features(files[i])
+    @property
+    def stream(self) -> CaptionStream:
+        """The captions of each split, read through the one reader: one row per caption (or a list of them)."""
+        if self._stream is None:
+            hint = " (choose them with --data.init_args.image_column and text_column)"
+            self._stream = CaptionStream(
+                self.dataset, self.image_column, self.text_column, self.dataset_config, self._embedded(),
+                self.held_out, hint,
+            )  # fmt: skip
+        return self._stream
+
+    def _source_of(self, name: str, folder: str | None) -> torch.Tensor:
+        """An image's source: its features (features_dir) or its pixels, read when the batch is built."""
+        path = Path(self.images_dir or folder or ".") / name
+        if self.features_dir is None:
+            return load_image(path, self.image_size, self.channels)
+        return load_features(_feature_file(Path(self.features_dir), path.stem))
 
     def _hub_splits(self, name: str) -> dict[str, CaptionSplit]:
         import datasets
@@ -257,7 +310,7 @@ class CaptioningDataModule(DataModule):
             if split is None:
                 continue
             refs = [[t] if isinstance(t, str) else list(t) for t in data[text_column]]
-            splits[split] = CaptionSplit(
+            splits[split] = MemorySplit(
                 lambda i, data=data: load_image(data[i][image_column], self.image_size, self.channels),
                 [f"{split}-{i}" for i in range(len(data))],
                 refs,
@@ -269,17 +322,47 @@ class CaptioningDataModule(DataModule):
 
     # ---- Lightning hooks ---------------------------------------------------------------------------------------
     def tokenizer_texts(self) -> list[str]:
-        self.setup()
-        return [c for refs in self.splits["train"].references for c in refs]
+        """The first training captions, up to tokenizer_sample_chars characters."""
+        if self._in_memory():
+            self.setup()
+            train = self.splits["train"]
+            return train.texts(train.order.tolist())
+        texts, total = [], 0
+        for record in self.stream.records_of("train"):
+            if total >= self.tokenizer_sample_chars:
+                break
+            texts.append(record.caption)
+            total += len(record.caption)
+        return texts
 
-    def prepare(self) -> None:
-        """Read the captions and train the tokenizer (the images are read when a batch is built)."""
-        self.setup()
-        _ = self.tokenizers  # trained (and cached) on first access
+    def prepare(self) -> Path | None:
+        """Stream the captions into token shards once, each image's reference and the caption's text beside the ids
+        (training the tokenizer first when needed); the prepared folder (None for the digits or a hub dataset, held
+        in memory). Memory stays flat in the number of captions; the images are read when a batch is built."""
+        if self._in_memory():
+            self.setup()
+            _ = self.tokenizers  # trained (and cached) on first access
+            return None
+        if self._root is None:
+            tokenizer = self.tokenizer
+            self._root = prepare_captions(self.stream, tokenizer, self._tokenizer_keys[0], self.cache_dir)
+        return self._root
 
     def setup(self, stage: str | None = None) -> None:
-        if not self.splits:
-            self.splits = self._read_splits()
+        if self.splits:
+            return
+        if self._in_memory():
+            self.splits = self._memory_splits()
+            return
+        info, shards = load_prepared_captions(self.prepare())
+        splits = {split: ShardSplit(shards[split], self._source_of) for split in SPLITS}
+        if self.features_dir is not None:  # a wrong folder fails here, naming an image, rather than in a batch
+            for split in splits.values():
+                name, folder, _ = split.shards.extras([split.first(0)])[0]
+                _feature_file(Path(self.features_dir), (Path(self.images_dir or folder or ".") / name).stem)
+        self.splits = splits
+        sizes = {split: (len(s), s.captions) for split, s in splits.items()}
+        rank_zero_info(f"{self.dataset}: (images, captions) per split {sizes}; held-out: {info['held_out']}")
 
     def collate(self, items: list[tuple[int, int, torch.Tensor]], split: CaptionSplit) -> dict:
         sources = [source for _, _, source in items]
@@ -292,11 +375,12 @@ class CaptioningDataModule(DataModule):
             batch = {"src": src, "src_mask": src_mask}
         else:
             batch = {"src": torch.stack(sources)}
-        captions = [split.references[image][caption] for image, caption, _ in items]
-        ids = [row[: self.max_caption_tokens] for row in token_ids(self.tokenizer, captions)]
+        ids = [
+            row[: self.max_caption_tokens] for row in split.ids([caption for _, caption, _ in items], self.tokenizer)
+        ]
         batch.update(target_batch(ids, self.pad_token_id, self.bos_token_id, self.eos_token_id))
-        batch["references"] = [split.references[image] for image, _, _ in items]
-        batch["image"] = [split.names[image] for image, _, _ in items]
+        batch["references"] = [split.references(image) for image, _, _ in items]
+        batch["image"] = [split.name(image) for image, _, _ in items]
         return batch
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
@@ -326,7 +410,7 @@ class CaptioningDataModule(DataModule):
             load = lambda i: load_features(paths[i])  # noqa: E731
         else:
             load = lambda i: load_image(paths[i], self.image_size, self.channels)  # noqa: E731
-        split = CaptionSplit(load, [p.name for p in paths], [[""] for _ in paths])
+        split = MemorySplit(load, [p.name for p in paths], [[""] for _ in paths])
         return DataLoader(
             _Pairs(split, all_pairs=False),
             batch_size=self.batch_size,

@@ -22,6 +22,7 @@ PairShards and ShardPairDataset: sentence pairs collated into padded batches).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -668,3 +669,59 @@ def load_prepared_labelled(root: Path) -> tuple[dict, dict[str, LabelledShards]]
     """A prepared labelled corpus's manifest and its splits."""
     info = json.loads((Path(root) / "manifest.json").read_text())
     return info, {split: LabelledShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
+
+
+# ---------------------------------------------------------------------------------------------------- captions' shards
+
+
+class CaptionShards(LabelledShards):
+    """One prepared split of captions: their ids as labelled texts' (per-batch memory maps), and each caption's JSON
+    line [image name, folder, caption] read by a seek to where it starts (8 bytes a caption held). Captions of one
+    image are grouped by a 64-bit hash of its name: images in order of first appearance, `order` their captions."""
+
+    def __init__(self, directory: Path, index: dict) -> None:
+        super().__init__(directory, index)
+        self.line_starts = [self._line_starts(self.directory / f"{name}.extras.jsonl") for name in self.names]
+        hashes = np.empty(len(self), dtype=np.uint64)
+        at = 0
+        for name in self.names:  # one streamed pass: a hash of each caption's image name, nothing else kept
+            with open(self.directory / f"{name}.extras.jsonl", "rb") as handle:
+                for line in handle:
+                    digest = hashlib.blake2b(json.loads(line)[0].encode("utf-8", "surrogatepass"), digest_size=8)
+                    hashes[at] = int.from_bytes(digest.digest(), "little")
+                    at += 1
+        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        del hashes
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        self.image_of = rank[inverse.reshape(-1)]  # each caption's image, numbered in order of first appearance
+        self.order = np.argsort(self.image_of, kind="stable")  # captions grouped by image, in file order within
+        self.start = np.concatenate([[0], np.cumsum(np.bincount(self.image_of, minlength=len(first)))])
+
+    @staticmethod
+    def _line_starts(path: Path) -> np.ndarray:
+        """Where each line of a file starts, found a block at a time."""
+        starts, at = [np.zeros(1, dtype=np.int64)], 0
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 24):
+                starts.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10).astype(np.int64) + at + 1)
+                at += len(block)
+        return np.concatenate(starts)[:-1]
+
+    def extras(self, rows: Sequence[int]) -> list[list]:
+        """The [image name, folder, caption] of each caption at `rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        shard_of = np.searchsorted(self.first, rows, side="right") - 1
+        out: list = [None] * len(rows)
+        for shard in np.unique(shard_of).tolist():
+            with open(self.directory / f"{self.names[shard]}.extras.jsonl", "rb") as handle:
+                for b in np.flatnonzero(shard_of == shard).tolist():
+                    handle.seek(int(self.line_starts[shard][rows[b] - self.first[shard]]))
+                    out[b] = json.loads(handle.readline())
+        return out
+
+
+def load_prepared_captions(root: Path) -> tuple[dict, dict[str, CaptionShards]]:
+    """A prepared captions corpus's manifest and its splits."""
+    info = json.loads((Path(root) / "manifest.json").read_text())
+    return info, {split: CaptionShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}

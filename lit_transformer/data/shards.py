@@ -45,7 +45,7 @@ from tokenizers import Tokenizer
 
 from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
-from .sources import SPLITS, CorpusStream, LabelledStream, PairStream
+from .sources import SPLITS, CaptionStream, CorpusStream, LabelledStream, PairStream
 from .text import line_pieces
 
 log = logging.getLogger(__name__)
@@ -766,6 +766,41 @@ def prepare_labelled(
     info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
     keys = (tokenizer_key,)
     return prepare(stream, LABELLED, (tokenizer,), keys, cache_dir, info, None, max_examples, shard_tokens, workers)
+
+
+class CaptionKind(LabelledKind):
+    """Captions: each caption's ids (no EOS) as a labelled text's, `texts.npy` their offsets, and beside them, one
+    JSON line each, [image name, the folder it resolves against, the caption's text] (an image's references)."""
+
+    folder, tag = "captions", "caption-shards"
+    noun = " captions"
+
+    def check(self, stream: CaptionStream, splits: dict[str, dict]) -> None:
+        for split in SPLITS:
+            if not splits[split]["texts"]:
+                why = "carved by a hash of the image name" if split in stream.missing else "its source has no row"
+                raise ValueError(
+                    f"{stream.dataset}: no image falls in the {split} split ({why}); add rows, a {split} file or a "
+                    "split column"
+                )
+
+
+CAPTIONS = CaptionKind()
+
+
+def prepare_captions(
+    stream: CaptionStream,
+    tokenizer: Tokenizer,
+    tokenizer_key: str,
+    cache_dir: Path,
+    shard_tokens: int = SHARD_TOKENS,
+    workers: int | None = None,
+) -> Path:
+    """Prepare every split of `stream` once (cached by content; resumable; atomic): the captions' ids in shards, each
+    image's reference and the caption's text beside them; the prepared folder."""
+    info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
+    keys = (tokenizer_key,)
+    return prepare(stream, CAPTIONS, (tokenizer,), keys, cache_dir, info, None, None, shard_tokens, workers)
 
 
 def prepare_pairs(

@@ -901,6 +901,72 @@ class RowStream(SplitStream):
                 yield Row(values, where, str(Path(path).parent), number, nbytes)
 
 
+@dataclass
+class Caption:
+    """One caption of an image: a prepared shard keeps its ids and, beside them, the image's reference (its name, the
+    folder of the captions file it came from) and the caption's text (BLEU's reference)."""
+
+    caption: str
+    image: str
+    folder: str | None
+    row: int
+    nbytes: int
+    last = True
+
+    @property
+    def extra(self) -> str:
+        return json.dumps([self.image, self.folder, self.caption], ensure_ascii=False)
+
+    @property
+    def texts(self) -> tuple[str]:
+        return (self.caption,)
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+class CaptionStream(RowStream):
+    """Each split's captions (one row per caption, or a list of them), read through the one reader. An image's split
+    is its row's split column, else its file's (train*/valid*/test*), else carved by a hash of its name, so all its
+    captions (its references) stay together."""
+
+    key = "captions"
+
+    def __init__(
+        self,
+        dataset: str,
+        image_column: str,
+        text_column: str,
+        dataset_config: str | None = None,
+        embedded=None,
+        held_out: float = HELD_OUT,
+        column_hint: str = "",
+    ) -> None:
+        self.image_column, self.text_column = image_column, text_column
+        super().__init__(
+            dataset, [image_column, text_column], image_column, dataset_config, embedded, held_out, column_hint
+        )
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Caption]]:
+        for number, row in enumerate(self._rows(self.sources[source_name])):
+            if number < skip:
+                continue
+            name, caption = row.values[self.image_column], row.values[self.text_column]
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f'{row.where} has no "{self.image_column}" value: each row names an image (a path)')
+            refs = [caption] if isinstance(caption, str) else list(caption or [])
+            refs = [c.strip() for c in refs if isinstance(c, str) and c.strip()]
+            if not refs:
+                raise ValueError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
+            given = str(row.values.get("split") or "").strip().lower()
+            if given and given not in SPLIT_ALIASES:
+                raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
+            split = SPLIT_ALIASES[given] if given else self.owner(source_name, name)
+            for k, text in enumerate(refs):
+                yield split, Caption(text, name, row.folder, number, row.nbytes if k == 0 else 0)
+
+
 # ---------------------------------------------------------------------------------------------------- sentence pairs
 
 
