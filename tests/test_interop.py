@@ -13,9 +13,9 @@ from model_variants import build, single_thread, tokens  # noqa: F401 (autouse f
 
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
+from lit_transformer.export import export_main
 from lit_transformer.interop import (
     OnnxModel,
-    export_main,
     gpt2_problems,
     load_hf_gpt2,
     load_safetensors,

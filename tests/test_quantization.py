@@ -14,7 +14,8 @@ from _int8_bound import SIGMAS, linear_error_sigma
 from model_variants import GPT2, PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
 
 from lit_transformer.data.text import train_tokenizer
-from lit_transformer.interop import OnnxModel, export_main, load_safetensors
+from lit_transformer.export import export_main
+from lit_transformer.interop import OnnxModel, load_safetensors
 from lit_transformer.model import Transformer
 from lit_transformer.quantization import Int8Linear, QuantizationError, is_quantized, quantize_int8
 
