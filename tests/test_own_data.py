@@ -549,14 +549,13 @@ FAILING_TODAY: dict[tuple[str, str], str] = {
 }
 
 
-def _cell(form: str, task: str):
-    marks = []
-    if (form, task) in FAILING_TODAY:
-        marks.append(pytest.mark.xfail(strict=True, reason=f"issue 31: {FAILING_TODAY[form, task]}"))
+def _cell(form: str, task: str, failing: dict[tuple[str, str], str]):
+    """A (form or error, task) cell, an expected failure (strict: it fails the run once it passes) if listed."""
+    marks = [pytest.mark.xfail(strict=True, reason=failing[form, task])] if (form, task) in failing else []
     return pytest.param(form, task, id=f"{form}-{task}", marks=marks)
 
 
-@pytest.mark.parametrize(("form", "task"), [_cell(f, t) for f, t in CELLS])
+@pytest.mark.parametrize(("form", "task"), [_cell(f, t, FAILING_TODAY) for f, t in CELLS])
 def test_fit_and_predict(form: str, task: str, work: Path):
     cell = work / f"{form}-{task}"
     dataset, args = FORMS[form](task, cell / "data")
@@ -640,17 +639,9 @@ ERROR_CELLS = [
     ("unseen_label", "classification"),
     *[("offline_hub", t) for t in ("lm", "mlm", "translation", "classification", "captioning")],
 ]
-ERRORS_FAILING_TODAY: dict[tuple[str, str], str] = {}
 
 
-def _error_cell(error: str, task: str):
-    marks = []
-    if (error, task) in ERRORS_FAILING_TODAY:
-        marks.append(pytest.mark.xfail(strict=True, reason=f"issue 31: {ERRORS_FAILING_TODAY[error, task]}"))
-    return pytest.param(error, task, id=f"{error}-{task}", marks=marks)
-
-
-@pytest.mark.parametrize(("error", "task"), [_error_cell(e, t) for e, t in ERROR_CELLS])
+@pytest.mark.parametrize(("error", "task"), [_cell(e, t, {}) for e, t in ERROR_CELLS])
 def test_an_error_says_what_is_wrong(error: str, task: str, work: Path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
