@@ -223,7 +223,11 @@ def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedPr
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
-    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    # bytes, decoded here: text=True would turn a generated "\r" into "\n" (universal newlines), and a sampled
+    # "\n\r" would then read as the "\n\n" that --stop "\n\n" had rightly let through
+    run = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, timeout=timeout)
+    decode = lambda data: data.decode("utf-8", errors="replace")  # noqa: E731
+    return subprocess.CompletedProcess(run.args, run.returncode, decode(run.stdout), decode(run.stderr))
 
 
 def test_the_readme_has_the_two_commands_first():
