@@ -171,3 +171,163 @@ def test_predict_reads_a_folder_of_images_in_name_order(tmp_path):
     dm.setup()
     batch = next(iter(dm.predict_dataloader()))
     assert batch["image"] == ["a.jpg", "b.png"] and batch["src"].shape == (2, 1, 8, 48)
+
+
+# ---- images a dataset holds: `datasets` Image features (save_to_disk folders, hub streams) ------------------------
+
+COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "white": (255, 255, 255)}
+IMAGE_SPLITS = {"train": ["red", "green"], "validation": ["blue"], "test": ["white"]}
+
+
+def _png(colour: str) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), COLOURS[colour]).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _image_rows(image) -> dict[str, list[dict]]:
+    """Each split's rows: an image (`image(colour)` makes the column's value) and its two captions."""
+    return {
+        split: [{"image": image(c), "caption": [f"a {c} square", f"all {c}"]} for c in colours]
+        for split, colours in IMAGE_SPLITS.items()
+    }
+
+
+def _save(tmp_path, rows: dict[str, list[dict]]):
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "caption": datasets.List(datasets.Value("string"))})
+    saved = datasets.DatasetDict({s: datasets.Dataset.from_list(r, features=features) for s, r in rows.items()})
+    saved.save_to_disk(str(tmp_path / "saved"))
+    return str(tmp_path / "saved")
+
+
+def _held_images_module(dataset: str, tmp_path, **kwargs) -> CaptioningDataModule:
+    args = dict(image_size=(2, 2), channels=3, batch_size=2, tokenizer="char", vocab_size=40)
+    return CaptioningDataModule(dataset, cache_dir=str(tmp_path / "cache"), **{**args, **kwargs})
+
+
+def _check_pixels(dm: CaptioningDataModule) -> None:
+    """Every split's images come back with their own colour, each with its two references."""
+    dm.setup()
+    for name, colours in IMAGE_SPLITS.items():
+        split = dm.splits[name]
+        assert [split.references(i) for i in range(len(split))] == [[f"a {c} square", f"all {c}"] for c in colours]
+        for i, colour in enumerate(colours):
+            assert split.load(i)[:, 0, 0].tolist() == [v / 255 for v in COLOURS[colour]]
+    batch = next(iter(dm.train_dataloader()))  # training: every (image, caption) pair
+    assert batch["src"].shape == (2, 3, 2, 2) and len({tuple(r) for r in batch["references"]}) <= 2
+
+
+def test_images_held_as_bytes_without_a_path_are_written_once_beside_the_shards(tmp_path):
+    """A save_to_disk folder whose Image column holds bytes and no path: each image is named by a digest of its bytes,
+    written once into the prepared folder's images/ (never decoded while preparing), and read back from there."""
+    dataset = _save(tmp_path, _image_rows(lambda c: {"bytes": _png(c), "path": None}))
+    dm = _held_images_module(dataset, tmp_path, images_dir=str(tmp_path / "elsewhere"))  # not where they are
+    root = dm.prepare()
+    names = sorted(p.name for p in (root / "images").iterdir())
+    assert len(names) == 4 and all(n.endswith(".png") and len(n) == 20 for n in names)
+    assert sorted((root / "images" / n).read_bytes() for n in names) == sorted(_png(c) for c in COLOURS)
+    first = json.loads((root / "train" / "shard-00000.extras.jsonl").read_text().splitlines()[0])
+    assert first[1:] == [str((root / "images").resolve()), "a red square"]
+    _check_pixels(dm)
+    assert _held_images_module(dataset, tmp_path).prepare() == root  # prepared once
+
+
+def test_images_held_with_a_path_are_named_by_it(tmp_path):
+    """With a path (a file `datasets` embedded), an image is named by the path's base name: its captions group
+    under it, features_dir finds `<stem>.npy` by it."""
+    dataset = _save(tmp_path, _image_rows(lambda c: {"bytes": _png(c), "path": f"/gone/{c}.png"}))
+    dm = _held_images_module(dataset, tmp_path)
+    root = dm.prepare()
+    assert sorted(p.name for p in (root / "images").iterdir()) == sorted(f"{c}.png" for c in COLOURS)
+    _check_pixels(dm)
+    assert dm.splits["validation"].names == ["blue.png"]
+    features = tmp_path / "features"
+    features.mkdir()
+    for i, colour in enumerate(COLOURS):
+        np.save(features / f"{colour}.npy", np.full((2, 3), float(i), dtype=np.float32))
+    dm = _held_images_module(dataset, tmp_path, features_dir=str(features))
+    dm.setup()
+    assert torch.equal(dm.splits["test"].load(0), torch.full((2, 3), 3.0))
+
+
+def test_two_different_images_of_one_name_are_refused(tmp_path):
+    rows = _image_rows(lambda c: {"bytes": _png(c), "path": "image.png"})  # every image named image.png
+    dm = _held_images_module(_save(tmp_path, rows), tmp_path)
+    with pytest.raises(ValueError, match=r"row 2: two different images are named 'image.png'"):
+        dm.prepare()
+
+
+def _hub(monkeypatch, splits: dict) -> list:
+    """`datasets.load_dataset` answering with local streams (no hub here); the calls it got."""
+    import datasets
+
+    from lit_transformer.data import sources
+
+    calls = []
+
+    def load_dataset(name, config=None, **kwargs):
+        calls.append((name, config, kwargs))
+        return datasets.IterableDatasetDict(splits)
+
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def test_a_hub_captioning_dataset_is_streamed_into_shards(tmp_path, monkeypatch):
+    """A hub name streams (streaming=True) through the reader a save_to_disk folder takes, into shards: nothing is
+    held in memory but a batch of rows."""
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "caption": datasets.List(datasets.Value("string"))})
+    rows = _image_rows(lambda c: {"bytes": _png(c), "path": None})
+    splits = {s: datasets.Dataset.from_list(r, features=features).to_iterable_dataset() for s, r in rows.items()}
+    calls = _hub(monkeypatch, splits)
+    dm = _held_images_module("someone/colour-captions", tmp_path)
+    assert not dm._in_memory()
+    root = dm.prepare()
+    assert calls[0][:2] == ("someone/colour-captions", None) and calls[0][2]["streaming"] is True
+    assert len(list((root / "images").iterdir())) == 4
+    _check_pixels(dm)
+
+
+def test_a_decoded_pil_image_is_encoded_back_to_bytes(tmp_path, monkeypatch):
+    """A stream of unknown features yields PIL images (decoded): each is encoded losslessly and named by a digest."""
+    import datasets
+    from PIL import Image
+
+    def stream(split):
+        def rows():
+            for colour in IMAGE_SPLITS[split]:
+                image = Image.new("RGB", (4, 4), COLOURS[colour])
+                yield {"image": image, "caption": [f"a {colour} square", f"all {colour}"]}
+
+        return datasets.IterableDataset.from_generator(rows)
+
+    _hub(monkeypatch, {split: stream(split) for split in IMAGE_SPLITS})
+    dm = _held_images_module("someone/decoded", tmp_path)
+    root = dm.prepare()
+    assert all(p.suffix == ".png" for p in (root / "images").iterdir())
+    _check_pixels(dm)
+
+
+@pytest.mark.parametrize(
+    ("value", "held"),
+    [(None, "holds nothing"), ({"bytes": None, "path": None}, "holds no bytes and no path"), (7, "holds int")],
+)
+def test_a_row_without_its_image_is_named_with_its_column(tmp_path, monkeypatch, value, held):
+    import datasets
+
+    rows = [{"picture": {"bytes": _png("red"), "path": None}, "caption": "red"}, {"picture": value, "caption": "x"}]
+    _hub(monkeypatch, {"train": datasets.IterableDataset.from_generator(lambda: iter(rows))})
+    dm = _held_images_module("someone/broken", tmp_path, image_column="picture", text_column="caption")
+    with pytest.raises(ValueError, match=rf'\(train\) row 2 has no "picture" value.*{held}'):
+        dm.prepare()

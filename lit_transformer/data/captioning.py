@@ -1,17 +1,20 @@
 """CaptioningDataModule: (image, caption) pairs for an encoder-decoder whose source is pixels or feature vectors.
 
-Where the pairs come from (``dataset``):
+Where the pairs come from (``dataset``), each read through the one reader (sources.CaptionStream):
 - ``digits``: the embedded task (lit_transformer.data.corpora), strips of handwritten digits captioned in words;
-- a captions file, ``.csv`` or ``.jsonl``, one row per caption (an image may have several, its references): an image
-  column (a path under ``images_dir``, default the file's folder), a caption column, and optionally a split column
-  (train/validation/test); without one, images are carved into splits by a hash of their name;
-- a hub dataset with an image and a text column (a list of captions or one), loaded with `datasets`.
+- a captions file, ``.csv``/``.tsv``, ``.jsonl`` or ``.parquet``, one row per caption (an image may have several, its
+  references) or a list of captions per row: an image column (a path under ``images_dir``, default the file's
+  folder), a caption column, and optionally a split column (train/validation/test); without one, images are carved
+  into splits by a hash of their name;
+- a folder `datasets` saved (save_to_disk) or a hub dataset name (streamed), whose image column is a path or a
+  `datasets` Image (the image's bytes in the row: what every hub captioning dataset holds), with a caption or a list.
 With ``features_dir``, each image's source is its precomputed features instead of its pixels: ``<image stem>.npy``
 or ``.safetensors`` (one tensor, (regions, source_dim)), for a model with ``source: features``.
 
-A captions file (or a folder `datasets` saved) is prepared once into token shards on disk (`prepare`; shards.CAPTIONS):
-each caption's ids, and beside them its image's name, folder and the caption's text; batches read them back through
-memory maps and seeks, so memory stays flat in the number of captions. The digits and hub datasets are held in memory.
+Every source but the digits is prepared once into token shards on disk (`prepare`; shards.CAPTIONS): each caption's
+ids, and beside them its image's name, folder and the caption's text; an image a row holds is written once, undecoded,
+into the prepared folder's images/ and read from there like any file. Batches read them back through memory maps and
+seeks, so memory stays flat in the number of captions and images. The digit strips (a few MB) are held in memory.
 
 Batches: {"src": (B, C, H, W) images or (B, S, source_dim) features with "src_mask" (B, S), "tgt_in": (B, T) bos then
 the caption, "labels": (B, T) the caption then eos (-100 at padding), "tgt_mask", "references": each image's captions,
@@ -34,17 +37,12 @@ from . import corpora
 from .base import DataModule
 from .corpora import DigitStrips
 from .loaders import CaptionShards, load_prepared_captions, target_batch
-from .shards import prepare_captions
-from .sources import SPLIT_ALIASES, SPLITS, CaptionStream, ensure_online, is_local, is_saved_dataset
+from .shards import CAPTIONS, prepare_captions
+from .sources import SPLITS, CaptionStream
 from .text import token_ids
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 FEATURE_SUFFIXES = (".npy", ".safetensors")
-HUB_HINT = (
-    "Point the DataModule at local files instead: --data.dataset captions.csv (or .jsonl) with columns image and "
-    "caption, the images under --data.images_dir (or their features under --data.features_dir); or use the "
-    "embedded task, --data.dataset digits."
-)
 
 
 class CaptionSplit:
@@ -89,7 +87,7 @@ class CaptionSplit:
 
 
 class MemorySplit(CaptionSplit):
-    """A split held in memory: the embedded digit strips, a hub dataset, predict's folder."""
+    """A split held in memory: the embedded digit strips, predict's folder."""
 
     def __init__(self, load: Callable[[int], torch.Tensor], names: list[str], references: list[list[str]]) -> None:
         self._load, self._names = load, names
@@ -203,12 +201,13 @@ class CaptioningDataModule(DataModule):
     ) -> None:
         """
         Args:
-            dataset: digits (the embedded task), a .csv/.jsonl captions file, or a hub dataset name.
+            dataset: digits (the embedded task), a captions file (.csv/.tsv, .jsonl, .parquet), a folder `datasets`
+                saved, or a hub dataset name.
             dataset_config: The hub dataset's configuration name.
             images_dir: The folder the captions file's image paths are relative to (default: the file's folder).
             features_dir: Precomputed features, <image stem>.npy or .safetensors each, read instead of the pixels.
-            image_column: The column naming the image (a path; a hub dataset: the image itself).
-            text_column: The column holding a caption (a hub dataset: a caption or a list of them).
+            image_column: The column of the image: a path, or the image itself (a `datasets` Image).
+            text_column: The column holding a caption, or a list of them (an image's references).
             image_size: (height, width) every image is resized to; the model's image_size.
             channels: 1 (greyscale) or 3 (RGB); the model's image_channels.
             tokenizer: A kind to train on the training captions (bpe, byte_bpe, char) or a tokenizer.json path.
@@ -261,23 +260,18 @@ class CaptioningDataModule(DataModule):
         )
 
     def _in_memory(self) -> bool:
-        """The digit strips and hub datasets are held in memory; every other source is prepared into shards."""
+        """The digit strips are held in memory; every other source is prepared into shards."""
         embedded = self._embedded()
-        if embedded is not None:
-            return isinstance(next(iter(embedded.values())), DigitStrips)
-        return not is_local(self.dataset) and not is_saved_dataset(self.dataset)
+        return embedded is not None and isinstance(next(iter(embedded.values())), DigitStrips)
 
     def _memory_splits(self) -> dict[str, CaptionSplit]:
-        embedded = self._embedded()
-        if embedded is None:
-            return self._hub_splits(self.dataset)
         return {
             split: MemorySplit(
                 torch.from_numpy(strips.images).__getitem__,
                 [f"{split}-{i}" for i in range(len(strips))],
                 [[c] for c in strips.captions],
             )
-            for split, strips in embedded.items()
+            for split, strips in self._embedded().items()
         }
 
     @property
@@ -292,33 +286,19 @@ class CaptioningDataModule(DataModule):
         return self._stream
 
     def _source_of(self, name: str, folder: str | None) -> torch.Tensor:
-        """An image's source: its features (features_dir) or its pixels, read when the batch is built."""
-        path = Path(self.images_dir or folder or ".") / name
+        """An image's source: its features (features_dir) or its pixels, read when the batch is built. An image the
+        dataset held is read from the prepared folder's images/ (found by the prepared folder's name, a content key:
+        a cache moved or mounted elsewhere still serves), a named one from images_dir or its file's folder."""
+        held = folder is not None and self._root is not None and Path(folder).parts[-2:] == self._images.parts[-2:]
+        path = (self._images if held else Path(self.images_dir or folder or ".")) / name
         if self.features_dir is None:
             return load_image(path, self.image_size, self.channels)
         return load_features(_feature_file(Path(self.features_dir), path.stem))
 
-    def _hub_splits(self, name: str) -> dict[str, CaptionSplit]:
-        import datasets
-
-        ensure_online(f"captioning dataset {name!r}", HUB_HINT)
-        loaded = datasets.load_dataset(name, cache_dir=str(self.cache_dir / "hf"))
-        image_column, text_column = self.image_column, self.text_column
-        splits = {}
-        for given, data in loaded.items():
-            split = SPLIT_ALIASES.get(given.lower())
-            if split is None:
-                continue
-            refs = [[t] if isinstance(t, str) else list(t) for t in data[text_column]]
-            splits[split] = MemorySplit(
-                lambda i, data=data: load_image(data[i][image_column], self.image_size, self.channels),
-                [f"{split}-{i}" for i in range(len(data))],
-                refs,
-            )
-        missing = {"train", "validation", "test"} - set(splits)
-        if missing:
-            raise ValueError(f"hub dataset {name!r} lacks the split(s) {sorted(missing)}; its splits: {list(loaded)}")
-        return splits
+    @property
+    def _images(self) -> Path:
+        """Where the preparation wrote the images the dataset held."""
+        return (self._root / CAPTIONS.images).resolve()
 
     # ---- Lightning hooks ---------------------------------------------------------------------------------------
     def tokenizer_texts(self) -> list[str]:
@@ -337,8 +317,9 @@ class CaptioningDataModule(DataModule):
 
     def prepare(self) -> Path | None:
         """Stream the captions into token shards once, each image's reference and the caption's text beside the ids
-        (training the tokenizer first when needed); the prepared folder (None for the digits or a hub dataset, held
-        in memory). Memory stays flat in the number of captions; the images are read when a batch is built."""
+        (training the tokenizer first when needed), and the images a dataset holds into images/; the prepared folder
+        (None for the digits, held in memory). Memory stays flat in the number of captions and images; the images
+        are read when a batch is built."""
         if self._in_memory():
             self.setup()
             _ = self.tokenizers  # trained (and cached) on first access

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -45,7 +46,7 @@ from tokenizers import Tokenizer
 
 from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
-from .sources import SPLITS, CaptionStream, CorpusStream, LabelledStream, PairStream
+from .sources import SPLITS, Caption, CaptionStream, CorpusStream, LabelledStream, PairStream
 from .text import line_pieces
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,13 @@ class RecordKind:
 
     def check(self, stream, splits: dict[str, dict]) -> None:
         """Refuse prepared splits that cannot serve (called before the manifest is written)."""
+
+    def begin(self, root: Path) -> None:
+        """Ready the prepared folder for a (resumed) preparation, under its lock: clean what a killed run left."""
+
+    def stage(self, record, root: Path):
+        """Write what a record brings besides its texts into the prepared folder; the record to chunk (itself)."""
+        return record
 
 
 # ---------------------------------------------------------------------------------------------------- chunks
@@ -517,6 +525,8 @@ def prepare_pass(
                 empty += 1
                 continue
             chunker = chunkers.get(split)
+            if chunker is not None:
+                record = kind.stage(record, root)
             chunk = chunker.add(record) if chunker is not None else None
             if chunk is not None:
                 yield split, chunk
@@ -596,6 +606,7 @@ def prepare(
         if manifest.exists():  # another process finished it while we waited
             return root
         dtype = token_dtype(max(t.get_vocab_size() for t in tokenizers))
+        kind.begin(root)
         splits = {}
         for source, _ in stream.passes():
             splits |= prepare_pass(stream, source, root, kind, tokenizers, eos_id, dtype, limit, shard_tokens, workers)
@@ -770,10 +781,34 @@ def prepare_labelled(
 
 class CaptionKind(LabelledKind):
     """Captions: each caption's ids (no EOS) as a labelled text's, `texts.npy` their offsets, and beside them, one
-    JSON line each, [image name, the folder it resolves against, the caption's text] (an image's references)."""
+    JSON line each, [image name, the folder it resolves against, the caption's text] (an image's references).
+
+    An image the dataset holds (a `datasets` Image: `sources.Caption.embedded`) is written once, as its encoded
+    bytes, to `images/<name>` of the prepared folder, which becomes its folder: batches read it like any file. Each
+    file is renamed into place when written, so a killed run resumes past the images it wrote."""
 
     folder, tag = "captions", "caption-shards"
     noun = " captions"
+    images = "images"  # the prepared folder's folder of embedded images
+
+    def begin(self, root: Path) -> None:
+        for stale in (root / self.images).glob("*.tmp"):
+            stale.unlink()
+
+    def stage(self, record: Caption, root: Path) -> Caption:
+        if not record.embedded:
+            return record
+        folder = (root / self.images).resolve()
+        if record.data is not None:
+            path = folder / record.image
+            if not path.exists():
+                atomic_write(path, lambda tmp: Path(tmp).write_bytes(record.data))
+            elif path.stat().st_size != len(record.data) or path.read_bytes() != record.data:
+                raise ValueError(
+                    f"{record.where}: two different images are named {record.image!r} (the base name of their path): "
+                    "an image's name identifies it (its captions, its split); give the images distinct file names"
+                )
+        return dataclasses.replace(record, folder=str(folder), data=None)
 
     def check(self, stream: CaptionStream, splits: dict[str, dict]) -> None:
         for split in SPLITS:

@@ -230,9 +230,9 @@ def column_value(row: dict, column: str) -> Any:
     return value
 
 
-def table_rows(table) -> Iterator[dict]:
-    """The rows of a `datasets` table (Dataset or IterableDataset) as dicts, read a thousand at a time."""
-    for batch in table.iter(batch_size=1024):
+def table_rows(table, batch_size: int = 1024) -> Iterator[dict]:
+    """The rows of a `datasets` table (Dataset or IterableDataset) as dicts, read `batch_size` at a time."""
+    for batch in table.iter(batch_size=batch_size):
         names = list(batch)
         for values in zip(*batch.values(), strict=True):
             yield dict(zip(names, values, strict=True))
@@ -255,6 +255,7 @@ class SplitStream:
 
     key: str  # the content key's tag
     local_hint: str  # what local data may be, for the error naming a missing path
+    hub_hint = LOCAL_HINT  # how to do without the hub, for the error of a hub name offline
 
     def __init__(
         self, dataset: str, dataset_config: str | None = None, embedded=None, held_out: float = HELD_OUT
@@ -281,7 +282,7 @@ class SplitStream:
             for f in files:
                 self._check_columns(f)
         else:
-            for canonical, (name, split) in hub_streams(dataset, dataset_config).items():
+            for canonical, (name, split) in hub_streams(dataset, dataset_config, self.hub_hint).items():
                 self.sources[canonical] = Source(table=split, origin=("hub", name))
         self.missing = missing_splits(self.sources)
         self.mode = self._carving_mode() if self.missing else "given"
@@ -552,17 +553,17 @@ def load_saved(folder: str):
     return datasets.DatasetDict({"train": loaded}) if isinstance(loaded, datasets.Dataset) else loaded
 
 
-def hub_streams(dataset: str, config: str | None) -> dict[str, tuple[str, object]]:
+def hub_streams(dataset: str, config: str | None, hint: str = LOCAL_HINT) -> dict[str, tuple[str, object]]:
     """A hub dataset's splits as streams (`datasets` with streaming=True): {canonical split: (hub name, stream)}.
-    Offline, it fails at once and says how to use local files instead."""
+    Offline, it fails at once and says how to do without the hub (`hint`)."""
     import datasets
 
     what = f"dataset {dataset!r}" + (f" (config {config!r})" if config else "")
-    ensure_online(what, LOCAL_HINT)
+    ensure_online(what, hint)
     try:
         loaded = datasets.load_dataset(dataset, config, streaming=True)
     except ConnectionError as error:
-        raise OfflineError(f"Cannot load {what} from the hub: {error}. {LOCAL_HINT}") from error
+        raise OfflineError(f"Cannot load {what} from the hub: {error}. {hint}") from error
     if isinstance(loaded, datasets.IterableDataset):
         loaded = {"train": loaded}
     out: dict[str, tuple[str, object]] = {}
@@ -855,6 +856,7 @@ class RowStream(SplitStream):
 
     key = "rows"
     local_hint = "(.csv/.tsv, .jsonl/.json, .parquet), a folder `datasets` saved, or a hub dataset name"
+    rows_per_batch = 1024  # a table's rows read at a time
 
     def __init__(
         self,
@@ -888,7 +890,7 @@ class RowStream(SplitStream):
     def _rows(self, source: Source) -> Iterator[Row]:
         top = list(dict.fromkeys(c.split(".")[0] for c in self.columns))
         if source.table is not None:
-            for number, row in enumerate(table_rows(source.table), 1):
+            for number, row in enumerate(table_rows(source.table, self.rows_per_batch), 1):
                 where = f"{self.dataset} ({source.origin[-1]}) row {number}"
                 yield Row(dict(zip(self.columns, self.values(row, where), strict=True)), where, None, number - 1, 0)
             return
@@ -904,13 +906,19 @@ class RowStream(SplitStream):
 @dataclass
 class Caption:
     """One caption of an image: a prepared shard keeps its ids and, beside them, the image's reference (its name, the
-    folder of the captions file it came from) and the caption's text (BLEU's reference)."""
+    folder it resolves against) and the caption's text (BLEU's reference).
+
+    An image a dataset holds itself (a `datasets` Image) is `embedded`: its folder is the one the preparation writes
+    it to (`shards.CaptionKind.stage`), and the first caption of its row carries its encoded bytes (`data`)."""
 
     caption: str
     image: str
     folder: str | None
     row: int
     nbytes: int
+    embedded: bool = False
+    data: bytes | None = None
+    where: str = ""  # the row, for an error about its image
     last = True
 
     @property
@@ -926,12 +934,67 @@ class Caption:
         return self.row
 
 
+IMAGE_MAGIC = (  # the suffix of a file of encoded image bytes without a name (Pillow reads any by content)
+    (b"\x89PNG", ".png"),
+    (b"\xff\xd8", ".jpg"),
+    (b"GIF8", ".gif"),
+    (b"BM", ".bmp"),
+    (b"II*\x00", ".tif"),
+    (b"MM\x00*", ".tif"),
+)
+
+
+def embedded_image(value: Any, where: str, column: str) -> tuple[str, bytes]:
+    """The name and encoded bytes of an image a row holds: a `datasets` Image, undecoded ({"bytes", "path"}) or a
+    PIL image. Its name is its path's base name when it has one (its file's name: features_dir finds it by that
+    stem), else a digest of its bytes, so a dataset of one row per caption keeps an image's captions together, and
+    the carving by name stays stable. A missing or empty image fails naming the row and the column."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):  # decoded: back to its file's bytes, or encoded losslessly (datasets' own)
+        from datasets.features.image import encode_pil_image
+
+        value = encode_pil_image(value)
+    data, path = value.get("bytes"), value.get("path")
+    if not data and path:  # a path alone: a local file, or a remote one `datasets` can open (a hub stream)
+        try:
+            if os.path.isfile(path):
+                data = Path(path).read_bytes()
+            else:
+                from datasets.utils.file_utils import xopen
+
+                with xopen(path, "rb") as handle:
+                    data = handle.read()
+        except (OSError, ValueError) as error:
+            raise ValueError(f'{where}: the image in "{column}" cannot be read from {path!r} ({error})') from None
+    if not data:
+        raise ValueError(
+            f'{where} has no "{column}" value: its image holds no bytes and no path; each row holds an image '
+            "(a datasets Image) or names one (a path)"
+        )
+    base = Path(str(path).split("::")[0].replace("\\", "/")).name if path else ""
+    if base and base not in (".", ".."):
+        return base, data
+    suffix = next((s for magic, s in IMAGE_MAGIC if data.startswith(magic)), "")
+    if not suffix and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        suffix = ".webp"
+    return hashlib.md5(data).hexdigest()[:16] + suffix, data
+
+
 class CaptionStream(RowStream):
-    """Each split's captions (one row per caption, or a list of them), read through the one reader. An image's split
-    is its row's split column, else its file's (train*/valid*/test*), else carved by a hash of its name, so all its
-    captions (its references) stay together."""
+    """Each split's captions (one row per caption, or a list of them), read through the one reader. A row's image is
+    a path (a captions file's, resolved against its folder or images_dir) or an image the row holds (a `datasets`
+    Image of a folder `datasets` saved or a hub stream, read undecoded: see `embedded_image`). An image's split is its
+    row's split column, else its file's (train*/valid*/test*), else carved by a hash of its name, so all its captions
+    (its references) stay together."""
 
     key = "captions"
+    rows_per_batch = 64  # a table's rows may hold their images' bytes
+    hub_hint = (
+        "Point the DataModule at local files instead: --data.dataset captions.csv (or .jsonl) with columns image and "
+        "caption, the images under --data.images_dir (or their features under --data.features_dir), or a folder "
+        "`datasets` saved (save_to_disk) with an Image column; or use the embedded task, --data.dataset digits."
+    )
 
     def __init__(
         self,
@@ -947,14 +1010,29 @@ class CaptionStream(RowStream):
         super().__init__(
             dataset, [image_column, text_column], image_column, dataset_config, embedded, held_out, column_hint
         )
+        for source in self.sources.values():  # Image columns are read undecoded: bytes are copied, never decoded
+            source.table = _undecoded(source.table, image_column)
 
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Caption]]:
         for number, row in enumerate(self._rows(self.sources[source_name])):
             if number < skip:
                 continue
-            name, caption = row.values[self.image_column], row.values[self.text_column]
-            if not isinstance(name, str) or not name.strip():
-                raise ValueError(f'{row.where} has no "{self.image_column}" value: each row names an image (a path)')
+            value, caption = row.values[self.image_column], row.values[self.text_column]
+            data = None
+            if isinstance(value, str):
+                if not value.strip():
+                    raise ValueError(
+                        f'{row.where} has no "{self.image_column}" value: each row names an image (a path)'
+                    )
+                name = value
+            elif isinstance(value, dict) or _is_pil(value):
+                name, data = embedded_image(value, row.where, self.image_column)
+            else:
+                held = "nothing" if value is None else type(value).__name__
+                raise ValueError(
+                    f'{row.where} has no "{self.image_column}" value (it holds {held}): each row names an image (a '
+                    "path) or holds one (a datasets Image)"
+                )
             refs = [caption] if isinstance(caption, str) else list(caption or [])
             refs = [c.strip() for c in refs if isinstance(c, str) and c.strip()]
             if not refs:
@@ -963,8 +1041,34 @@ class CaptionStream(RowStream):
             if given and given not in SPLIT_ALIASES:
                 raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
             split = SPLIT_ALIASES[given] if given else self.owner(source_name, name)
+            folder = None if data is not None else row.folder
             for k, text in enumerate(refs):
-                yield split, Caption(text, name, row.folder, number, row.nbytes if k == 0 else 0)
+                first = k == 0
+                yield split, Caption(
+                    text, name, folder, number, row.nbytes if first else 0, data is not None,
+                    data if first else None, row.where,
+                )  # fmt: skip
+
+
+def _is_pil(value: Any) -> bool:
+    try:
+        from PIL import Image
+    except ImportError:
+        return False
+    return isinstance(value, Image.Image)
+
+
+def _undecoded(table, column: str):
+    """`table` with its `datasets` Image column `column` read undecoded ({"bytes", "path"}): no Pillow decode while
+    streaming rows; other tables as they are."""
+    features = getattr(table, "features", None)
+    if not features or column not in features:
+        return table
+    import datasets
+
+    if not isinstance(features[column], datasets.Image) or not features[column].decode:
+        return table
+    return table.cast_column(column, datasets.Image(decode=False))
 
 
 # ---------------------------------------------------------------------------------------------------- sentence pairs
