@@ -236,6 +236,12 @@ def test_images_held_as_bytes_without_a_path_are_written_once_beside_the_shards(
     assert first[1:] == [str((root / "images").resolve()), "a red square"]
     _check_pixels(dm)
     assert _held_images_module(dataset, tmp_path).prepare() == root  # prepared once
+    for done in ("manifest.json", "train/index.json", "train/progress.json"):  # as if killed before train was done
+        (root / done).unlink()
+    (root / "images.partial").mkdir(exist_ok=True)
+    (root / "images.partial" / "half-written").write_bytes(b"\x89PN")
+    assert _held_images_module(dataset, tmp_path).prepare() == root  # resumed: the images it wrote are kept
+    assert len(list((root / "images").iterdir())) == 4 and not (root / "images.partial").exists()
 
 
 def test_images_held_with_a_path_are_named_by_it(tmp_path):

@@ -34,6 +34,8 @@ import logging
 import multiprocessing
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -790,10 +792,10 @@ class CaptionKind(LabelledKind):
     folder, tag = "captions", "caption-shards"
     noun = " captions"
     images = "images"  # the prepared folder's folder of embedded images
+    partial = "images.partial"  # where an image is written before it is renamed into images/
 
     def begin(self, root: Path) -> None:
-        for stale in (root / self.images).glob("*.tmp"):
-            stale.unlink()
+        shutil.rmtree(root / self.partial, ignore_errors=True)  # a killed run's half-written image
 
     def stage(self, record: Caption, root: Path) -> Caption:
         if not record.embedded:
@@ -802,7 +804,12 @@ class CaptionKind(LabelledKind):
         if record.data is not None:
             path = folder / record.image
             if not path.exists():
-                atomic_write(path, lambda tmp: Path(tmp).write_bytes(record.data))
+                (root / self.partial).mkdir(parents=True, exist_ok=True)
+                folder.mkdir(exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=root / self.partial)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(record.data)
+                os.replace(tmp, path)
             elif path.stat().st_size != len(record.data) or path.read_bytes() != record.data:
                 raise ValueError(
                     f"{record.where}: two different images are named {record.image!r} (the base name of their path): "

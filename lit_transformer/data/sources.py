@@ -7,7 +7,8 @@
   (corpora.EMBEDDED), given as its DatasetDict.
 - A column may be dotted to reach into a nested field (`translation.en`).
 - A stream says what a record is: CorpusStream (pieces of documents), PairStream (sentence pairs), LabelledStream
-  (texts and their labels), RowStream (rows of named columns: captions and their images).
+  (texts and their labels), RowStream (rows of named columns), CaptionStream (captions and their images: a path, or
+  an image the row holds, a `datasets` Image read undecoded, its bytes carried to the preparation).
 - Held-out splits, for a source without them, are carved from train by one function, `held_out_split`: by a hash of
   the record's content, so its duplicates land in the same split and its position in the source does not matter; each
   missing held-out split takes `held_out` of the hash buckets. A handful of long documents (fewer than
