@@ -337,3 +337,21 @@ def test_a_row_without_its_image_is_named_with_its_column(tmp_path, monkeypatch,
     dm = _held_images_module("someone/broken", tmp_path, image_column="picture", text_column="caption")
     with pytest.raises(ValueError, match=rf'\(train\) row 2 has no "picture" value.*{held}'):
         dm.prepare()
+
+
+def test_an_image_given_by_its_path_alone_or_opened_from_a_file_is_read_from_that_file(tmp_path):
+    """An undecoded image with a path and no bytes (a stream's lazy file), or a PIL image opened from a file, is that
+    file's bytes under its name; a path that is not there names the row and the column."""
+    from PIL import Image
+
+    from lit_transformer.data.sources import embedded_image
+
+    (tmp_path / "red.png").write_bytes(_png("red"))
+    assert embedded_image({"bytes": None, "path": str(tmp_path / "red.png")}, "row 1", "image") == (
+        "red.png",
+        _png("red"),
+    )
+    with Image.open(tmp_path / "red.png") as opened:
+        assert embedded_image(opened, "row 1", "image") == ("red.png", _png("red"))
+    with pytest.raises(ValueError, match=r'row 3: the image in "image" cannot be read from .*gone.png'):
+        embedded_image({"bytes": None, "path": str(tmp_path / "gone.png")}, "row 3", "image")

@@ -952,10 +952,12 @@ def embedded_image(value: Any, where: str, column: str) -> tuple[str, bytes]:
     the carving by name stays stable. A missing or empty image fails naming the row and the column."""
     from PIL import Image
 
-    if isinstance(value, Image.Image):  # decoded: back to its file's bytes, or encoded losslessly (datasets' own)
-        from datasets.features.image import encode_pil_image
+    if isinstance(value, Image.Image):  # decoded: its file's bytes, else encoded again (as `datasets` encodes it)
+        from datasets.features.image import image_to_bytes
 
-        value = encode_pil_image(value)
+        path = getattr(value, "filename", "") or None
+        data = Path(path).read_bytes() if path and os.path.isfile(path) else image_to_bytes(value)
+        value = {"bytes": data, "path": path}
     data, path = value.get("bytes"), value.get("path")
     if not data and path:  # a path alone: a local file, or a remote one `datasets` can open (a hub stream)
         try:
