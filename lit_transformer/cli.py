@@ -223,10 +223,17 @@ def set_once(config) -> None:
     for field, (key, value) in cls.model_fields(args).items():
         if field.startswith("image") and architecture.get("source") != "patches":
             continue  # a model that reads tokens or features: the images' geometry is not its concern
+        if field == "source_dim" and architecture.get("source") != "features":
+            continue
         current = architecture.get(field)
         current = list(current) if isinstance(current, tuple) else current
         if current is None or current == defaults.get(field) or current == value:
             architecture[field] = value
+        elif field == "source_dim":  # read from the files, not a data argument
+            raise ValueError(
+                f"the features in data.init_args.{key}={args[key]} are {value} wide and model.config.{field}={current}:"
+                f" the data decides it, so leave model.config.{field} unset (or set it to {value})"
+            )
         else:
             raise ValueError(
                 f"data.init_args.{key}={value} and model.config.{field}={current} differ: the data decides it, so set "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import datasets
 import pytest
@@ -97,6 +98,35 @@ def test_the_data_sets_the_image_geometry_once_and_a_mismatch_names_both_keys():
     config = _config("CaptioningDataModule", data, {"source": "patches", "image_size": [8, 40], "max_seq_len": 32})
     with pytest.raises(ValueError, match=r"data.init_args.image_size=\[8, 48\] and model.config.image_size=\[8, 40\]"):
         set_once(config)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".safetensors"])
+def test_the_features_width_sets_source_dim_once_and_a_mismatch_names_the_folder(tmp_path: Path, suffix: str):
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    from lit_transformer.cli import set_once
+
+    features = tmp_path / "features"
+    features.mkdir()
+    for stem in ("a", "b"):
+        if suffix == ".npy":
+            np.save(features / f"{stem}.npy", np.zeros((3, 7), dtype=np.float32))
+        else:
+            save_file({"features": torch.zeros(3, 7)}, str(features / f"{stem}.safetensors"))
+    data = {"image_size": (8, 48), "channels": 1, "features_dir": str(features), "max_caption_tokens": 16}
+    config = _config("CaptioningDataModule", data, {"source": "features", "source_dim": None, "max_seq_len": 32})
+    set_once(config)
+    assert config.model.config.source_dim == 7
+    config = _config("CaptioningDataModule", data, {"source": "features", "source_dim": 5, "max_seq_len": 32})
+    with pytest.raises(ValueError, match=rf"features in data.init_args.features_dir={features} are 7 wide and "
+                                         r"model.config.source_dim=5.*leave model.config.source_dim unset"):  # fmt: skip
+        set_once(config)
+    empty = {**data, "features_dir": str(tmp_path / "none")}  # no files: setup names the missing image instead
+    config = _config("CaptioningDataModule", empty, {"source": "features", "source_dim": 5, "max_seq_len": 32})
+    set_once(config)
+    assert config.model.config.source_dim == 5
 
 
 def test_learned_positions_too_few_for_the_data_name_both_keys():

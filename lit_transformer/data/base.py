@@ -98,8 +98,8 @@ class DataModule(L.LightningDataModule):
 
     @classmethod
     def model_fields(cls, args: dict[str, Any]) -> dict[str, tuple[str, Any]]:
-        """What this data decides of the architecture, from its init args: {model config field: (data argument,
-        value)}. The CLI fills each field the model config leaves unset and refuses a different value, naming both
+        """What this data decides of the architecture, from its init args (or the files they name): {model config
+        field: (data argument, value)}. The CLI fills each field the model config leaves unset and refuses a different value, naming both
         keys (vocabulary sizes and num_labels, known only once the data is read, are linked instead)."""
         return {}
 

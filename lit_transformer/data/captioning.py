@@ -242,8 +242,9 @@ class CaptioningDataModule(DataModule):
 
     @classmethod
     def model_fields(cls, args: dict) -> dict:
-        if args.get("features_dir"):  # features: their width is read from the files (source_dim), not set here
-            return {}
+        if args.get("features_dir"):  # features: their width, read from the first file, is the model's source_dim
+            width = feature_width(Path(args["features_dir"]))
+            return {} if width is None else {"source_dim": ("features_dir", width)}
         return {
             "image_size": ("image_size", list(args["image_size"])),
             "image_channels": ("channels", args["channels"]),
@@ -398,6 +399,22 @@ class CaptioningDataModule(DataModule):
             shuffle=False,
             collate_fn=lambda items: self.collate(items, split),
         )
+
+
+def feature_width(folder: Path) -> int | None:
+    """The width (source_dim) of the features in `folder`, read from its first file's header alone (None when the
+    folder holds none: setup then names the image whose features are missing)."""
+    files = sorted(p for p in folder.glob("*") if p.suffix in FEATURE_SUFFIXES) if folder.is_dir() else []
+    if not files:
+        return None
+    if files[0].suffix == ".npy":
+        shape = np.load(files[0], mmap_mode="r").shape
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(files[0]), framework="np") as handle:
+            shape = handle.get_slice(next(iter(handle.keys()))).get_shape()
+    return int(shape[-1]) if len(shape) == 2 else None  # another shape: load_features names the problem
 
 
 def _feature_file(folder: Path, stem: str) -> Path:
