@@ -350,39 +350,3 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
         cwd=run,
     ).stdout.splitlines()
     assert [r["output"] for r in rows] == translated
-
-
-def test_ddp_with_two_cpu_processes(tmp_path: Path):
-    """Both ranks train all 6 steps and end with identical parameters (DDP keeps replicas in sync)."""
-    tests = Path(__file__).parent
-    _process(
-        "fit",
-        "--config",
-        str(CONFIGS / "presets" / "tiny.yaml"),
-        "--config",
-        str(CONFIGS / "trainer" / "ddp_cpu.yaml"),
-        "--trainer.max_steps",
-        "6",
-        "--trainer.val_check_interval",
-        "3",
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path),
-        "--checkpoint.dirpath",
-        str(tmp_path / "checkpoints"),
-        "--checkpoint.every_n_train_steps",
-        "3",
-        "--data.init_args.cache_dir",
-        str(tmp_path / "cache"),
-        "--trainer.callbacks+=_boring.RankParameters",
-        f"--trainer.callbacks.dirpath={tmp_path / 'ranks'}",
-        cwd=ROOT,
-        env={**ENV, "PYTHONPATH": f"{tests}{os.pathsep}{ROOT}"},
-    )
-    from lit_transformer.checkpointing import load_checkpoint
-
-    assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 6
-    ranks = [torch.load(tmp_path / "ranks" / f"rank{r}.pt") for r in (0, 1)]
-    assert [(r["rank"], r["world_size"], r["step"]) for r in ranks] == [(0, 2, 6), (1, 2, 6)]
-    assert ranks[0]["params"].keys() == ranks[1]["params"].keys()
-    for name, value in ranks[0]["params"].items():
-        assert torch.equal(value, ranks[1]["params"][name]), name

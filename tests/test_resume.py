@@ -50,6 +50,8 @@ def _reliability_config(root: Path, devices: int = 1) -> Path:
     }
     if devices > 1:
         config["trainer"].update(strategy="ddp", accelerator="cpu")
+        ranks = {"class_path": "_boring.RankParameters", "init_args": {"dirpath": str(root / "ranks")}}
+        config["trainer"]["callbacks"].append(ranks)
     root.mkdir(parents=True, exist_ok=True)
     path = root / "reliability.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -151,3 +153,11 @@ def test_ddp_two_processes_on_cpu_resume_after_sigkill(tmp_path: Path) -> None:
     _run_and_kill(_command(cut, devices=2), after_step=4, delay=0.1)
     _run(_command(cut, "--ckpt_path", "last", devices=2), timeout=300)
     _assert_same_losses(_boring.read_losses(tmp_path / "full"), _boring.read_losses(cut), "DDP, killed after step 4")
+    # both ranks end every run with the same parameters (DDP keeps the replicas in sync), the resumed run's too
+    full, resumed = ([torch.load(root / "ranks" / f"rank{r}.pt") for r in (0, 1)] for root in (tmp_path / "full", cut))
+    for ranks in (full, resumed):
+        assert [(r["rank"], r["world_size"], r["step"]) for r in ranks] == [(0, 2, MAX_STEPS), (1, 2, MAX_STEPS)]
+        assert ranks[0]["params"].keys() == ranks[1]["params"].keys()
+        assert all(torch.equal(value, ranks[1]["params"][name]) for name, value in ranks[0]["params"].items())
+    for name, value in full[0]["params"].items():
+        torch.testing.assert_close(resumed[0]["params"][name], value, rtol=0, atol=1e-5, msg=name)
