@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
@@ -103,13 +106,11 @@ class AttentionMaps(L.Callback):
         if batch is None or _sharded_across_ranks(trainer, self):
             return
         with trainer.precision_plugin.forward_context():
-            for name, figure in self.figures(pl_module, batch):
-                writer.add_figure(name, figure, trainer.global_step)
+            for tag, image in self.images(pl_module, batch):
+                writer.add_image(tag, image, trainer.global_step, dataformats="HWC")
 
-    def figures(self, pl_module: L.LightningModule, batch: dict[str, Any]):
-        import matplotlib
-
-        matplotlib.use("Agg")
+    def images(self, pl_module: L.LightningModule, batch: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+        """(tag, RGB image) per layer and attention kind: `attention/{kind}/layer_{i}`."""
         model = pl_module.model
         was_training = model.training
         model.eval()
@@ -118,28 +119,85 @@ class AttentionMaps(L.Callback):
         for kind, layers in attentions.items():
             queries, keys = axes[kind]
             for layer, weights in enumerate(layers[: self.max_layers]):
-                yield f"attention/{kind}/layer_{layer}", _heads_figure(weights[0].float().cpu(), queries, keys)
+                yield f"attention/{kind}/layer_{layer}", heads_image(weights[0].float().cpu(), queries, keys)
 
 
-def _heads_figure(weights: torch.Tensor, queries: list[str], keys: list[str]):
-    """One heatmap per head (H, Tq, Tk) in a grid, with the tokens on the axes."""
-    import matplotlib.pyplot as plt
+_CELL = 11  # pixels per token: a 6 pt label (8 px at 100 dpi) beside each row and under each column
+_LABEL_CHARS = 16  # longer tokens are cut, with an ellipsis, so that one token cannot widen the margins
+_HEAD_COLUMNS = 4
 
-    heads = weights.size(0)
-    cols = min(4, heads)
-    rows = (heads + cols - 1) // cols
-    size = 0.25 * max(len(keys), 8)
-    fig, grid = plt.subplots(rows, cols, figsize=(cols * size + 1, rows * size + 1), squeeze=False)
-    for h, ax in enumerate(grid.flat):
-        if h >= heads:
-            ax.axis("off")
-            continue
-        ax.imshow(weights[h].numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
-        ax.set_title(f"head {h}", fontsize=8)
-        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
-        ax.set_yticks(range(len(queries)), queries, fontsize=6)
-    fig.tight_layout()
-    return fig
+
+def heads_image(weights: torch.Tensor, queries: list[str], keys: list[str]) -> np.ndarray:
+    """One heatmap per head of (H, Tq, Tk) attention weights, in a grid of up to 4 columns, as an RGB uint8 image
+    (height, width, 3): query tokens left of each row of heads, key tokens under each column, viridis over 0..1.
+
+    Matplotlib draws only the text (head titles and token labels), once per set of labels: every layer of a kind, and
+    every validation of a run, shares them (`_heads_frame` is cached). Each weight is then painted as a square block of
+    pixels, which is what `imshow(interpolation="nearest")` would draw, without the cost of axes and ticks per head.
+    """
+    from matplotlib import colormaps
+
+    frame, corners = _heads_frame(weights.size(0), tuple(queries), tuple(keys))
+    colours = colormaps["viridis"].with_extremes(bad="white")(weights.numpy(), bytes=True)[..., :3]
+    image = frame.copy()
+    height, width = len(queries) * _CELL, len(keys) * _CELL
+    for colour, (top, left) in zip(colours, corners, strict=True):
+        image[top : top + height, left : left + width] = colour.repeat(_CELL, axis=0).repeat(_CELL, axis=1)
+    return image
+
+
+@functools.lru_cache(maxsize=8)
+def _heads_frame(
+    heads: int, queries: tuple[str, ...], keys: tuple[str, ...]
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The image of `heads_image` without its cells (read-only), and each head's top-left cell pixel (row, column).
+    Drawn on a matplotlib Figure with the Agg canvas directly: no pyplot, no global figure state."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.font_manager import FontProperties
+
+    dpi, font, pad, title, gap = 100, 6, 3, 14, 6  # sizes in pixels, font in points
+    queries, keys = tuple(map(_short_label, queries)), tuple(map(_short_label, keys))
+    figure = Figure(dpi=dpi)
+    canvas = FigureCanvasAgg(figure)
+    renderer = canvas.get_renderer()
+
+    def widest(labels: tuple[str, ...], points: float) -> int:
+        prop = FontProperties(size=points)
+        return max(round(renderer.get_text_width_height_descent(s, prop, ismath=False)[0]) for s in labels)
+
+    left, bottom = pad + widest(queries, font), pad + widest(keys, font)
+    cols = min(_HEAD_COLUMNS, heads)
+    rows = -(-heads // cols)
+    head_w, head_h = len(keys) * _CELL, len(queries) * _CELL
+    slot = max(head_w, widest((f"head {heads - 1}",), 7) + 2 * pad)  # a title wider than its head's few keys
+    width = left + pad + cols * slot + (cols - 1) * gap + pad
+    height = rows * (title + head_h) + (rows - 1) * gap + bottom + pad
+    figure.set_size_inches(width / dpi, height / dpi)
+    corners = []
+    text = {"fontsize": font, "parse_math": False}  # a token such as "$x$" is text, not mathtext
+    for h in range(heads):
+        row, col = divmod(h, cols)
+        top, x = row * (title + head_h + gap) + title, left + pad + col * (slot + gap) + (slot - head_w) // 2
+        corners.append((top, x))
+        y = height - top  # matplotlib counts from the bottom
+        figure.text((x + head_w / 2) / width, (y + 2) / height, f"head {h}", fontsize=7, ha="center", va="bottom")
+        if col == 0:
+            for i, label in enumerate(queries):
+                yi = (y - (i + 0.5) * _CELL) / height
+                figure.text((x - pad) / width, yi, label, ha="right", va="center", **text)
+        if h + cols >= heads:  # the lowest head of its column
+            for j, label in enumerate(keys):
+                xj = (x + (j + 0.5) * _CELL) / width
+                figure.text(xj, (y - head_h - pad) / height, label, ha="center", va="top", rotation=90, **text)
+    canvas.draw()
+    frame = np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    frame.setflags(write=False)
+    return frame, corners
+
+
+def _short_label(label: str) -> str:
+    return label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 1] + "…"
 
 
 class TokenThroughputMonitor(L.Callback):

@@ -10,8 +10,10 @@ import sys
 import traceback
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from lit_transformer.cli import main, run_cli
 
@@ -165,6 +167,10 @@ def test_tensorboard_shows_curves_samples_attention_and_hparams(tiny_run: Path):
     assert any("mfu" in s for s in scalars), sorted(scalars)
     assert any(t.startswith("samples/") for t in tags["tensors"]), tags["tensors"]
     assert any(t.startswith("attention/self/layer_0") for t in tags["images"]), tags["images"]
+    logged = acc.Images("attention/self/layer_0")[-1]  # an RGB PNG of the heads, as AttentionMaps.images drew it
+    pixels = np.asarray(Image.open(io.BytesIO(logged.encoded_image_string)))
+    assert pixels.shape == (logged.height, logged.width, 3) and pixels.dtype == np.uint8
+    assert pixels.min() < 64 and pixels.max() == 255  # dark labels and cells on white
     assert (events / "hparams.yaml").exists()
 
 

@@ -1,0 +1,63 @@
+"""AttentionMaps: each layer's heads as one RGB image, tagged `attention/{kind}/layer_{i}`, its cells the weights in
+viridis over 0..1 and its token labels (long BPE tokens too) drawn beside the cells, never over them nor off the edge."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from matplotlib import colormaps
+
+from lit_transformer.callbacks import _CELL, AttentionMaps, _heads_frame, heads_image
+
+LONG = ["ĠROMEO", ":", "\\n", "Ġextraordinarily", "Ġinterchangeably", "$x$", "<|endoftext|>", "Ġ" + "a" * 30]
+
+
+def _weights(heads: int, queries: int, keys: int) -> torch.Tensor:
+    return torch.randn(heads, queries, keys, generator=torch.Generator().manual_seed(0)).softmax(-1)
+
+
+def _labels(n: int) -> list[str]:
+    return [LONG[i % len(LONG)] for i in range(n)]
+
+
+@pytest.mark.parametrize(("heads", "queries", "keys"), [(6, 24, 24), (1, 1, 1), (4, 5, 24), (16, 24, 3)])
+def test_each_head_is_its_weights_in_viridis_with_labels_beside_the_cells(heads: int, queries: int, keys: int):
+    weights = _weights(heads, queries, keys)
+    image = heads_image(weights, _labels(queries), _labels(keys))
+    assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+
+    frame, corners = _heads_frame(heads, tuple(_labels(queries)), tuple(_labels(keys)))
+    assert frame.shape == image.shape and len(corners) == heads
+    colours = colormaps["viridis"](weights.numpy(), bytes=True)[..., :3]
+    for h, (top, left) in enumerate(corners):
+        cells = image[top : top + queries * _CELL, left : left + keys * _CELL]
+        assert cells.shape[:2] == (queries * _CELL, keys * _CELL)  # inside the image
+        assert (cells[::_CELL, ::_CELL] == colours[h]).all()  # one block of pixels per weight, viridis over 0..1
+        assert (frame[top : top + queries * _CELL, left : left + keys * _CELL] == 255).all()  # no text over cells
+    edges = np.concatenate([image[0], image[-1], image[:, 0], image[:, -1]])
+    assert (edges == 255).all()  # nothing drawn reaches the border: no label is cut off
+    assert (image != 255).any(axis=2).sum() > (image == 0).all(axis=2).sum() > 0  # labels in black, cells in colour
+
+
+def test_images_are_tagged_by_kind_and_layer_and_the_model_keeps_its_mode():
+    model = torch.nn.Linear(1, 1).train()
+    layers = [_weights(6, 24, 24)[None] for _ in range(4)]
+    attentions = {"self": layers, "cross": [_weights(6, 24, 5)[None]]}
+    axes = {"self": (_labels(24), _labels(24)), "cross": (_labels(24), _labels(5))}
+
+    def attention(module, batch, max_tokens):
+        assert max_tokens == 24 and not module.model.training
+        return attentions, axes
+
+    module = SimpleNamespace(model=model, task=SimpleNamespace(attention=attention))
+    images = dict(AttentionMaps(max_tokens=24, max_layers=3).images(module, {}))
+    assert list(images) == ["attention/self/layer_0", "attention/self/layer_1", "attention/self/layer_2"] + [
+        "attention/cross/layer_0"
+    ]
+    assert model.training
+    for image in images.values():
+        assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+    assert images["attention/self/layer_0"].shape == images["attention/self/layer_2"].shape
