@@ -91,7 +91,7 @@ class AttentionMaps(L.Callback):
         """
         Args:
             max_tokens: Tokens of the first validation sample shown on each axis.
-            max_layers: Layers drawn per attention kind (the first ones).
+            max_layers: Layers drawn per attention kind (the first ones); 0 turns the maps off (no forward pass).
         """
         self.max_tokens = max_tokens
         self.max_layers = max_layers
@@ -100,7 +100,7 @@ class AttentionMaps(L.Callback):
     @torch.no_grad()
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         writer = _tensorboard(trainer)
-        if trainer.sanity_checking or writer is None or pl_module.tokenizer is None:
+        if trainer.sanity_checking or writer is None or pl_module.tokenizer is None or self.max_layers < 1:
             return
         batch = _first_validation_batch(trainer)
         if batch is None or _sharded_across_ranks(trainer, self):

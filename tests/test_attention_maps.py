@@ -61,3 +61,16 @@ def test_images_are_tagged_by_kind_and_layer_and_the_model_keeps_its_mode():
     for image in images.values():
         assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
     assert images["attention/self/layer_0"].shape == images["attention/self/layer_2"].shape
+
+
+def test_max_layers_zero_turns_the_maps_off_without_a_forward_pass(monkeypatch):
+    import lit_transformer.callbacks as callbacks
+
+    calls = []
+    writer = SimpleNamespace(add_image=lambda *args, **kwargs: calls.append("image"))
+    monkeypatch.setattr(callbacks, "_tensorboard", lambda trainer: writer)
+    monkeypatch.setattr(callbacks, "_first_validation_batch", lambda trainer: calls.append("batch") or {})
+    trainer = SimpleNamespace(sanity_checking=False)
+    module = SimpleNamespace(tokenizer=object(), task=SimpleNamespace(attention=lambda *a: calls.append("forward")))
+    AttentionMaps(max_layers=0).on_validation_epoch_end(trainer, module)
+    assert calls == []

@@ -1,0 +1,61 @@
+"""Time the test suite as CI runs it (`python -m pytest`, two xdist workers) and write what it took to a JSON file.
+
+The README quotes the figure; a timed test would be flaky, so the suite's time is measured here, on a machine said
+by name (`lscpu`), with the load average before and after (another job on 2 cores doubles it).
+
+    python scripts/suite_time.py --json docs/suite_time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    match = re.search(r"Model name:\s*(.+)", out)
+    return match.group(1).strip() if match else "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, required=True, help="Where to write the figures.")
+    parser.add_argument("pytest_args", nargs="*", help="Extra pytest arguments (none: the suite as CI runs it).")
+    args = parser.parse_args()
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args]
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|xfailed|skipped|errors?)", summary)}
+    figures = {
+        "command": "python -m pytest -q" + "".join(f" {a}" for a in args.pytest_args),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "exit_code": result.returncode,
+        "summary": summary,
+        "counts": counts,
+        "wall_s": round(wall, 1),
+        "wall_min": round(wall / 60, 2),
+        "cpu_min": round((children.ru_utime + children.ru_stime) / 60, 1),
+        "load_average_before": round(load_before[0], 2),  # the machine's other work as the suite started
+    }
+    args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+    sys.exit(result.returncode)
+
+
+if __name__ == "__main__":
+    main()
