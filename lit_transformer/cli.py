@@ -197,12 +197,30 @@ class TransformerCLI(LightningCLI):
         hparams.pop("_instantiator", None)
         hparams.pop("generation", None)
         hparams.pop("quantize", None)  # like generation: a choice of this run (predict --model.quantize int8)
+        if hparams.get("lora") and hparams.get("init_from"):  # a LoRA checkpoint: its base is read again
+            check_lora_base(self.config[subcommand].model, hparams, str(path))
         if hparams:
             try:
                 self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
             except SystemExit:
                 sys.stderr.write(f"The hyperparameters saved in {path} do not parse as this LitTransformer's\n")
                 raise
+
+
+def check_lora_base(model, hparams: dict, path: str) -> None:
+    """A LoRA checkpoint records its base (init_from): `--model.init_from PATH` given with --ckpt_path says where that
+    base is now (it moved, or this is another machine) and wins over the record; the fingerprint is checked all the
+    same. A recorded base that is gone ends the command with one line naming it and that flag."""
+    from lit_transformer.interop.pretrained import is_missing_path
+    from lit_transformer.lora import missing_base_message
+
+    given = model.get("init_from") if model is not None else None
+    if given:
+        hparams["init_from"] = given
+    if is_missing_path(hparams["init_from"]):
+        if given:
+            raise SystemExit(f"error: --model.init_from {given} (the LoRA base for {path}) does not exist")
+        raise SystemExit(f"error: {missing_base_message(path, hparams['init_from'], '--model.init_from PATH')}")
 
 
 def set_once(config) -> None:

@@ -8,7 +8,13 @@ from typing import Literal
 
 from jsonargparse import ArgumentParser
 
-from lit_transformer.inference import LoadedModel, add_quantize_argument, load_model, quantize_loaded
+from lit_transformer.inference import (
+    LoadedModel,
+    add_base_argument,
+    add_quantize_argument,
+    load_model,
+    quantize_loaded,
+)
 from lit_transformer.quantization import Quantize
 
 Format = Literal["hf", "onnx", "safetensors"]
@@ -62,11 +68,17 @@ def export_main(argv: Sequence[str]) -> None:
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
     parser.add_argument("--format", type=Format, required=True, help="hf, onnx or safetensors.")
     parser.add_argument("--out", type=str, required=True, help="Output folder (created if missing).")
+    add_base_argument(parser)
     add_quantize_argument(parser)
     args = parser.parse_args(list(argv))
     if args.quantize != "none" and args.format == "hf":
         raise SystemExit(f"error: --quantize {args.quantize} exports as --format safetensors or onnx, not hf")
-    loaded = load_model(args.checkpoint)
+    from lit_transformer.checkpointing import CheckpointError
+
+    try:
+        loaded = load_model(args.checkpoint, base=args.base)
+    except CheckpointError as error:
+        raise SystemExit(f"error: {error}") from None
     if args.format == "onnx":  # the fp32 graphs are traced, then onnxruntime quantizes them
         path = export(loaded, args.format, args.out, onnx_quantize=args.quantize)
     else:

@@ -94,8 +94,10 @@ def _refuse_other_kinds(path: Path) -> None:
         )
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it."""
+def load_model(path: str | Path, device: str | torch.device = "cpu", base: str | Path | None = None) -> LoadedModel:
+    """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it.
+    `base`: where a LoRA checkpoint's base is now, if it moved from the recorded init_from (its fingerprint is
+    checked all the same)."""
     from lit_transformer.checkpointing import CheckpointError, load_checkpoint
     from lit_transformer.interop.pretrained import checkpoint_weights
 
@@ -105,8 +107,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
         config = config_from_checkpoint(checkpoint)
     except ValueError as error:
         raise CheckpointError(f"{path}: {error}") from None
-    # A LoRA checkpoint's base is read again from its init_from, checked, and the adapters merged in.
-    model = checkpoint_weights(checkpoint, config, str(path))
+    # A LoRA checkpoint's base is read again from its init_from (or `base`), checked, and the adapters merged in.
+    model = checkpoint_weights(checkpoint, config, str(path), None if base is None else str(base))
     if "tokenizer" not in checkpoint:
         raise CheckpointError(f"{path} holds no tokenizer: it was saved without a DataModule; retrain with one")
     tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
@@ -155,6 +157,7 @@ def _parser(prog: str, description: str) -> ArgumentParser:
     parser = ArgumentParser(prog=f"python -m lit_transformer {prog}", description=description)
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
     parser.add_argument("--device", type=str, default="auto", help="cpu, cuda, or auto.")
+    add_base_argument(parser)
     add_quantize_argument(parser)
     hints, docs = typing.get_type_hints(GenerationConfig), _field_docs(GenerationConfig)
     for field in dataclasses.fields(GenerationConfig):
@@ -188,6 +191,17 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
+def add_base_argument(parser: ArgumentParser) -> None:
+    """--base PATH, shared by generate, translate and export: where a LoRA checkpoint's base is now."""
+    parser.add_argument(
+        "--base",
+        type=str | None,
+        default=None,
+        help="A LoRA checkpoint's base (its init_from) where it is now, if it moved from the path the checkpoint "
+        "records; its fingerprint is checked as the recorded one's would be.",
+    )
+
+
 def add_quantize_argument(parser: ArgumentParser) -> None:
     """--quantize none|int8, shared by generate, translate and export."""
     parser.add_argument(
@@ -217,7 +231,7 @@ def _load(args) -> LoadedModel:
     if device == "auto" and args.quantize != "none":
         device = "cpu"  # the int8 kernels are CPU kernels
     try:
-        loaded = load_model(args.checkpoint, _device(device))
+        loaded = load_model(args.checkpoint, _device(device), args.base)
     except CheckpointError as error:
         raise SystemExit(f"error: {error}") from None
     return quantize_loaded(loaded, args.quantize)

@@ -208,6 +208,16 @@ def base_mismatch_message(what: str, base: str | None, saved: str, now: str) -> 
     )
 
 
+def missing_base_message(what: str, base: str, flag: str | None) -> str:
+    """A LoRA checkpoint whose recorded base (init_from) is gone: which path, and how to say where the base is now."""
+    where = (
+        f"point at where it is now with {flag} (the same weights: their fingerprint is checked)"
+        if flag
+        else "put the base back at that path"
+    )
+    return f"{what} holds LoRA adapters for the base {base}, which does not exist (moved, or another machine?): {where}"
+
+
 def strip_checkpoint(checkpoint: dict[str, Any], keys: Iterable[str], record: dict[str, Any], prefix: str = "") -> None:
     """Keep only the trainable tensors in checkpoint['state_dict'] and record the base (`lora`: its init_from and
     fingerprint, the parameter counts)."""
@@ -217,10 +227,15 @@ def strip_checkpoint(checkpoint: dict[str, Any], keys: Iterable[str], record: di
 
 
 def complete_checkpoint(
-    checkpoint: dict[str, Any], full_state: Mapping[str, torch.Tensor], expected: str, what: str = "The checkpoint"
+    checkpoint: dict[str, Any],
+    full_state: Mapping[str, torch.Tensor],
+    expected: str,
+    what: str = "The checkpoint",
+    base: str | None = None,
 ) -> None:
-    """Check the checkpoint's base fingerprint against `expected` (the base loaded now) and fill its state dict with
-    the frozen base tensors of `full_state`, so a strict load checks every key as usual."""
+    """Check the checkpoint's base fingerprint against `expected` (the base loaded now, from `base`, by default the
+    recorded one) and fill its state dict with the frozen base tensors of `full_state`, so a strict load checks every
+    key as usual."""
     from lit_transformer.checkpointing import CheckpointError
 
     record = checkpoint.get("lora")
@@ -230,12 +245,17 @@ def complete_checkpoint(
             "--model.lora (or fine-tune from it: --model.init_from CHECKPOINT --config configs/finetune/lora.yaml)"
         )
     if record.get("fingerprint") != expected:
-        raise CheckpointError(base_mismatch_message(what, record.get("base"), record.get("fingerprint"), expected))
+        loaded = base or record.get("base")
+        raise CheckpointError(base_mismatch_message(what, loaded, record.get("fingerprint"), expected))
     checkpoint["state_dict"] = {**full_state, **checkpoint["state_dict"]}
 
 
 def load_adapted(
-    model: nn.Module, checkpoint: dict[str, Any], new: Iterable[str] = (), path: str = "The checkpoint"
+    model: nn.Module,
+    checkpoint: dict[str, Any],
+    new: Iterable[str] = (),
+    path: str = "The checkpoint",
+    base: str | None = None,
 ) -> nn.Module:
     """`model` (the base, read again from init_from) with a LoRA checkpoint's adapters applied, checked against the
     base's fingerprint, loaded, and merged: a plain model. `new`: the parameters the base does not supply."""
@@ -245,7 +265,7 @@ def load_adapted(
     apply_lora(model, LoraOptions.of(hparams.get("lora")) or LoraOptions(), new)
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     checkpoint = {**checkpoint, "state_dict": dict(checkpoint["state_dict"])}
-    complete_checkpoint(checkpoint, state, fingerprint(model), str(path))
+    complete_checkpoint(checkpoint, state, fingerprint(model), str(path), base)
     wrapper = nn.Module()
     wrapper.model = model
     load_model_state(wrapper, checkpoint, current=getattr(model, "config", None))

@@ -103,8 +103,14 @@ class LitTransformer(L.LightningModule):
                 "Marian folder, or a .ckpt of ours)"
             )
         if init_from:
-            from lit_transformer.interop.pretrained import load_init_from
+            from lit_transformer.interop.pretrained import is_missing_path, load_init_from
 
+            if lora is not None and is_missing_path(init_from):  # a LoRA checkpoint's base that moved, or a typo
+                raise FileNotFoundError(
+                    f"the LoRA base init_from {init_from} does not exist (moved, or another machine?): point at where "
+                    "it is now with --model.init_from PATH (load_from_checkpoint(..., init_from=PATH)); its "
+                    "fingerprint is checked"
+                )
             pretrained, self._init_tokenizer = load_init_from(init_from, config)
             # save_hyperparameters reads these arguments: checkpoints record the real architecture, not the source.
             config, init_from = pretrained.config, None
@@ -283,7 +289,8 @@ class LitTransformer(L.LightningModule):
             from lit_transformer.lora import complete_checkpoint
 
             self._apply_lora()
-            complete_checkpoint(checkpoint, self.state_dict(), self._lora_record["fingerprint"])
+            record = self._lora_record
+            complete_checkpoint(checkpoint, self.state_dict(), record["fingerprint"], base=record["base"])
         if "tokenizer" in checkpoint:
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
             target = checkpoint.get("target_tokenizer")

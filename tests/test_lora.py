@@ -235,6 +235,36 @@ def test_other_base_weights_are_refused_with_a_message_that_says_so(tmp_path, to
         assert str(folder) in str(error.value) and "base fingerprint" in str(error.value)
 
 
+def test_a_base_that_moved_is_named_and_found_again_with_base(tmp_path, tokenizer):
+    """The recorded base is gone: loading names it and --base; --base NEWPATH gives the same model, checked by the
+    same fingerprint (other weights there are refused)."""
+    import shutil
+
+    from lit_transformer.inference import generate_main
+    from lit_transformer.interop import save_hf_gpt2
+
+    folder = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
+    lit = _adapted(TransformerConfig.preset("tiny"), folder, rank=2)
+    _randomize(lit)
+    path = _lora_checkpoint(tmp_path / "lora.ckpt", lit, tokenizer)
+    x = tokens(2, 12)
+    with torch.no_grad():
+        before = load_model(path).model(x)
+    moved = shutil.move(folder, tmp_path / "elsewhere")
+    with pytest.raises(CheckpointError, match=f"base {folder}, which does not exist.*--base PATH"):
+        load_model(path)
+    with pytest.raises(SystemExit, match=f"base {folder}, which does not exist.*--base PATH"):
+        generate_main(["--checkpoint", str(path), "--max_new_tokens", "2"])
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(path, base=moved).model(x), before, atol=0, rtol=0)
+    generate_main(["--checkpoint", str(path), "--base", str(moved), "--max_new_tokens", "2", "--seed", "0"])
+    other = save_hf_gpt2(build(GPT2, seed=1, vocab_size=128, pad_token_id=None), tmp_path / "other", tokenizer)
+    with pytest.raises(CheckpointError, match=f"than those loaded now from init_from {other}: base fingerprint"):
+        load_model(path, base=other)
+    with pytest.raises(SystemExit, match="trained on other base weights"):
+        generate_main(["--checkpoint", str(path), "--base", str(other)])
+
+
 # ---- the command line, from LoRA checkpoints --------------------------------------------------------------------
 
 
@@ -334,6 +364,30 @@ def test_resuming_a_lora_run_continues_exactly(lm_runs: Path, tmp_path: Path):
     for index, state in straight["optimizer_states"][0]["state"].items():
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(resumed["optimizer_states"][0]["state"][index][key], state[key])
+
+
+@pytest.mark.slow
+def test_validate_and_resume_with_a_base_that_moved(lm_runs: Path, tmp_path: Path):
+    """A LoRA checkpoint whose recorded base is gone: validate names it and --model.init_from, which then points at
+    the base's new place and wins over the record (fit --ckpt_path resumes the same way)."""
+    base = lm_runs / "base" / "checkpoints" / "last.ckpt"
+    checkpoint = load_checkpoint(lm_runs / "lora" / "checkpoints" / "last.ckpt")
+    gone = str(tmp_path / "old_mount" / "last.ckpt")  # the base as recorded on another machine
+    checkpoint["lora"]["base"] = checkpoint["hyper_parameters"]["init_from"] = checkpoint["init_from"] = gone
+    torch.save(checkpoint, tmp_path / "lora.ckpt")
+    common = [*TINY_LM, "--trainer.logger", "false", "--data.init_args.cache_dir", str(lm_runs / "cache")]
+    common += ["--ckpt_path", str(tmp_path / "lora.ckpt")]
+    failed = _cli("validate", *common, cwd=tmp_path, ok=False)
+    assert f"base {gone}, which does not exist" in failed.stderr and "--model.init_from PATH" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    assert "val/loss" in _cli("validate", *common, "--model.init_from", str(base), cwd=tmp_path).stdout
+    lora = str(lm_runs / "lora" / "checkpoints" / "last.ckpt")  # other weights: the adapted model, merged
+    wrong = _cli("validate", *common, "--model.init_from", lora, cwd=tmp_path, ok=False).stderr
+    assert f"than those loaded now from init_from {lora}: base fingerprint" in wrong
+    # Resuming: 2 more steps from the moved checkpoint; the new checkpoints record where the base is now.
+    _lora_fit(tmp_path / "resumed", lm_runs / "cache", base, 6, "--ckpt_path", str(tmp_path / "lora.ckpt"))
+    resumed = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert resumed["global_step"] == 6 and resumed["lora"]["base"] == str(base)
 
 
 @pytest.mark.slow

@@ -85,7 +85,7 @@ def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transfo
         )
     resolved = saved.replace(**{name: getattr(config, name) for name in TRAINING_FIELDS})
     model = Transformer(resolved)
-    model.load_state_dict(checkpoint_weights(checkpoint, saved, path).state_dict())
+    model.load_state_dict(checkpoint_weights(checkpoint, saved, path, flag=None).state_dict())
     return model.train(), checkpoint.get("tokenizer")
 
 
@@ -94,27 +94,51 @@ def _saved_config(checkpoint: dict) -> TransformerConfig | None:
     return TransformerConfig(**saved) if isinstance(saved, dict) else saved
 
 
-def checkpoint_weights(checkpoint: dict, config: TransformerConfig, path: str = "The checkpoint") -> Transformer:
-    """The model a checkpoint holds: its weights, or (LoRA) its base read again from init_from, the base's fingerprint
-    checked, and the adapters merged in."""
+def is_missing_path(init_from: str) -> bool:
+    """Whether `init_from` names a local file or folder (a .ckpt, or a path as resolve_folder tells one from a hub
+    name) that is not there: a base that moved, or a run on another machine."""
+    from pathlib import Path
+
+    name = str(init_from)
+    local = name.endswith(".ckpt") or name.startswith((".", "/", "~")) or name.count("/") > 1
+    return local and not Path(name).expanduser().exists()
+
+
+def checkpoint_weights(
+    checkpoint: dict,
+    config: TransformerConfig,
+    path: str = "The checkpoint",
+    base: str | None = None,
+    flag: str | None = "--base PATH",
+) -> Transformer:
+    """The model a checkpoint holds: its weights, or (LoRA) its base read again from init_from (or from `base`, where
+    it is now), the base's fingerprint checked, and the adapters merged in. `flag`: how the caller's user names the
+    base's new location, for the message when the recorded one is gone."""
     from lit_transformer.checkpointing import CheckpointError, load_model_state
 
     if "lora" not in checkpoint:
         model = Transformer(config)
         load_model_state(model, checkpoint, current=config, prefix="model.")
         return model
-    from lit_transformer.lora import load_adapted
+    from lit_transformer.lora import load_adapted, missing_base_message
 
-    base = checkpoint["lora"].get("base")
+    recorded = checkpoint["lora"].get("base")
+    if base is not None and is_missing_path(base):
+        raise CheckpointError(
+            f"the LoRA base {base} does not exist (given for {path}, whose recorded base is {recorded})"
+        )
+    base = base or recorded
     if not base:
         raise CheckpointError(f"{path} holds LoRA adapters but names no base (init_from) to apply them to")
+    if is_missing_path(base):
+        raise CheckpointError(missing_base_message(str(path), base, flag))
     try:
         model, _ = load_init_from(base, config)
     except (OSError, ValueError) as error:
         raise CheckpointError(
             f"{path} holds LoRA adapters for the base {base}, which cannot be read: {error}"
         ) from None
-    return load_adapted(model, checkpoint, new_parameters(model, base), str(path))
+    return load_adapted(model, checkpoint, new_parameters(model, base), str(path), base)
 
 
 def new_parameters(model: Transformer, init_from: str | None) -> set[str]:
@@ -165,7 +189,7 @@ def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Trans
     config = config.replace(**{name: getattr(saved, name) for name in ENCODER_FIELDS})
     model = Transformer(config)
     if "lora" in checkpoint:  # adapters: their base read again and the adapters merged in
-        state = checkpoint_weights(checkpoint, saved, path).state_dict()
+        state = checkpoint_weights(checkpoint, saved, path, flag=None).state_dict()
     else:
         state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     encoder = {k: v for k, v in state.items() if k.startswith(ENCODER_PREFIXES)}
