@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -29,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("configs/base.yaml", "configs/presets/gpt2-small.yaml")
@@ -135,14 +136,6 @@ def _shape(config: str) -> dict:
     return {"config": config, "layers": layers, "heads": model["n_heads"], "tokens": defaults["max_tokens"].default}
 
 
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
-
-
 def _run_child(variant: str, shape: dict, validations: int) -> dict:
     args = [sys.executable, __file__, "--child", variant, "--validations", str(validations)]
     args += ["--layers", str(shape["layers"]), "--heads", str(shape["heads"]), "--tokens", str(shape["tokens"])]
@@ -188,7 +181,7 @@ def main() -> None:
         print(json.dumps({"config": config, **summary}), flush=True)
     report = {
         "command": command.strip(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"),
         "note": "wall seconds per validation (all drawn layers rendered and logged), medians over child processes; "

@@ -40,6 +40,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from machine import cpu_model
 from process_tree import tree_rss_kb
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,14 +274,6 @@ def _git_status(tree: Path, *paths: str) -> str:
     return subprocess.run(command, capture_output=True, text=True).stdout.strip()
 
 
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
-
-
 def _git_head(tree: Path, *paths: str) -> str | None:
     """The tree's HEAD, or the last commit that touched `paths` (the package: what the figures depend on)."""
     command = ["git", "-C", str(tree), "log", "-1", "--format=%h", "--", *paths]
@@ -310,7 +303,7 @@ def main() -> None:
                 commit=_git_head(tree),
                 package_commit=_git_head(tree, "lit_transformer"),
                 package_dirty=bool(_git_status(tree, "lit_transformer")),
-                cpu=_cpu_model(),
+                cpu=cpu_model(),
                 cores=os.cpu_count(),
                 python=platform.python_version(),
                 cap_gb=args.cap_gb,

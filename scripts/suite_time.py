@@ -18,13 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from machine import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    match = re.search(r"Model name:\s*(.+)", out)
-    return match.group(1).strip() if match else "unknown"
 
 
 def main() -> None:
