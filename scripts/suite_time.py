@@ -37,7 +37,8 @@ def main() -> None:
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|xfailed|skipped|errors?)", summary)}
     figures = {
-        "command": "python -m pytest -q" + "".join(f" {a}" for a in args.pytest_args),
+        "command": "python scripts/suite_time.py " + " ".join(sys.argv[1:]),
+        "pytest": "python -m pytest -q" + "".join(f" {a}" for a in args.pytest_args),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "exit_code": result.returncode,
