@@ -35,7 +35,7 @@ from lit_transformer.callbacks import (
     TokenThroughputMonitor,
 )
 from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
-from lit_transformer.config import TransformerConfig
+from lit_transformer.config import SOURCE_FIELDS, TransformerConfig
 from lit_transformer.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import (
@@ -223,6 +223,11 @@ def check_lora_base(model, hparams: dict, path: str) -> None:
         raise SystemExit(f"error: {missing_base_message(path, hparams['init_from'], '--model.init_from PATH')}")
 
 
+def _listed(value):
+    """A tuple as the list a config holds (image_size), other values as they are."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 def set_once(config) -> None:
     """What the data decides of the architecture is set once: each model config field the data decides (its
     `model_fields`) is filled from the data when the model leaves it unset or at its default, and a different value
@@ -239,18 +244,16 @@ def set_once(config) -> None:
     args = dict(data.init_args or {})
     defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
     for field, (key, value) in cls.model_fields(args).items():
-        if field.startswith("image") and architecture.get("source") != "patches":
-            continue  # a model that reads tokens or features: the images' geometry is not its concern
-        if field == "source_dim" and architecture.get("source") != "features":
-            continue
-        current = architecture.get(field)
-        current = list(current) if isinstance(current, tuple) else current
+        source = architecture.get("source") or "tokens"
+        if any(field in fields for fields in SOURCE_FIELDS.values()) and field not in SOURCE_FIELDS.get(source, ()):
+            continue  # a field of another source (a features model and the images' geometry): not this model's
+        current = _listed(architecture.get(field))
         if current is None or current == defaults.get(field) or current == value:
             architecture[field] = value
-        elif field == "source_dim":  # read from the files, not a data argument
+        elif _listed(args.get(key)) != value:  # read from what the argument names (source_dim: the feature files)
             raise ValueError(
-                f"the features in data.init_args.{key}={args[key]} are {value} wide and model.config.{field}={current}:"
-                f" the data decides it, so leave model.config.{field} unset (or set it to {value})"
+                f"data.init_args.{key}={args[key]} gives {field}={value} and model.config.{field}={current}: the data "
+                f"decides it, so leave model.config.{field} unset (or set it to {value})"
             )
         else:
             raise ValueError(

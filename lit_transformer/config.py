@@ -19,6 +19,11 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 Init = Literal["gpt2", "xavier"]
 Source = Literal["tokens", "features", "patches"]
+# The fields each source reads besides the token ones: a field of another source is not this model's concern.
+SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
+    "features": ("source_dim",),
+    "patches": ("image_size", "patch_size", "image_channels"),
+}
 
 
 @dataclass

@@ -120,7 +120,7 @@ def test_the_features_width_sets_source_dim_once_and_a_mismatch_names_the_folder
     set_once(config)
     assert config.model.config.source_dim == 7
     config = _config("CaptioningDataModule", data, {"source": "features", "source_dim": 5, "max_seq_len": 32})
-    with pytest.raises(ValueError, match=rf"features in data.init_args.features_dir={features} are 7 wide and "
+    with pytest.raises(ValueError, match=rf"data.init_args.features_dir={features} gives source_dim=7 and "
                                          r"model.config.source_dim=5.*leave model.config.source_dim unset"):  # fmt: skip
         set_once(config)
     empty = {**data, "features_dir": str(tmp_path / "none")}  # no files: setup names the missing image instead
