@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from machine import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE = str(ROOT / "configs" / "base.yaml")
 LORA = str(ROOT / "configs" / "finetune" / "lora.yaml")
@@ -336,13 +338,7 @@ def _write(path: Path, results: dict) -> None:
 
 
 def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} logical CPUs)"
-    except OSError:
-        pass
-    return platform.processor()
+    return f"{cpu_model()} ({os.cpu_count()} logical CPUs)"
 
 
 def _versions() -> dict:

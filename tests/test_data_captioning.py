@@ -321,7 +321,8 @@ def test_a_decoded_pil_image_is_encoded_back_to_bytes(tmp_path, monkeypatch):
     _hub(monkeypatch, {split: stream(split) for split in IMAGE_SPLITS})
     dm = _held_images_module("someone/decoded", tmp_path)
     root = dm.prepare()
-    assert all(p.suffix == ".png" for p in (root / "images").iterdir())
+    names = sorted(p.name for p in (root / "images").iterdir())  # one PNG per image, named by its digest
+    assert len(names) == len(COLOURS) and all(n.endswith(".png") and len(n) == 20 for n in names), names
     _check_pixels(dm)
 
 

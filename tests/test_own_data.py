@@ -651,3 +651,28 @@ def test_an_error_says_what_is_wrong(error: str, task: str, work: Path, monkeypa
     for part in expected:  # a name as a whole word, however the message quotes it; a phrase as it is
         pattern = rf"\b{re.escape(part)}\b" if part.isidentifier() else re.escape(part)
         assert re.search(pattern, message), f"{message!r} lacks {part!r}"
+
+
+def test_every_command_of_the_data_page_parses_and_sets_what_it_says() -> None:
+    """docs/data.md's commands parse with the CLI's own parsers, and each flag's value is in the resolved config (a
+    flag the parser took but a renamed field dropped would fail here)."""
+    from test_multinode import lit_transformer_words, parse
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    commands = [line.strip() for block in blocks for line in block.splitlines() if "lit_transformer" in line]
+    assert len(commands) == 11, commands
+    for command in commands:
+        words = lit_transformer_words(command)[2]
+        resolved = yaml.safe_load(parse(words) or "{}")
+        flags = [(words[i][2:], words[i + 1]) for i in range(1, len(words) - 1) if words[i].startswith("--")]
+        assert flags, command
+        for flag, value in flags:
+            if flag == "config" or words[0] == "prepare":  # prepare stops before printing a config
+                continue
+            found = resolved
+            for key in flag.split("."):
+                found = found[key]
+            if flag == "data":
+                found = found["class_path"]
+            assert found == yaml.safe_load(value), f"{command}: --{flag} {value} resolved to {found!r}"

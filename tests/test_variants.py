@@ -17,6 +17,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 
 from lit_transformer.checkpointing import load_checkpoint
 from lit_transformer.cli import TransformerCLI, _trainer_defaults, link_context_length, resolve_run_folder, run_cli
@@ -85,6 +86,17 @@ def shrunk(config: dict) -> TransformerConfig:
     return TransformerConfig(**config)
 
 
+def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A YAML's settings as dotted keys (`model.config.positions`) and their values."""
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def one_pass(model: Transformer, config: TransformerConfig) -> None:
     tokens = torch.randint(4, config.vocab_size, (2, 12))
     if config.topology == "decoder_only":
@@ -128,6 +140,9 @@ def test_variant_composes_with_preset(parser, variant: str, preset: str) -> None
         return
     assert not refusal, f"{variant} with {preset} should be refused ({refusal})"
     # The variant did what it says (what its YAML sets is in the parsed config), and the run folder followed.
+    sets = leaves(yaml.safe_load((ROOT / "configs" / "variants" / variant).read_text()))
+    assert sets, f"{variant} sets nothing"
+    assert {key: fit.get(key) for key in sets} == sets, f"{preset} overrides what {variant} sets"
     assert fit.checkpoint.dirpath == f"{fit.trainer.default_root_dir or '.'}/checkpoints"
 
 
