@@ -9,7 +9,7 @@ with a dot (translation.en), and captions with several references per image. The
 a malformed JSONL line (file and line), a missing column (the columns there are), an empty split (its name), a label
 at test that training never saw (the label), and a hub name offline (says offline, and how to use local files).
 
-Cells that fail today are xfail(strict=True) with the reason: they flip when the one data pipeline (issue 31) lands.
+Every cell passes; a form or task that breaks fails its cell by name.
 docs/data.md names these tests in its forms x tasks table.
 """
 
@@ -544,16 +544,14 @@ CELLS = [
     ("translation_dict", "translation"),
     ("references", "captioning"),
 ]
-FAILING_TODAY: dict[tuple[str, str], str] = {}
 
 
-def _cell(form: str, task: str, failing: dict[tuple[str, str], str]):
-    """A (form or error, task) cell, an expected failure (strict: it fails the run once it passes) if listed."""
-    marks = [pytest.mark.xfail(strict=True, reason=failing[form, task])] if (form, task) in failing else []
-    return pytest.param(form, task, id=f"{form}-{task}", marks=marks)
+def _cell(form: str, task: str):
+    """A (form or error, task) cell, its id `form-task`."""
+    return pytest.param(form, task, id=f"{form}-{task}")
 
 
-@pytest.mark.parametrize(("form", "task"), [_cell(f, t, FAILING_TODAY) for f, t in CELLS])
+@pytest.mark.parametrize(("form", "task"), [_cell(f, t) for f, t in CELLS])
 def test_fit_and_predict(form: str, task: str, work: Path):
     cell = work / f"{form}-{task}"
     dataset, args = FORMS[form](task, cell / "data")
@@ -639,7 +637,7 @@ ERROR_CELLS = [
 ]
 
 
-@pytest.mark.parametrize(("error", "task"), [_cell(e, t, {}) for e, t in ERROR_CELLS])
+@pytest.mark.parametrize(("error", "task"), [_cell(e, t) for e, t in ERROR_CELLS])
 def test_an_error_says_what_is_wrong(error: str, task: str, work: Path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
