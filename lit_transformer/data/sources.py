@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import fingerprint
+from .cache import fingerprint, hash_file
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
@@ -263,6 +263,7 @@ class SplitStream:
     ) -> None:
         self.dataset, self.dataset_config, self.held_out = dataset, dataset_config, held_out
         self.sources: dict[str, Source] = {}
+        self.file_hashes: dict[str, str] = {}  # each file's hash as content_key got it: carving reuses, not rereads
         if embedded is not None:
             self._add_tables(embedded, lambda name: ("rows",))
         elif is_saved_dataset(dataset):
@@ -372,7 +373,12 @@ class SplitStream:
         """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
         # held_out enters the key only when it is not the default every earlier cache was carved with.
         carving = () if self.held_out == HELD_OUT else (self.held_out,)
-        return fingerprint(self.key, 1, self._source_parts(file_hash), *self._settings(), self.mode, *carving)
+
+        def remembered(path: str) -> str:
+            self.file_hashes[path] = file_hash(path)
+            return self.file_hashes[path]
+
+        return fingerprint(self.key, 1, self._source_parts(remembered), *self._settings(), self.mode, *carving)
 
     def _source_parts(self, file_hash) -> list[tuple]:
         """Each source's identity: its files' hashes, a digest of its in-memory rows (a text or a tuple of texts each),
@@ -499,7 +505,7 @@ class CorpusStream(SplitStream):
         for path in source.files:
             suffix = Path(path).suffix.lower()
             if suffix not in BUILDERS:
-                yield "file", path, lambda path=path: _file_digest(path)
+                yield "file", path, lambda path=path: self.file_hashes.get(path) or hash_file(path)
                 continue
             for row, nbytes, number in records(path, [self.text_column.split(".")[0]]):
                 text = self._text(row, f"{path}:{number}")
@@ -581,12 +587,6 @@ def _looks_like_a_path(spec: str) -> bool:
     """A spec that names a local file (a leading / . ~ or a data file suffix), never a hub name like owner/name."""
     suffixes = (".txt", ".text", ".md", *BUILDERS)
     return spec.startswith(("/", "./", "../", "~")) or Path(spec).suffix.lower() in suffixes
-
-
-def _file_digest(path: str) -> str:
-    from .cache import hash_file
-
-    return hash_file(path)
 
 
 def _line_cut(text: str, fraction: float) -> int:
