@@ -681,15 +681,18 @@ class CaptionShards(LabelledShards):
 
     def __init__(self, directory: Path, index: dict) -> None:
         super().__init__(directory, index)
-        self.line_starts = [self._line_starts(self.directory / f"{name}.extras.jsonl") for name in self.names]
+        self.line_starts: list[np.ndarray] = []
         hashes = np.empty(len(self), dtype=np.uint64)
         at = 0
-        for name in self.names:  # one streamed pass: a hash of each caption's image name, nothing else kept
+        for shard, name in enumerate(self.names):  # one streamed pass: where each line starts, its image name's hash
+            starts, position = np.empty(len(self.offsets[shard]) - 1, dtype=np.int64), 0
             with open(self.directory / f"{name}.extras.jsonl", "rb") as handle:
-                for line in handle:
+                for i, line in enumerate(handle):
+                    starts[i], position = position, position + len(line)
                     digest = hashlib.blake2b(json.loads(line)[0].encode("utf-8", "surrogatepass"), digest_size=8)
                     hashes[at] = int.from_bytes(digest.digest(), "little")
                     at += 1
+            self.line_starts.append(starts)
         _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
         del hashes
         rank = np.empty(len(first), dtype=np.int64)
@@ -697,16 +700,6 @@ class CaptionShards(LabelledShards):
         self.image_of = rank[inverse.reshape(-1)]  # each caption's image, numbered in order of first appearance
         self.order = np.argsort(self.image_of, kind="stable")  # captions grouped by image, in file order within
         self.start = np.concatenate([[0], np.cumsum(np.bincount(self.image_of, minlength=len(first)))])
-
-    @staticmethod
-    def _line_starts(path: Path) -> np.ndarray:
-        """Where each line of a file starts, found a block at a time."""
-        starts, at = [np.zeros(1, dtype=np.int64)], 0
-        with open(path, "rb") as handle:
-            while block := handle.read(1 << 24):
-                starts.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10).astype(np.int64) + at + 1)
-                at += len(block)
-        return np.concatenate(starts)[:-1]
 
     def extras(self, rows: Sequence[int]) -> list[list]:
         """The [image name, folder, caption] of each caption at `rows`."""
