@@ -486,10 +486,11 @@ class ShardBlocks(Dataset):
         return stack_blocks(out)
 
 
-def load_prepared(root: Path) -> tuple[dict, dict[str, TokenShards]]:
-    """A prepared corpus's manifest and its splits."""
+def load_prepared(root: Path, shards: type = TokenShards) -> tuple[dict, dict[str, Any]]:
+    """A prepared dataset's manifest and its splits, each read as `shards` (TokenShards for a corpus, PairShards,
+    LabelledShards or CaptionShards)."""
     info = json.loads((Path(root) / "manifest.json").read_text())
-    return info, {split: TokenShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
+    return info, {split: shards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
 
 
 # ---------------------------------------------------------------------------------------------------- sentence pairs' shards as batches
@@ -616,12 +617,6 @@ class ShardPairDataset(Dataset):
         return collate_pairs(srcs, tgts, self.pad_id, self.bos_id, self.eos_id, texts)
 
 
-def load_prepared_pairs(root: Path) -> tuple[dict, dict[str, PairShards]]:
-    """A prepared pair corpus's manifest and its splits."""
-    info = json.loads((Path(root) / "manifest.json").read_text())
-    return info, {split: PairShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
-
-
 # ---------------------------------------------------------------------------------------------------- labelled texts' shards
 
 
@@ -665,12 +660,6 @@ class LabelledShards:
         return out
 
 
-def load_prepared_labelled(root: Path) -> tuple[dict, dict[str, LabelledShards]]:
-    """A prepared labelled corpus's manifest and its splits."""
-    info = json.loads((Path(root) / "manifest.json").read_text())
-    return info, {split: LabelledShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
-
-
 # ---------------------------------------------------------------------------------------------------- captions' shards
 
 
@@ -712,9 +701,3 @@ class CaptionShards(LabelledShards):
                     handle.seek(int(self.line_starts[shard][rows[b] - self.first[shard]]))
                     out[b] = json.loads(handle.readline())
         return out
-
-
-def load_prepared_captions(root: Path) -> tuple[dict, dict[str, CaptionShards]]:
-    """A prepared captions corpus's manifest and its splits."""
-    info = json.loads((Path(root) / "manifest.json").read_text())
-    return info, {split: CaptionShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
