@@ -92,7 +92,7 @@ class FileHashes:
 
 
 class Record(Protocol):
-    """What the machinery reads of a streamed record (streaming.Piece, pairs.Pair)."""
+    """What the machinery reads of a streamed record (sources.Piece, sources.Pair, ...)."""
 
     @property
     def texts(self) -> tuple[str, ...]:

@@ -251,7 +251,7 @@ class SplitStream:
     dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a folder that
     `datasets` saved; a hub name; or an embedded corpus's DatasetDict (given as `embedded`). A subclass says what a
     record is: `routed` yields each record of one pass over a source split with the split it belongs to
-    (CorpusStream: pieces of documents; pairs.PairStream: sentence pairs; LabelledStream: texts and their labels).
+    (CorpusStream: pieces of documents; PairStream: sentence pairs; LabelledStream: texts and their labels).
     """
 
     key: str  # the content key's tag
