@@ -542,6 +542,11 @@ def collate_pairs(
 # ---------------------------------------------------------------------------------------------------- read
 
 
+def map_file(path: Path, dtype) -> np.memmap | np.ndarray:
+    """A shard file as an array through a memory map (an empty file, which cannot be mapped, as an empty array)."""
+    return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+
+
 class PairShards:
     """One prepared split: the pairs' lengths from the index (16 bytes per pair, read whole), their ids and texts
     through memory maps opened for one batch and dropped, so no page of the corpus stays mapped."""
@@ -562,10 +567,6 @@ class PairShards:
     def __len__(self) -> int:
         return int(self.first[-1])
 
-    def _map(self, name: str, suffix: str, dtype) -> np.memmap | np.ndarray:
-        path = self.directory / f"{name}.{suffix}"
-        return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
-
     def read(self, rows: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray], tuple[list, list] | None]:
         """The source ids, target ids (copies) and, when kept, the texts of the pairs at `rows`."""
         rows = np.asarray(rows, dtype=np.int64)
@@ -577,8 +578,9 @@ class PairShards:
         texts = ([None] * len(rows), [None] * len(rows)) if self.has_text else None
         for shard in np.unique(shard_of).tolist():
             name, offsets = self.names[shard], self.offsets[shard]
-            src, tgt = self._map(name, "src.bin", self.dtype), self._map(name, "tgt.bin", self.dtype)
-            text = self._map(name, "text.bin", np.uint8) if texts is not None else None
+            src = map_file(self.directory / f"{name}.src.bin", self.dtype)
+            tgt = map_file(self.directory / f"{name}.tgt.bin", self.dtype)
+            text = map_file(self.directory / f"{name}.text.bin", np.uint8) if texts is not None else None
             ends = np.load(self.directory / f"{name}.text.npy", mmap_mode="r") if texts is not None else None
             for b in np.flatnonzero(shard_of == shard).tolist():
                 local = int(rows[b] - self.first[shard])
@@ -650,8 +652,7 @@ class LabelledShards:
         shard_of = np.searchsorted(self.first, rows, side="right") - 1
         out: list = [None] * len(rows)
         for shard in np.unique(shard_of).tolist():
-            path = self.directory / f"{self.names[shard]}.bin"
-            ids = np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+            ids = map_file(self.directory / f"{self.names[shard]}.bin", self.dtype)
             offsets = self.offsets[shard]
             for b in np.flatnonzero(shard_of == shard).tolist():
                 local = int(rows[b] - self.first[shard])
