@@ -416,8 +416,6 @@ def stack_blocks(blocks: np.ndarray) -> dict[str, torch.Tensor]:
 
 # ---------------------------------------------------------------------------------------------------- a corpus's shards as blocks
 
-# ---------------------------------------------------------------------------------------------------- read
-
 
 class TokenShards:
     """One prepared split: its shards as one sequence of tokens, read through short-lived memory maps."""
@@ -493,9 +491,7 @@ def load_prepared(root: Path, shards: type = TokenShards) -> tuple[dict, dict[st
     return info, {split: shards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
 
 
-# ---------------------------------------------------------------------------------------------------- sentence pairs' shards as batches
-
-# ---------------------------------------------------------------------------------------------------- batches
+# ---------------------------------------------------------------------------------------------------- decoder batches
 
 
 def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id: int) -> dict[str, torch.Tensor]:
@@ -533,13 +529,7 @@ def collate_pairs(
     return batch
 
 
-# ---------------------------------------------------------------------------------------------------- the stream
-
-
-# ---------------------------------------------------------------------------------------------------- prepare
-
-
-# ---------------------------------------------------------------------------------------------------- read
+# ---------------------------------------------------------------------------------------------------- sentence pairs' shards
 
 
 def map_file(path: Path, dtype) -> np.memmap | np.ndarray:
