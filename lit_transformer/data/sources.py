@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import fingerprint, hash_file
+from .cache import fingerprint, hash_file, hash_texts
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
@@ -387,12 +387,9 @@ class SplitStream:
         for name in sorted(self.sources):
             source = self.sources[name]
             if source.in_memory:  # the texts of the record's columns, row by row (as every earlier cache was keyed)
-                digest = hashlib.sha256()
-                for row in table_rows(source.table):
-                    for column in self._columns():
-                        data = (row[column] or "").encode("utf-8", "surrogatepass")
-                        digest.update(len(data).to_bytes(8, "little") + data)
-                parts.append((name, "rows", digest.hexdigest()[:20]))
+                columns = self._columns()
+                texts = ((row[column] or "") for row in table_rows(source.table) for column in columns)
+                parts.append((name, "rows", hash_texts(texts)))
             elif source.origin[:1] == ("hub",):
                 parts.append((name, "hub", self.dataset, self.dataset_config, source.origin[1]))
             elif source.origin[:1] == ("saved",):
