@@ -420,7 +420,7 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
     """A prepared corpus is reused only if the same inputs give the same key: these keys and file layouts are those
     the code wrote before text and pairs shared one machinery (given fixed tokenizer keys, so no tokenizer version
     enters them), so caches prepared then are still found and read."""
-    from lit_transformer.data.loaders import load_prepared_pairs
+    from lit_transformer.data.loaders import PairShards
     from lit_transformer.data.shards import prepare_pairs
     from lit_transformer.data.sources import PairStream
 
@@ -453,4 +453,4 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
             names = {p.name.split(".", 1)[1] for p in (root / split).glob("shard-00000.*")}
             assert names == files | (held_out_files if split != "train" else set())
     assert loaders.load_prepared(text)[1]["validation"].documents == 13
-    assert len(load_prepared_pairs(pairs)[1]["train"]) == 400
+    assert len(loaders.load_prepared(pairs, PairShards)[1]["train"]) == 400

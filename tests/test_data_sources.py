@@ -1,4 +1,4 @@
-"""The one reader every DataModule reads through (data/streaming.py): folders `datasets` saved, dotted columns,
+"""The one reader every DataModule reads through (data/sources.py): folders `datasets` saved, dotted columns,
 the one held-out carving, and the errors that name what is wrong and the fix."""
 
 from __future__ import annotations

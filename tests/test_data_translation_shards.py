@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources
-from lit_transformer.data.loaders import load_prepared_pairs
+from lit_transformer.data.loaders import PairShards, load_prepared
 from lit_transformer.data.shards import prepare_pairs
 from lit_transformer.data.sources import hash_bucket
 
@@ -68,7 +68,7 @@ def ids(tokenizer, text: str) -> list[int]:
 
 
 def split_pairs(dm: TranslationDataModule, split: str) -> list[tuple[list[int], list[int]]]:
-    _, splits = load_prepared_pairs(dm.prepare())
+    _, splits = load_prepared(dm.prepare(), PairShards)
     srcs, tgts, _ = splits[split].read(range(len(splits[split])))
     return [(s.tolist(), t.tolist()) for s, t in zip(srcs, tgts, strict=True)]
 
@@ -80,7 +80,7 @@ def split_pairs(dm: TranslationDataModule, split: str) -> list[tuple[list[int], 
 def test_each_format_prepares_into_shards_holding_every_pair_once_with_held_out_splits_by_hash(tmp_path, fmt):
     rows = pair_rows(400)
     dm = make(tmp_path, write_pairs(tmp_path / "corpus", rows, fmt))
-    info, splits = load_prepared_pairs(dm.prepare())
+    info, splits = load_prepared(dm.prepare(), PairShards)
     assert info["held_out"] == "hash" and info["dtype"] == "uint16"
     by_split = dm.pairs()
     assert sorted(p for s in by_split.values() for p in zip(*s, strict=True)) == sorted(rows)  # each pair once
@@ -124,7 +124,7 @@ def test_a_hub_dataset_is_read_as_a_stream(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     monkeypatch.setattr(sources, "ensure_online", lambda what, hint: None)
     dm = make(tmp_path, "someone/pairs", dataset_config="en-es")
-    info, splits = load_prepared_pairs(dm.prepare())
+    info, splits = load_prepared(dm.prepare(), PairShards)
     assert asked and all(a == ("someone/pairs", "en-es", True) for a in asked)
     assert isinstance(dm.pair_stream.sources["train"].table, datasets.IterableDataset)
     assert info["held_out"] == "hash" and sum(len(s) for s in splits.values()) == len(rows)
@@ -183,7 +183,7 @@ def test_preparation_encodes_bounded_chunks_while_reading_row_by_row(tmp_path, m
     pairs_encoded = np.cumsum([n for n, _, _ in calls]) // 2  # both sides of a chunk hold the same pairs
     ahead = [read_so_far - done for (_, _, read_so_far), done in zip(calls, pairs_encoded, strict=True)]
     assert max(ahead) <= 6 * 2000 // 20 + 50  # a few chunks of pairs of >= 20 characters, never the corpus
-    assert sum(len(s) for s in load_prepared_pairs(dm.prepare())[1].values()) == len(rows)
+    assert sum(len(s) for s in load_prepared(dm.prepare(), PairShards)[1].values()) == len(rows)
 
 
 def test_worker_processes_write_the_same_shards_with_separate_tokenizers(tmp_path, monkeypatch):
@@ -233,7 +233,7 @@ def test_a_killed_preparation_resumes_after_its_last_finished_shard(tmp_path, mo
     finished = json.loads((cache / "pairs" / resumed.name / "train" / "index.json").read_text())["shards"][:2]
     assert sum(encoded) // 2 <= len(rows) - sum(s["pairs"] for s in finished)  # the finished shards are not redone
     assert resumed.name == fresh.name
-    first, second = load_prepared_pairs(fresh), load_prepared_pairs(resumed)
+    first, second = load_prepared(fresh, PairShards), load_prepared(resumed, PairShards)
     for split in ("train", "validation", "test"):
         a, b = first[1][split], second[1][split]
         assert len(a.names) == len(b.names) and (len(a.names) > 2 or split != "train")
@@ -267,7 +267,7 @@ def test_max_pairs_cuts_the_training_split_and_stops_reading_a_source_with_its_o
 
     monkeypatch.setattr(sources, "records", counting_records)
     dm = make(tmp_path, folder, max_pairs=100)
-    _, splits = load_prepared_pairs(dm.prepare())
+    _, splits = load_prepared(dm.prepare(), PairShards)
     assert {s: len(shards) for s, shards in splits.items()} == {"train": 100, "validation": 40, "test": 40}
     assert read["train"] <= 2 * 100 + 10  # the tokenizer's sample, then the pass: the head of the file only
     assert split_pairs(dm, "train") == [(ids(dm.tokenizer, s), ids(dm.tokenizer, t)) for s, t in pair_rows(100)]

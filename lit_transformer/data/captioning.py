@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from . import corpora
 from .base import DataModule
 from .corpora import DigitStrips
-from .loaders import CaptionShards, load_prepared_captions, target_batch
+from .loaders import CaptionShards, load_prepared, target_batch
 from .shards import CAPTIONS, prepare_captions
 from .sources import SPLITS, CaptionStream
 from .text import token_ids
@@ -336,7 +336,7 @@ class CaptioningDataModule(DataModule):
         if self._in_memory():
             self.splits = self._memory_splits()
             return
-        info, shards = load_prepared_captions(self.prepare())
+        info, shards = load_prepared(self.prepare(), CaptionShards)
         splits = {split: ShardSplit(shards[split], self._source_of) for split in SPLITS}
         if self.features_dir is not None:  # a wrong folder fails here, naming an image, rather than in a batch
             for split in splits.values():

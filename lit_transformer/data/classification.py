@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from . import corpora
 from .base import DataModule
-from .loaders import LabelledShards, ResumableLoader, load_prepared_labelled, token_budget_batches
+from .loaders import LabelledShards, ResumableLoader, load_prepared, token_budget_batches
 from .shards import prepare_labelled
 from .sources import SPLITS, LabelledStream
 from .text import MASK, special_token_id
@@ -296,7 +296,7 @@ class ClassificationDataModule(DataModule):
     def _prepared(self) -> dict[str, LabelledShards]:
         """The texts' token shards and labels of every split, prepared first when the cache lacks them."""
         if not self._splits:
-            info, self._splits = load_prepared_labelled(self.prepare())
+            info, self._splits = load_prepared(self.prepare(), LabelledShards)
             sizes = {split: len(shards) for split, shards in self._splits.items()}
             rank_zero_info(f"{self.dataset}: texts per split {sizes}; held-out: {info['held_out']}")
         return self._splits

@@ -416,8 +416,6 @@ def stack_blocks(blocks: np.ndarray) -> dict[str, torch.Tensor]:
 
 # ---------------------------------------------------------------------------------------------------- a corpus's shards as blocks
 
-# ---------------------------------------------------------------------------------------------------- read
-
 
 class TokenShards:
     """One prepared split: its shards as one sequence of tokens, read through short-lived memory maps."""
@@ -486,15 +484,14 @@ class ShardBlocks(Dataset):
         return stack_blocks(out)
 
 
-def load_prepared(root: Path) -> tuple[dict, dict[str, TokenShards]]:
-    """A prepared corpus's manifest and its splits."""
+def load_prepared(root: Path, shards: type = TokenShards) -> tuple[dict, dict[str, Any]]:
+    """A prepared dataset's manifest and its splits, each read as `shards` (TokenShards for a corpus, PairShards,
+    LabelledShards or CaptionShards)."""
     info = json.loads((Path(root) / "manifest.json").read_text())
-    return info, {split: TokenShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
+    return info, {split: shards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
 
 
-# ---------------------------------------------------------------------------------------------------- sentence pairs' shards as batches
-
-# ---------------------------------------------------------------------------------------------------- batches
+# ---------------------------------------------------------------------------------------------------- decoder batches
 
 
 def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id: int) -> dict[str, torch.Tensor]:
@@ -532,13 +529,12 @@ def collate_pairs(
     return batch
 
 
-# ---------------------------------------------------------------------------------------------------- the stream
+# ---------------------------------------------------------------------------------------------------- sentence pairs' shards
 
 
-# ---------------------------------------------------------------------------------------------------- prepare
-
-
-# ---------------------------------------------------------------------------------------------------- read
+def map_file(path: Path, dtype) -> np.memmap | np.ndarray:
+    """A shard file as an array through a memory map (an empty file, which cannot be mapped, as an empty array)."""
+    return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
 
 
 class PairShards:
@@ -561,10 +557,6 @@ class PairShards:
     def __len__(self) -> int:
         return int(self.first[-1])
 
-    def _map(self, name: str, suffix: str, dtype) -> np.memmap | np.ndarray:
-        path = self.directory / f"{name}.{suffix}"
-        return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
-
     def read(self, rows: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray], tuple[list, list] | None]:
         """The source ids, target ids (copies) and, when kept, the texts of the pairs at `rows`."""
         rows = np.asarray(rows, dtype=np.int64)
@@ -576,8 +568,9 @@ class PairShards:
         texts = ([None] * len(rows), [None] * len(rows)) if self.has_text else None
         for shard in np.unique(shard_of).tolist():
             name, offsets = self.names[shard], self.offsets[shard]
-            src, tgt = self._map(name, "src.bin", self.dtype), self._map(name, "tgt.bin", self.dtype)
-            text = self._map(name, "text.bin", np.uint8) if texts is not None else None
+            src = map_file(self.directory / f"{name}.src.bin", self.dtype)
+            tgt = map_file(self.directory / f"{name}.tgt.bin", self.dtype)
+            text = map_file(self.directory / f"{name}.text.bin", np.uint8) if texts is not None else None
             ends = np.load(self.directory / f"{name}.text.npy", mmap_mode="r") if texts is not None else None
             for b in np.flatnonzero(shard_of == shard).tolist():
                 local = int(rows[b] - self.first[shard])
@@ -616,12 +609,6 @@ class ShardPairDataset(Dataset):
         return collate_pairs(srcs, tgts, self.pad_id, self.bos_id, self.eos_id, texts)
 
 
-def load_prepared_pairs(root: Path) -> tuple[dict, dict[str, PairShards]]:
-    """A prepared pair corpus's manifest and its splits."""
-    info = json.loads((Path(root) / "manifest.json").read_text())
-    return info, {split: PairShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
-
-
 # ---------------------------------------------------------------------------------------------------- labelled texts' shards
 
 
@@ -655,20 +642,13 @@ class LabelledShards:
         shard_of = np.searchsorted(self.first, rows, side="right") - 1
         out: list = [None] * len(rows)
         for shard in np.unique(shard_of).tolist():
-            path = self.directory / f"{self.names[shard]}.bin"
-            ids = np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+            ids = map_file(self.directory / f"{self.names[shard]}.bin", self.dtype)
             offsets = self.offsets[shard]
             for b in np.flatnonzero(shard_of == shard).tolist():
                 local = int(rows[b] - self.first[shard])
                 out[b] = np.array(ids[offsets[local] : offsets[local + 1]])
             del ids  # the map closes here: nothing stays mapped between batches
         return out
-
-
-def load_prepared_labelled(root: Path) -> tuple[dict, dict[str, LabelledShards]]:
-    """A prepared labelled corpus's manifest and its splits."""
-    info = json.loads((Path(root) / "manifest.json").read_text())
-    return info, {split: LabelledShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
 
 
 # ---------------------------------------------------------------------------------------------------- captions' shards
@@ -681,15 +661,18 @@ class CaptionShards(LabelledShards):
 
     def __init__(self, directory: Path, index: dict) -> None:
         super().__init__(directory, index)
-        self.line_starts = [self._line_starts(self.directory / f"{name}.extras.jsonl") for name in self.names]
+        self.line_starts: list[np.ndarray] = []
         hashes = np.empty(len(self), dtype=np.uint64)
         at = 0
-        for name in self.names:  # one streamed pass: a hash of each caption's image name, nothing else kept
+        for shard, name in enumerate(self.names):  # one streamed pass: where each line starts, its image name's hash
+            starts, position = np.empty(len(self.offsets[shard]) - 1, dtype=np.int64), 0
             with open(self.directory / f"{name}.extras.jsonl", "rb") as handle:
-                for line in handle:
+                for i, line in enumerate(handle):
+                    starts[i], position = position, position + len(line)
                     digest = hashlib.blake2b(json.loads(line)[0].encode("utf-8", "surrogatepass"), digest_size=8)
                     hashes[at] = int.from_bytes(digest.digest(), "little")
                     at += 1
+            self.line_starts.append(starts)
         _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
         del hashes
         rank = np.empty(len(first), dtype=np.int64)
@@ -697,16 +680,6 @@ class CaptionShards(LabelledShards):
         self.image_of = rank[inverse.reshape(-1)]  # each caption's image, numbered in order of first appearance
         self.order = np.argsort(self.image_of, kind="stable")  # captions grouped by image, in file order within
         self.start = np.concatenate([[0], np.cumsum(np.bincount(self.image_of, minlength=len(first)))])
-
-    @staticmethod
-    def _line_starts(path: Path) -> np.ndarray:
-        """Where each line of a file starts, found a block at a time."""
-        starts, at = [np.zeros(1, dtype=np.int64)], 0
-        with open(path, "rb") as handle:
-            while block := handle.read(1 << 24):
-                starts.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10).astype(np.int64) + at + 1)
-                at += len(block)
-        return np.concatenate(starts)[:-1]
 
     def extras(self, rows: Sequence[int]) -> list[list]:
         """The [image name, folder, caption] of each caption at `rows`."""
@@ -719,9 +692,3 @@ class CaptionShards(LabelledShards):
                     handle.seek(int(self.line_starts[shard][rows[b] - self.first[shard]]))
                     out[b] = json.loads(handle.readline())
         return out
-
-
-def load_prepared_captions(root: Path) -> tuple[dict, dict[str, CaptionShards]]:
-    """A prepared captions corpus's manifest and its splits."""
-    info = json.loads((Path(root) / "manifest.json").read_text())
-    return info, {split: CaptionShards(Path(root) / split, info["splits"][split]) for split in info["splits"]}

@@ -92,7 +92,7 @@ class FileHashes:
 
 
 class Record(Protocol):
-    """What the machinery reads of a streamed record (streaming.Piece, pairs.Pair)."""
+    """What the machinery reads of a streamed record (sources.Piece, sources.Pair, ...)."""
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -527,9 +527,9 @@ def prepare_pass(
                 empty += 1
                 continue
             chunker = chunkers.get(split)
-            if chunker is not None:
-                record = kind.stage(record, root)
-            chunk = chunker.add(record) if chunker is not None else None
+            if chunker is None:  # a split an earlier run finished: its records are read past
+                continue
+            chunk = chunker.add(kind.stage(record, root))
             if chunk is not None:
                 yield split, chunk
                 if all(c.done for c in chunkers.values()):

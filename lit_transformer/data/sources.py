@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import fingerprint
+from .cache import fingerprint, hash_file, hash_texts
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
@@ -251,7 +251,7 @@ class SplitStream:
     dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a folder that
     `datasets` saved; a hub name; or an embedded corpus's DatasetDict (given as `embedded`). A subclass says what a
     record is: `routed` yields each record of one pass over a source split with the split it belongs to
-    (CorpusStream: pieces of documents; pairs.PairStream: sentence pairs; LabelledStream: texts and their labels).
+    (CorpusStream: pieces of documents; PairStream: sentence pairs; LabelledStream: texts and their labels).
     """
 
     key: str  # the content key's tag
@@ -263,6 +263,7 @@ class SplitStream:
     ) -> None:
         self.dataset, self.dataset_config, self.held_out = dataset, dataset_config, held_out
         self.sources: dict[str, Source] = {}
+        self.file_hashes: dict[str, str] = {}  # each file's hash as content_key got it: carving reuses, not rereads
         if embedded is not None:
             self._add_tables(embedded, lambda name: ("rows",))
         elif is_saved_dataset(dataset):
@@ -372,7 +373,12 @@ class SplitStream:
         """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
         # held_out enters the key only when it is not the default every earlier cache was carved with.
         carving = () if self.held_out == HELD_OUT else (self.held_out,)
-        return fingerprint(self.key, 1, self._source_parts(file_hash), *self._settings(), self.mode, *carving)
+
+        def remembered(path: str) -> str:
+            self.file_hashes[path] = file_hash(path)
+            return self.file_hashes[path]
+
+        return fingerprint(self.key, 1, self._source_parts(remembered), *self._settings(), self.mode, *carving)
 
     def _source_parts(self, file_hash) -> list[tuple]:
         """Each source's identity: its files' hashes, a digest of its in-memory rows (a text or a tuple of texts each),
@@ -381,12 +387,9 @@ class SplitStream:
         for name in sorted(self.sources):
             source = self.sources[name]
             if source.in_memory:  # the texts of the record's columns, row by row (as every earlier cache was keyed)
-                digest = hashlib.sha256()
-                for row in table_rows(source.table):
-                    for column in self._columns():
-                        data = (row[column] or "").encode("utf-8", "surrogatepass")
-                        digest.update(len(data).to_bytes(8, "little") + data)
-                parts.append((name, "rows", digest.hexdigest()[:20]))
+                columns = self._columns()
+                texts = ((row[column] or "") for row in table_rows(source.table) for column in columns)
+                parts.append((name, "rows", hash_texts(texts)))
             elif source.origin[:1] == ("hub",):
                 parts.append((name, "hub", self.dataset, self.dataset_config, source.origin[1]))
             elif source.origin[:1] == ("saved",):
@@ -499,7 +502,7 @@ class CorpusStream(SplitStream):
         for path in source.files:
             suffix = Path(path).suffix.lower()
             if suffix not in BUILDERS:
-                yield "file", path, lambda path=path: _file_digest(path)
+                yield "file", path, lambda path=path: self.file_hashes.get(path) or hash_file(path)
                 continue
             for row, nbytes, number in records(path, [self.text_column.split(".")[0]]):
                 text = self._text(row, f"{path}:{number}")
@@ -581,12 +584,6 @@ def _looks_like_a_path(spec: str) -> bool:
     """A spec that names a local file (a leading / . ~ or a data file suffix), never a hub name like owner/name."""
     suffixes = (".txt", ".text", ".md", *BUILDERS)
     return spec.startswith(("/", "./", "../", "~")) or Path(spec).suffix.lower() in suffixes
-
-
-def _file_digest(path: str) -> str:
-    from .cache import hash_file
-
-    return hash_file(path)
 
 
 def _line_cut(text: str, fraction: float) -> int:

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from . import corpora
 from .base import DataModule
 from .cache import fingerprint
-from .loaders import ResumableLoader, ShardPairDataset, load_prepared_pairs, token_budget_plan
+from .loaders import PairShards, ResumableLoader, ShardPairDataset, load_prepared, token_budget_plan
 from .shards import prepare_pairs
 from .sources import HELD_OUT, SPLITS, PairStream, sample_pairs
 from .text import KINDS, load_hf_marian_tokenizers, load_or_train_tokenizer, marian_decoder_start_token_id
@@ -237,7 +237,7 @@ class TranslationDataModule(DataModule):
             if split in self._datasets:
                 continue
             if splits is None:
-                info, splits = load_prepared_pairs(self.prepare())
+                info, splits = load_prepared(self.prepare(), PairShards)
                 sizes = {s: len(shards) for s, shards in splits.items()}
                 rank_zero_info(f"{self.dataset}: pairs per split {sizes}; held-out: {info['held_out']}")
             shards = splits[split]
