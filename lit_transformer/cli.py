@@ -223,17 +223,24 @@ def check_lora_base(model, hparams: dict, path: str) -> None:
         raise SystemExit(f"error: {missing_base_message(path, hparams['init_from'], '--model.init_from PATH')}")
 
 
+def _data_class(data) -> type | None:
+    """The DataModule class that a config's data.class_path names; None without one."""
+    class_path = getattr(data, "class_path", None) if data is not None else None
+    if not class_path:
+        return None
+    module, _, name = str(class_path).rpartition(".")
+    return getattr(importlib.import_module(module), name, None)
+
+
 def set_once(config) -> None:
     """What the data decides of the architecture is set once: each model config field the data decides (its
     `model_fields`) is filled from the data when the model leaves it unset or at its default, and a different value
     fails naming both keys; a model with learned positions must hold the data's longest sequence."""
     data, model = config.get("data"), config.get("model")
-    class_path = getattr(data, "class_path", None) if data is not None else None
     architecture = getattr(model, "config", None) if model is not None else None
-    if not class_path or architecture is None:
+    if architecture is None:
         return
-    module, _, name = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
+    cls = _data_class(data)
     if cls is None or not hasattr(cls, "model_fields"):
         return
     args = dict(data.init_args or {})
@@ -306,8 +313,10 @@ def link_context_length(config, subcommand: str | None) -> None:
     if init_args is None or "block_size" not in init_args or model is None or model.get("config") is None:
         return
     try:
-        module, _, name = str(data.class_path).rpartition(".")
-        block_default = _default(getattr(importlib.import_module(module), name), "block_size")
+        cls = _data_class(data)
+        if cls is None:
+            return
+        block_default = _default(cls, "block_size")
     except (ImportError, AttributeError, ValueError):
         return
     block, context = init_args.block_size, model.config.max_seq_len
