@@ -182,12 +182,12 @@ class TransformerCLI(LightningCLI):
         wrong, and nothing in it ever runs), and keep the command line's `generation` and `quantize`: how to decode is
         chosen per run (`predict --model.generation.temperature 0`), not inherited from training."""
         subcommand = self.config.get("subcommand")
+        if subcommand:  # first: the checkpoint folder below is read as a path, not as its RUN_FOLDER placeholder
+            resolve_run_folder(self.config[subcommand])
         if subcommand == "fit":  # restarted by torchrun (--max-restarts): go on from the run's last checkpoint
             dirpath = (self.config.fit.get("checkpoint") or {}).get("dirpath")
             self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if subcommand:
-            resolve_run_folder(self.config[subcommand])
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
             path = Path(dirpath) / "last.ckpt" if dirpath and (Path(dirpath) / "last.ckpt").is_file() else None
