@@ -182,12 +182,12 @@ class TransformerCLI(LightningCLI):
         wrong, and nothing in it ever runs), and keep the command line's `generation` and `quantize`: how to decode is
         chosen per run (`predict --model.generation.temperature 0`), not inherited from training."""
         subcommand = self.config.get("subcommand")
+        if subcommand:  # first: the checkpoint folder below is read as a path, not as its RUN_FOLDER placeholder
+            resolve_run_folder(self.config[subcommand])
         if subcommand == "fit":  # restarted by torchrun (--max-restarts): go on from the run's last checkpoint
             dirpath = (self.config.fit.get("checkpoint") or {}).get("dirpath")
             self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if subcommand:
-            resolve_run_folder(self.config[subcommand])
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
             path = Path(dirpath) / "last.ckpt" if dirpath and (Path(dirpath) / "last.ckpt").is_file() else None
@@ -228,23 +228,30 @@ def _listed(value):
     return list(value) if isinstance(value, tuple) else value
 
 
+def _data_class(data) -> type | None:
+    """The DataModule class that a config's data.class_path names; None without one."""
+    class_path = getattr(data, "class_path", None) if data is not None else None
+    if not class_path:
+        return None
+    module, _, name = str(class_path).rpartition(".")
+    return getattr(importlib.import_module(module), name, None)
+
+
 def set_once(config) -> None:
     """What the data decides of the architecture is set once: each model config field the data decides (its
     `model_fields`) is filled from the data when the model leaves it unset or at its default, and a different value
     fails naming both keys; a model with learned positions must hold the data's longest sequence."""
     data, model = config.get("data"), config.get("model")
-    class_path = getattr(data, "class_path", None) if data is not None else None
     architecture = getattr(model, "config", None) if model is not None else None
-    if not class_path or architecture is None:
+    if architecture is None:
         return
-    module, _, name = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
+    cls = _data_class(data)
     if cls is None or not hasattr(cls, "model_fields"):
         return
     args = dict(data.init_args or {})
     defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    source = architecture.get("source") or "tokens"
     for field, (key, value) in cls.model_fields(args).items():
-        source = architecture.get("source") or "tokens"
         if any(field in fields for fields in SOURCE_FIELDS.values()) and field not in SOURCE_FIELDS.get(source, ()):
             continue  # a field of another source (a features model and the images' geometry): not this model's
         current = _listed(architecture.get(field))
@@ -309,8 +316,10 @@ def link_context_length(config, subcommand: str | None) -> None:
     if init_args is None or "block_size" not in init_args or model is None or model.get("config") is None:
         return
     try:
-        module, _, name = str(data.class_path).rpartition(".")
-        block_default = _default(getattr(importlib.import_module(module), name), "block_size")
+        cls = _data_class(data)
+        if cls is None:
+            return
+        block_default = _default(cls, "block_size")
     except (ImportError, AttributeError, ValueError):
         return
     block, context = init_args.block_size, model.config.max_seq_len

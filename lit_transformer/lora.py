@@ -156,12 +156,6 @@ def trainable_keys(model: nn.Module) -> list[str]:
     return sorted({state_key(n) for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad})
 
 
-def is_adapted(model: nn.Module) -> bool:
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    return any(isinstance(m, BaseTunerLayer) for m in model.modules())
-
-
 def fingerprint(model: nn.Module) -> str:
     """A SHA-256 of the frozen parameters (names, shapes, dtypes, values): the base the adapters were trained on."""
     digest = hashlib.sha256()

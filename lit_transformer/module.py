@@ -19,7 +19,7 @@ from typing_extensions import Unpack
 from lit_transformer.checkpointing import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.deprecated import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
-from lit_transformer.lora import LoraOptions
+from lit_transformer.lora import LoraOptions, options_dict
 from lit_transformer.model import Transformer
 from lit_transformer.optim import Optimization, build_optimizer, weight_decay_groups
 from lit_transformer.reliability import gradient_norm
@@ -131,7 +131,7 @@ class LitTransformer(L.LightningModule):
         for name in DEPRECATED_NAMES:  # LightningCLI hands its parsed arguments, old ones included
             self.hparams.pop(name, None)
         self.hparams.update({"task": task, "optim": optim})
-        self.hparams["lora"] = dataclasses.asdict(lora) if lora is not None else None
+        self.hparams["lora"] = options_dict(lora)
         self.lora = lora
         self._lora_record: dict[str, Any] | None = None  # the base's init_from and fingerprint, once applied
         self.task, self.optim = the_task, resolved

@@ -23,6 +23,12 @@ WEIGHT_PATTERNS = [
 ]
 
 
+def is_local_name(name: str) -> bool:
+    """Whether `name` can only be a local path, never a hub name (`owner/model`): relative, absolute, home-relative,
+    or more than one slash deep."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
 def resolve_folder(name: str, what: str) -> Path:
     """A local folder as it is; otherwise a hub name, downloaded (config, safetensors, tokenizer) when online.
 
@@ -31,7 +37,7 @@ def resolve_folder(name: str, what: str) -> Path:
     path = Path(name).expanduser()
     if path.is_dir():
         return path
-    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+    if path.exists() or is_local_name(name):
         raise FileNotFoundError(f"{what} folder {name!r} does not exist (looked for {path.resolve()})")
     from lit_transformer.data.sources import ensure_online
 

@@ -90,7 +90,9 @@ def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transfo
 
 
 def _saved_config(checkpoint: dict) -> TransformerConfig | None:
-    saved = (checkpoint.get("hyper_parameters") or {}).get("config")
+    from lit_transformer.checkpointing import saved_config
+
+    saved = saved_config(checkpoint)
     return TransformerConfig(**saved) if isinstance(saved, dict) else saved
 
 
@@ -99,8 +101,10 @@ def is_missing_path(init_from: str) -> bool:
     name) that is not there: a base that moved, or a run on another machine."""
     from pathlib import Path
 
+    from lit_transformer.interop.hf_files import is_local_name
+
     name = str(init_from)
-    local = name.endswith(".ckpt") or name.startswith((".", "/", "~")) or name.count("/") > 1
+    local = name.endswith(".ckpt") or is_local_name(name)
     return local and not Path(name).expanduser().exists()
 
 
@@ -179,9 +183,7 @@ def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Trans
     from lit_transformer.checkpointing import load_checkpoint
 
     checkpoint = load_checkpoint(path)
-    saved = (checkpoint.get("hyper_parameters") or {}).get("config")
-    if isinstance(saved, dict):
-        saved = TransformerConfig(**saved)
+    saved = _saved_config(checkpoint)
     if not isinstance(saved, TransformerConfig) or saved.topology != "encoder_only":
         raise ValueError(f"init_from {path}: a .ckpt must hold an encoder_only model (a masked LM or a classifier)")
     if config.topology != "encoder_only":
