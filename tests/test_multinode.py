@@ -412,6 +412,29 @@ def test_a_fit_under_torchrun_with_restarts_resumes_from_the_last_checkpoint_if_
     assert resume_after_restart(None, tmp_path) is None  # torchrun without restarts: as the command says
 
 
+def test_fit_restarted_by_torchrun_finds_last_ckpt_in_the_default_run_folder(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """The command's wiring, not only the function: with the checkpoint folder left at its default (under
+    trainer.default_root_dir), a fit restarted under --max-restarts resumes from that folder's last.ckpt."""
+    from test_cli import _cli
+
+    from lit_transformer.checkpointing import load_checkpoint
+
+    common = ["fit", "--config", str(REPO / "configs/presets/tiny.yaml"), "--trainer.default_root_dir", str(tmp_path),
+              "--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
+              "--trainer.enable_progress_bar", "false", "--checkpoint.every_n_train_steps", "1"]  # fmt: skip
+    _cli(*common, "--trainer.max_steps", "2", cwd=tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with caplog.at_level("INFO"):
+        _cli(*common, "--trainer.max_steps", "3", cwd=tmp_path)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert f"resuming from {last} (--ckpt_path last)" in caplog.text
+    assert f"Restored all states from the checkpoint at {last}" in caplog.text
+    assert load_checkpoint(last)["global_step"] == 3
+
+
 def test_with_more_than_two_ranks_the_lost_ones_are_those_that_do_not_check_in(monkeypatch) -> None:
     """Rank 0 of 4, where ranks 2 checked in (and read its answer) and 1 and 3 never do: 1 and 3 are named; a store
     that does not answer (its host is gone) gives None."""
