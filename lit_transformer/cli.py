@@ -211,16 +211,13 @@ def check_lora_base(model, hparams: dict, path: str) -> None:
     """A LoRA checkpoint records its base (init_from): `--model.init_from PATH` given with --ckpt_path says where that
     base is now (it moved, or this is another machine) and wins over the record; the fingerprint is checked all the
     same. A recorded base that is gone ends the command with one line naming it and that flag."""
-    from lit_transformer.interop.pretrained import is_missing_path
-    from lit_transformer.lora import missing_base_message
+    from lit_transformer.interop.pretrained import locate_lora_base
 
     given = model.get("init_from") if model is not None else None
-    if given:
-        hparams["init_from"] = given
-    if is_missing_path(hparams["init_from"]):
-        if given:
-            raise SystemExit(f"error: --model.init_from {given} (the LoRA base for {path}) does not exist")
-        raise SystemExit(f"error: {missing_base_message(path, hparams['init_from'], '--model.init_from PATH')}")
+    try:
+        hparams["init_from"] = locate_lora_base(hparams["init_from"], given, path, "--model.init_from PATH")
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def _listed(value):

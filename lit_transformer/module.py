@@ -103,14 +103,11 @@ class LitTransformer(L.LightningModule):
                 "Marian folder, or a .ckpt of ours)"
             )
         if init_from:
-            from lit_transformer.interop.pretrained import is_missing_path, load_init_from
+            from lit_transformer.interop.pretrained import load_init_from, locate_lora_base
 
-            if lora is not None and is_missing_path(init_from):  # a LoRA checkpoint's base that moved, or a typo
-                raise FileNotFoundError(
-                    f"the LoRA base init_from {init_from} does not exist (moved, or another machine?): point at where "
-                    "it is now with --model.init_from PATH (load_from_checkpoint(..., init_from=PATH)); its "
-                    "fingerprint is checked"
-                )
+            if lora is not None:  # a LoRA checkpoint's base that moved, or a typo
+                flag = "--model.init_from PATH (load_from_checkpoint(..., init_from=PATH))"
+                locate_lora_base(init_from, None, "model.lora", flag)
             pretrained, self._init_tokenizer = load_init_from(init_from, config)
             # save_hyperparameters reads these arguments: checkpoints record the real architecture, not the source.
             config, init_from = pretrained.config, None

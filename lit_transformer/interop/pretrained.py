@@ -108,6 +108,25 @@ def is_missing_path(init_from: str) -> bool:
     return local and not Path(name).expanduser().exists()
 
 
+def locate_lora_base(recorded: str | None, given: str | None, what: str, flag: str | None) -> str:
+    """The base a LoRA checkpoint's adapters are read onto: `given` (where it is now) over the `recorded` init_from.
+    FileNotFoundError names the missing path and `flag`, the way to say where the base is now (one message for the
+    CLI, inference and the Python API)."""
+    from lit_transformer.lora import missing_base_message
+
+    if given:
+        if is_missing_path(given):
+            raise FileNotFoundError(
+                f"the LoRA base {given} does not exist (given for {what}, whose recorded base is {recorded})"
+            )
+        return given
+    if not recorded:
+        raise FileNotFoundError(f"{what} holds LoRA adapters but names no base (init_from) to apply them to")
+    if is_missing_path(recorded):
+        raise FileNotFoundError(missing_base_message(what, recorded, flag))
+    return recorded
+
+
 def checkpoint_weights(
     checkpoint: dict,
     config: TransformerConfig,
@@ -124,18 +143,12 @@ def checkpoint_weights(
         model = Transformer(config)
         load_model_state(model, checkpoint, current=config, prefix="model.")
         return model
-    from lit_transformer.lora import load_adapted, missing_base_message
+    from lit_transformer.lora import load_adapted
 
-    recorded = checkpoint["lora"].get("base")
-    if base is not None and is_missing_path(base):
-        raise CheckpointError(
-            f"the LoRA base {base} does not exist (given for {path}, whose recorded base is {recorded})"
-        )
-    base = base or recorded
-    if not base:
-        raise CheckpointError(f"{path} holds LoRA adapters but names no base (init_from) to apply them to")
-    if is_missing_path(base):
-        raise CheckpointError(missing_base_message(str(path), base, flag))
+    try:
+        base = locate_lora_base(checkpoint["lora"].get("base"), base, str(path), flag)
+    except FileNotFoundError as error:
+        raise CheckpointError(str(error)) from None
     try:
         model, _ = load_init_from(base, config)
     except (OSError, ValueError) as error:
