@@ -1,4 +1,4 @@
-from lit_transformer.cli import main
+from lit_transformer.commands import main
 
 if __name__ == "__main__":
     main()

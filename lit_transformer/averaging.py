@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from jsonargparse import ArgumentParser
 
 from lit_transformer.checkpointing import CheckpointError, atomic_save, config_differences, load_checkpoint
 
@@ -181,33 +180,9 @@ def average_checkpoints(paths: Sequence[str | Path], weights: Weights = "saved")
     return result
 
 
-def average_main(argv: Sequence[str]) -> None:
-    """`average`: write the mean of several checkpoints' weights as one checkpoint."""
-    parser = ArgumentParser(
-        prog="python -m lit_transformer average",
-        description="Average the weights of checkpoints of one model (the paper averages the last 5). The result "
-        "loads wherever a checkpoint does (test, translate, generate, predict, export); it holds no optimizer state.",
-    )
-    parser.add_argument(
-        "--checkpoints",
-        type=str,
-        nargs="+",
-        required=True,
-        help="Checkpoint files and/or folders (every *.ckpt inside).",
-    )
-    parser.add_argument("--last", type=int | None, default=None, help="Average the newest N distinct steps.")
-    parser.add_argument(
-        "--steps", type=str | None, default=None, help="Average the steps within FIRST:LAST (both included)."
-    )
-    parser.add_argument(
-        "--weights",
-        type=Weights,
-        default="saved",
-        help="saved: each file's state_dict (EMA weights when an EMA callback wrote it); trained: the optimizer's "
-        "weights (current_model_state, where an EMA callback put them).",
-    )
-    parser.add_argument("--output", type=str, required=True, help="The .ckpt to write.")
-    args = parser.parse_args(list(argv))
+def run_average(args) -> None:
+    """`average` with its parsed options (model_commands.average_main): write the mean of several checkpoints'
+    weights as one checkpoint."""
     try:
         steps = parse_steps(args.steps) if args.steps is not None else None
         paths = select_checkpoints(args.checkpoints, args.last, steps)
@@ -219,3 +194,12 @@ def average_main(argv: Sequence[str]) -> None:
     atomic_save(averaged, output)
     listed = ", ".join(f"{Path(e['path']).name} (step {e['step']})" for e in averaged["averaged_from"])
     print(f"Wrote {output}: the mean of {len(paths)} checkpoints: {listed}")
+
+
+def __getattr__(name: str):
+    # The command's entry point, where it was before model_commands.py.
+    if name == "average_main":
+        from lit_transformer.model_commands import average_main
+
+        return average_main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,8 @@
 """Checkpoints that never tear and never run code: atomic saving, safe loading, and clear errors.
 
-- ``AtomicCheckpointIO`` writes each checkpoint to a temporary file in the same folder, fsyncs it, renames it over
-  the target and fsyncs the folder, so a crash at any moment leaves the previous file whole.
+- ``atomic_save`` writes each checkpoint to a temporary file in the same folder, fsyncs it, renames it over the target
+  and fsyncs the folder, so a crash at any moment leaves the previous file whole (Lightning's side of it,
+  ``AtomicCheckpointIO``, is in checkpoint_io.py: this module imports no Lightning, for the commands that do not train).
 - ``load_checkpoint`` (checkpoint_file.py) reads with ``torch.load(weights_only=True)``: a file can hold tensors and plain data, never code.
   Our own plain types (``TransformerConfig``, paths) are allowlisted by name; nothing else is.
 - ``check_architecture`` turns a ``load_state_dict`` mismatch into a message that names the parameters and the config
@@ -19,7 +20,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lit_transformer.checkpoint_file import (  # noqa: F401 - re-exported: the engine's readers import them here
     SAFE_GLOBALS,
@@ -74,35 +74,6 @@ def non_finite_tensors(state_dict: Mapping[str, Any]) -> list[str]:
         for name, value in state_dict.items()
         if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all()
     ]
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoint IO that never leaves a torn file and never runs code when loading.
-
-    Use with ``ModelCheckpoint(save_last=True)`` (a full copy written atomically); ``save_last="link"`` deletes
-    ``last.ckpt`` before re-creating the symlink, so a crash in between leaves no ``last`` at all.
-    """
-
-    def __init__(self, refuse_non_finite: bool = True) -> None:
-        super().__init__()
-        self.refuse_non_finite = refuse_non_finite
-        """Refuse to write weights holding NaN/inf, so the last good checkpoint stays the newest one."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} does not take storage_options")
-        if self.refuse_non_finite:
-            bad = non_finite_tensors(checkpoint.get("state_dict", {}))
-            if bad:
-                raise CheckpointError(
-                    f"Refused to save {path}: weights hold NaN or infinity ({', '.join(bad[:5])}"
-                    f"{' …' if len(bad) > 5 else ''}); the previous checkpoint is kept as the last good one."
-                )
-        atomic_save(checkpoint, path)
-
-    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        # weights_only=False is not honoured on purpose: resuming must never execute code from a file.
-        return load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
 
 
 def config_differences(saved: Any, current: Any) -> list[str]:
@@ -190,3 +161,12 @@ def check_tokenizer_vocabulary(tokenizer_vocab_size: int, config: TransformerCon
             f"(config.vocab_size): token ids {config.vocab_size}..{tokenizer_vocab_size - 1} have no embedding. "
             "Use the tokenizer saved with the checkpoint (checkpoint['tokenizer']) or build the model from this tokenizer."
         )
+
+
+def __getattr__(name: str):
+    # Run configs saved before checkpoint_io.py name the plugin lit_transformer.checkpointing.AtomicCheckpointIO.
+    if name == "AtomicCheckpointIO":
+        from lit_transformer.checkpoint_io import AtomicCheckpointIO
+
+        return AtomicCheckpointIO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

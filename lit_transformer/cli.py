@@ -1,4 +1,7 @@
-"""The command line: LightningCLI for fit/validate/test/predict, plus generate, translate and export.
+"""fit, validate, test and predict: LightningCLI with the package's links, run folder and callbacks.
+
+The program's entry point, its other commands and its refusals live in commands.py and arguments.py; this module
+(and so Lightning) is imported only by these four commands.
 
 python -m lit_transformer fit --config configs/base.yaml
 python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
@@ -16,6 +19,7 @@ import importlib
 import inspect
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +30,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lit_transformer.arguments import parser_options, refusal, resolve_configs
 from lit_transformer.callbacks import (
     AttentionMaps,
     GenerateSamples,
@@ -34,9 +39,12 @@ from lit_transformer.callbacks import (
     SyncFreeProgressBar,
     TokenThroughputMonitor,
 )
-from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
+from lit_transformer.checkpoint_io import AtomicCheckpointIO
+from lit_transformer.checkpointing import load_checkpoint
+from lit_transformer.commands import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
 from lit_transformer.config import SOURCE_FIELDS, TransformerConfig
 from lit_transformer.console import ModelSummaryWithoutFlops, quiet_dependencies
+from lit_transformer.errors import ConfigError
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import (
     NonFiniteLossGuard,
@@ -90,7 +98,28 @@ RUN_FOLDER = "${trainer.default_root_dir}"
 
 
 class TransformerCLI(LightningCLI):
-    """LightningCLI with the tokenizer linked into the model config and the run's standard callbacks."""
+    """LightningCLI with the tokenizer linked into the model config and the run's standard callbacks. Only the
+    parser of the command that runs is built (LightningCLI builds all four, a second each)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        given = kwargs.get("args")
+        argv = list(sys.argv[1:] if given is None else given) if isinstance(given, list | tuple | None) else []
+        self._only = argv[0] if argv and argv[0] in LightningCLI.subcommands() else None
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override] - LightningCLI's is a staticmethod
+        every = LightningCLI.subcommands()
+        only = getattr(self, "_only", None)
+        return {only: every[only]} if only else every
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """A parse error becomes a UserError naming the key, where it was given and the nearest valid keys."""
+        try:
+            super().parse_arguments(parser, args)
+        except jsonargparse.ArgumentError as error:
+            argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
+            subparser = _subcommand_parser(parser, argv[0] if argv else None)
+            raise refusal(str(error), subparser or parser, argv[1:]) from None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in TOKENIZER_LINKS + DATA_LINKS:
@@ -134,6 +163,7 @@ class TransformerCLI(LightningCLI):
             help="Seconds a collective waits for a peer (another process or node) before the run fails with one line "
             "naming the lost rank; None keeps the strategy's own (torch's 30 minutes).",
         )
+        describe_package_defaults(parser)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -147,6 +177,7 @@ class TransformerCLI(LightningCLI):
         check_device_options(trainer.accelerator, strategy, trainer.precision)
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+        config, callbacks = switched_off(config, callbacks)
         # The progress bar reads its metrics only when the trainer logs (see SyncFreeProgressBar), unless the run
         # turned the bar off or brought its own.
         existing = config.get("callbacks") or []
@@ -255,12 +286,12 @@ def set_once(config) -> None:
         if current is None or current == defaults.get(field) or current == value:
             architecture[field] = value
         elif _listed(args.get(key)) != value:  # read from what the argument names (source_dim: the feature files)
-            raise ValueError(
+            raise ConfigError(
                 f"data.init_args.{key}={args[key]} gives {field}={value} and model.config.{field}={current}: the data "
                 f"decides it, so leave model.config.{field} unset (or set it to {value})"
             )
         else:
-            raise ValueError(
+            raise ConfigError(
                 f"data.init_args.{key}={value} and model.config.{field}={current} differ: the data decides it, so set "
                 f"data.init_args.{key} alone (or both alike)"
             )
@@ -269,7 +300,7 @@ def set_once(config) -> None:
     learned = architecture.get("positions") == "learned"  # the only positions that cannot go past max_seq_len
     if learned and longest is not None and max_seq_len is not None and longest[1] > max_seq_len:
         key, need = longest
-        raise ValueError(
+        raise ConfigError(
             f"data.init_args.{key}={args[key]} needs {need} positions but model.config.max_seq_len={max_seq_len}: "
             f"raise model.config.max_seq_len to {need} or more, or lower data.init_args.{key}"
         )
@@ -327,7 +358,7 @@ def link_context_length(config, subcommand: str | None) -> None:
     elif context_given and not block_given:
         init_args.block_size = context
     elif block != context and subcommand == "fit":
-        raise ValueError(
+        raise ConfigError(
             f"data.init_args.block_size={block} and model.config.max_seq_len={context} disagree: the model trains on "
             "blocks of its context length. Give one of them (the other follows) or the same value to both"
         )
@@ -348,42 +379,93 @@ def _trainer_defaults() -> dict:
 
 
 def run_cli(args: Sequence[str] | None = None, run: bool = True) -> TransformerCLI:
-    """The command line's LightningCLI; with run=False its objects (model, data, trainer) are built, not fitted."""
+    """The command line's LightningCLI; with run=False its objects (model, data, trainer) are built, not fitted.
+    Keys are exact (no abbreviation) and a parse error raises a UserError (arguments.refusal)."""
+    argv = list(sys.argv[1:] if args is None else args)
+    options = parser_options(program())
+    if argv and argv[0] in LightningCLI.subcommands():  # the command's own parser: its usage line says its name
+        usage = f"{program(argv[0])} [--config FILE_OR_NAME ...] [--KEY VALUE ...]"
+        summary = next(c.summary for c in COMMANDS if c.name == argv[0])
+        options[argv[0]] = parser_options(program(argv[0]), description=summary, usage=usage)
     return TransformerCLI(
         LitTransformer,
         L.LightningDataModule,
         subclass_mode_data=True,
         trainer_defaults=_trainer_defaults(),
         save_config_kwargs={"overwrite": True},
+        parser_kwargs=options,
         args=args,
         auto_configure_optimizers=False,
         run=run,
     )
 
 
-def _extra_commands() -> dict[str, Callable[[Sequence[str]], None]]:
-    from lit_transformer import inference
-    from lit_transformer.averaging import average_main
-
-    return {
-        "generate": inference.generate_main,
-        "translate": inference.translate_main,
-        "export": _export_main,
-        "prepare": _prepare_main,
-        "average": average_main,
-    }
+def _subcommand_parser(parser, name: str | None):
+    """The parser of one subcommand (fit, ...) under LightningCLI's main parser, for the keys it takes."""
+    for action in parser._actions:  # argparse keeps its subparsers action there; it has no public accessor
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict) and name in choices:
+            return choices[name]
+    return None
 
 
-def _prepare_main(argv: Sequence[str]) -> None:
-    from lit_transformer.prepare import prepare_main
+# Help text of the package's own defaults, where Lightning's docstring describes another default.
+PACKAGE_HELP = {
+    "checkpoint.dirpath": "Folder of last.ckpt (written every checkpoint.every_n_train_steps steps) and the best "
+    "checkpoint; by default <trainer.default_root_dir>/checkpoints.",
+    "checkpoint.every_n_train_steps": "Write last.ckpt every N optimizer steps, whatever the metrics.",
+    "best_checkpoint.dirpath": "Folder of the best checkpoint: checkpoint.dirpath unless given.",
+    "best_checkpoint.monitor": "The metric that selects the best checkpoint: val/nll (the validation split's "
+    "per-token negative log-likelihood), or val/bleu with best_checkpoint.mode max for translation.",
+    "checkpoint.filename": "File name of the periodic checkpoint besides last.ckpt (with checkpoint.save_top_k > 0), "
+    "a pattern such as step{step:06d}.",
+    "best_checkpoint.filename": "File name of the best checkpoint, a pattern of the step and metrics.",
+    "preemption.dirpath": "Folder of the checkpoint written on SIGTERM/SIGINT: checkpoint.dirpath unless given.",
+    "trainer.default_root_dir": "The run folder: TensorBoard logs go to its tensorboard/, checkpoints to its "
+    "checkpoints/, predictions to its predictions.jsonl (default: the working folder).",
+    "trainer.logger": "The logger: by default TensorBoard in <trainer.default_root_dir>/tensorboard; false turns "
+    "logging (and the callbacks that log) off.",
+    "trainer.enable_checkpointing": "false turns the package's checkpoint callbacks (checkpoint, best_checkpoint, "
+    "preemption) off.",
+}
 
-    prepare_main(argv)
+
+def describe_package_defaults(parser) -> None:
+    """fit --help as a user needs it: the package's defaults described as they are, deprecated keys hidden (they are
+    still accepted, each with a FutureWarning naming its new key)."""
+    import argparse
+
+    from lit_transformer.deprecated import DEPRECATED_NAMES
+
+    hidden = {f"model.{name}" for name in DEPRECATED_NAMES}
+    for action in parser._actions:  # argparse keeps the options there; help is set on each action
+        if action.dest in hidden:
+            action.help = argparse.SUPPRESS
+        elif action.dest in PACKAGE_HELP:
+            action.help = PACKAGE_HELP[action.dest]
 
 
-def _export_main(argv: Sequence[str]) -> None:
-    from lit_transformer.export import export_main
+LOGGING_CALLBACKS = (LearningRateLogger, GenerateSamples, AttentionMaps, TokenThroughputMonitor)
+CHECKPOINT_CALLBACKS = (ModelCheckpoint, PreemptionCheckpoint)
 
-    export_main(argv)
+
+def switched_off(config: dict, callbacks: list) -> tuple[dict, list]:
+    """Lightning's switches mean what they say: `trainer.enable_checkpointing false` drops the package's own
+    checkpoint callbacks (Lightning refuses a ModelCheckpoint beside it), and `trainer.logger false` the callbacks
+    that only log (a LearningRateMonitor without a logger fails)."""
+    drop: tuple[type, ...] = ()
+    if config.get("enable_checkpointing") is False:
+        drop += CHECKPOINT_CALLBACKS
+    if config.get("logger") is False:
+        drop += LOGGING_CALLBACKS
+    if not drop:
+        return config, callbacks
+    given = config.get("callbacks")
+    if isinstance(given, list):
+        config = {**config, "callbacks": [c for c in given if not isinstance(c, drop)]}
+    elif isinstance(given, drop):
+        config = {**config, "callbacks": None}
+    return config, [c for c in callbacks if not isinstance(c, drop)]
 
 
 def show_package_info_logs() -> None:
@@ -403,18 +485,12 @@ def show_package_info_logs() -> None:
     logger.propagate = False
 
 
-def main(args: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if args is None else args)
+def lightning_main(argv: Sequence[str]) -> None:
+    """fit, validate, test or predict (argv[0]): packaged configs found by name, the package's logs shown, a signal
+    before the first step ending the run at once."""
+    argv = resolve_configs(argv)
     quiet_dependencies()
-    if argv and argv[0] in ("generate", "translate", "export", "prepare", "average"):
-        _extra_commands()[argv[0]](argv[1:])
-        return
     show_package_info_logs()
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     with exit_on_signals():  # a signal before the first step ends the run at once (nothing to save yet)
-        # The command line's own arguments reach LightningCLI as sys.argv (args=None): given as `args` as well,
-        # LightningCLI warns that both were given.
-        run_cli(None if args is None else argv)
-
-
-if __name__ == "__main__":
-    main()
+        run_cli(argv)

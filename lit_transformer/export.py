@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from jsonargparse import ArgumentParser
-
 from lit_transformer.inference import (
     LoadedModel,
-    add_base_argument,
-    add_quantize_argument,
     load_model,
     quantize_loaded,
 )
@@ -55,22 +50,8 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
     return export_onnx_folder(model, out, source, target, quantize=onnx_quantize)
 
 
-def export_main(argv: Sequence[str]) -> None:
-    """Parse the arguments of `export` and write the export."""
-    parser = ArgumentParser(
-        prog="python -m lit_transformer export",
-        description="Export a checkpoint: hf (GPT2LMHeadModel, LlamaForCausalLM or MarianMTModel folder), onnx "
-        "(decoding graphs with past keys and values for decoder-only and encoder-decoder models, the logits graph "
-        "for decoder-only and encoder-only ones, onnx.json describing them; with --quantize int8, onnxruntime's int8 "
-        "graphs), safetensors (our weights + config.json + tokenizer.json; with --quantize int8, int8 weights and "
-        "their scales).",
-    )
-    parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
-    parser.add_argument("--format", type=Format, required=True, help="hf, onnx or safetensors.")
-    parser.add_argument("--out", type=str, required=True, help="Output folder (created if missing).")
-    add_base_argument(parser)
-    add_quantize_argument(parser)
-    args = parser.parse_args(list(argv))
+def run_export(args) -> None:
+    """`export` with its parsed options (model_commands.export_main): write the export."""
     if args.quantize != "none" and args.format == "hf":
         raise SystemExit(f"error: --quantize {args.quantize} exports as --format safetensors or onnx, not hf")
     from lit_transformer.checkpointing import CheckpointError
@@ -84,3 +65,12 @@ def export_main(argv: Sequence[str]) -> None:
     else:
         path = export(quantize_loaded(loaded, args.quantize), args.format, args.out)
     print(f"Wrote {path}")
+
+
+def __getattr__(name: str):
+    # The command's entry point, where it was before model_commands.py.
+    if name == "export_main":
+        from lit_transformer.model_commands import export_main
+
+        return export_main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

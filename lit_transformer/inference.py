@@ -1,4 +1,5 @@
-"""Load a trained checkpoint for inference, and the `generate` / `translate` commands.
+"""Load a trained checkpoint for inference, and run the `generate` / `translate` commands (their options are parsed
+in model_commands.py, before torch is imported).
 
 A checkpoint holds everything needed: the architecture (hyper_parameters.config) and the tokenizer(s) as JSON.
 Decoding settings are a GenerationConfig; every one of its fields is a flag of both commands.
@@ -6,19 +7,14 @@ Decoding settings are a GenerationConfig; every one of its fields is a flag of b
 
 from __future__ import annotations
 
-import ast
 import codecs
 import dataclasses
-import inspect
 import sys
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
-from jsonargparse import ArgumentParser
 from tokenizers import Tokenizer
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
@@ -136,38 +132,6 @@ def _device(name: str) -> str:
     return name
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each dataclass field: the one description of a field, shown as its --help text."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    docs = {}
-    for field, doc in zip(body, body[1:]):
-        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            docs[field.target.id] = " ".join(str(doc.value.value).split())
-    return docs
-
-
-def _parser(prog: str, description: str) -> ArgumentParser:
-    """--checkpoint, --device, and every GenerationConfig field as a flag (unset flags keep the task's defaults,
-    GenerationConfig.for_task)."""
-    description += (
-        " Decoding flags left unset (null) keep the defaults of the model's task, GenerationConfig.for_task: a"
-        " language model samples at temperature 0.8 among the 50 most likely tokens, a translation model decodes"
-        " by the Transformer paper's rules (4 beams, GNMT length penalty 0.6, source length + 50, early stopping)."
-    )
-    parser = ArgumentParser(prog=f"python -m lit_transformer {prog}", description=description)
-    parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
-    parser.add_argument("--device", type=str, default="auto", help="cpu, cuda, or auto.")
-    add_base_argument(parser)
-    add_quantize_argument(parser)
-    hints, docs = typing.get_type_hints(GenerationConfig), _field_docs(GenerationConfig)
-    for field in dataclasses.fields(GenerationConfig):
-        hint = hints[field.name]
-        if typing.get_origin(hint) is list:  # one value may be given without list syntax: --stop END
-            hint = hint | typing.get_args(hint)[0]
-        parser.add_argument(f"--{field.name}", type=hint | None, default=None, help=docs[field.name])
-    return parser
-
-
 def _generation(args, task: type[Task] | Task) -> GenerationConfig:
     values = {f.name: args[f.name] for f in dataclasses.fields(GenerationConfig)}
     for name in ("stop", "stop_token_ids"):
@@ -189,27 +153,6 @@ def _check_command(loaded: LoadedModel, command: str) -> None:
 
 def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
-
-
-def add_base_argument(parser: ArgumentParser) -> None:
-    """--base PATH, shared by generate, translate and export: where a LoRA checkpoint's base is now."""
-    parser.add_argument(
-        "--base",
-        type=str | None,
-        default=None,
-        help="A LoRA checkpoint's base (its init_from) where it is now, if it moved from the path the checkpoint "
-        "records; its fingerprint is checked as the recorded one's would be.",
-    )
-
-
-def add_quantize_argument(parser: ArgumentParser) -> None:
-    """--quantize none|int8, shared by generate, translate and export."""
-    parser.add_argument(
-        "--quantize",
-        type=Literal["none", "int8"],
-        default="none",
-        help="int8: dynamic int8 Linear layers (lit_transformer.quantization), CPU only; faster decoding on a CPU.",
-    )
 
 
 def quantize_loaded(loaded: LoadedModel, quantize: str) -> LoadedModel:
@@ -237,13 +180,9 @@ def _load(args) -> LoadedModel:
     return quantize_loaded(loaded, args.quantize)
 
 
-def generate_main(argv: Sequence[str]) -> None:
-    """`generate`: continue prompts with a decoder-only model, printing tokens as they are produced."""
-    parser = _parser("generate", "Continue a prompt with a trained decoder-only model.")
-    parser.add_argument("--prompt", type=str, default="\n", help="Text to continue.")
-    parser.add_argument("--prompt_file", type=str | None, default=None, help="A file of prompts, one per line.")
-    parser.add_argument("--num_samples", type=int, default=1, help="Samples per prompt.")
-    args = parser.parse_args(list(argv))
+def run_generate(args) -> None:
+    """`generate` with its parsed options (model_commands.generate_main): continue prompts with a decoder-only
+    model, printing tokens as they are produced."""
     loaded = _load(args)
     _check_command(loaded, "generate")
     gen = _generation(args, loaded.task)
@@ -273,13 +212,9 @@ def generate_main(argv: Sequence[str]) -> None:
             print(flush=True)
 
 
-def translate_main(argv: Sequence[str]) -> None:
-    """`translate`: translate sentences with an encoder-decoder model (beam search by default)."""
-    parser = _parser("translate", "Translate text with a trained encoder-decoder model.")
-    parser.add_argument("--text", type=str | None, default=None, help="A sentence to translate.")
-    parser.add_argument("--input", type=str | None, default=None, help="A file of sentences, one per line.")
-    parser.add_argument("--batch_size", type=int, default=16, help="Sentences translated at once.")
-    args = parser.parse_args(list(argv))
+def run_translate(args) -> None:
+    """`translate` with its parsed options (model_commands.translate_main): translate sentences with an
+    encoder-decoder model (beam search by default)."""
     if (args.text is None) == (args.input is None):
         raise SystemExit("error: translate needs exactly one of --text SENTENCE or --input FILE")
     if args.input is not None and not Path(args.input).is_file():
@@ -298,3 +233,12 @@ def translate(loaded: LoadedModel, texts: Sequence[str], gen: GenerationConfig) 
     src, mask = loaded.batch(texts)
     out = loaded.model.generate(src, gen, attention_mask=mask)
     return loaded.decode(out)
+
+
+def __getattr__(name: str):
+    # The commands' entry points, where they were before model_commands.py.
+    if name in ("generate_main", "translate_main"):
+        from lit_transformer import model_commands
+
+        return getattr(model_commands, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

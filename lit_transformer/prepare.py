@@ -52,15 +52,19 @@ def _data_section(configs: Sequence[str]) -> dict:
 
 
 def prepare_main(argv: Sequence[str]) -> None:
+    from lit_transformer.arguments import parse, parser_options, resolve_configs
+    from lit_transformer.commands import program
+
     parser = argparse.ArgumentParser(
-        prog="python -m lit_transformer prepare",
+        prog=program("prepare"),
+        allow_abbrev=False,
         description="Prepare a run's data once (stream, tokenize in parallel, write token shards); "
         "`fit` with the same configs then starts at once.",
         epilog="Any --data.* flag of `fit` applies too, e.g. --data.init_args.dataset 'corpus/*.jsonl' "
         "--data.init_args.cache_dir /shared/cache.",
     )
     parser.add_argument("--config", action="append", required=True, help="a run's YAML (repeatable, later wins)")
-    args, overrides = parser.parse_known_args(list(argv))
+    args, overrides = parser.parse_known_args(resolve_configs(argv))
     bad = [o for o in overrides if o.startswith("--") and not o.startswith("--data.")]
     if bad:
         raise SystemExit(f"prepare takes --config and --data.* flags only, not {bad[0]}")
@@ -69,9 +73,9 @@ def prepare_main(argv: Sequence[str]) -> None:
     import lightning as L
 
     data = _data_section(args.config)
-    config_parser = jsonargparse.ArgumentParser(prog="python -m lit_transformer prepare")
+    config_parser = jsonargparse.ArgumentParser(**parser_options(program("prepare")))
     config_parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
-    cfg = config_parser.parse_args(["--data", yaml.safe_dump(data), *overrides])
+    cfg = parse(config_parser, ["--data", yaml.safe_dump(data), *overrides])
     datamodule = config_parser.instantiate_classes(cfg).data
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
