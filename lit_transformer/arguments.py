@@ -30,11 +30,13 @@ _ROLE = re.compile(r":(?:class|func|meth|attr|paramref|mod|obj|data|ref|doc):`~?
 _DIRECTIVE = re.compile(r"\.\.\s*(warning|note|seealso|deprecated|tip|important)::\s*", re.IGNORECASE)
 _DEFAULT_SENTENCE = re.compile(r"\s*Default(?:s to|:)\s*``[^`]*``\.?")  # jsonargparse prints the real default
 _LITERAL = re.compile(r"``([^`]*)``")
+_LINK = re.compile(r"`([^`<]+?)\s*<([^>]+)>`_+")
 
 
 def plain(text: str) -> str:
     """Docstring text without Sphinx markup: roles keep their last name, literals lose their backticks."""
     text = _DEFAULT_SENTENCE.sub("", text)
+    text = _LINK.sub(r"\1 (\2)", text)
     text = _DIRECTIVE.sub(lambda m: m.group(1).capitalize() + ": ", text)
     text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1], text)
     return _LITERAL.sub(r"\1", text).replace("`", "")
@@ -211,6 +213,12 @@ def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> UserEr
         if found:
             key = found.group(1).lstrip("-")
             return _unknown_key(key, known_keys(parser), argv, help_hint)
+    if re.search(r"arguments are required: (?:\w+\.)?data\b", message):
+        return UserError(
+            "no data to train on: the configs given have no data section",
+            hint="Start from a config that has one (--config base, --config presets/tiny) or give "
+            "--data.class_path and its --data.init_args.*.",
+        )
     expected = _EXPECTED.search(message)
     if parser_key and expected:
         key = parser_key.group(1)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import torch
 
-from lit_transformer.checkpointing import CheckpointError, atomic_save, config_differences, load_checkpoint
+from lit_transformer.checkpoint_file import CheckpointError, atomic_save, config_differences, load_checkpoint
 
 Weights = Literal["saved", "trained"]
 """saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA weights); trained: the
@@ -194,12 +194,3 @@ def run_average(args) -> None:
     atomic_save(averaged, output)
     listed = ", ".join(f"{Path(e['path']).name} (step {e['step']})" for e in averaged["averaged_from"])
     print(f"Wrote {output}: the mean of {len(paths)} checkpoints: {listed}")
-
-
-def __getattr__(name: str):
-    # The command's entry point, where it was before model_commands.py.
-    if name == "average_main":
-        from lit_transformer.model_commands import average_main
-
-        return average_main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""Reading a checkpoint file without ever executing code from it: `load_checkpoint` and its clear errors.
+"""Checkpoint files without Lightning: `load_checkpoint` never executes code from a file, `atomic_save` never leaves
+a torn one, and the architecture checks turn a mismatch into a message naming the fields.
 
 Below the DataModules (a tokenizer may come from a .ckpt) and the engine (resuming, averaging, loading a model), so
 both read checkpoints one way. `torch.load(weights_only=True)` accepts tensors and plain data only; our own plain types
@@ -7,11 +8,13 @@ both read checkpoints one way. `torch.load(weights_only=True)` accepts tensors a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import pickle
 import re
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,10 +71,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
         offenders = _disallowed_globals(path, error)
         if offenders:
             raise CheckpointError(_refused_message(path, offenders)) from error
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else "(no detail)"
         raise CheckpointError(
-            f"Checkpoint {path} ({path.stat().st_size:,} bytes) is truncated or corrupt and cannot be read: "
-            f"{type(error).__name__}: {detail}\n"
+            f"Checkpoint {path} ({path.stat().st_size:,} bytes) is truncated, corrupt or not a checkpoint, and cannot "
+            f"be read: {_load_error_detail(error)}\n"
             "It was probably cut short by a crash, a full disk or an incomplete copy. Checkpoints written by this "
             "package are renamed into place only once complete, so an older checkpoint in the same folder should be "
             f"whole: {_nearby_checkpoints(path)}"
@@ -79,6 +81,19 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"Checkpoint {path} holds a {type(checkpoint).__name__}, not a checkpoint dictionary.")
     return checkpoint
+
+
+def _load_error_detail(error: Exception) -> str:
+    """The line of torch.load's error that says what is wrong: for weights_only loads, the unpickler's own line
+    after torch's paragraph about the weights_only default (which is not the problem here)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    marker = next((i for i, line in enumerate(lines) if "WeightsUnpickler error" in line), None)
+    if marker is not None:
+        after = lines[marker].split("WeightsUnpickler error:", 1)[1].strip()
+        detail = after or (lines[marker + 1] if marker + 1 < len(lines) else "")
+    else:
+        detail = lines[0] if lines else ""
+    return f"{type(error).__name__}: {detail or '(no detail)'}"
 
 
 def _nearby_checkpoints(path: pathlib.Path) -> str:
@@ -125,3 +140,136 @@ def _refused_message(path: pathlib.Path, offenders: list[str]) -> str:
 
 def _qualname(t: type) -> str:
     return f"{t.__module__}.{t.__qualname__}"
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` that replaces ``path`` only with a complete, fsynced file (same-folder temp file + rename)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The temporary name does not end in .ckpt, so neither `ckpt_path=last` nor a glob ever picks up a torn file.
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        with _ignore_os_errors():
+            os.unlink(temp_name)
+        raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: pathlib.Path) -> None:
+    # Makes the rename itself durable across a power loss; not possible (nor needed) on every platform.
+    with _ignore_os_errors():
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+@contextmanager
+def _ignore_os_errors() -> Iterator[None]:
+    try:
+        yield
+    except OSError:
+        pass
+
+
+def non_finite_tensors(state_dict: Mapping[str, Any]) -> list[str]:
+    """Names of floating-point tensors holding NaN or infinity."""
+    return [
+        name
+        for name, value in state_dict.items()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all()
+    ]
+
+
+def config_differences(saved: Any, current: Any) -> list[str]:
+    """``field: saved -> current`` for each config field that differs (configs as dataclasses or dicts)."""
+    saved_fields, current_fields = _as_dict(saved), _as_dict(current)
+    return [
+        f"{name}: checkpoint {saved_fields.get(name)!r} vs now {current_fields.get(name)!r}"
+        for name in sorted(set(saved_fields) | set(current_fields))
+        if saved_fields.get(name) != current_fields.get(name)
+    ]
+
+
+def _as_dict(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return dict(config)
+
+
+def saved_config(checkpoint: Mapping[str, Any], key: str = "config") -> Any:
+    """The model config stored in a Lightning checkpoint's ``hyper_parameters`` (or None)."""
+    return (checkpoint.get("hyper_parameters") or {}).get(key)
+
+
+def check_architecture(
+    state_dict: Mapping[str, torch.Tensor],
+    model: torch.nn.Module,
+    saved: Any = None,
+    current: Any = None,
+    source: str = "checkpoint",
+) -> None:
+    """Raise ``CheckpointError`` naming mismatched parameters (with shapes) and differing config fields, if any."""
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in state_dict]
+    unexpected = [name for name in state_dict if name not in expected]
+    reshaped = [
+        f"{name}: {source} {tuple(state_dict[name].shape)} vs model {tuple(expected[name].shape)}"
+        for name in expected
+        if name in state_dict
+        and isinstance(state_dict[name], torch.Tensor)
+        and tuple(state_dict[name].shape) != tuple(expected[name].shape)
+    ]
+    if not (missing or unexpected or reshaped):
+        return
+    lines = [f"The {source} was saved by a different architecture than the model built now."]
+    differences = config_differences(saved, current) if saved is not None and current is not None else []
+    if differences:
+        lines.append("Config fields that differ:\n    " + "\n    ".join(differences))
+    for title, names in (
+        ("Shape mismatches", reshaped),
+        ("Missing in the " + source, missing),
+        ("Unexpected in the " + source, unexpected),
+    ):
+        if names:
+            lines.append(
+                f"{title} ({len(names)}):\n    " + "\n    ".join(names[:10]) + ("\n    …" if len(names) > 10 else "")
+            )
+    lines.append(
+        "Build the model with the checkpoint's config (it is stored under hyper_parameters), or start a new run."
+    )
+    raise CheckpointError("\n".join(lines))
+
+
+def load_model_state(
+    model: torch.nn.Module, checkpoint: Mapping[str, Any], current: Any = None, prefix: str = ""
+) -> None:
+    """Load ``checkpoint["state_dict"]`` into ``model``; a mismatch raises ``CheckpointError`` that explains it.
+
+    ``prefix`` strips a key prefix (``"model."`` when ``model`` is the bare Transformer inside LitTransformer).
+    """
+    state_dict = checkpoint.get("state_dict", checkpoint)
+    if prefix:
+        state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    check_architecture(state_dict, model, saved_config(checkpoint), current)
+    model.load_state_dict(state_dict)
+
+
+def check_tokenizer_vocabulary(tokenizer_vocab_size: int, config: TransformerConfig, what: str = "tokenizer") -> None:
+    """Refuse a tokenizer whose ids do not fit the model's vocabulary: its true size, config.vocab_size, even when
+    the tables are padded (pad_vocab_to_multiple_of) beyond it, since logits never cover the padded ids."""
+    if tokenizer_vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"The {what} has {tokenizer_vocab_size} tokens but the model's vocabulary holds {config.vocab_size} "
+            f"(config.vocab_size): token ids {config.vocab_size}..{tokenizer_vocab_size - 1} have no embedding. "
+            "Use the tokenizer saved with the checkpoint (checkpoint['tokenizer']) or build the model from this tokenizer."
+        )

@@ -39,8 +39,7 @@ from lit_transformer.callbacks import (
     SyncFreeProgressBar,
     TokenThroughputMonitor,
 )
-from lit_transformer.checkpoint_io import AtomicCheckpointIO
-from lit_transformer.checkpointing import load_checkpoint
+from lit_transformer.checkpointing import AtomicCheckpointIO, load_checkpoint
 from lit_transformer.commands import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
 from lit_transformer.config import SOURCE_FIELDS, TransformerConfig
 from lit_transformer.console import ModelSummaryWithoutFlops, quiet_dependencies
@@ -114,11 +113,12 @@ class TransformerCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """A parse error becomes a UserError naming the key, where it was given and the nearest valid keys."""
+        argv = list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
+        subparser = _subcommand_parser(parser, argv[0] if argv else None)
+        describe_package_defaults(subparser or parser)
         try:
             super().parse_arguments(parser, args)
         except jsonargparse.ArgumentError as error:
-            argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
-            subparser = _subcommand_parser(parser, argv[0] if argv else None)
             raise refusal(str(error), subparser or parser, argv[1:]) from None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -163,7 +163,6 @@ class TransformerCLI(LightningCLI):
             help="Seconds a collective waits for a peer (another process or node) before the run fails with one line "
             "naming the lost rank; None keeps the strategy's own (torch's 30 minutes).",
         )
-        describe_package_defaults(parser)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -425,6 +424,8 @@ PACKAGE_HELP = {
     "checkpoints/, predictions to its predictions.jsonl (default: the working folder).",
     "trainer.logger": "The logger: by default TensorBoard in <trainer.default_root_dir>/tensorboard; false turns "
     "logging (and the callbacks that log) off.",
+    "weights_only": "Checkpoints are always read with torch.load(weights_only=True), so a file never runs code; the "
+    "package's own plain types are allowed by name (false is not honoured).",
     "trainer.enable_checkpointing": "false turns the package's checkpoint callbacks (checkpoint, best_checkpoint, "
     "preemption) off.",
 }

@@ -77,10 +77,10 @@ def version_line() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    from lit_transformer import __version__
+    import lit_transformer
 
     python = ".".join(str(n) for n in sys.version_info[:3])
-    return f"lit_transformer {__version__} (torch {version('torch')}, lightning {version('lightning')}, Python {python})"
+    return f"lit_transformer {lit_transformer.__version__} (torch {version('torch')}, lightning {version('lightning')}, Python {python})"
 
 
 def overview() -> str:

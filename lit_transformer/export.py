@@ -54,7 +54,7 @@ def run_export(args) -> None:
     """`export` with its parsed options (model_commands.export_main): write the export."""
     if args.quantize != "none" and args.format == "hf":
         raise SystemExit(f"error: --quantize {args.quantize} exports as --format safetensors or onnx, not hf")
-    from lit_transformer.checkpointing import CheckpointError
+    from lit_transformer.checkpoint_file import CheckpointError
 
     try:
         loaded = load_model(args.checkpoint, base=args.base)
@@ -65,12 +65,3 @@ def run_export(args) -> None:
     else:
         path = export(quantize_loaded(loaded, args.quantize), args.format, args.out)
     print(f"Wrote {path}")
-
-
-def __getattr__(name: str):
-    # The command's entry point, where it was before model_commands.py.
-    if name == "export_main":
-        from lit_transformer.model_commands import export_main
-
-        return export_main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -72,7 +72,7 @@ def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
 
 def _refuse_other_kinds(path: Path) -> None:
     """Exports and foreign files are not checkpoints: say what the file is and what to do instead."""
-    from lit_transformer.checkpointing import CheckpointError
+    from lit_transformer.checkpoint_file import CheckpointError
 
     if path.is_dir():
         kind = "a Hugging Face model folder" if (path / "config.json").is_file() else "a folder"
@@ -94,7 +94,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", base: str |
     """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it.
     `base`: where a LoRA checkpoint's base is now, if it moved from the recorded init_from (its fingerprint is
     checked all the same)."""
-    from lit_transformer.checkpointing import CheckpointError, load_checkpoint
+    from lit_transformer.checkpoint_file import CheckpointError, load_checkpoint
     from lit_transformer.interop.pretrained import checkpoint_weights
 
     _refuse_other_kinds(Path(path))
@@ -168,7 +168,7 @@ def quantize_loaded(loaded: LoadedModel, quantize: str) -> LoadedModel:
 
 
 def _load(args) -> LoadedModel:
-    from lit_transformer.checkpointing import CheckpointError
+    from lit_transformer.checkpoint_file import CheckpointError
 
     device = args.device
     if device == "auto" and args.quantize != "none":
@@ -233,12 +233,3 @@ def translate(loaded: LoadedModel, texts: Sequence[str], gen: GenerationConfig) 
     src, mask = loaded.batch(texts)
     out = loaded.model.generate(src, gen, attention_mask=mask)
     return loaded.decode(out)
-
-
-def __getattr__(name: str):
-    # The commands' entry points, where they were before model_commands.py.
-    if name in ("generate_main", "translate_main"):
-        from lit_transformer import model_commands
-
-        return getattr(model_commands, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

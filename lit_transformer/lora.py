@@ -230,7 +230,7 @@ def complete_checkpoint(
     """Check the checkpoint's base fingerprint against `expected` (the base loaded now, from `base`, by default the
     recorded one) and fill its state dict with the frozen base tensors of `full_state`, so a strict load checks every
     key as usual."""
-    from lit_transformer.checkpointing import CheckpointError
+    from lit_transformer.checkpoint_file import CheckpointError
 
     record = checkpoint.get("lora")
     if record is None:
@@ -253,7 +253,7 @@ def load_adapted(
 ) -> nn.Module:
     """`model` (the base, read again from init_from) with a LoRA checkpoint's adapters applied, checked against the
     base's fingerprint, loaded, and merged: a plain model. `new`: the parameters the base does not supply."""
-    from lit_transformer.checkpointing import load_model_state
+    from lit_transformer.checkpoint_file import load_model_state
 
     hparams = checkpoint.get("hyper_parameters") or {}
     apply_lora(model, LoraOptions.of(hparams.get("lora")) or LoraOptions(), new)

@@ -162,7 +162,7 @@ def read_losses(root: Path) -> dict[int, float]:
 
 def slow_saves_from(count: int) -> None:
     """From the ``count``-th torch.save on, write half of the bytes, announce it, then hang (for kill-during-save tests)."""
-    import lit_transformer.checkpointing as checkpointing
+    import lit_transformer.checkpoint_file as checkpointing  # where atomic_save calls torch.save
 
     real_save, calls = torch.save, [0]
 

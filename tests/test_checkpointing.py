@@ -81,10 +81,10 @@ def _write_good(path: Path) -> bytes:
 @pytest.mark.parametrize(
     "damage, expected",
     [
-        (lambda data: data[: len(data) // 2], "truncated or corrupt"),
-        (lambda data: b"", "truncated or corrupt"),
-        (lambda data: b"not a checkpoint at all" * 10, "truncated or corrupt"),
-        (lambda data: data[:100] + bytes(len(data) - 100), "truncated or corrupt"),
+        (lambda data: data[: len(data) // 2], "truncated, corrupt or not a checkpoint"),
+        (lambda data: b"", "truncated, corrupt or not a checkpoint"),
+        (lambda data: b"not a checkpoint at all" * 10, "truncated, corrupt or not a checkpoint"),
+        (lambda data: data[:100] + bytes(len(data) - 100), "truncated, corrupt or not a checkpoint"),
     ],
     ids=["half", "empty", "junk", "zeroed"],
 )

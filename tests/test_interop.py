@@ -13,7 +13,6 @@ from model_variants import build, single_thread, tokens  # noqa: F401 (autouse f
 
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
-from lit_transformer.export import export_main
 from lit_transformer.interop import (
     OnnxModel,
     gpt2_problems,
@@ -25,6 +24,7 @@ from lit_transformer.interop import (
     save_safetensors,
 )
 from lit_transformer.model import Transformer
+from lit_transformer.model_commands import export_main
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")

@@ -196,8 +196,8 @@ def test_the_merged_model_equals_the_adapted_one(tmp_path, tokenizer, case):
         adapted = lit.model.eval()(*x)
         torch.testing.assert_close(merged(*x), adapted, atol=1e-5, rtol=1e-5)
     # Every export format takes the merged model.
-    from lit_transformer.export import export_main
     from lit_transformer.interop import load_safetensors
+    from lit_transformer.model_commands import export_main
 
     export_main(["--checkpoint", str(path), "--format", "safetensors", "--out", str(tmp_path / "st")])
     with torch.no_grad():
@@ -241,8 +241,8 @@ def test_a_base_that_moved_is_named_and_found_again_with_base(tmp_path, tokenize
     same fingerprint (other weights there are refused)."""
     import shutil
 
-    from lit_transformer.inference import generate_main
     from lit_transformer.interop import save_hf_gpt2
+    from lit_transformer.model_commands import generate_main
 
     folder = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
     lit = _adapted(TransformerConfig.preset("tiny"), folder, rank=2)
@@ -491,6 +491,7 @@ def test_every_command_of_the_finetuning_page_parses(monkeypatch) -> None:
     from test_multinode import Parsed, lit_transformer_words, parse
 
     import lit_transformer.inference as inference
+    import lit_transformer.model_commands as model_commands
 
     text = (ROOT / "docs" / "finetuning.md").read_text()
     lines = [re.sub(r"\\\n\s*", "", b).splitlines() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
@@ -502,7 +503,7 @@ def test_every_command_of_the_finetuning_page_parses(monkeypatch) -> None:
         words = [w.replace("X.yaml", str(CONFIGS / "presets" / "tiny.yaml")) for w in lit_transformer_words(command)[2]]
         if words[0] == "generate":  # its own parser; it stops before loading the checkpoint
             with pytest.raises(Parsed) as parsed:
-                inference.generate_main(words[1:])
+                model_commands.generate_main(words[1:])
             assert parsed.value.args[0].base == "/mnt/models/gpt2"
             continue
         model = yaml.safe_load(parse(words))["model"]

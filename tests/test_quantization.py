@@ -14,9 +14,9 @@ from _int8_bound import SIGMAS, linear_error_sigma
 from model_variants import GPT2, PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
 
 from lit_transformer.data.text import train_tokenizer
-from lit_transformer.export import export_main
 from lit_transformer.interop import OnnxModel, load_safetensors
 from lit_transformer.model import Transformer
+from lit_transformer.model_commands import export_main
 from lit_transformer.quantization import Int8Linear, QuantizationError, is_quantized, quantize_int8
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -188,7 +188,7 @@ def _checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
 
 
 def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, capsys):
-    from lit_transformer.inference import generate_main, translate_main
+    from lit_transformer.model_commands import generate_main, translate_main
 
     vocab = tokenizer.get_vocab_size()
     lm = _checkpoint(tmp_path / "lm.ckpt", build(GPT2, vocab_size=vocab, pad_token_id=0, eos_token_id=2), tokenizer)

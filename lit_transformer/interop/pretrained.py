@@ -72,7 +72,7 @@ TRAINING_FIELDS = ("dropout", "attention_dropout", "classifier_dropout")
 def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
     """The whole model of one of our checkpoints (a LoRA checkpoint's merged), to continue training it, with this
     run's dropout; and its tokenizer (JSON), which the data must use."""
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoint_file import load_checkpoint
 
     checkpoint = load_checkpoint(path)
     saved = _saved_config(checkpoint)
@@ -90,7 +90,7 @@ def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transfo
 
 
 def _saved_config(checkpoint: dict) -> TransformerConfig | None:
-    from lit_transformer.checkpointing import saved_config
+    from lit_transformer.checkpoint_file import saved_config
 
     saved = saved_config(checkpoint)
     return TransformerConfig(**saved) if isinstance(saved, dict) else saved
@@ -137,7 +137,7 @@ def checkpoint_weights(
     """The model a checkpoint holds: its weights, or (LoRA) its base read again from init_from (or from `base`, where
     it is now), the base's fingerprint checked, and the adapters merged in. `flag`: how the caller's user names the
     base's new location, for the message when the recorded one is gone."""
-    from lit_transformer.checkpointing import CheckpointError, load_model_state
+    from lit_transformer.checkpoint_file import CheckpointError, load_model_state
 
     if "lora" not in checkpoint:
         model = Transformer(config)
@@ -193,7 +193,7 @@ def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Trans
     The architecture comes from the checkpoint (ENCODER_FIELDS); the task (head, num_labels, pooling, classifier
     fields, dropout, init) from `config`, so `fit --model.init_from mlm.ckpt` turns a masked LM into a classifier.
     """
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoint_file import load_checkpoint
 
     checkpoint = load_checkpoint(path)
     saved = _saved_config(checkpoint)
