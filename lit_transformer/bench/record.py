@@ -53,6 +53,8 @@ def record(json_path: Path, name: str, cli_args: list[str], command: str) -> dic
         "metrics": {key: value for key, value in sorted(metrics.items()) if value is not None},
         "global_step": cli.trainer.global_step,
         "wall_s": seconds,
+        "threads": facts["threads"],  # also in the machine; the pages quote it from here
+        "date": facts["date"],
         "load_average_end": list(os.getloadavg()),
         "machine": facts,
     }
