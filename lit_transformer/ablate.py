@@ -49,6 +49,7 @@ from typing import Any
 
 import yaml
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -484,12 +485,8 @@ def report(grid: Grid, runs: list[Run], out: Path) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
-        prog="python -m lit_transformer ablate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Arguments after `--` are appended to every run (e.g. -- --trainer.max_steps 50).",
-    )
+    parser = command_parser("ablate", __doc__)
+    parser.epilog = "Arguments after `--` are appended to every run (e.g. -- --trainer.max_steps 50)."
     parser.add_argument("grids", nargs="+", type=Path, help="grid YAML files")
     parser.add_argument("--out", type=Path, help="output folder (one grid) or parent folder (several grids)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once; the cores are split between them")

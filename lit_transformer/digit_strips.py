@@ -7,18 +7,17 @@ CaptioningDataModule reads too.
 
 from __future__ import annotations
 
-import argparse
 import csv
 from pathlib import Path
 
 from PIL import Image
 
+from lit_transformer.bench import command_parser
 from lit_transformer.data.corpora import SCAN_SPLITS, digit_strips
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer digit-strips", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("digit-strips", __doc__)
     parser.add_argument("--split", default="test", choices=list(SCAN_SPLITS))
     parser.add_argument("--count", type=int, default=8)
     parser.add_argument("--out", default="strips")

@@ -13,7 +13,6 @@ curve to --plot. Each `test` runs in its own process (the CLI, exactly as a user
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -24,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,8 +160,7 @@ def plot_curve(
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer translation-recipe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("translation-recipe", __doc__)
     parser.add_argument("--run", type=Path, required=True, help="The run folder (checkpoints/, tensorboard/).")
     parser.add_argument("--config", type=Path, required=True, help="The config the run was trained with.")
     parser.add_argument("--last", type=int, default=5, help="How many of the last checkpoints to average.")

@@ -35,6 +35,12 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 
 
+def command_parser(command: str, doc: str | None) -> argparse.ArgumentParser:
+    """A package command's parser: its name as a user types it, its module docstring (with the examples) as --help."""
+    return argparse.ArgumentParser(prog=f"python -m lit_transformer {command}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+
+
 def describe() -> str:
     width = max(map(len, BENCHMARKS))
     return "benchmarks:\n" + "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in BENCHMARKS.items())
@@ -43,12 +49,8 @@ def describe() -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """`bench NAME ARGS...`: run benchmark NAME with its own arguments (its --help lists them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="python -m lit_transformer bench",
-        description="Run one of the package's benchmarks; each writes JSON that names its machine.",
-        epilog=describe(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("bench", "Run one of the package's benchmarks; each writes JSON that names its machine.")
+    parser.epilog = describe()
     parser.add_argument("name", choices=sorted(BENCHMARKS), metavar="NAME", help="the benchmark (listed below)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its own arguments (bench NAME --help)")
     if not argv or argv[0] in ("-h", "--help"):

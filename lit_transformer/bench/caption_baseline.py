@@ -10,7 +10,6 @@ its slots up to the first blank. Scored as the captioning model is: exact match 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import sacrebleu
 from sklearn.linear_model import LogisticRegression
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import command_line, machine
 from lit_transformer.data.corpora import DIGIT_WORDS, digit_strips
 
@@ -37,8 +37,7 @@ def slot_labels(digits: list[list[int]], k: int) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench caption-baseline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench caption-baseline", __doc__)
     parser.add_argument("--train", type=int, default=20000, help="training strips (the preset's strips[0])")
     parser.add_argument("--test", type=int, default=1000, help="test strips (the preset's strips[2])")
     parser.add_argument("--json", help="write the result here")

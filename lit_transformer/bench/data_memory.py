@@ -39,6 +39,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import command_line, machine, tree_rss_kb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -279,8 +280,7 @@ def _git_head(tree: Path, *paths: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench data-memory", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench data-memory", __doc__)
     parser.add_argument("--size_mb", type=float, nargs="+", default=[30.0])
     parser.add_argument("--tasks", nargs="+", default=["classification", "captioning"])
     parser.add_argument("--steps", type=int, default=3)

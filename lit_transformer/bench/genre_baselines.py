@@ -6,7 +6,6 @@ regression (a few lines of torch), with its L2 strength chosen on the validation
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import command_line, machine
 from lit_transformer.data import corpora
 
@@ -107,8 +107,7 @@ def baselines() -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench genre-baselines", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench genre-baselines", __doc__)
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSON file, under 'baselines'")
     args = parser.parse_args(argv)
     rows = baselines()

@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lit_transformer.bench import command_parser
+
 
 def _peak_memory_gb() -> float | None:
     import torch
@@ -175,8 +177,7 @@ def resume(fit_args: list[str], steps: int, tolerance: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench gpu-parts", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench gpu-parts", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     rate = commands.add_parser("preset-rate", help="the logged tokens/s of a fit, over its optimizer steps")
     rate.add_argument("fit_args", nargs="*")

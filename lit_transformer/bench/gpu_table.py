@@ -11,7 +11,6 @@ The table (docs/scaling.md) lives between `<!-- gpu-check:start -->` and `<!-- g
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -19,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import machine
 
 START, END = "<!-- gpu-check:start -->", "<!-- gpu-check:end -->"
@@ -191,8 +191,7 @@ def replace_between_markers(text: str, block: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench gpu-table", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench gpu-table", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     m = commands.add_parser("meta", help="(gpu_check.sh) write the run's machine facts to a JSON file")
     m.add_argument("out", type=Path)

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import command_line, machine, peak_rss_mb, version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,8 +179,7 @@ def write_bible(folder: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench lora", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench lora", __doc__)
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "lora.json")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "benchmark_lora")
     parser.add_argument("--pretrain_steps", type=int, default=1500, help="Shakespeare pretraining (base.yaml: 5000)")

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import command_line, machine
 
 NANOGPT_DATASET = "lit_shakespeare_char"
@@ -324,8 +325,7 @@ def run_bench(nanogpt: Path, batch_size: int, dry_run: bool = False, block_size:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench nanogpt", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench nanogpt", __doc__)
     parser.add_argument(
         "--json", type=Path, default=Path("runs/nanogpt_compare.jsonl"), help="the JSON-lines file results go to"
     )

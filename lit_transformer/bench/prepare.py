@@ -37,7 +37,6 @@ RSS every 100 steps, and its growth from step 100 to the last; then deletes the 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -50,6 +49,7 @@ import threading
 import time
 from pathlib import Path
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import command_line, machine, tree_rss_kb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -428,8 +428,7 @@ def main(argv: list[str] | None = None) -> None:
         nanogpt_recipe(corpus, tokenizer, out, int(num_proc))
         return
     COMMAND[0] = command_line("prepare", argv)
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench prepare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench prepare", __doc__)
     parser.add_argument("--json", type=Path, default=None, help="append each result (with its machine) to this JSONL")
     sub = parser.add_subparsers(dest="command", required=True)
     corpus = sub.add_parser("corpus", help="write a JSONL corpus of documents of a few KB")

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import command_line, machine
 
 
@@ -67,8 +68,7 @@ def record(json_path: Path, name: str, cli_args: list[str], command: str) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench record", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench record", __doc__)
     parser.add_argument("--json", type=Path, required=True, help="the JSON file to write (kept entries are merged)")
     parser.add_argument("--name", required=True, help="the entry's name in that file, e.g. fit or test")
     parser.add_argument("cli_args", nargs=argparse.REMAINDER, help="after --: the CLI's arguments, fit/test/...")

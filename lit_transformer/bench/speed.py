@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_transformer.bench import peers
+from lit_transformer.bench import command_parser, peers
 from lit_transformer.bench.machine import add_run, command_line, machine
 from lit_transformer.config import TransformerConfig
 from lit_transformer.model import Transformer
@@ -944,11 +944,7 @@ def render(path: Path, run: int = 0) -> None:
 def main(argv: list[str] | None = None) -> None:
     cpu_sections = ["decoder", "seq2seq", "greedy", "sliding", "beam", "quantized", "memory", "lightning"]
     sections = [*cpu_sections, "cli", "mfu"]
-    parser = argparse.ArgumentParser(
-        prog="python -m lit_transformer bench speed",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("bench speed", __doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions: a smoke run")
     parser.add_argument(
         "--only",

@@ -8,7 +8,6 @@ by name (`lscpu`), with the load average before and after (another job on 2 core
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -18,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from lit_transformer.bench import command_parser
 from lit_transformer.bench.machine import command_line, machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m lit_transformer bench suite-time", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = command_parser("bench suite-time", __doc__)
     parser.add_argument("--json", type=Path, required=True, help="Where to write the figures.")
     parser.add_argument("pytest_args", nargs="*", help="Extra pytest arguments (none: the suite as CI runs it).")
     args = parser.parse_args(argv)
