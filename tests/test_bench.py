@@ -124,3 +124,13 @@ def _machines(data: object) -> list[object]:
         elif isinstance(item, list):
             stack.extend(item)
     return found
+
+
+def test_speed_renders_any_run_of_a_file_of_several(capsys):
+    """docs/benchmark.json holds the full run and two reruns; --render --run N prints the table of run N."""
+    main(["speed", "--render", str(ROOT / "docs" / "benchmark.json"), "--run", "1"])
+    rerun = capsys.readouterr().out
+    main(["speed", "--render", str(ROOT / "docs" / "benchmark.json")])
+    first = capsys.readouterr().out
+    assert "encoder-decoder train step" in rerun and "beam search" not in rerun  # the rerun's two sections only
+    assert "beam search" in first and "decoder-only train step" in first
