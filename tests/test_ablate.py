@@ -1,28 +1,20 @@
-"""scripts/ablate.py: every shipped grid expands to valid commands, and a tiny grid runs end to end, resumably."""
+"""`python -m lit_transformer ablate` (lit_transformer/ablate.py): every shipped grid expands to valid commands, and a
+tiny grid runs end to end, resumably, each run recording its machine."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from lit_transformer import ablate
+
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = sorted((ROOT / "configs" / "ablations").glob("*.yaml"))
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("ablate", ROOT / "scripts" / "ablate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ablate"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-ablate = _load_script()
 
 
 @pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.name)
@@ -79,10 +71,7 @@ def test_summary_is_mean_and_spread_and_counts_divergence(values, expected):
 
 
 def test_dry_run_prints_commands_and_runs_nothing(tmp_path: Path, capsys):
-    assert (
-        ablate.main([str(ROOT / "configs/ablations/smoke.yaml"), "--out", str(tmp_path), "--dry-run", "--jobs", "2"])
-        == 0
-    )
+    assert ablate.ablate([str(ROOT / "configs/ablations/smoke.yaml"), "--out", str(tmp_path), "--dry-run", "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     assert out.count("-m lit_transformer fit") == 2 and "OMP_NUM_THREADS=1" in out
     assert not any(tmp_path.iterdir())
@@ -90,7 +79,7 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path: Path, capsys):
 
 def test_a_tiny_grid_runs_tabulates_plots_and_skips_finished_cells(tmp_path: Path, capsys):
     grid = str(ROOT / "configs/ablations/smoke.yaml")
-    assert ablate.main([grid, "--out", str(tmp_path), "--jobs", "2"]) == 0
+    ablate.main([grid, "--out", str(tmp_path), "--jobs", "2"])  # returns: no run failed
     table = (tmp_path / "results.md").read_text()
     for cell in ("post-ln", "pre-ln"):
         (row,) = [line for line in table.splitlines() if line.startswith(f"| {cell} |")]
@@ -102,9 +91,11 @@ def test_a_tiny_grid_runs_tabulates_plots_and_skips_finished_cells(tmp_path: Pat
     for row in rows:  # two validations (every 5 of 10 steps), the table's number being the last
         assert len(row["curves"]["val/loss"]) == 2 and row["val/loss"] == row["curves"]["val/loss"][-1][1]
         assert math.isfinite(row["val/loss"]) and row["wall_s"] > 0
+        assert row["machine"]["cpu"] and row["machine"]["logical_cores"] >= 1 and row["machine"]["threads"] >= 1
+        assert " fit " in row["machine"]["command"] and row["machine"]["torch"] and row["machine"]["date"]
 
     capsys.readouterr()
-    assert ablate.main([grid, "--out", str(tmp_path), "--jobs", "2"]) == 0
+    assert ablate.ablate([grid, "--out", str(tmp_path), "--jobs", "2"]) == 0
     assert "2 of 2 runs already finished; running 0" in capsys.readouterr().out
     for cell in ("post-ln", "pre-ln"):
         timings = (tmp_path / cell / "seed-1" / "timings.jsonl").read_text().splitlines()
@@ -155,3 +146,17 @@ def test_evaluate_scores_the_last_checkpoint_at_each_context_and_records_a_refus
     assert row["eval"] == {"128": None, "512": ablate.REFUSED}
     table = ablate.markdown_table(grid, [row])
     assert "| rope | – | cannot extrapolate |" in table
+
+
+def test_a_failed_run_makes_the_command_exit_1_after_reporting(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(ablate.Run, "command", lambda self, stage: [sys.executable, "-c", "raise SystemExit(3)"])
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    with pytest.raises(SystemExit) as exit_info:
+        ablate.main([grid, "--out", str(tmp_path), "--jobs", "1"])
+    assert exit_info.value.code == 1 and (tmp_path / "results.md").exists()
+
+
+def test_the_command_has_its_own_help():
+    done = subprocess.run([sys.executable, "-m", "lit_transformer.ablate", "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and "python -m lit_transformer ablate" in done.stdout and "--dry-run" in done.stdout

@@ -1,8 +1,7 @@
 """Compiled decoding (GenerationConfig.compile): int8 layers compile through int8_matmul, which computes what the
 packed int8 kernel computes; a compiled int8 translation model steps beside eager decoding over a padded, expanded,
 reordered batch; fp32 `translate --compile true` prints what eager decoding prints, and `generate` takes the flag
-with int8. Behaviour only: the speed-up is measured by scripts/benchmark.py (--only quantized), and the agreement on
-a trained model by scripts/compiled_agreement.py (docs/performance.md, "Compiled decoding")."""
+with int8. Behaviour only: the speed-up is measured by `python -m lit_transformer bench speed --only quantized`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """scripts/gpu_check.sh's plumbing on a CPU: time boxes that end in a row (even for a command that ignores SIGTERM),
-a budget that skips what no longer fits, and the README's GPU table rendered from the JSON alone."""
+a budget that skips what no longer fits, the machine recorded with the run, and the GPU table rendered from the JSON
+alone (`bench gpu-table`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from lit_transformer.bench import gpu_table
 
-import gpu_table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SAMPLE = {
     "runs": [
@@ -60,8 +60,8 @@ def test_the_table_is_rendered_from_the_json_alone(tmp_path: Path) -> None:
     readme.write_text(f"intro\n{gpu_table.START}\nold\n{gpu_table.END}\noutro\n")
     path = tmp_path / "gpu_check.json"
     path.write_text(json.dumps(SAMPLE))
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_table.py"), "render", str(path), "--readme", str(readme)],
-                   check=True)  # fmt: skip
+    subprocess.run([sys.executable, "-m", "lit_transformer.bench", "gpu-table", "render", str(path), "--readme",
+                    str(readme)], check=True, cwd=ROOT)  # fmt: skip
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text and "1.15x" in text
     with pytest.raises(ValueError, match="gpu-check:start"):
@@ -81,12 +81,13 @@ def test_a_part_that_prints_no_row_gets_one_saying_why(tmp_path: Path) -> None:
 
 
 def test_the_script_kills_a_part_past_its_box_and_skips_what_the_budget_cannot_fit(tmp_path: Path) -> None:
-    """selftest ignores SIGTERM: timeout -k kills it after the grace; cli8 then no longer fits the budget."""
+    """selftest ignores SIGTERM: timeout -k kills it after the grace; cli8 then no longer fits the budget (22 s, less
+    the selftest's 2 s box, its 1 s grace and the 1 s kept back, is under cli8's 20 s minimum)."""
     nanogpt = tmp_path / "nanogpt"
     nanogpt.mkdir()
     (nanogpt / "bench.py").write_text("")
     out = tmp_path / "out"
-    env = {**os.environ, "ONLY": "selftest cli8", "OUT": str(out), "BUDGET": "25", "GRACE": "1", "MIN_BOX": "20",
+    env = {**os.environ, "ONLY": "selftest cli8", "OUT": str(out), "BUDGET": "22", "GRACE": "1", "MIN_BOX": "20",
            "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}  # fmt: skip
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(nanogpt), "--dry-run"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -96,3 +97,5 @@ def test_the_script_kills_a_part_past_its_box_and_skips_what_the_budget_cannot_f
     assert rows["selftest"]["status"] == "timeout" and rows["selftest"]["killed"], rows
     assert rows["cli8"]["status"] == "skipped", rows
     assert run["dry_run"] and '"part": "selftest"' in done.stdout  # printed as soon as measured
+    assert run["machine"]["cpu"] and run["machine"]["logical_cores"] >= 1 and run["machine"]["torch"]
+    assert run["command"].startswith("bash scripts/gpu_check.sh ") and run["command"].endswith("--dry-run")

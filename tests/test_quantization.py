@@ -1,6 +1,6 @@
 """int8 dynamic quantization (lit_transformer.quantization): the quantized model decodes with the KV cache and beam
 search, stays close to fp32, saves and loads as int8, refuses what it cannot serve, and every command's --quantize
-flag works end to end on tiny checkpoints. Behaviour only: the speed-up is measured by scripts/benchmark.py."""
+flag works end to end on tiny checkpoints. Behaviour only: the speed-up is measured by `bench speed --only quantized`."""
 
 from __future__ import annotations
 

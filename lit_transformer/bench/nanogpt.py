@@ -4,14 +4,14 @@ Both models are scored the same way: the summed next-token NLL over the WHOLE va
 blocks of the model's context, the short tail included), in bits, divided by the number of characters predicted.
 
     # nanoGPT (a checkout outside this repo): write our splits as its char-level data, train its CPU recipe, score
-    python scripts/nanogpt_compare.py nanogpt /work/nanogpt --threads 2 --max_iters 7000
+    python -m lit_transformer bench nanogpt nanogpt /work/nanogpt --threads 2 --max_iters 7000
     # ours: time `fit --config configs/base.yaml` on 2 threads, then score its last checkpoint
-    python scripts/nanogpt_compare.py ours --config configs/base.yaml --threads 2
+    python -m lit_transformer bench nanogpt ours --config configs/base.yaml --threads 2
     # score an existing checkpoint of either kind
-    python scripts/nanogpt_compare.py score --checkpoint runs/shakespeare/checkpoints/last.ckpt
-    python scripts/nanogpt_compare.py score-nanogpt /work/nanogpt
+    python -m lit_transformer bench nanogpt score --checkpoint runs/shakespeare/checkpoints/last.ckpt
+    python -m lit_transformer bench nanogpt score-nanogpt /work/nanogpt
     # the GPU side: nanoGPT's own bench.py (GPT-2 small, random data), one JSON row with tokens/s, MFU, peak memory
-    python scripts/nanogpt_compare.py bench /work/nanogpt --batch_size 8
+    python -m lit_transformer bench nanogpt bench /work/nanogpt --batch_size 8
 
 The nanoGPT data is `"".join` of the package's split documents (each work's training part, then the next work's),
 so both projects read exactly the same text; the vocabulary is the training split's characters (validation has none
@@ -21,6 +21,7 @@ that training lacks).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -35,6 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import command_line, machine
 
 NANOGPT_DATASET = "lit_shakespeare_char"
 NANOGPT_OUT = "out-lit-shakespeare-char"
@@ -160,8 +164,8 @@ def score_checkpoint(path: str, batch: int = 32) -> dict[str, float]:
 def score_nanogpt(nanogpt: Path, batch: int = 64) -> dict[str, float]:
     """bpc of nanoGPT's checkpoint over the whole val.bin (its `model(x)` returns the last position only, so the
     full-sequence logits come from passing dummy targets)."""
-    sys.path.insert(0, str(nanogpt))
-    from model import GPT, GPTConfig  # nanoGPT's model.py
+    model_py = nanogpt_model(nanogpt)
+    GPT, GPTConfig = model_py.GPT, model_py.GPTConfig  # noqa: N806 (nanoGPT's names)
 
     checkpoint = torch.load(nanogpt / NANOGPT_OUT / "ckpt.pt", map_location="cpu", weights_only=False)
     model = GPT(GPTConfig(**checkpoint["model_args"]))
@@ -184,6 +188,18 @@ def score_nanogpt(nanogpt: Path, batch: int = 64) -> dict[str, float]:
 # ------------------------------------------------------------------ nanoGPT
 
 
+def nanogpt_model(nanogpt: Path):
+    """nanoGPT's model.py, loaded as the module `model` (its bench.py imports it by that name)."""
+    path = (nanogpt / "model.py").resolve()
+    module = sys.modules.get("model")
+    if module is None or Path(getattr(module, "__file__", "")).resolve() != path:
+        spec = importlib.util.spec_from_file_location("model", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
 def write_nanogpt_data(nanogpt: Path) -> Path:
     """Our train/validation splits as nanoGPT char-level data: train.bin, val.bin (uint16) and meta.pkl."""
     texts = split_texts()
@@ -204,7 +220,7 @@ def write_nanogpt_data(nanogpt: Path) -> Path:
     return folder
 
 
-def run_nanogpt(args: argparse.Namespace) -> None:
+def run_nanogpt(args: argparse.Namespace, argv: list[str]) -> None:
     nanogpt = Path(args.nanogpt).resolve()
     write_nanogpt_data(nanogpt)
     command = [
@@ -221,13 +237,14 @@ def run_nanogpt(args: argparse.Namespace) -> None:
         {"run": "nanoGPT", "max_iters": args.max_iters, "threads": args.threads, "wall_s": seconds}
         | score_nanogpt(nanogpt),
         args.json,
+        argv,
     )
 
 
 # ------------------------------------------------------------------ ours
 
 
-def run_ours(args: argparse.Namespace) -> None:
+def run_ours(args: argparse.Namespace, argv: list[str]) -> None:
     command = [sys.executable, "-m", "lit_transformer", "fit", "--config", args.config, *args.overrides]
     env = thread_env(args.threads)
     Path(args.root).mkdir(parents=True, exist_ok=True)
@@ -237,15 +254,15 @@ def run_ours(args: argparse.Namespace) -> None:
         seconds = timed(command, None, env, Path(args.root) / "fit.log")
     checkpoint = args.checkpoint
     result = {"run": "ours", "config": args.config, "overrides": " ".join(args.overrides), "threads": args.threads}
-    report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint), args.json)
+    report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint), args.json, argv)
 
 
-def report(result: dict, log: Path) -> None:
-    """Print the result and append it, with the command and the date, as one JSON line to `log`."""
+def report(result: dict, log: Path, argv: list[str]) -> None:
+    """Print the result and append it, with the command, the date and the machine, as one JSON line to `log`."""
     print(json.dumps(result, indent=1))
     log.parent.mkdir(parents=True, exist_ok=True)
-    command = "python " + " ".join(sys.argv)
-    stamp = {"command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    facts = machine(threads=result.get("threads"))
+    stamp = {"command": command_line("nanogpt", argv), "date": facts["date"], "machine": facts}
     with open(log, "a") as handle:
         handle.write(json.dumps(result | stamp) + "\n")
 
@@ -270,14 +287,13 @@ def run_bench(nanogpt: Path, batch_size: int, dry_run: bool = False, block_size:
     argv = [f"--batch_size={batch_size}", "--real_data=False", "--bias=True", f"--block_size={block_size}"]
     if dry_run:
         argv += ["--device=cpu", "--compile=False", "--dtype=float32"]
-        sys.path.insert(0, str(nanogpt))
-        import model as nanogpt_model
-
-        full = nanogpt_model.GPTConfig
-        nanogpt_model.GPTConfig = lambda **kw: full(**{**kw, "n_layer": 1, "n_head": 2, "n_embd": 64})
+        model_py = nanogpt_model(nanogpt)
+        full = model_py.GPTConfig
+        model_py.GPTConfig = lambda **kw: full(**{**kw, "n_layer": 1, "n_head": 2, "n_embd": 64})
         torch.cuda.synchronize = lambda *args, **kwargs: None
     else:
         argv += ["--compile=True"]
+        nanogpt_model(nanogpt)
         torch.cuda.reset_peak_memory_stats()
     out = io.StringIO()
     cwd, saved_argv = os.getcwd(), sys.argv
@@ -307,8 +323,9 @@ def run_bench(nanogpt: Path, batch_size: int, dry_run: bool = False, block_size:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = command_parser("bench nanogpt", __doc__)
     parser.add_argument(
         "--json", type=Path, default=Path("runs/nanogpt_compare.jsonl"), help="the JSON-lines file results go to"
     )
@@ -342,20 +359,16 @@ def main() -> None:
     bench.add_argument("--block_size", type=int, default=1024)
     bench.add_argument("--dry-run", action="store_true", help="a 1-layer model on the CPU: the plumbing only")
 
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.command == "bench":
         print(json.dumps(run_bench(Path(args.nanogpt).resolve(), args.batch_size, args.dry_run, args.block_size)))
     elif args.command == "nanogpt":
-        run_nanogpt(args)
+        run_nanogpt(args, argv)
     elif args.command == "nanogpt-data":
         write_nanogpt_data(Path(args.nanogpt))
     elif args.command == "ours":
-        run_ours(args)
+        run_ours(args, argv)
     elif args.command == "score":
-        report({"run": "score", "checkpoint": args.checkpoint} | score_checkpoint(args.checkpoint), args.json)
+        report({"run": "score", "checkpoint": args.checkpoint} | score_checkpoint(args.checkpoint), args.json, argv)
     else:
-        report({"run": "score-nanogpt"} | score_nanogpt(Path(args.nanogpt)), args.json)
-
-
-if __name__ == "__main__":
-    main()
+        report({"run": "score-nanogpt"} | score_nanogpt(Path(args.nanogpt)), args.json, argv)

@@ -5,19 +5,21 @@ One logistic regression reads any slot's 64 pixels and names its digit or "blank
 its slots up to the first blank. Scored as the captioning model is: exact match and sacreBLEU on the same test strips
 (composed from held-out scans).
 
-    python scripts/caption_baseline.py --json docs/caption_baseline.json
+    python -m lit_transformer bench caption-baseline --json docs/caption_baseline.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 
 import numpy as np
 import sacrebleu
 from sklearn.linear_model import LogisticRegression
 
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import command_line, machine
 from lit_transformer.data.corpora import DIGIT_WORDS, digit_strips
 
 BLANK = 10
@@ -33,12 +35,13 @@ def slot_labels(digits: list[list[int]], k: int) -> np.ndarray:
     return np.array([d + [BLANK] * (k - len(d)) for d in digits])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = command_parser("bench caption-baseline", __doc__)
     parser.add_argument("--train", type=int, default=20000, help="training strips (the preset's strips[0])")
     parser.add_argument("--test", type=int, default=1000, help="test strips (the preset's strips[2])")
     parser.add_argument("--json", help="write the result here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     start = time.perf_counter()
     train, test = digit_strips("train", args.train), digit_strips("test", args.test)
     k = train.images.shape[-1] // 8
@@ -62,13 +65,11 @@ def main() -> None:
         "bleu": sacrebleu.corpus_bleu(captions, [references]).score,
         "slot_accuracy": float(np.mean(predicted == slot_labels(test.digits, k))),
         "seconds": round(time.perf_counter() - start, 1),
+        "command": command_line("caption-baseline", argv),
+        "machine": machine(),
     }
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=1)
             handle.write("\n")
-
-
-if __name__ == "__main__":
-    main()

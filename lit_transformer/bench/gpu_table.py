@@ -1,9 +1,9 @@
 """The GPU check's results: collect the rows `scripts/gpu_check.sh` measured into docs/gpu_check.json, and render the
 docs/scaling.md's GPU table from that JSON (never from hand-copied numbers).
 
-    python scripts/gpu_table.py collect runs/gpu/rows.jsonl --meta runs/gpu/meta.json --json docs/gpu_check.json
-    python scripts/gpu_table.py render docs/gpu_check.json                     # print the latest run's table
-    python scripts/gpu_table.py render docs/gpu_check.json --readme docs/scaling.md  # replace the table between markers
+    python -m lit_transformer bench gpu-table collect runs/gpu/rows.jsonl --meta runs/gpu/meta.json --json docs/gpu_check.json
+    python -m lit_transformer bench gpu-table render docs/gpu_check.json                     # print the latest run's table
+    python -m lit_transformer bench gpu-table render docs/gpu_check.json --readme docs/scaling.md  # replace the table between markers
 
 A row is one JSON object per measured part: {"part", "label", "status": ok|timeout|failed|skipped, ...figures}.
 The table (docs/scaling.md) lives between `<!-- gpu-check:start -->` and `<!-- gpu-check:end -->`.
@@ -11,12 +11,15 @@ The table (docs/scaling.md) lives between `<!-- gpu-check:start -->` and `<!-- g
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import machine
 
 START, END = "<!-- gpu-check:start -->", "<!-- gpu-check:end -->"
 Row = dict[str, Any]
@@ -33,6 +36,22 @@ def read_rows(path: Path) -> list[Row]:
             except json.JSONDecodeError:
                 print(f"skipped a malformed row: {line[:120]}", file=sys.stderr)
     return rows
+
+
+def meta(dry_run: bool, nanogpt: Path, command: str) -> dict[str, Any]:
+    """The run's facts, written once at the start of gpu_check.sh: the machine, nanoGPT's commit, the command."""
+    facts = machine()
+    found = subprocess.run(["git", "-C", str(nanogpt), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return {
+        "started": facts["date"],
+        "device": "cpu" if dry_run else facts["gpu"] or "unknown GPU",
+        "torch": facts["torch"],
+        "lightning": facts["lightning"],
+        "dry_run": dry_run,
+        "nanogpt_commit": found.stdout.strip() or None,
+        "command": command,
+        "machine": facts,
+    }
 
 
 def collect(rows_path: Path, meta_path: Path | None, json_path: Path) -> dict[str, Any]:
@@ -171,9 +190,14 @@ def replace_between_markers(text: str, block: str) -> str:
     return pattern.sub(lambda _: f"{START}\n{block}\n{END}", text)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser("bench gpu-table", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    m = commands.add_parser("meta", help="(gpu_check.sh) write the run's machine facts to a JSON file")
+    m.add_argument("out", type=Path)
+    m.add_argument("--nanogpt", type=Path, required=True)
+    m.add_argument("--dry-run", action="store_true")
+    m.add_argument("--command", dest="run_command", required=True, help="the script's command line, as typed")
     c = commands.add_parser("collect", help="append the rows of one gpu_check.sh run to the JSON")
     c.add_argument("rows", type=Path)
     c.add_argument("--meta", type=Path, default=None)
@@ -188,7 +212,10 @@ def main() -> None:
     r.add_argument("json", type=Path)
     r.add_argument("--readme", type=Path, default=None)
     r.add_argument("--include-dry-runs", action="store_true", help="render the newest run even if it is a dry run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.command == "meta":
+        args.out.write_text(json.dumps(meta(args.dry_run, args.nanogpt, args.run_command)))
+        return
     if args.command == "tag":
         for row in tag(args.log, args.part, args.rc, args.box, args.seconds):
             print(json.dumps(row), flush=True)
@@ -203,7 +230,3 @@ def main() -> None:
     else:
         args.readme.write_text(replace_between_markers(args.readme.read_text(), block))
         print(f"{args.readme}: GPU table replaced")
-
-
-if __name__ == "__main__":
-    main()

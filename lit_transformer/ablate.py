@@ -4,9 +4,9 @@ Each cell x seed is an ordinary `python -m lit_transformer fit` in its own run f
 TensorBoard version), so a run is exactly what a user would type, a finished run is skipped (marker file) and an
 interrupted one resumes from its last checkpoint. Results are read back from the TensorBoard event files.
 
-    python scripts/ablate.py configs/ablations/heads.yaml --jobs 2     # run (or resume), then report
-    python scripts/ablate.py configs/ablations/*.yaml --dry-run        # print the commands only
-    python scripts/ablate.py configs/ablations/heads.yaml --report-only # table and plots from what has run
+    python -m lit_transformer ablate configs/ablations/heads.yaml --jobs 2     # run (or resume), then report
+    python -m lit_transformer ablate configs/ablations/*.yaml --dry-run        # print the commands only
+    python -m lit_transformer ablate configs/ablations/heads.yaml --report-only # table and plots from what has run
 
 A grid file (YAML):
 
@@ -48,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
@@ -235,7 +238,9 @@ class Run:
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
         wall = time.monotonic() - start
         with open(self.folder / "timings.jsonl", "a") as timings:
-            timings.write(json.dumps({"stage": stage, "wall_s": round(wall, 2), "returncode": code}) + "\n")
+            facts = machine(threads=int(env.get("OMP_NUM_THREADS", 0)) or None, command=shlex.join(argv))
+            record = {"stage": stage, "wall_s": round(wall, 2), "returncode": code, "machine": facts}
+            timings.write(json.dumps(record) + "\n")
         refused = code != 0 and stage.startswith("eval-") and REFUSED in (self.folder / f"{stage}.log").read_text()
         if code == 0 or refused:
             marker = {"wall_s": round(wall, 2)} | ({"refused": True} if refused else {})
@@ -248,6 +253,12 @@ class Run:
 
     def refused(self, stage: str) -> bool:
         return self.done(stage) and bool(json.loads((self.folder / f"{stage}.done").read_text()).get("refused"))
+
+    def machine(self, stage: str = "fit") -> dict[str, Any] | None:
+        """The machine the stage last ran on (as timings.jsonl recorded it), None for runs from before it did."""
+        path = self.folder / "timings.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return next((r["machine"] for r in reversed(rows) if r["stage"] == stage and "machine" in r), None)
 
     def wall_seconds(self, stage: str = "fit") -> float | None:
         """Wall time of a stage, summed over attempts (an interrupted run counts what it spent)."""
@@ -319,7 +330,7 @@ def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
 def run_results(run: Run) -> dict[str, Any]:
     scalars = {stage: read_scalars(run.folder / "tb" / stage) for stage in ("fit", "test")}
-    row: dict[str, Any] = {"cell": run.cell, "seed": run.seed, "wall_s": run.wall_seconds("fit")}
+    row: dict[str, Any] = {"cell": run.cell, "seed": run.seed, "wall_s": run.wall_seconds("fit"), "machine": run.machine()}
     for _, stage, tag, _ in COLUMNS:
         curve = scalars[stage].get(tag)
         row[tag] = curve[-1][1] if curve else None
@@ -474,10 +485,8 @@ def report(grid: Grid, runs: list[Run], out: Path) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="Arguments after `--` are appended to every run (e.g. -- --trainer.max_steps 50).",
-    )
+    parser = command_parser("ablate", __doc__)
+    parser.epilog = "Arguments after `--` are appended to every run (e.g. -- --trainer.max_steps 50)."
     parser.add_argument("grids", nargs="+", type=Path, help="grid YAML files")
     parser.add_argument("--out", type=Path, help="output folder (one grid) or parent folder (several grids)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once; the cores are split between them")
@@ -492,7 +501,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, extra
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
+    """`ablate GRID... [options] [-- fit flags]`; exits 1 when a run failed (the others still report)."""
+    code = ablate(argv)
+    if code:
+        raise SystemExit(code)
+
+
+def ablate(argv: list[str] | None = None) -> int:
+    """Run (or resume) the grids, then write their tables and plots; 0, or 1 when a run failed."""
     args, extra = parse_args(argv)
     grids = [Grid.load(path) for path in args.grids]
     plan: list[tuple[Grid, Path, list[Run]]] = []
@@ -525,4 +542,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -1,9 +1,9 @@
 """Two parts of `scripts/gpu_check.sh` that time nothing by hand: each prints one JSON row on its last line.
 
 # the shipped preset as a user runs it: the rate TokenThroughputMonitor logs, over N optimizer steps
-python scripts/gpu_parts.py preset-rate -- --config configs/presets/gpt2-small.yaml --trainer.max_steps 200 ...
+python -m lit_transformer bench gpu-parts preset-rate -- --config configs/presets/gpt2-small.yaml --trainer.max_steps 200 ...
 # a strategy: fit N steps saving at N/2, resume from there in a new process, compare the losses of the second half
-python scripts/gpu_parts.py resume --steps 10 -- --config configs/presets/gpt2-small.yaml --config configs/trainer/fsdp.yaml ...
+python -m lit_transformer bench gpu-parts resume --steps 10 -- --config configs/presets/gpt2-small.yaml --config configs/trainer/fsdp.yaml ...
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lit_transformer.bench import command_parser
 
 
 def _peak_memory_gb() -> float | None:
@@ -32,8 +31,8 @@ def preset_rate(fit_args: list[str]) -> dict:
     The first logged window holds the compilation, so it is left out of the median; flatness is the mean rate of the
     last quarter of the windows over that of the first quarter (1.0: flat; below: the run slows down)."""
     import lightning as L
-    from benchmark import build_cli
 
+    from lit_transformer.bench.speed import build_cli
     from lit_transformer.callbacks import TokenThroughputMonitor
 
     rates: list[tuple[int, float]] = []
@@ -112,7 +111,8 @@ class GpuClocks:
 def record_losses(out: Path, fit_args: list[str], ckpt_path: str | None) -> None:
     """One fit (resumed from ckpt_path if given) writing {optimizer step: train/loss} to `out`."""
     import lightning as L
-    from benchmark import build_cli
+
+    from lit_transformer.bench.speed import build_cli
 
     losses: dict[int, float] = {}
 
@@ -147,7 +147,7 @@ def resume(fit_args: list[str], steps: int, tolerance: float) -> dict:
             "--checkpoint.auto_insert_metric_name=false",
             "--checkpoint.save_last=false",
         ]
-        me = [sys.executable, __file__, "record"]
+        me = [sys.executable, "-m", "lit_transformer.bench", "gpu-parts", "record"]
         subprocess.run([*me, "--out", str(folder / "full.json"), "--", *common], check=True)
         saved = folder / "checkpoints" / f"step{half:03d}.ckpt"
         if not saved.exists():
@@ -176,8 +176,8 @@ def resume(fit_args: list[str], steps: int, tolerance: float) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser("bench gpu-parts", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     rate = commands.add_parser("preset-rate", help="the logged tokens/s of a fit, over its optimizer steps")
     rate.add_argument("fit_args", nargs="*")
@@ -189,7 +189,7 @@ def main() -> None:
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--ckpt_path", default=None)
     rec.add_argument("fit_args", nargs="*")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.command == "record":
         return record_losses(args.out, args.fit_args, args.ckpt_path)
     row = (
@@ -198,7 +198,3 @@ def main() -> None:
         else resume(args.fit_args, args.steps, args.tolerance)
     )
     print(json.dumps(row), flush=True)
-
-
-if __name__ == "__main__":
-    main()

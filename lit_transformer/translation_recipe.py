@@ -5,7 +5,7 @@ The run must have been trained with step checkpoints kept and Lightning's EMAWei
 configs/presets/translate-en-es-gpu.yaml does; docs/translation.md), so each checkpoint holds the EMA (state_dict)
 and the optimizer's weights (current_model_state):
 
-    python scripts/translation_recipe.py --run runs/en-es-long --config configs/presets/translate-en-es.yaml --last 5
+    python -m lit_transformer translation-recipe --run runs/en-es-long --config configs/presets/translate-en-es.yaml --last 5
 
 Writes RUN/recipe/{single,average,ema}.ckpt, RUN/recipe/results.json (one row per checkpoint and decoding), and the
 curve to --plot. Each `test` runs in its own process (the CLI, exactly as a user would run it), --jobs at a time.
@@ -13,7 +13,6 @@ curve to --plot. Each `test` runs in its own process (the CLI, exactly as a user
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -23,6 +22,9 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODINGS = {
@@ -156,13 +158,14 @@ def plot_curve(
     return bleu
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = command_parser("translation-recipe", __doc__)
     parser.add_argument("--run", type=Path, required=True, help="The run folder (checkpoints/, tensorboard/).")
     parser.add_argument("--config", type=Path, required=True, help="The config the run was trained with.")
     parser.add_argument("--last", type=int, default=5, help="How many of the last checkpoints to average.")
     parser.add_argument("--jobs", type=int, default=2, help="`test` processes at a time.")
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "en-es-val-bleu.png")
+    parser.add_argument("--plot", type=Path, default=None, help="The curve's PNG (default: RUN/recipe/val-bleu.png).")
     parser.add_argument("--title", default="", help="The plot's title.")
     parser.add_argument(
         "--flags",
@@ -171,7 +174,9 @@ def main() -> None:
     )
     parser.add_argument("--plot_only", action="store_true", help="Draw the curve and stop.")
     parser.add_argument("--raw_curve", action="store_true", help="Also validate the optimizer's weights per step.")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.plot = args.plot or args.run / "recipe" / "val-bleu.png"
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
     flags = shlex.split(args.flags)
     saved = args.run / "recipe" / "raw_validation_bleu.json"
     raw = raw_curve(args.run, args.config, args.jobs, flags) if args.raw_curve else None
@@ -190,7 +195,8 @@ def main() -> None:
         {"weights": name, "decoding": label, **result}
         for (name, _, label, _), result in zip(jobs, results, strict=True)
     ]
-    summary = {"validation_bleu": curve, "results": rows}
+    command = shlex.join(["python", "-m", "lit_transformer", "translation-recipe", *argv])
+    summary = {"command": command, "machine": machine(), "validation_bleu": curve, "results": rows}
     (args.run / "recipe" / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
     for row in rows:
         print(

@@ -1,4 +1,4 @@
-"""Peer implementations at equal dimensions, for scripts/benchmark.py.
+"""Peer implementations at equal dimensions, for `bench speed` (lit_transformer/bench/speed.py).
 
 Each builder returns a module whose call maps token ids to logits (B, T, V), so every contender is timed through the
 same loss, backward and optimizer. Dropout is 0 everywhere: the comparison is of the arithmetic, not of the RNG.

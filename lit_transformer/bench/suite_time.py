@@ -3,12 +3,11 @@
 The README quotes the figure; a timed test would be flaky, so the suite's time is measured here, on a machine said
 by name (`lscpu`), with the load average before and after (another job on 2 cores doubles it).
 
-    python scripts/suite_time.py --json docs/suite_time.json
+    python -m lit_transformer bench suite-time --json docs/suite_time.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -18,16 +17,19 @@ import sys
 import time
 from pathlib import Path
 
-from machine import cpu_model
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import command_line, machine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = command_parser("bench suite-time", __doc__)
     parser.add_argument("--json", type=Path, required=True, help="Where to write the figures.")
     parser.add_argument("pytest_args", nargs="*", help="Extra pytest arguments (none: the suite as CI runs it).")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    facts = machine()
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args]
     load_before = os.getloadavg()
     start = time.perf_counter()
@@ -37,10 +39,10 @@ def main() -> None:
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|xfailed|skipped|errors?)", summary)}
     figures = {
-        "command": "python scripts/suite_time.py " + " ".join(sys.argv[1:]),
+        "command": command_line("suite-time", argv),
         "pytest": "python -m pytest -q" + "".join(f" {a}" for a in args.pytest_args),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
+        "cpu": facts["cpu"],
+        "cores": facts["logical_cores"],
         "exit_code": result.returncode,
         "summary": summary,
         "counts": counts,
@@ -48,11 +50,9 @@ def main() -> None:
         "wall_min": round(wall / 60, 2),
         "cpu_min": round((children.ru_utime + children.ru_stime) / 60, 1),
         "load_average_before": round(load_before[0], 2),  # the machine's other work as the suite started
+        "machine": facts,
     }
     args.json.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
-    sys.exit(result.returncode)
-
-
-if __name__ == "__main__":
-    main()
+    if result.returncode:
+        raise SystemExit(result.returncode)

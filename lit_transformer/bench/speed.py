@@ -1,16 +1,16 @@
 """Speed and memory of lit_transformer against peers at equal dimensions, side by side in one run.
 
-    .venv/bin/python scripts/benchmark.py                       # everything, CPU, 2 threads (~15 min)
-    .venv/bin/python scripts/benchmark.py --quick               # smaller sizes, few repetitions (~3 min)
-    .venv/bin/python scripts/benchmark.py --only decoder beam   # some sections
-    .venv/bin/python scripts/benchmark.py --device cuda         # GPU: the CLI's step beside a hand-built one, MFU
-    .venv/bin/python scripts/benchmark.py --only cli --threads 1      # the same CLI-vs-hand code path on a CPU, tiny
-    .venv/bin/python scripts/benchmark.py --only quantized --threads 1   # int8 and ONNX greedy vs fp32 and HF (docs/performance.md)
+    python -m lit_transformer bench speed                       # everything, CPU, 2 threads (~15 min)
+    python -m lit_transformer bench speed --quick               # smaller sizes, few repetitions (~3 min)
+    python -m lit_transformer bench speed --only decoder beam   # some sections
+    python -m lit_transformer bench speed --device cuda         # GPU: the CLI's step beside a hand-built one, MFU
+    python -m lit_transformer bench speed --only cli --threads 1      # the same CLI-vs-hand code path on a CPU, tiny
+    python -m lit_transformer bench speed --only quantized --threads 1   # int8 and ONNX greedy vs fp32 and HF (docs/performance.md)
 
 Every contender of a section runs once per repetition, in alternating order, so drifting load on a shared machine
 touches all alike. Reported: the median time of each, and the median of the paired per-repetition ratios
-(peer time / our time: above 1 means ours is faster). A markdown table goes to stdout, the figures to --json.
-Not part of CI.
+(peer time / our time: above 1 means ours is faster). A markdown table goes to stdout; --json FILE adds the run
+(its rows and its machine) to FILE's runs, with the median and spread of each row over them. Not part of CI.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -34,14 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import benchmark_peers as peers  # noqa: E402
-
-from lit_transformer.config import TransformerConfig  # noqa: E402
-from lit_transformer.model import Transformer  # noqa: E402
-from lit_transformer.parallelize import apply_activation_checkpointing, matmul_peak_flops  # noqa: E402
+from lit_transformer.bench import command_parser, peers
+from lit_transformer.bench.machine import add_run, command_line, machine
+from lit_transformer.config import TransformerConfig
+from lit_transformer.model import Transformer
+from lit_transformer.parallelize import apply_activation_checkpointing, matmul_peak_flops
 
 OURS = "lit_transformer"
 Row = dict[str, object]
@@ -467,7 +463,7 @@ def bench_memory(m: dict[str, int], reps: int, quick: bool, threads: int) -> lis
     modes = ["none", "block", "selective"]
     memory = {}
     for mode in modes:
-        cmd = [sys.executable, __file__, "--memory-child", mode, "--threads", str(threads)]
+        cmd = [sys.executable, "-m", "lit_transformer.bench", "speed", "--memory-child", mode, "--threads", str(threads)]
         cmd += ["--quick"] if quick else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
         memory[mode] = json.loads(out.strip().splitlines()[-1])
@@ -939,16 +935,16 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def render(path: Path) -> None:
-    """Print the markdown table of a --json file written earlier."""
+def render(path: Path, run: int = 0) -> None:
+    """Print the markdown table of one run of a --json file written earlier (the first by default)."""
     report = json.loads(path.read_text())
-    print(markdown(report["rows"]))
+    print(markdown(report["runs"][run]["rows"] if "runs" in report else report["rows"]))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     cpu_sections = ["decoder", "seq2seq", "greedy", "sliding", "beam", "quantized", "memory", "lightning"]
     sections = [*cpu_sections, "cli", "mfu"]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("bench speed", __doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions: a smoke run")
     parser.add_argument(
         "--only",
@@ -967,26 +963,21 @@ def main() -> None:
     parser.add_argument("--cpu-batches", type=int, nargs="+", default=[8], help="cpu: the cli section's batch sizes")
     parser.add_argument("--cli-only", action="store_true", help="cli: the CLI's fit alone, no hand-built step")
     parser.add_argument("--cli-extra", default="", help="cli: fit arguments added to every run (a lever to weigh)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows and machine facts here")
+    parser.add_argument("--json", type=Path, default=None, help="add this run (rows, machine) to this file's runs")
     parser.add_argument("--render", type=Path, default=None, help="print the table of an earlier --json file")
+    parser.add_argument("--run", type=int, default=0, help="with --render: which of the file's runs (0: the first)")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.render:
-        return render(args.render)
+        return render(args.render, args.run)
     if args.memory_child:
         print(json.dumps(memory_child(args.memory_child, sizes(args.quick)["memory"], args.quick)))
         return
     reps = args.reps or (3 if args.quick else 5)
     s = sizes(args.quick)
-    machine = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-        "threads": args.threads,
-        "load_average_start": os.getloadavg(),
-        "command": " ".join(sys.argv),
-    }
+    facts = machine(threads=args.threads)
+    command = command_line("speed", sys.argv[1:] if argv is None else argv)
     rows: list[Row] = []
     only = args.only or (["mfu", "cli"] if args.device == "cuda" else cpu_sections)
     if "cli" in only:
@@ -1021,19 +1012,13 @@ def main() -> None:
         if "lightning" in only:
             rows += bench_lightning(s["decoder"], s["lightning"]["steps"], max(2, reps // 2))
         peak = max(peak, matmul_peak_flops("cpu"))
-        machine["fp32_matmul_peak_gflops"] = peak / 1e9
+        facts["fp32_matmul_peak_gflops"] = peak / 1e9
         for row in rows:
             if row["section"] == "decoder-only train step":
                 row["mfu"] = flops_per_step["decoder"] / row["median_s"] / peak
-    machine["load_average_end"] = os.getloadavg()
-    print(f"torch {machine['torch']}, {args.threads} threads, load average {machine['load_average_start']} at start, ")
-    print(
-        f"{machine['load_average_end']} at end; fp32 matmul peak {machine.get('fp32_matmul_peak_gflops', 0):.0f} GFLOP/s"
-    )
+    facts["load_average_end"] = list(os.getloadavg())
+    print(f"{facts['cpu']}, torch {facts['torch']}, {args.threads} threads, load average {facts['load_average_before']}")
+    print(f"at start, {facts['load_average_end']} at end; fp32 matmul peak {facts.get('fp32_matmul_peak_gflops', 0):.0f} GFLOP/s")
     print(markdown(rows))
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+        add_run(args.json, {"command": command, "machine": facts, "rows": rows})

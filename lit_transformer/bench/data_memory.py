@@ -1,9 +1,9 @@
 """Peak memory of a user's own classification and captioning data through the CLI: `prepare`, then `fit` a few steps
-with validation, on files of a given size (issue 31: "peak RSS under 1 GB each, beside today's figure").
+with validation, on files of a given size.
 
-    python scripts/benchmark_data_memory.py --size_mb 30 --out docs/data_memory.json
-    python scripts/benchmark_data_memory.py --size_mb 300 --cap_gb 6 --out docs/data_memory.json   # appends
-    python scripts/benchmark_data_memory.py --size_mb 300 --tree /work/main --out /tmp/after.json   # another tree
+    python -m lit_transformer bench data-memory --size_mb 30 --out docs/data_memory.json
+    python -m lit_transformer bench data-memory --size_mb 300 --cap_gb 6 --out docs/data_memory.json   # appends
+    python -m lit_transformer bench data-memory --size_mb 300 --tree /work/main --out /tmp/after.json   # another tree
 
 The data, written deterministically (seeded) under --work:
 - classification: one CSV of reviews (text, label) of about --size_mb: 20-200 words each drawn from the word
@@ -19,7 +19,7 @@ validation of 2 batches at the end and a tiny model (1 layer, vocabulary 1,024).
 of the largest process (os.wait4's ru_maxrss, which covers the process and the descendants it waited for), the
 sampled peak of the process tree's summed RSS, wall time, and the exit code. A watchdog kills the tree when its summed
 RSS passes --cap_gb (default 6: this is a shared machine) and records "exceeded". Results append to --out (JSON: a
-list of runs, with the CPU model and the command).
+list of runs, each with its machine and its command).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import csv
 import importlib.util
 import json
 import os
-import platform
 import random
 import shlex
 import signal
@@ -40,10 +39,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from machine import cpu_model
-from process_tree import tree_rss_kb
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import command_line, machine, tree_rss_kb
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LABELS = ("positive", "negative", "mixed, unsure")
 CUES = {
     "positive": ("sweet", "joy", "fair", "gentle", "love"),
@@ -280,8 +279,8 @@ def _git_head(tree: Path, *paths: str) -> str | None:
     return subprocess.run(command, capture_output=True, text=True).stdout.strip() or None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser("bench data-memory", __doc__)
     parser.add_argument("--size_mb", type=float, nargs="+", default=[30.0])
     parser.add_argument("--tasks", nargs="+", default=["classification", "captioning"])
     parser.add_argument("--steps", type=int, default=3)
@@ -291,7 +290,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the data (a rerun on another tree reuses it)")
     parser.add_argument("--out", default=None, help="a JSON file the runs are appended to")
     parser.add_argument("--label", default="main", help="what tree this is, in each record (e.g. before, after)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     tree = Path(args.tree).resolve()
     runs = []
     for size in args.size_mb:
@@ -303,13 +302,10 @@ def main() -> None:
                 commit=_git_head(tree),
                 package_commit=_git_head(tree, "lit_transformer"),
                 package_dirty=bool(_git_status(tree, "lit_transformer")),
-                cpu=cpu_model(),
-                cores=os.cpu_count(),
-                python=platform.python_version(),
                 cap_gb=args.cap_gb,
                 steps=args.steps,
-                command=shlex.join(["python", "scripts/benchmark_data_memory.py", *sys.argv[1:]]),
-                date=time.strftime("%Y-%m-%d", time.gmtime()),
+                command=command_line("data-memory", sys.argv[1:] if argv is None else argv),
+                machine=machine(commit=_git_head(tree)),
             )
             runs.append(record)
             if args.out:

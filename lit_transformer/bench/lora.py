@@ -1,6 +1,6 @@
 """LoRA (configs/finetune/lora.yaml) against full fine-tuning on the embedded corpora; writes docs/lora.json.
 
-    python scripts/benchmark_lora.py --json docs/lora.json
+    python -m lit_transformer bench lora --json docs/lora.json
 
 Three measurements, each run through the package's own CLI objects (the command of each run is recorded beside it):
 
@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import shlex
 import statistics
 import subprocess
@@ -33,9 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from machine import cpu_model
+from lit_transformer.bench import command_parser
+from lit_transformer.bench.machine import command_line, machine, peak_rss_mb, version
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = str(ROOT / "configs" / "base.yaml")
 LORA = str(ROOT / "configs" / "finetune" / "lora.yaml")
 MLM = str(ROOT / "configs" / "presets" / "mlm.yaml")
@@ -96,7 +95,7 @@ def child(spec: dict) -> dict:
         "metrics": {k: _number(v) for k, v in metrics.items() if _number(v) is not None},
         "trainable_params": trainable,
         "total_params": total,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": peak_rss_mb(),
         "fit_seconds": round(fit_seconds, 1),
         "load_average_1min_at_start": load[0],
     }
@@ -148,14 +147,14 @@ def score_in_transformers(cli, folder: str, checkpoint: Path) -> dict:
 
 
 def run(spec: dict, log: Path) -> dict:
-    """spec run in a child process (`python scripts/benchmark_lora.py --child SPEC`); its JSON result."""
+    """spec run in a child process (`python -m lit_transformer bench lora --child SPEC`); its JSON result."""
     env = {**os.environ, "OMP_NUM_THREADS": str(spec.get("threads", 1)), "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     with open(log, "a") as out:
         out.write(f"\n==== {spec['name']}\n")
         out.flush()
         done = subprocess.run(
-            [sys.executable, __file__, "--child", json.dumps(spec)], env=env, stdout=subprocess.PIPE, stderr=out,
+            [sys.executable, "-m", "lit_transformer.bench", "lora", "--child", json.dumps(spec)], env=env, stdout=subprocess.PIPE, stderr=out,
             text=True, cwd=ROOT,
         )  # fmt: skip
     if done.returncode != 0:
@@ -179,8 +178,8 @@ def write_bible(folder: Path) -> None:
         (folder / f"{split}.txt").write_text("\n".join(data[split]["en"]) + "\n", encoding="utf-8")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser("bench lora", __doc__)
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "lora.json")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "benchmark_lora")
     parser.add_argument("--pretrain_steps", type=int, default=1500, help="Shakespeare pretraining (base.yaml: 5000)")
@@ -197,7 +196,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--render", type=Path, default=None, help="print the tables of a written JSON and stop")
     parser.add_argument("--child", type=str, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.render is not None:
         print(render(json.loads(args.render.read_text())))
         return
@@ -209,11 +208,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "benchmark.log"
     results: dict = json.loads(args.json.read_text()) if args.json.is_file() and len(args.parts) < 3 else {}
-    script = "python " + shlex.join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
+    script = command_line("lora", sys.argv[1:] if argv is None else argv)
     earlier = results.get("scripts") or ([results["script"]] if "script" in results else [])
     results["scripts"] = [*earlier, script] if len(args.parts) < 3 else [script]
     results |= {
-        "machine": {"cpu": _cpu(), "threads": args.threads, "python": platform.python_version(), **_versions()},
+        "machine": machine(threads=args.threads, peft=version("peft")),
         "note": "a shared 2-core machine: step times and loads are noisy; LoRA and full runs are interleaved",
         "budget": {k: getattr(args, k) for k in ("pretrain_steps", "steps", "mlm_steps", "classify_steps")},
     }
@@ -335,19 +334,3 @@ def render(results: dict) -> str:
 def _write(path: Path, results: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
-
-
-def _cpu() -> str:
-    return f"{cpu_model()} ({os.cpu_count()} logical CPUs)"
-
-
-def _versions() -> dict:
-    import lightning
-    import peft
-    import torch
-
-    return {"torch": torch.__version__, "lightning": lightning.__version__, "peft": peft.__version__}
-
-
-if __name__ == "__main__":
-    main()
