@@ -422,3 +422,42 @@ def test_the_engine_calls_each_transform_hook_at_its_own():
     lit.on_save_checkpoint(checkpoint)
     lit.on_load_checkpoint(checkpoint)
     assert calls[1:] == [("save", True), ("load", True)]
+
+
+def test_throughput_is_logged_at_optimizer_steps_and_counts_every_micro_batch() -> None:
+    """With two micro-batches a step, TokenThroughputMonitor logs once per optimizer step (at the trainer's logging
+    steps), never between the micro-batches, and each interval counts the tokens of both."""
+    from lightning.pytorch.loggers import Logger
+
+    from lit_transformer.callbacks import TokenThroughputMonitor
+
+    class Recorded(Logger):
+        name, version = "recorded", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.logged: list[tuple[int, dict]] = []
+
+        def log_hyperparams(self, *args, **kwargs) -> None:
+            pass
+
+        def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+            if "train/device/items_per_sec" in metrics:
+                self.logged.append((step, metrics))
+
+    monitor, logger, batches = TokenThroughputMonitor(peak_flops=1e12), Recorded(), _batches(128, n=8)
+    seen: list[tuple[int, int]] = []  # (global_step, logs so far) after each batch
+
+    class Watch(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            seen.append((trainer.global_step, len(logger.logged)))
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, accumulate_grad_batches=2, log_every_n_steps=1,
+                        logger=logger, callbacks=[monitor, Watch()], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    lit = LitTransformer(TransformerConfig.preset("tiny", vocab_size=128), optim={"warmup_steps": 0})
+    trainer.fit(lit, DataLoader(batches, batch_size=None))
+    assert [step for step, _ in logger.logged] == [1, 2, 3]
+    assert seen == [(0, 0), (1, 1), (1, 1), (2, 2), (2, 2), (3, 3)]  # a log after each second micro-batch only
+    items, samples = (logger.logged[-1][1][f"train/device/{name}_per_sec"] for name in ("items", "samples"))
+    assert items / samples == pytest.approx(16)  # 2 micro-batches of 2 rows of 16 tokens
