@@ -14,13 +14,12 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor, TQDMProgressBar
-from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
-from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from lit_transformer.config import GenerationConfig
+from lit_transformer.lightning_compat import compute_dtype
 from lit_transformer.module import trainer_logs_now
 from lit_transformer.tasks.losses import IGNORE_INDEX
 
@@ -219,6 +218,7 @@ class TokenThroughputMonitor(L.Callback):
         self.peak_flops = peak_flops
         self.available_flops: float | None = None
         self.tokens_per_sec: float | None = None
+        self._step_before = -1  # global_step when this batch began
         self._reset(None)
 
     def _reset(self, start: float | None) -> None:
@@ -232,7 +232,7 @@ class TokenThroughputMonitor(L.Callback):
 
         if stage != "fit":
             return
-        device, dtype = trainer.strategy.root_device, _plugin_to_compute_dtype(trainer.precision_plugin)
+        device, dtype = trainer.strategy.root_device, compute_dtype(trainer.precision_plugin)
         peak = self.peak_flops or get_available_flops(device, dtype)
         if peak is None:
             from lit_transformer.parallelize import matmul_peak_flops
@@ -248,12 +248,16 @@ class TokenThroughputMonitor(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset(self._now(trainer))
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._step_before = trainer.global_step
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, *args) -> None:
         self._batches += 1
         self._samples += _batch_size(batch)
         self._tokens = self._tokens + _token_count(batch)  # a tensor on the batch's device: nothing is read
         self._flops += getattr(pl_module, "flops_per_batch", None) or 0.0
-        if trainer.fit_loop._should_accumulate() or not trainer_logs_now(trainer, step_taken=True):
+        # An optimizer step ended this batch (not one of the micro-batches it accumulates) if global_step moved.
+        if trainer.global_step == self._step_before or not trainer_logs_now(trainer, step_taken=True):
             return
         now = self._now(trainer)
         elapsed = now - self._start
@@ -306,7 +310,9 @@ class SyncFreeProgressBar(TQDMProgressBar):
         bar = self.train_progress_bar
         if bar is None or not self._should_update(n, bar.total):
             return
-        _update_n(bar, n)
+        if not bar.disable:
+            bar.n = n
+            bar.refresh()
         if trainer_logs_now(trainer, step_taken=True):
             bar.set_postfix(self.get_metrics(trainer, pl_module))
 

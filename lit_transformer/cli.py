@@ -44,6 +44,7 @@ from lit_transformer.commands import COMMANDS, main, program  # noqa: F401 - mai
 from lit_transformer.config import SOURCE_FIELDS, TransformerConfig
 from lit_transformer.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.errors import ConfigError
+from lit_transformer.lightning_compat import LightningCLIHooks, set_collective_timeout, strategy_with_timeout
 from lit_transformer.module import LitTransformer
 from lit_transformer.reliability import (
     NonFiniteLossGuard,
@@ -96,7 +97,7 @@ DATA_LINKS = ("num_labels",)
 RUN_FOLDER = "${trainer.default_root_dir}"
 
 
-class TransformerCLI(LightningCLI):
+class TransformerCLI(LightningCLIHooks):
     """LightningCLI with the tokenizer linked into the model config and the run's standard callbacks. Only the
     parser of the command that runs is built (LightningCLI builds all four, a second each)."""
 
@@ -175,7 +176,7 @@ class TransformerCLI(LightningCLI):
             strategy = getattr(strategy, "class_path", None) or str(strategy)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
 
-    def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+    def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)
         # The progress bar reads its metrics only when the trainer logs (see SyncFreeProgressBar), unless the run
         # turned the bar off or brought its own.
@@ -187,17 +188,22 @@ class TransformerCLI(LightningCLI):
         if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in given):
             callbacks = [*callbacks, ModelSummaryWithoutFlops()]
             config = {**config, "enable_model_summary": False}  # the default's place is taken, without a notice
-        trainer = super()._instantiate_trainer(config, callbacks)
-        timeout = (self.config[self.subcommand] if self.subcommand else self.config).get("collective_timeout")
-        if timeout is not None and hasattr(trainer.strategy, "_timeout"):  # what init_process_group is given
-            trainer.strategy._timeout = timedelta(seconds=timeout)
+        seconds = (self.config[self.subcommand] if self.subcommand else self.config).get("collective_timeout")
+        if seconds is None:
+            return super().build_trainer(config, callbacks)
+        # What init_process_group is given: through a named strategy's `timeout` argument, or set on the one the
+        # trainer chose (auto) or that was built from a class path.
+        timeout = timedelta(seconds=seconds)
+        config = {**config, "strategy": strategy_with_timeout(config.get("strategy", "auto"), timeout)}
+        trainer = super().build_trainer(config, callbacks)
+        set_collective_timeout(trainer.strategy, timeout)
         return trainer
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def run_subcommand(self, subcommand: str) -> None:
         """A collective that fails because a peer died or hung ends this process with one line (which rank was
         lost, how to resume) and exit status 1, not a traceback from inside gloo or NCCL."""
         try:
-            super()._run_subcommand(subcommand)
+            super().run_subcommand(subcommand)
         except RuntimeError as error:
             message = lost_peer_message(error, self.trainer)
             if message is None:
@@ -206,7 +212,7 @@ class TransformerCLI(LightningCLI):
             sys.stderr.flush()
             raise SystemExit(1) from None
 
-    def _parse_ckpt_path(self) -> None:
+    def parse_checkpoint_hyperparameters(self) -> None:
         """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
         load the file safely first (a corrupt, truncated or hostile file fails with a message that says what is
         wrong, and nothing in it ever runs), and keep the command line's `generation` and `quantize`: how to decode is

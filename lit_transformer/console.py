@@ -57,10 +57,10 @@ class ModelSummaryWithoutFlops(ModelSummary):
         total_flops: int,
         **summarize_kwargs: Any,
     ) -> None:
-        from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+        from lit_transformer.lightning_compat import summary_table
 
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
-        table = _format_summary_table(
+        table = summary_table(
             total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
         )
         lines = [line for line in table.splitlines() if not line.endswith("Total Flops")]

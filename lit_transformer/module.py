@@ -1,6 +1,7 @@
 """LitTransformer: the engine around the plain model. It runs any task (lit_transformer/tasks) and owns what every
 task shares: hyperparameters, compile and activation checkpointing, strategy checks, the normalisation of a step's
-gradient by its target count, clipping, the optimizer and schedule, and the tokenizers in checkpoints."""
+gradient by its target count, clipping, the optimizer and schedule, and the tokenizers in checkpoints. What changes
+the model from outside with hooks of its own (LoRA) is a ModelTransform (lit_transformer/parallelize.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType
 from tokenizers import Tokenizer
 from typing_extensions import Unpack
 
@@ -19,10 +18,10 @@ from typing_extensions import Unpack
 from lit_transformer.checkpointing import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.deprecated import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
-from lit_transformer.lora import LoraOptions, options_dict
+from lit_transformer.lora import LoraAdapters, LoraOptions
 from lit_transformer.model import Transformer
 from lit_transformer.optim import Optimization, build_optimizer, weight_decay_groups
-from lit_transformer.reliability import gradient_norm
+from lit_transformer.reliability import clip_gradients, gradient_norm
 from lit_transformer.schedules import build_schedule
 from lit_transformer.tasks import Task, build_task, data_fields
 
@@ -84,30 +83,23 @@ class LitTransformer(L.LightningModule):
                 --model.generation.num_beams 4); None uses the task's defaults (GenerationConfig.for_task).
             init_from: Weights to start from (see lit_transformer.interop.pretrained): a Hugging Face GPT-2, Llama
                 or Marian folder (its tokenizer then the data's: --data.init_args.tokenizer DIR/tokenizer.json), an
-                encoder's .ckpt (a masked LM or classifier) under a new head, or any other .ckpt of ours. Read once: the hyperparameters record
-                the resolved config and init_from=None, so loading or resuming never reads it again (except with
-                lora: its checkpoints hold no base weights).
+                encoder's .ckpt (a masked LM or classifier) under a new head, or any other .ckpt of ours. Read once:
+                the hyperparameters record the resolved config and init_from=None, so loading or resuming never reads
+                it again (except with lora: its checkpoints hold no base weights).
             quantize: int8: `validate`, `test` and `predict` run dynamic int8 Linear layers (CPU only), e.g.
                 `predict --ckpt_path C --model.quantize int8`; `fit` refuses it.
             lora: Fine-tune low-rank adapters (peft's LoRA) on init_from's weights, which stay frozen (see
-                lit_transformer.lora, configs/finetune/lora.yaml): checkpoints hold the adapters, the extras that train
-                and a fingerprint of the base, which loading reads again from init_from and checks.
+                lit_transformer.lora.LoraAdapters, configs/finetune/lora.yaml): checkpoints hold the adapters, the
+                extras that train and a fingerprint of the base, which loading reads again from init_from and checks.
             deprecated: The arguments before model.optim and model.task (lr, warmup_steps, label_smoothing, ...):
                 passed on with a warning naming the new key (see lit_transformer.deprecated).
         """
         source, pretrained, self._init_tokenizer = init_from, None, None
-        lora = LoraOptions.of(lora)
-        if lora is not None and not init_from:
-            raise ValueError(
-                "model.lora adapts pretrained weights: give them with --model.init_from (a Hugging Face GPT-2, Llama or "
-                "Marian folder, or a .ckpt of ours)"
-            )
+        # Applied to the model from outside, each with its own hooks (see ModelTransform): LoRA's adapters.
+        transforms = LoraAdapters.given(lora, init_from)
         if init_from:
-            from lit_transformer.interop.pretrained import load_init_from, locate_lora_base
+            from lit_transformer.interop.pretrained import load_init_from
 
-            if lora is not None:  # a LoRA checkpoint's base that moved, or a typo
-                flag = "--model.init_from PATH (load_from_checkpoint(..., init_from=PATH))"
-                locate_lora_base(init_from, None, "model.lora", flag)
             pretrained, self._init_tokenizer = load_init_from(init_from, config)
             # save_hyperparameters reads these arguments: checkpoints record the real architecture, not the source.
             config, init_from = pretrained.config, None
@@ -123,14 +115,14 @@ class LitTransformer(L.LightningModule):
             # instead of these locals: record the resolved ones in the form it was given.
             given = self.hparams["config"]
             self.hparams["config"] = config.to_dict() if isinstance(given, dict) else config
-            # LoRA checkpoints hold no base weights: loading reads them again from init_from (and checks them).
-            self.hparams["init_from"] = source if lora is not None else None
+            # Unless a transform's checkpoints hold no base weights: then loading reads them again from init_from.
+            self.hparams["init_from"] = source if any(t.rereads_base for t in transforms) else None
         for name in DEPRECATED_NAMES:  # LightningCLI hands its parsed arguments, old ones included
             self.hparams.pop(name, None)
         self.hparams.update({"task": task, "optim": optim})
-        self.hparams["lora"] = options_dict(lora)
-        self.lora = lora
-        self._lora_record: dict[str, Any] | None = None  # the base's init_from and fingerprint, once applied
+        for transform in transforms:
+            self.hparams.update(transform.hparams())
+        self.transforms = transforms
         self.task, self.optim = the_task, resolved
         self.init_from = source  # where the weights came from: kept in checkpoints for the record, never re-read
         self.config = config
@@ -152,7 +144,8 @@ class LitTransformer(L.LightningModule):
             return
         from lit_transformer.parallelize import CompiledStep, apply_activation_checkpointing, compile_blocks
 
-        self._apply_lora()  # first: checkpointing and compile then wrap the adapted blocks
+        for transform in self.transforms:  # first: checkpointing and compile then wrap the transformed blocks
+            transform.apply(self)
         strategy = type(self._trainer.strategy).__name__ if self._trainer is not None else ""
         # FSDP applies checkpointing itself from its activation_checkpointing_policy.
         if self.hparams.activation_checkpointing and "FSDP" not in strategy:
@@ -170,17 +163,6 @@ class LitTransformer(L.LightningModule):
                 dynamic = not self.task.static_shapes
                 self._compiled_sums = CompiledStep(self._training_sums, mode, self.task.fullgraph, dynamic)
         self._parallelized = True
-
-    def _apply_lora(self) -> None:
-        if self.lora is None or self._lora_record is not None:
-            return
-        from lit_transformer import lora
-        from lit_transformer.interop.pretrained import new_parameters
-
-        self._lora_keys = lora.apply_lora(self.model, self.lora, new_parameters(self.model, self.init_from))
-        trainable, total = lora.count(self.model)
-        self._lora_record = {"base": self.init_from, "fingerprint": lora.fingerprint(self.model),
-                             "trainable_params": trainable, "total_params": total}  # fmt: skip
 
     def setup(self, stage: str) -> None:
         from lightning.pytorch.strategies import DeepSpeedStrategy
@@ -216,10 +198,8 @@ class LitTransformer(L.LightningModule):
         from lit_transformer.quantization import is_quantized, quantize_int8
 
         if not is_quantized(self.model):
-            if self._lora_record is not None:  # int8 layers take plain Linear weights: the adapters merged in
-                from lit_transformer.lora import merged
-
-                merged(self.model)
+            for transform in self.transforms:  # int8 layers take plain Linear weights
+                transform.to_plain(self)
             quantize_int8(self.model, inplace=True)
 
     def on_validation_start(self) -> None:
@@ -233,11 +213,10 @@ class LitTransformer(L.LightningModule):
         self._quantize_for_inference()
 
     def on_fit_start(self) -> None:
-        from lit_transformer.lora import count, describe
-
-        trainable, total = count(self.model)
-        if self.trainer.is_global_zero and self.lora is not None:
-            print("LoRA: " + describe(trainable, total, self._lora_record), flush=True)
+        params = list(self.model.parameters())
+        trainable, total = sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+        for transform in self.transforms:
+            transform.on_fit_start(self)
         for logger in self.trainer.loggers:
             logger.log_metrics({"params/trainable": trainable, "params/total": total}, step=0)
         # The tokenizer beside the TensorBoard logs too, for tools that read the run folder rather than checkpoints.
@@ -247,10 +226,8 @@ class LitTransformer(L.LightningModule):
             save(log_dir)
 
     def on_fit_end(self) -> None:
-        if self._lora_record is not None and self.trainer.is_global_zero:
-            from lit_transformer.lora import report_checkpoint
-
-            report_checkpoint(self.trainer, self._lora_record)
+        for transform in self.transforms:
+            transform.on_fit_end(self)
 
     def _check_tokenizer(self) -> None:
         if self.tokenizer is not None:
@@ -275,19 +252,13 @@ class LitTransformer(L.LightningModule):
         if self.target_tokenizer is not None and self.target_tokenizer is not self.tokenizer:
             checkpoint["target_tokenizer"] = self.target_tokenizer.to_str()
         self.task.on_save_checkpoint(checkpoint)
-        if self._lora_record is not None:  # the adapters and extras only, and the base they belong to
-            from lit_transformer.lora import strip_checkpoint
-
-            strip_checkpoint(checkpoint, self._lora_keys, self._lora_record, prefix="model.")
+        for transform in self.transforms:
+            transform.on_save_checkpoint(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.init_from = self.init_from or checkpoint.get("init_from")
-        if self.lora is not None:  # the base tensors, loaded again from init_from, if they are the adapters' base
-            from lit_transformer.lora import complete_checkpoint
-
-            self._apply_lora()
-            record = self._lora_record
-            complete_checkpoint(checkpoint, self.state_dict(), record["fingerprint"], base=record["base"])
+        for transform in self.transforms:  # before the state dict is loaded: a transform may complete it
+            transform.on_load_checkpoint(self, checkpoint)
         if "tokenizer" in checkpoint:
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
             target = checkpoint.get("target_tokenizer")
@@ -425,30 +396,12 @@ class LitTransformer(L.LightningModule):
     # ---- optimization -------------------------------------------------------------------------------------------
 
     def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """Norm clipping uses the step's one gradient norm (see gradient_norm), which is the global norm under FSDP
-        too, where Lightning refuses norm clipping; value clipping and fp16 with an unscaling optimizer go to Lightning.
-        """
-        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
-        plugin = self.trainer.precision_plugin
-        scaler = getattr(plugin, "scaler", None)
-        # A fused Adam/AdamW unscales fp16 gradients inside its step (what Lightning's private
-        # _optimizer_handles_unscaling tests); `defaults["fused"]` is torch's public record of that choice.
-        unscales_itself = scaler is not None and bool(optimizer.defaults.get("fused"))
-        if gradient_clip_val and algorithm == GradClipAlgorithmType.NORM and not unscales_itself:
-            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, gradient_norm(self.trainer, optimizer))
-            return
-        if gradient_clip_val and isinstance(plugin, MixedPrecision) and scaler is None:
-            # bf16 autocast has no loss scaler, so clipping before a fused step is exact; Lightning's mixed-precision
-            # plugin refuses any fused optimizer, so clip with the plain precision plugin's code.
-            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+    ) -> None:  # fmt: skip
+        """With the step's one gradient norm (see reliability.clip_gradients), which is global under FSDP too."""
+        if not clip_gradients(self.trainer, optimizer, gradient_clip_val, gradient_clip_algorithm):
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # The gradient norm before clipping, at the steps the trainer logs (computed once per step, shared with the

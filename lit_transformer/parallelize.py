@@ -192,3 +192,31 @@ class AttentionKernels(L.Callback):
         if self._context is not None:
             context, self._context = self._context, None
             context.__exit__(None, None, None)
+
+
+class ModelTransform:
+    """A change applied to the plain model from outside that also has a part in the run around it (LoRA's adapters:
+    lit_transformer.lora.LoraAdapters). LitTransformer calls each hook at its own of the same name, in order; the
+    defaults do nothing, so a transform defines only the hooks it needs and the engine never asks which it holds."""
+
+    rereads_base = False
+    """True where checkpoints hold no base weights, so loading reads init_from again (it is kept in hyperparameters)."""
+
+    def hparams(self) -> dict[str, Any]:
+        """What the hyperparameters record of this transform, as plain values (checkpoints load with weights_only)."""
+        return {}
+
+    def apply(self, module: L.LightningModule) -> None:
+        """Change module.model in place, once (later calls do nothing), before checkpointing and compile wrap it."""
+
+    def on_fit_start(self, module: L.LightningModule) -> None: ...
+
+    def on_fit_end(self, module: L.LightningModule) -> None: ...
+
+    def on_save_checkpoint(self, module: L.LightningModule, checkpoint: dict[str, Any]) -> None: ...
+
+    def on_load_checkpoint(self, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Before the state dict is loaded into module: the checkpoint may be completed here."""
+
+    def to_plain(self, module: L.LightningModule) -> None:
+        """Fold the transform into plain layers (before int8 quantization swaps every Linear)."""

@@ -8,7 +8,8 @@ Each piece is a Lightning callback (or a plain function for the CLI) that works 
   optimizer step (and, with ``exit_on_signals``, from the command line's start) a signal ends the process at once.
 - ``StepSeed`` reseeds python, numpy and torch from (seed, epoch, batch, rank) before every training batch, so dropout
   after a resume is exactly what it would have been, whatever consumed random numbers in between.
-- ``gradient_norm`` is the step's total gradient norm, computed once and shared by the guard, logging and clipping.
+- ``gradient_norm`` is the step's total gradient norm, computed once and shared by the guard, logging and clipping
+  (``clip_gradients``).
 - ``check_device_options`` refuses GPU-only options on a machine without a GPU, naming the option and the fix.
 - ``lost_peer_message`` turns a collective that failed because another rank died or hung into one line (which rank,
   how to resume); ``resume_after_restart`` resumes a run under torchrun --max-restarts from its last checkpoint.
@@ -35,10 +36,18 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_transformer.lightning_compat import collective_timeout
+
 _NORMS: WeakKeyDictionary[torch.optim.Optimizer, tuple[int, torch.Tensor]] = WeakKeyDictionary()
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer a LightningOptimizer wraps (or `optimizer` itself)."""
+    return optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
 
 
 def gradient_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> torch.Tensor:
@@ -49,7 +58,7 @@ def gradient_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> torc
     sharding included), and DTensor gradients (FSDP2, tensor parallelism) over their mesh. DDP's gradients are whole
     on every rank once all-reduced, so the local norm is the global one.
     """
-    optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer wraps the torch one
+    optimizer = _torch_optimizer(optimizer)
     cached = _NORMS.get(optimizer)
     if cached is not None and cached[0] == trainer.global_step:
         return cached[1]
@@ -66,6 +75,35 @@ def gradient_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> torc
             norm = norm.full_tensor()
     _NORMS[optimizer] = (trainer.global_step, norm)
     return norm
+
+
+def clip_gradients(
+    trainer: pl.Trainer, optimizer: torch.optim.Optimizer, clip_val: float | None, algorithm: str | None
+) -> bool:
+    """Clip as LightningModule.configure_gradient_clipping would, where Lightning cannot; False: Lightning's own.
+
+    Norm clipping uses the step's one gradient norm (see gradient_norm), which is the global norm under FSDP too,
+    where Lightning refuses norm clipping; value clipping and fp16 with an unscaling optimizer go to Lightning.
+    """
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+    from lightning.pytorch.utilities import GradClipAlgorithmType
+
+    algorithm = GradClipAlgorithmType(algorithm or GradClipAlgorithmType.NORM)
+    plugin = trainer.precision_plugin
+    scaler = getattr(plugin, "scaler", None)
+    # A fused Adam/AdamW unscales fp16 gradients inside its step (what Lightning's private
+    # _optimizer_handles_unscaling tests); `defaults["fused"]` is torch's public record of that choice.
+    unscales_itself = scaler is not None and bool(optimizer.defaults.get("fused"))
+    if clip_val and algorithm == GradClipAlgorithmType.NORM and not unscales_itself:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        torch.nn.utils.clip_grads_with_norm_(params, clip_val, gradient_norm(trainer, optimizer))
+        return True
+    if clip_val and isinstance(plugin, MixedPrecision) and scaler is None:
+        # bf16 autocast has no loss scaler, so clipping before a fused step is exact; Lightning's mixed-precision
+        # plugin refuses any fused optimizer, so clip with the plain precision plugin's code.
+        Precision.clip_gradients(plugin, optimizer, clip_val, algorithm)
+        return True
+    return False
 
 
 class NonFiniteLossError(RuntimeError):
@@ -127,7 +165,7 @@ class NonFiniteLossGuard(Callback):
         else:
             bad = ~torch.isfinite(norm)
         self._loss_non_finite = None
-        torch_optimizer = getattr(optimizer, "_optimizer", optimizer)
+        torch_optimizer = _torch_optimizer(optimizer)
         if _skips_on_device(torch_optimizer) and getattr(trainer.precision_plugin, "scaler", None) is None:
             torch_optimizer.found_inf = bad.float()  # read by the fused kernel; removed after the step
         elif bool(bad):  # the host must know before a non-fused step: one read
@@ -500,12 +538,12 @@ def lost_peer_message(error: BaseException, trainer: pl.Trainer, probe_s: float 
         who = ", ".join(f"rank {r} (node {r // per_node})" for r in lost)
     else:
         who = "a peer"
-    timeout = getattr(trainer.strategy, "_timeout", None)
+    timeout = collective_timeout(trainer.strategy)
     why = (
         "its connection closed (the process or its node died)"
         if died
         else "no answer within the collective timeout"
-        + (f" (--collective_timeout {timeout.total_seconds():g} s)" if isinstance(timeout, timedelta) else "")
+        + (f" (--collective_timeout {timeout.total_seconds():g} s)" if timeout is not None else "")
         + ": it hung, was stopped or is unreachable"
     )
     last = _last_checkpoint(trainer)

@@ -372,3 +372,92 @@ def test_no_translation_samples_asked_for_translates_nothing(monkeypatch):
     module = SimpleNamespace(task=Translation(), device=torch.device("cpu"), generate_text=generate_text)
     assert GenerateSamples(num_translations=0).samples(None, module) == []
     assert len(GenerateSamples(num_translations=2).samples(None, module)) == 2
+
+
+def test_the_engine_stays_an_engine():
+    """module.py under 450 lines and LitTransformer under 400, with no branch on LoRA: LoRA is a ModelTransform
+    (lit_transformer.lora.LoraAdapters) whose hooks the engine calls as it calls any transform's."""
+    import ast
+
+    from lit_transformer import module
+
+    source = Path(module.__file__).read_text()
+    tree = ast.parse(source)
+    engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LitTransformer")
+    assert len(source.splitlines()) < 450
+    assert engine.end_lineno - engine.lineno + 1 < 400
+    tests = [n.test for n in ast.walk(tree) if isinstance(n, ast.If | ast.IfExp | ast.While | ast.Assert)]
+    tests += [t for n in ast.walk(tree) if isinstance(n, ast.comprehension) for t in n.ifs]
+    assert [ast.unparse(t) for t in tests if "lora" in ast.unparse(t).lower()] == []
+
+
+def test_the_engine_calls_each_transform_hook_at_its_own():
+    """A transform the engine holds is applied once, before compile and checkpointing wrap the model, and its
+    checkpoint hooks run after the engine's own (save) and before the state is loaded (load)."""
+    from lit_transformer.parallelize import ModelTransform
+
+    calls = []
+
+    class Recorder(ModelTransform):
+        def apply(self, module) -> None:
+            calls.append(("apply", type(module.model.decoder_blocks[0]).__name__))
+
+        def on_save_checkpoint(self, module, checkpoint) -> None:
+            calls.append(("save", "tokenizer" in checkpoint))
+            checkpoint["recorded"] = True
+
+        def on_load_checkpoint(self, module, checkpoint) -> None:
+            calls.append(("load", checkpoint.get("recorded")))
+
+    lit = LitTransformer(TransformerConfig.preset("tiny"), activation_checkpointing=True)
+    assert lit.transforms == []  # no LoRA: nothing transforms the model
+    lit.transforms.append(Recorder())
+    lit.configure_model()
+    lit.configure_model()
+    assert calls == [("apply", "DecoderBlock")]  # once, on the plain blocks
+    from lit_transformer.data.text import train_tokenizer
+
+    lit.tokenizer = train_tokenizer(["abc"], kind="char", vocab_size=lit.config.vocab_size)
+    checkpoint = {"state_dict": lit.state_dict()}
+    lit.on_save_checkpoint(checkpoint)
+    lit.on_load_checkpoint(checkpoint)
+    assert calls[1:] == [("save", True), ("load", True)]
+
+
+def test_throughput_is_logged_at_optimizer_steps_and_counts_every_micro_batch() -> None:
+    """With two micro-batches a step, TokenThroughputMonitor logs once per optimizer step (at the trainer's logging
+    steps), never between the micro-batches, and each interval counts the tokens of both."""
+    from lightning.pytorch.loggers import Logger
+
+    from lit_transformer.callbacks import TokenThroughputMonitor
+
+    class Recorded(Logger):
+        name, version = "recorded", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.logged: list[tuple[int, dict]] = []
+
+        def log_hyperparams(self, *args, **kwargs) -> None:
+            pass
+
+        def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+            if "train/device/items_per_sec" in metrics:
+                self.logged.append((step, metrics))
+
+    monitor, logger, batches = TokenThroughputMonitor(peak_flops=1e12), Recorded(), _batches(128, n=8)
+    seen: list[tuple[int, int]] = []  # (global_step, logs so far) after each batch
+
+    class Watch(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            seen.append((trainer.global_step, len(logger.logged)))
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, accumulate_grad_batches=2, log_every_n_steps=1,
+                        logger=logger, callbacks=[monitor, Watch()], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    lit = LitTransformer(TransformerConfig.preset("tiny", vocab_size=128), optim={"warmup_steps": 0})
+    trainer.fit(lit, DataLoader(batches, batch_size=None))
+    assert [step for step, _ in logger.logged] == [1, 2, 3]
+    assert seen == [(0, 0), (1, 1), (1, 1), (2, 2), (2, 2), (3, 3)]  # a log after each second micro-batch only
+    items, samples = (logger.logged[-1][1][f"train/device/{name}_per_sec"] for name in ("items", "samples"))
+    assert items / samples == pytest.approx(16)  # 2 micro-batches of 2 rows of 16 tokens
