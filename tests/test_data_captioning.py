@@ -173,6 +173,12 @@ def test_predict_reads_a_folder_of_images_in_name_order(tmp_path):
     assert batch["image"] == ["a.jpg", "b.png"] and batch["src"].shape == (2, 1, 8, 48)
 
 
+def test_the_deprecated_predict_dir_still_works_and_names_its_successor_and_the_version_that_drops_it(tmp_path):
+    with pytest.warns(FutureWarning, match=r"data\.predict_dir is deprecated and dropped in 0\.2\.0: set data\.predict_file"):
+        dm = CaptioningDataModule(predict_dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
+    assert dm.predict_file == str(tmp_path)
+
+
 # ---- images a dataset holds: `datasets` Image features (save_to_disk folders, hub streams) ------------------------
 
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255), "white": (255, 255, 255)}

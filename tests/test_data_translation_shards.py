@@ -296,7 +296,7 @@ def test_batches_stay_within_the_token_budget_and_cover_every_kept_pair(tmp_path
 
 
 def test_the_former_in_memory_storage_is_accepted_with_a_warning_and_streams_into_shards(tmp_path):
-    with pytest.warns(FutureWarning, match="data.storage is deprecated"):
+    with pytest.warns(FutureWarning, match=r"data\.storage is deprecated and dropped in 0\.2\.0"):
         dm = make(tmp_path, folder_of_splits(tmp_path), storage="memory", max_length=80)
     assert (dm.prepare() / "manifest.json").is_file()
 

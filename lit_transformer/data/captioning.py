@@ -24,7 +24,6 @@ first caption and BLEU against all of them. Images are decoded and resized with 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from . import corpora
-from .base import DataModule
+from .base import DataModule, warn_deprecated_key
 from .corpora import DigitStrips
 from .loaders import CaptionShards, load_prepared, target_batch
 from .shards import CAPTIONS, prepare_captions
@@ -198,6 +197,7 @@ class CaptioningDataModule(DataModule):
         cache_dir: str | None = None,
         predict_file: str | None = None,
         predict_dir: str | None = None,
+        encoding: str = "utf-8",
     ) -> None:
         """
         Args:
@@ -222,14 +222,17 @@ class CaptioningDataModule(DataModule):
             seed: Seed of the training order.
             cache_dir: Where the trained tokenizer is cached (default $LIT_TRANSFORMER_CACHE or ~/.cache).
             predict_file: A folder of images (or of feature files) for `predict`: one JSONL caption per file.
-            predict_dir: Deprecated: predict_file.
+            predict_dir: Deprecated (dropped in 0.2.0): predict_file.
+            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
+                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
+                naming the file and line; nothing is replaced.
         """
         if predict_dir is not None:
-            warnings.warn("data.predict_dir is deprecated: set data.predict_file", FutureWarning, stacklevel=2)
+            warn_deprecated_key("predict_dir", "set data.predict_file")
             predict_file = predict_file or predict_dir
         super().__init__(
             dataset, dataset_config, text_column, tokenizer, vocab_size, batch_size=batch_size, held_out=held_out,
-            num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
+            num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file, encoding=encoding,
         )  # fmt: skip
         if channels not in (1, 3):
             raise ValueError(f"channels={channels}: images are read as greyscale (1) or RGB (3)")
@@ -282,7 +285,7 @@ class CaptioningDataModule(DataModule):
             hint = " (choose them with --data.init_args.image_column and text_column)"
             self._stream = CaptionStream(
                 self.dataset, self.image_column, self.text_column, self.dataset_config, self._embedded(),
-                self.held_out, hint,
+                self.held_out, hint, self.encoding,
             )  # fmt: skip
         return self._stream
 

@@ -88,6 +88,7 @@ class ClassificationDataModule(DataModule):
         cache_dir: str | None = None,
         predict_file: str | None = None,
         predict_batch_size: int = 16,
+        encoding: str = "utf-8",
     ) -> None:
         """
         Args:
@@ -119,11 +120,14 @@ class ClassificationDataModule(DataModule):
             predict_file: Inputs of `predict`: a text file with one text per line, or a JSONL file with a "text"
                 field per line; each gets its label and probability in the output JSONL (see --predictions.output).
             predict_batch_size: Inputs classified at once by `predict`.
+            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
+                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
+                naming the file and line; nothing is replaced.
         """
         super().__init__(
             dataset, dataset_config, text_column, tokenizer, vocab_size, batch_size=batch_size, max_tokens=max_tokens,
             held_out=held_out, num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
-            predict_batch_size=predict_batch_size,
+            predict_batch_size=predict_batch_size, encoding=encoding,
         )  # fmt: skip
         if max_length < 1 or (max_tokens is not None and max_tokens < max_length):
             raise ValueError(
@@ -160,8 +164,9 @@ class ClassificationDataModule(DataModule):
         if self._stream is None:
             embedded = corpora.embedded(self.dataset, self.cache_dir, lines_per_passage=self.lines_per_passage)
             self._stream = LabelledStream(
-                self.dataset, self.dataset_config, self.text_column, self.label_column, embedded, self.held_out
-            )
+                self.dataset, self.dataset_config, self.text_column, self.label_column, embedded, self.held_out,
+                self.encoding,
+            )  # fmt: skip
         return self._stream
 
     def _load_rows(self) -> dict[str, tuple[list[str], list[Any]]]:

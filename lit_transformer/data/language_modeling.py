@@ -43,6 +43,7 @@ class LanguageModelingDataModule(DataModule):
         mask_token: bool = False,
         sampling: Literal["random", "sequential"] = "random",
         tokenizer_sample_chars: int = 20_000_000,
+        encoding: str = "utf-8",
     ) -> None:
         """
         Args:
@@ -71,11 +72,14 @@ class LanguageModelingDataModule(DataModule):
                 number of processes.
             tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters from the start of
                 the training split (a bounded sample: the whole split when it is smaller).
+            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
+                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
+                naming the file and line; nothing is replaced.
         """
         super().__init__(
             dataset, dataset_config, text_column, tokenizer, vocab_size, tokenizer_sample_chars, batch_size,
             num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
-            predict_batch_size=predict_batch_size,
+            predict_batch_size=predict_batch_size, encoding=encoding,
         )  # fmt: skip
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be positive")
@@ -97,7 +101,9 @@ class LanguageModelingDataModule(DataModule):
         """The corpus as a stream of documents per split (held-out splits carved from train when missing)."""
         if self._stream is None:
             embedded = corpora.embedded(self.dataset, self.cache_dir)
-            self._stream = CorpusStream(self.dataset, self.dataset_config, self.text_column, embedded, self.held_out)
+            self._stream = CorpusStream(
+                self.dataset, self.dataset_config, self.text_column, embedded, self.held_out, self.encoding
+            )
         return self._stream
 
     def texts(self) -> dict[str, list[str]]:

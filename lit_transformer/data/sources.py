@@ -13,24 +13,33 @@
   the record's content, so its duplicates land in the same split and its position in the source does not matter; each
   missing held-out split takes `held_out` of the hash buckets. A handful of long documents (fewer than
   HASH_MIN_DOCUMENTS) is carved by lines instead (`line_range`): each gives train its first lines.
+- Files as users keep them: any of these forms compressed (.gz, .bz2, .xz; .zst with `zstandard` installed),
+  decompressed where a file is opened (`open_data`, the one place); a UTF-8 byte order mark (as Excel writes CSV) is
+  dropped; another text encoding is read when named (`encoding`).
 - Errors say what is wrong and the fix: a malformed line names its file and line, a missing column the columns there
-  are; undecodable bytes are replaced and counted in a warning that names the file.
+  are; bytes that are not text in the file's encoding stop the run with the file and line (never replaced).
+  `DataFileError` (a ValueError) is what a data file that cannot be read as its name says raises.
 """
 
 from __future__ import annotations
 
+import bz2
+import codecs
 import csv
 import glob
+import gzip
 import hashlib
 import json
+import lzma
 import os
 import socket
 import threading
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .cache import fingerprint, hash_file, hash_texts
 
@@ -44,6 +53,135 @@ SPLIT_ALIASES = {
     "dev": "validation",
     "test": "test",
 }
+
+
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstandard"}
+ENCODING = "utf-8"  # the default text encoding of data files
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be read as its name says: bytes that are not text in its encoding, a row that does not
+    parse, a compressed file that is not, a file of another format. The message names the file and, where there is
+    one, the line or row, and the fix."""
+
+
+def compression_of(path: str | os.PathLike) -> str | None:
+    """The compression a file's name says (its last suffix: .gz, .bz2, .xz, .zst), else None."""
+    return COMPRESSIONS.get(Path(path).suffix.lower())
+
+
+def form_suffix(path: str | os.PathLike) -> str:
+    """The suffix that says a file's form, a compression suffix looked through: train.jsonl.gz -> .jsonl."""
+    path = Path(path)
+    if compression_of(path):
+        path = path.with_suffix("")
+    return path.suffix.lower()
+
+
+def _open_zstandard(path: str) -> IO[bytes]:
+    try:
+        import zstandard
+    except ImportError:
+        raise DataFileError(f"{path} is compressed with zstandard: pip install zstandard to read it") from None
+    return zstandard.open(path, "rb")
+
+
+_OPENERS = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open, "zstandard": _open_zstandard}
+
+
+@contextmanager
+def open_data(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """The one place a data file is opened: its bytes, decompressed by its name's suffix. A file that is not what its
+    suffix says (not gzip data, cut short) raises DataFileError naming it."""
+    kind = compression_of(path)
+    if kind is None:
+        with open(path, "rb") as handle:
+            yield handle
+        return
+    try:
+        with _OPENERS[kind](str(path), "rb") as handle:
+            yield handle
+    except (EOFError, lzma.LZMAError) as error:
+        raise DataFileError(f"{path} is not {kind} data or is cut short ({error}); compress it again") from None
+    except OSError as error:
+        if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise
+        raise DataFileError(f"{path} is not {kind} data or is cut short ({error}); compress it again") from None
+    except Exception as error:  # zstandard.ZstdError and the like, without importing it
+        if type(error).__module__.split(".")[0] != "zstandard":
+            raise
+        raise DataFileError(f"{path} is not {kind} data or is cut short ({error}); compress it again") from None
+
+
+def data_size(path: str | os.PathLike) -> int:
+    """The bytes a file holds once decompressed (a compressed file is read through once to count them)."""
+    if compression_of(path) is None:
+        return os.path.getsize(path)
+    size = 0
+    with open_data(path) as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            size += len(block)
+    return size
+
+
+def size_estimate(path: str | os.PathLike) -> int:
+    """About the bytes a file holds once decompressed, without reading it (progress, the choice of a worker pool):
+    a gzip file's trailer says it (modulo 4 GiB), another compressed file is taken as four times its size."""
+    size = os.path.getsize(path)
+    if compression_of(path) == "gzip" and size >= 18:
+        with open(path, "rb") as handle:
+            handle.seek(-4, os.SEEK_END)
+            return max(int.from_bytes(handle.read(4), "little"), size)
+    return size if compression_of(path) is None else 4 * size
+
+
+def check_encoding(encoding: str) -> str:
+    """`encoding`, checked to be a text encoding whose newline is the byte 0x0A (files are cut at line ends)."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ValueError(
+            f"encoding={encoding!r} is not a text encoding Python knows (e.g. utf-8, latin-1, cp1252)"
+        ) from None
+    if "\n\r,a".encode(encoding, errors="replace") != b"\n\r,a":
+        raise ValueError(
+            f"encoding={encoding!r} is not read line by line (its newline is not one byte 0x0A); convert the files "
+            f"to UTF-8 first, e.g. iconv -f {encoding} -t utf-8 in.txt > out.txt"
+        )
+    return encoding
+
+
+PACKED_MAGIC = ((b"\x1f\x8b", "gzip data"), (b"BZh", "bzip2 data"), (b"\xfd7zXZ\x00", "xz data"),
+                (b"\x28\xb5\x2f\xfd", "zstandard data"), (b"PK\x03\x04", "a zip archive"))  # fmt: skip
+PACKED_FIX = {
+    "gzip data": "name it with its compression's suffix (.gz)",
+    "bzip2 data": "name it with its compression's suffix (.bz2)",
+    "xz data": "name it with its compression's suffix (.xz)",
+    "zstandard data": "name it with its compression's suffix (.zst)",
+    "a zip archive": "unzip it (a spreadsheet: save it as CSV)",
+}
+
+
+def decode(
+    data: bytes, path: str, line: int | Callable[[int], int], encoding: str = ENCODING, first: bool = False
+) -> str:
+    """`data` of `path` as text. A UTF-8 byte order mark at the file's start (`first`) is dropped; bytes that are not
+    `encoding` stop with DataFileError naming the file and the line (`line`, or a function of the offset of the bad
+    byte in `data` that says it), never replaced."""
+    if first and encoding.replace("_", "-").lower() in ("utf-8", "utf8") and data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as error:
+        number = line(error.start) if callable(line) else line
+        packed = next((what for magic, what in PACKED_MAGIC if first and data.startswith(magic)), None)
+        if packed:
+            raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}") from None
+        bad = data[error.start : error.start + 4]
+        raise DataFileError(
+            f"{path}:{number} is not {encoding} text (bytes {bad!r}); if the file is in another encoding, name it, "
+            f"e.g. --data.init_args.encoding latin-1 (or cp1252); no byte is replaced silently"
+        ) from None
 
 
 class OfflineError(ConnectionError):
@@ -100,10 +238,11 @@ def local_files(spec: str) -> list[str]:
         files = [spec]
     else:
         files = sorted(f for f in glob.glob(spec, recursive=True) if os.path.isfile(f))
-    files = [f for f in files if Path(f).suffix.lower() in TEXT_SUFFIXES + tuple(BUILDERS)]
+    files = [f for f in files if form_suffix(f) in TEXT_SUFFIXES + tuple(BUILDERS)]
     if not files:
         raise FileNotFoundError(
-            f"No data files found for {spec!r} (looked for {', '.join(TEXT_SUFFIXES + tuple(BUILDERS))})"
+            f"No data files found for {spec!r} (looked for {', '.join(TEXT_SUFFIXES + tuple(BUILDERS))}, each also "
+            f"compressed: {', '.join(COMPRESSIONS)})"
         )
     return files
 
@@ -116,13 +255,15 @@ def split_of(path: str) -> str:
     return "train"
 
 
-def read_inputs(path: str | Path, field: str = "text") -> list[str]:
-    """The inputs of a predict run: a .jsonl/.json file's `field` per line, or else every line of a text file."""
+def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING) -> list[str]:
+    """The inputs of a predict run: a .jsonl/.json file's `field` per line, or else every line of a text file (either
+    may be compressed)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"predict_file {str(path)!r} does not exist; give a text file with one input per line")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if path.suffix not in (".jsonl", ".json"):
+    with open_data(path) as handle:
+        lines = [decode(line, str(path), n, encoding, n == 1).rstrip("\r\n") for n, line in enumerate(handle, 1)]
+    if form_suffix(path) not in (".jsonl", ".json"):
         return lines
     texts = []
     for number, line in enumerate(lines, 1):
@@ -131,9 +272,9 @@ def read_inputs(path: str | Path, field: str = "text") -> list[str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line") from None
+            raise DataFileError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line") from None
         if not isinstance(row, dict) or not isinstance(row.get(field), str):
-            raise ValueError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
+            raise DataFileError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
         texts.append(row[field])
     if not texts:
         raise ValueError(f"predict_file {str(path)!r} holds no input")
@@ -259,9 +400,15 @@ class SplitStream:
     hub_hint = LOCAL_HINT  # how to do without the hub, for the error of a hub name offline
 
     def __init__(
-        self, dataset: str, dataset_config: str | None = None, embedded=None, held_out: float = HELD_OUT
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        embedded=None,
+        held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
     ) -> None:
         self.dataset, self.dataset_config, self.held_out = dataset, dataset_config, held_out
+        self.encoding = check_encoding(encoding)
         self.sources: dict[str, Source] = {}
         self.file_hashes: dict[str, str] = {}  # each file's hash as content_key got it: carving reuses, not rereads
         if embedded is not None:
@@ -322,15 +469,21 @@ class SplitStream:
 
     def _check_files(self, files: list[str]) -> None:
         """Refuse local files this kind of record cannot come from."""
-        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
+        other = sorted({form_suffix(f) for f in files} - set(BUILDERS))
         if other and not self.text_files:
             raise ValueError(
                 f"{self.dataset!r}: this task reads rows from .jsonl/.json, .csv/.tsv or .parquet files, not {other}"
             )
+        packed = [f for f in files if form_suffix(f) == ".parquet" and compression_of(f)]
+        if packed:
+            raise DataFileError(
+                f"{packed[0]}: a parquet file compresses its columns itself and is read by random access; give it "
+                "uncompressed (.parquet)"
+            )
 
     def _check_columns(self, path: str) -> None:
         """A row file without the record's columns fails at once, naming the columns it has."""
-        columns = columns_of(path) if Path(path).suffix.lower() in BUILDERS else None
+        columns = columns_of(path, self.encoding) if form_suffix(path) in BUILDERS else None
         missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
         if missing:
             raise ValueError(
@@ -373,6 +526,7 @@ class SplitStream:
         """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
         # held_out enters the key only when it is not the default every earlier cache was carved with.
         carving = () if self.held_out == HELD_OUT else (self.held_out,)
+        carving += () if self.encoding == ENCODING else (("encoding", self.encoding),)  # likewise
 
         def remembered(path: str) -> str:
             self.file_hashes[path] = file_hash(path)
@@ -404,7 +558,7 @@ class SplitStream:
     def input_bytes(self, source: str) -> int | None:
         """Bytes a pass over a source split reads (None when unknown: rows in memory or a hub stream)."""
         files = self.sources[source].files
-        return sum(os.path.getsize(f) for f in files) if files else None
+        return sum(size_estimate(f) for f in files) if files else None
 
     def passes(self) -> list[tuple[str, list[str]]]:
         """(source split, the splits one pass over it fills): the training source also fills carved splits."""
@@ -437,9 +591,10 @@ class CorpusStream(SplitStream):
         text_column: str = "text",
         embedded=None,
         held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
     ) -> None:
         self.text_column = text_column
-        super().__init__(dataset, dataset_config, embedded, held_out)
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
 
     def _columns(self) -> list[str]:
         return [self.text_column]
@@ -469,7 +624,7 @@ class CorpusStream(SplitStream):
                             yield split, piece
                 else:
                     owner = carve(digest_bucket(digest()), self.missing, self.held_out) if carving else source_name
-                    for piece in _file_chunks(path, document):
+                    for piece in _file_chunks(path, document, encoding=self.encoding):
                         yield owner, piece
             else:
                 text, nbytes = payload
@@ -485,10 +640,10 @@ class CorpusStream(SplitStream):
 
     def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
         """The lines of a .txt file between two fractions of its bytes, cut at line boundaries."""
-        size = os.path.getsize(path)
-        lo = 0 if start == 0 else _byte_line_cut(path, int(size * start))
-        hi = size if end >= 1 else _byte_line_cut(path, int(size * end))
-        yield from _file_chunks(path, document, lo, hi)
+        size = data_size(path)
+        lo = 0 if start == 0 else _byte_line_cut(path, int(size * start), size)
+        hi = size if end >= 1 else _byte_line_cut(path, int(size * end), size)
+        yield from _file_chunks(path, document, lo, hi, self.encoding)
 
     def _documents(self, source: Source):
         """(kind, payload, digest) per document: ("file", path, lazy hash) for .txt files, ("row", (text, bytes),
@@ -500,11 +655,10 @@ class CorpusStream(SplitStream):
                     yield "row", (text, len(text)), None
             return
         for path in source.files:
-            suffix = Path(path).suffix.lower()
-            if suffix not in BUILDERS:
+            if form_suffix(path) not in BUILDERS:
                 yield "file", path, lambda path=path: self.file_hashes.get(path) or hash_file(path)
                 continue
-            for row, nbytes, number in records(path, [self.text_column.split(".")[0]]):
+            for row, nbytes, number in records(path, [self.text_column.split(".")[0]], self.encoding):
                 text = self._text(row, f"{path}:{number}")
                 if text.strip():
                     yield "row", (text, nbytes), None
@@ -583,7 +737,7 @@ def hub_streams(dataset: str, config: str | None, hint: str = LOCAL_HINT) -> dic
 def _looks_like_a_path(spec: str) -> bool:
     """A spec that names a local file (a leading / . ~ or a data file suffix), never a hub name like owner/name."""
     suffixes = (".txt", ".text", ".md", *BUILDERS)
-    return spec.startswith(("/", "./", "../", "~")) or Path(spec).suffix.lower() in suffixes
+    return spec.startswith(("/", "./", "../", "~")) or form_suffix(spec) in suffixes
 
 
 def _line_cut(text: str, fraction: float) -> int:
@@ -591,90 +745,124 @@ def _line_cut(text: str, fraction: float) -> int:
     return len(text) if at < 0 else at + 1
 
 
-def _byte_line_cut(path: str, offset: int) -> int:
-    """The first line start at or after byte `offset` of a file."""
-    with open(path, "rb") as handle:
+def _skip(handle: IO[bytes], offset: int) -> None:
+    """Move a fresh handle to byte `offset` (a decompressing reader that cannot seek reads past them)."""
+    try:
         handle.seek(offset)
+    except (OSError, ValueError):
+        while offset > 0:
+            block = handle.read(min(offset, 1 << 20))
+            if not block:
+                return
+            offset -= len(block)
+
+
+def _byte_line_cut(path: str, offset: int, size: int) -> int:
+    """The first line start at or after byte `offset` of a file of `size` (decompressed) bytes."""
+    with open_data(path) as handle:
+        _skip(handle, offset)
         while True:
             chunk = handle.read(1 << 16)
             if not chunk:
-                return os.path.getsize(path)
+                return size
             at = chunk.find(b"\n")
             if at >= 0:
                 return offset + at + 1
             offset += len(chunk)
 
 
-def _decode(data: bytes, path: str, bad: list[int]) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        bad[0] += text.count("\ufffd") - data.count("\ufffd".encode())
-        return text
+def _line_at(path: str, offset: int) -> int:
+    """The line number (from 1) of byte `offset` of a file: for an error only, so read again."""
+    lines = 1
+    with open_data(path) as handle:
+        while offset > 0:
+            block = handle.read(min(offset, 1 << 20))
+            if not block:
+                break
+            lines += block.count(b"\n")
+            offset -= len(block)
+    return lines
 
 
-def _warn_bad(path: str, bad: list[int]) -> None:
-    if bad[0]:
-        warnings.warn(f"{path}: {bad[0]} undecodable byte sequence(s) replaced with U+FFFD", stacklevel=3)
+def _file_chunks(
+    path: str, document: int, start: int = 0, end: int | None = None, encoding: str = ENCODING
+) -> Iterator[Piece]:
+    """A text file (decompressed bytes start..end) in chunks of about CHUNK_BYTES that end at line boundaries.
 
-
-def _file_chunks(path: str, document: int, start: int = 0, end: int | None = None) -> Iterator[Piece]:
-    """A text file (bytes start..end) in chunks of about CHUNK_BYTES that end at line boundaries.
-
-    A newline byte never occurs inside a UTF-8 sequence, so each chunk decodes on its own."""
-    end = os.path.getsize(path) if end is None else end
-    bad = [0]
-    with open(path, "rb") as handle:
-        handle.seek(start)
+    A newline byte never occurs inside a UTF-8 sequence (nor in any encoding `check_encoding` lets through), so each
+    chunk decodes on its own."""
+    with open_data(path) as handle:
+        _skip(handle, start)
         position, carry = start, b""
-        while position < end:
-            data = handle.read(min(CHUNK_BYTES, end - position))
+        while end is None or position < end:
+            data = handle.read(CHUNK_BYTES if end is None else min(CHUNK_BYTES, end - position))
             if not data:
                 break
+            offset = position - len(carry)  # where `data` starts in the file
             position += len(data)
             data = carry + data
-            cut = data.rfind(b"\n") + 1 if position < end else len(data)
+            cut = data.rfind(b"\n") + 1 if end is None or position < end else len(data)
             if cut == 0:  # a line longer than a chunk: keep reading
                 carry = data
                 continue
             carry = data[cut:]
-            yield Piece(_decode(data[:cut], path, bad), document, False, cut)
+            text = decode(data[:cut], path, lambda at, o=offset: _line_at(path, o + at), encoding, offset == 0)
+            yield Piece(text, document, False, cut)
         if carry:
-            yield Piece(_decode(carry, path, bad), document, False, len(carry))
+            offset = position - len(carry)
+            yield Piece(
+                decode(carry, path, lambda at: _line_at(path, offset + at), encoding, offset == 0),
+                document,
+                False,
+                len(carry),
+            )
     yield Piece("", document, True, 0)
-    _warn_bad(path, bad)
 
 
-def columns_of(path: str) -> list[str] | None:
-    suffix = Path(path).suffix.lower()
+def _delimiter(path: str) -> str:
+    return "\t" if form_suffix(path) == ".tsv" else ","
+
+
+def _parquet(path: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise DataFileError(f"{path} is not a parquet file ({error}); give the file its form's suffix") from None
+
+
+def columns_of(path: str, encoding: str = ENCODING) -> list[str] | None:
+    """The columns a row file names in its head (a CSV/TSV header, the first JSON line's keys, a parquet schema);
+    None when only reading it tells (a JSON array)."""
+    suffix = form_suffix(path)
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).schema_arrow.names
-    with open(path, "rb") as handle:
-        first = handle.readline(1 << 24).decode("utf-8", errors="replace")
+        return _parquet(path).schema_arrow.names
+    with open_data(path) as handle:
+        first = decode(handle.readline(1 << 24), path, 1, encoding, first=True)
     if suffix in (".csv", ".tsv"):
-        return next(csv.reader([first], delimiter="\t" if suffix == ".tsv" else ","), [])
+        try:
+            return next(csv.reader([first], delimiter=_delimiter(path)), [])
+        except csv.Error as error:
+            raise DataFileError(f"{path}:1 is not a {suffix[1:].upper()} header ({error})") from None
     stripped = first.strip()
     if not stripped or stripped.startswith("["):
         return None  # a JSON array: checked when read
     try:
         row = json.loads(stripped)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:1 is not valid JSON ({error.msg}); write one object per line") from None
+        raise DataFileError(f"{path}:1 is not valid JSON ({error.msg}); write one object per line") from None
     return list(row) if isinstance(row, dict) else None
 
 
-def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict, int, int]]:
-    """(row, input bytes, line number) per row of a JSON-lines, JSON, CSV/TSV or parquet file, streamed: one row at a
-    time, parquet in record batches of `columns` only (all when None). A line that does not parse fails with a
-    message naming the file and the line."""
-    suffix = Path(path).suffix.lower()
+def records(path: str, columns: list[str] | None = None, encoding: str = ENCODING) -> Iterator[tuple[dict, int, int]]:
+    """(row, input bytes, line number) per row of a JSON-lines, JSON, CSV/TSV or parquet file (the first three maybe
+    compressed), streamed: one row at a time, parquet in record batches of `columns` only (all when None). A line that
+    does not parse, or bytes that are not `encoding`, fail with DataFileError naming the file and the line."""
+    suffix = form_suffix(path)
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        parquet = pq.ParquetFile(path)
+        parquet = _parquet(path)
         per_row = os.path.getsize(path) / max(1, parquet.metadata.num_rows)
         number = 0
         if columns is not None:  # those the file has (an optional column, a split, may be absent)
@@ -685,45 +873,51 @@ def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict,
                 yield row, int(per_row), number
         return
     if suffix in (".csv", ".tsv"):
-        bad = [0]
-        with open(path, "rb") as raw:
-            lines = (_decode(line, path, bad) for line in raw)
-            reader = csv.reader(lines, delimiter="\t" if suffix == ".tsv" else ",")
-            header = next(reader, None) or []
-            for fields in reader:
-                if not fields:
-                    continue
-                if len(fields) != len(header):
-                    raise ValueError(
-                        f"{path}:{reader.line_num} has {len(fields)} fields where the header has {len(header)} "
-                        f"({header}); quote fields that hold the delimiter"
-                    )
-                row = dict(zip(header, fields, strict=True))
-                yield row, sum(map(len, fields)) + len(fields), reader.line_num
-        _warn_bad(path, bad)
+        with open_data(path) as raw:
+            lines = (decode(line, path, n, encoding, n == 1) for n, line in enumerate(raw, 1))
+            reader = csv.reader(lines, delimiter=_delimiter(path))
+            try:
+                header = next(reader, None) or []
+                for fields in reader:
+                    if not fields:
+                        continue
+                    if len(fields) != len(header):
+                        raise DataFileError(
+                            f"{path}:{reader.line_num} has {len(fields)} fields where the header has {len(header)} "
+                            f"({header}); quote fields that hold the delimiter"
+                        )
+                    row = dict(zip(header, fields, strict=True))
+                    yield row, sum(map(len, fields)) + len(fields), reader.line_num
+            except csv.Error as error:
+                raise DataFileError(
+                    f"{path}:{reader.line_num} is not a {suffix[1:].upper()} row ({error}); is the file "
+                    f"{suffix[1:].upper()} text?"
+                ) from None
         return
-    with open(path, "rb") as handle:
-        head = handle.read(4096).lstrip()
+    with open_data(path) as handle:
+        head = handle.read(4096).lstrip(codecs.BOM_UTF8).lstrip()
     if head.startswith(b"["):  # a JSON array cannot be streamed line by line: read whole (write JSON lines instead)
         warnings.warn(f"{path} is one JSON array, read whole; JSON lines stream in bounded memory", stacklevel=2)
-        bad = [0]
-        rows = json.loads(_decode(Path(path).read_bytes(), path, bad))
+        with open_data(path) as handle:
+            data = handle.read()
+        try:
+            rows = json.loads(decode(data, path, lambda at: data.count(b"\n", 0, at) + 1, encoding, first=True))
+        except json.JSONDecodeError as error:
+            raise DataFileError(f"{path}:{error.lineno} is not valid JSON ({error.msg})") from None
         for number, row in enumerate(rows, 1):
             yield (row if isinstance(row, dict) else {}), 0, number
         return
-    bad = [0]
-    with open(path, "rb") as handle:
+    with open_data(path) as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(_decode(line, path, bad))
+                row = json.loads(decode(line, path, number, encoding, number == 1))
             except json.JSONDecodeError as error:
-                raise ValueError(
+                raise DataFileError(
                     f"{path}:{number} is not valid JSON ({error.msg}); write one object per line"
                 ) from None
             yield (row if isinstance(row, dict) else {}), len(line), number
-    _warn_bad(path, bad)
 
 
 # ---------------------------------------------------------------------------------------------------- labelled texts
@@ -770,9 +964,10 @@ class LabelledStream(SplitStream):
         label_column: str = "label",
         embedded=None,
         held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
     ) -> None:
         self.text_column, self.label_column = text_column, label_column
-        super().__init__(dataset, dataset_config, embedded, held_out)
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
         hidden = [name for name, source in self.sources.items() if name != "train" and self._hidden(source)]
         for name in hidden:
             del self.sources[name]
@@ -816,7 +1011,7 @@ class LabelledStream(SplitStream):
             return
         for path in source.files:
             columns = list(dict.fromkeys(c.split(".")[0] for c in self._columns()))
-            for row, nbytes, number in records(path, columns):
+            for row, nbytes, number in records(path, columns, self.encoding):
                 yield *self._labelled(row, f"{path}:{number}"), nbytes
 
     def _labelled(self, row: dict, where: str) -> tuple[str, Any]:
@@ -865,9 +1060,10 @@ class RowStream(SplitStream):
         embedded=None,
         held_out: float = HELD_OUT,
         column_hint: str = "",
+        encoding: str = ENCODING,
     ) -> None:
         self.columns, self.key_column, self.column_hint = list(columns), key_column, column_hint
-        super().__init__(dataset, dataset_config, embedded, held_out)
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
 
     def _columns(self) -> list[str]:
         return self.columns
@@ -893,7 +1089,7 @@ class RowStream(SplitStream):
                 yield Row(dict(zip(self.columns, self.values(row, where), strict=True)), where, None, number - 1, 0)
             return
         for path in source.files:
-            for number, (row, nbytes, line) in enumerate(records(path, top + ["split"])):
+            for number, (row, nbytes, line) in enumerate(records(path, top + ["split"], self.encoding)):
                 where = f"{path}:{line}"
                 values = dict(zip(self.columns, self.values(row, where), strict=True))
                 if row.get("split") not in (None, ""):
@@ -1005,11 +1201,13 @@ class CaptionStream(RowStream):
         embedded=None,
         held_out: float = HELD_OUT,
         column_hint: str = "",
+        encoding: str = ENCODING,
     ) -> None:
         self.image_column, self.text_column = image_column, text_column
         super().__init__(
-            dataset, [image_column, text_column], image_column, dataset_config, embedded, held_out, column_hint
-        )
+            dataset, [image_column, text_column], image_column, dataset_config, embedded, held_out, column_hint,
+            encoding,
+        )  # fmt: skip
         for source in self.sources.values():  # Image columns are read undecoded: bytes are copied, never decoded
             source.table = _undecoded(source.table, image_column)
 
@@ -1121,12 +1319,13 @@ class PairStream(SplitStream):
         target_column: str | None = None,
         embedded=None,
         held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
     ) -> None:
         self.langs = (source_lang, target_lang)
         self.explicit = bool(source_column or target_column)
         self.columns = (source_column or source_lang, target_column or target_lang)
         self._read_columns: dict[str, list[str] | None] = {}
-        super().__init__(dataset, dataset_config, embedded, held_out)
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
 
     def _columns(self) -> list[str]:
         return list(self.columns)
@@ -1155,7 +1354,7 @@ class PairStream(SplitStream):
                 yield source_text, target_text, len(source_text) + len(target_text) if source.in_memory else 0
             return
         for path in source.files:
-            for row, nbytes, number in records(path, self._read_columns.get(path)):
+            for row, nbytes, number in records(path, self._read_columns.get(path), self.encoding):
                 yield *self._pair(row, f"{path}:{number}"), nbytes
 
     def _pair(self, row: dict, where: str) -> tuple[str, str]:
@@ -1184,7 +1383,7 @@ class PairStream(SplitStream):
 
     def _check_columns(self, path: str) -> None:
         """A file without the pair's columns fails at once, naming the columns it has."""
-        columns = columns_of(path)
+        columns = columns_of(path, self.encoding)
         if columns is None:
             return
         if not self.explicit and "translation" in columns:

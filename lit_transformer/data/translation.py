@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -23,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer
 
 from . import corpora
-from .base import DataModule
+from .base import DataModule, warn_deprecated_key
 from .cache import fingerprint
 from .loaders import PairShards, ResumableLoader, ShardPairDataset, load_prepared, token_budget_plan
 from .shards import prepare_pairs
@@ -69,6 +68,7 @@ class TranslationDataModule(DataModule):
         predict_batch_size: int = 16,
         tokenizer_sample_chars: int = 20_000_000,
         storage: Literal["shards", "memory"] | None = None,
+        encoding: str = "utf-8",
     ) -> None:
         """
         Args:
@@ -100,21 +100,23 @@ class TranslationDataModule(DataModule):
             held_out: The fraction of the pairs each missing validation/test split takes (by a hash of the pair).
             tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters (both sides) of the
                 first training pairs (the whole split when it is smaller).
-            storage: Deprecated: pairs always stream into token shards ("memory" is accepted with a warning).
+            storage: Deprecated (dropped in 0.2.0): pairs always stream into token shards (any value is accepted
+                with a warning).
+            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
+                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
+                naming the file and line; nothing is replaced.
         """
         super().__init__(
             dataset, dataset_config, "text", tokenizer, vocab_size, tokenizer_sample_chars, batch_size, max_tokens,
-            held_out, num_workers, seed, cache_dir, predict_file, predict_batch_size,
+            held_out, num_workers, seed, cache_dir, predict_file, predict_batch_size, encoding,
         )  # fmt: skip
         if max_length < 2 or max_tokens < max_length:
             raise ValueError(f"Need max_length >= 2 and max_tokens >= max_length (got {max_length}, {max_tokens})")
-        if storage == "memory":
-            warnings.warn(
-                "data.storage is deprecated and ignored: pairs always stream into token shards (the same batches, "
-                "memory flat in corpus size); drop the key",
-                FutureWarning,
-                stacklevel=2,
-            )
+        if storage is not None:
+            warn_deprecated_key(
+                "storage", "ignored: pairs always stream into token shards (the same batches, memory flat in corpus "
+                "size); drop the key",
+            )  # fmt: skip
         self.source_lang, self.target_lang = source_lang, target_lang
         self.source_column, self.target_column = source_column, target_column
         self.shared_vocab = shared_vocab
@@ -143,6 +145,7 @@ class TranslationDataModule(DataModule):
                 self.target_column,
                 embedded=corpora.embedded(self.dataset, self.cache_dir),
                 held_out=self.held_out,
+                encoding=self.encoding,
             )
         return self._stream
 
