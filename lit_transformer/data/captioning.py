@@ -11,10 +11,11 @@ Where the pairs come from (``dataset``), each read through the one reader (sourc
 With ``features_dir``, each image's source is its precomputed features instead of its pixels: ``<image stem>.npy``
 or ``.safetensors`` (one tensor, (regions, source_dim)), for a model with ``source: features``.
 
-Every source but the digits is prepared once into token shards on disk (`prepare`; shards.CAPTIONS): each caption's
+Every source, the digits too, is prepared once into token shards on disk (`prepare`; shards.CAPTIONS): each caption's
 ids, and beside them its image's name, folder and the caption's text; an image a row holds is written once, undecoded,
-into the prepared folder's images/ and read from there like any file. Batches read them back through memory maps and
-seeks, so memory stays flat in the number of captions and images. The digit strips (a few MB) are held in memory.
+into the prepared folder's images/ and read from there like any file (a digit strip, named by its split and index, is
+read from the strips, composed again on every run). Batches read them back through memory maps and seeks, so memory
+stays flat in the number of captions and images, and go through the resumable loader every task uses.
 
 Batches: {"src": (B, C, H, W) images or (B, S, source_dim) features with "src_mask" (B, S), "tgt_in": (B, T) bos then
 the caption, "labels": (B, T) the caption then eos (-100 at padding), "tgt_mask", "references": each image's captions,
@@ -35,22 +36,22 @@ from torch.utils.data import DataLoader, Dataset
 from . import corpora
 from .base import DataModule, warn_deprecated_key
 from .corpora import DigitStrips
-from .loaders import CaptionShards, load_prepared, target_batch
+from .loaders import CaptionShards, ResumableLoader, fixed_size_batches, load_prepared, target_batch
 from .shards import CAPTIONS, prepare_captions
 from .sources import SPLITS, CaptionStream
-from .text import token_ids
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 FEATURE_SUFFIXES = (".npy", ".safetensors")
 
 
 class CaptionSplit:
-    """One split: each caption (a record) and its image, images numbered in order of first appearance; `order` lists
-    the captions grouped by image (an image's are order[start[i]:start[i + 1]], its references)."""
+    """One prepared split: each caption (a record) and its image, images numbered in order of first appearance;
+    `order` lists the captions grouped by image (an image's are order[start[i]:start[i + 1]], its references). Caption
+    ids come through per-batch memory maps, images' references are read per batch; `load` reads an image's source."""
 
-    image_of: np.ndarray  # (captions,) each caption's image
-    order: np.ndarray
-    start: np.ndarray  # (images + 1,)
+    def __init__(self, shards: CaptionShards, load: Callable[[str, str | None], torch.Tensor]) -> None:
+        self.shards, self._load = shards, load
+        self.image_of, self.order, self.start = shards.image_of, shards.order, shards.start
 
     def __len__(self) -> int:
         return len(self.start) - 1
@@ -61,17 +62,18 @@ class CaptionSplit:
 
     def load(self, image: int) -> torch.Tensor:
         """The image's source: (C, H, W) pixels or (regions, dim) features."""
-        raise NotImplementedError
+        name, folder, _ = self.shards.extras([self.first(image)])[0]
+        return self._load(name, folder)
 
     def name(self, image: int) -> str:
-        raise NotImplementedError
+        return self.shards.extras([self.first(image)])[0][0]
 
     def texts(self, captions: Sequence[int]) -> list[str]:
-        raise NotImplementedError
+        return [extra[2] for extra in self.shards.extras(captions)] if len(captions) else []
 
-    def ids(self, captions: Sequence[int], tokenizer) -> list[list[int]]:
+    def ids(self, captions: Sequence[int]) -> list[list[int]]:
         """The token ids of each caption (no BOS/EOS)."""
-        return token_ids(tokenizer, self.texts(captions))
+        return [row.astype(np.int64).tolist() for row in self.shards.read(captions)]
 
     def references(self, image: int) -> list[str]:
         return self.texts(self.order[self.start[image] : self.start[image + 1]].tolist())
@@ -85,46 +87,39 @@ class CaptionSplit:
         return [self.name(i) for i in range(len(self))]
 
 
-class MemorySplit(CaptionSplit):
-    """A split held in memory: the embedded digit strips, predict's folder."""
+class ImageSource:
+    """Reads an image's source when a batch is built: its features (features_dir) or its pixels. An image the dataset
+    held is read from the prepared folder's images/ (`held`: found by the prepared folder's name, a content key, so a
+    cache moved or mounted elsewhere still serves), a named one from images_dir or its file's folder; a digit strip
+    ("train-17") from the strips (`strips`, composed again on every run: the same arguments give the same pixels).
+    A plain object, so DataLoader workers started by spawn (macOS, Windows) get a copy."""
 
-    def __init__(self, load: Callable[[int], torch.Tensor], names: list[str], references: list[list[str]]) -> None:
-        self._load, self._names = load, names
-        counts = np.array([len(r) for r in references], dtype=np.int64)
-        self._texts = [c for refs in references for c in refs]
-        self.image_of = np.repeat(np.arange(len(references)), counts)
-        self.order = np.arange(len(self._texts))
-        self.start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    def __init__(
+        self,
+        images_dir: str | None,
+        features_dir: str | None,
+        image_size: tuple[int, int],
+        channels: int,
+        held: Path | None = None,
+        strips: dict[str, DigitStrips] | None = None,
+    ) -> None:
+        self.images_dir, self.features_dir, self.image_size, self.channels = (
+            images_dir,
+            features_dir,
+            image_size,
+            channels,
+        )
+        self.held, self.strips = held, strips
 
-    def load(self, image: int) -> torch.Tensor:
-        return self._load(image)
-
-    def name(self, image: int) -> str:
-        return self._names[image]
-
-    def texts(self, captions: Sequence[int]) -> list[str]:
-        return [self._texts[c] for c in captions]
-
-
-class ShardSplit(CaptionSplit):
-    """A prepared split on disk: caption ids through per-batch memory maps, images' references read per batch."""
-
-    def __init__(self, shards: CaptionShards, load: Callable[[str, str | None], torch.Tensor]) -> None:
-        self.shards, self._load = shards, load
-        self.image_of, self.order, self.start = shards.image_of, shards.order, shards.start
-
-    def load(self, image: int) -> torch.Tensor:
-        name, folder, _ = self.shards.extras([self.first(image)])[0]
-        return self._load(name, folder)
-
-    def name(self, image: int) -> str:
-        return self.shards.extras([self.first(image)])[0][0]
-
-    def texts(self, captions: Sequence[int]) -> list[str]:
-        return [extra[2] for extra in self.shards.extras(captions)] if len(captions) else []
-
-    def ids(self, captions: Sequence[int], tokenizer) -> list[list[int]]:
-        return [row.astype(np.int64).tolist() for row in self.shards.read(captions)]
+    def __call__(self, name: str, folder: str | None) -> torch.Tensor:
+        if self.strips is not None:
+            split, index = name.rsplit("-", 1)
+            return torch.from_numpy(self.strips[split].images[int(index)])
+        held = folder is not None and self.held is not None and Path(folder).parts[-2:] == self.held.parts[-2:]
+        path = (self.held if held else Path(self.images_dir or folder or ".")) / name
+        if self.features_dir is None:
+            return load_image(path, self.image_size, self.channels)
+        return load_features(_feature_file(Path(self.features_dir), path.stem))
 
 
 def load_image(source, size: tuple[int, int], channels: int) -> torch.Tensor:
@@ -168,6 +163,54 @@ class _Pairs(Dataset):
     def __getitem__(self, i: int) -> tuple[int, int, torch.Tensor]:
         image, caption = (int(self.split.image_of[i]), i) if self.all_pairs else (i, self.split.first(i))
         return image, caption, self.split.load(image)
+
+
+class _Folder(Dataset):
+    """predict's images (or feature files): items (index, -1, source)."""
+
+    def __init__(self, paths: list[Path], source: ImageSource) -> None:
+        self.paths, self.source = paths, source
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[int, int, torch.Tensor]:
+        return i, -1, self.source(self.paths[i].name, str(self.paths[i].parent))
+
+
+def _sources_batch(sources: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Images stacked, or features (regions, dim) padded to the most regions with a mask."""
+    if sources[0].dim() != 2:
+        return {"src": torch.stack(sources)}
+    longest = max(s.shape[0] for s in sources)
+    src = torch.zeros(len(sources), longest, sources[0].shape[1])
+    src_mask = torch.zeros(len(sources), longest, dtype=torch.bool)
+    for b, s in enumerate(sources):
+        src[b, : s.shape[0]], src_mask[b, : s.shape[0]] = s, True
+    return {"src": src, "src_mask": src_mask}
+
+
+class CaptionCollate:
+    """Items (image, caption, source) into a batch (see the module): of a split's captions, or of predict's images
+    (`names`, no caption). A plain object rather than a closure, so it pickles for workers started by spawn."""
+
+    def __init__(
+        self, split: CaptionSplit | None, pad: int, bos: int, eos: int, max_tokens: int, names: list[str] | None = None
+    ) -> None:
+        self.split, self.pad, self.bos, self.eos, self.max_tokens, self.names = split, pad, bos, eos, max_tokens, names
+
+    def __call__(self, items: list[tuple[int, int, torch.Tensor]]) -> dict:
+        batch = _sources_batch([source for _, _, source in items])
+        images = [image for image, _, _ in items]
+        if self.split is None:
+            ids, references, names = [[] for _ in items], [[""] for _ in items], [self.names[i] for i in images]
+        else:
+            ids = [row[: self.max_tokens] for row in self.split.ids([caption for _, caption, _ in items])]
+            references = [self.split.references(image) for image in images]
+            names = [self.split.name(image) for image in images]
+        batch.update(target_batch(ids, self.pad, self.bos, self.eos))
+        batch["references"], batch["image"] = references, names
+        return batch
 
 
 class CaptioningDataModule(DataModule):
@@ -242,6 +285,7 @@ class CaptioningDataModule(DataModule):
         self.splits: dict[str, CaptionSplit] = {}
         self._stream: CaptionStream | None = None
         self._root: Path | None = None
+        self._digit_strips: dict[str, DigitStrips] | None = None
 
     @classmethod
     def model_fields(cls, args: dict) -> dict:
@@ -258,25 +302,32 @@ class CaptioningDataModule(DataModule):
         return "max_caption_tokens", args["max_caption_tokens"] + 1  # bos then the caption; the caption then eos
 
     # ---- sources ---------------------------------------------------------------------------------------------
-    def _embedded(self):
-        return corpora.embedded(
-            self.dataset, self.cache_dir, image_size=self.image_size, channels=self.channels, strips=self.strips
-        )
-
-    def _in_memory(self) -> bool:
-        """The digit strips are held in memory; every other source is prepared into shards."""
-        embedded = self._embedded()
-        return embedded is not None and isinstance(next(iter(embedded.values())), DigitStrips)
-
-    def _memory_splits(self) -> dict[str, CaptionSplit]:
-        return {
-            split: MemorySplit(
-                torch.from_numpy(strips.images).__getitem__,
-                [f"{split}-{i}" for i in range(len(strips))],
-                [[c] for c in strips.captions],
+    def _strips(self) -> dict[str, DigitStrips] | None:
+        """The digit strips of each split when the dataset is the embedded digits (composed once per module)."""
+        if self.dataset != "digits":
+            return None
+        if self._digit_strips is None:
+            self._digit_strips = corpora.embedded(
+                self.dataset, self.cache_dir, image_size=self.image_size, channels=self.channels, strips=self.strips
             )
-            for split, strips in self._embedded().items()
-        }
+        return self._digit_strips
+
+    def _embedded(self):
+        """The digits as a table of rows like any dataset's, an image named by its split and index ("train-17",
+        read from the strips when a batch is built) and its caption: they take the one path, through the shards."""
+        strips = self._strips()
+        if strips is None:
+            return corpora.embedded(self.dataset, self.cache_dir)
+        import datasets
+
+        return datasets.DatasetDict(
+            {
+                split: datasets.Dataset.from_dict(
+                    {self.image_column: [f"{split}-{i}" for i in range(len(s))], self.text_column: s.captions}
+                )
+                for split, s in strips.items()
+            }
+        )
 
     @property
     def stream(self) -> CaptionStream:
@@ -289,28 +340,15 @@ class CaptioningDataModule(DataModule):
             )  # fmt: skip
         return self._stream
 
-    def _source_of(self, name: str, folder: str | None) -> torch.Tensor:
-        """An image's source: its features (features_dir) or its pixels, read when the batch is built. An image the
-        dataset held is read from the prepared folder's images/ (found by the prepared folder's name, a content key:
-        a cache moved or mounted elsewhere still serves), a named one from images_dir or its file's folder."""
-        held = folder is not None and self._root is not None and Path(folder).parts[-2:] == self._images.parts[-2:]
-        path = (self._images if held else Path(self.images_dir or folder or ".")) / name
-        if self.features_dir is None:
-            return load_image(path, self.image_size, self.channels)
-        return load_features(_feature_file(Path(self.features_dir), path.stem))
-
-    @property
-    def _images(self) -> Path:
-        """Where the preparation wrote the images the dataset held."""
-        return (self._root / CAPTIONS.images).resolve()
+    def _source(self) -> ImageSource:
+        held = (self._root / CAPTIONS.images).resolve() if self._root is not None else None
+        return ImageSource(
+            self.images_dir, self.features_dir, self.image_size, self.channels, held, self._strips()
+        )  # fmt: skip
 
     # ---- Lightning hooks ---------------------------------------------------------------------------------------
     def tokenizer_texts(self) -> list[str]:
         """The first training captions, up to tokenizer_sample_chars characters."""
-        if self._in_memory():
-            self.setup()
-            train = self.splits["train"]
-            return train.texts(train.order.tolist())
         texts, total = [], 0
         for record in self.stream.records_of("train"):
             if total >= self.tokenizer_sample_chars:
@@ -319,15 +357,11 @@ class CaptioningDataModule(DataModule):
             total += len(record.caption)
         return texts
 
-    def prepare(self) -> Path | None:
+    def prepare(self) -> Path:
         """Stream the captions into token shards once, each image's reference and the caption's text beside the ids
-        (training the tokenizer first when needed), and the images a dataset holds into images/; the prepared folder
-        (None for the digits, held in memory). Memory stays flat in the number of captions and images; the images
-        are read when a batch is built."""
-        if self._in_memory():
-            self.setup()
-            _ = self.tokenizers  # trained (and cached) on first access
-            return None
+        (training the tokenizer first when needed), and the images a dataset holds into images/; the prepared
+        folder. Memory stays flat in the number of captions and images; the images are read when a batch is
+        built."""
         if self._root is None:
             tokenizer = self.tokenizer
             self._root = prepare_captions(self.stream, tokenizer, self._tokenizer_keys[0], self.cache_dir)
@@ -336,11 +370,9 @@ class CaptioningDataModule(DataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        if self._in_memory():
-            self.splits = self._memory_splits()
-            return
         info, shards = load_prepared(self.prepare(), CaptionShards)
-        splits = {split: ShardSplit(shards[split], self._source_of) for split in SPLITS}
+        source = self._source()
+        splits = {split: CaptionSplit(shards[split], source) for split in SPLITS}
         if self.features_dir is not None:  # a wrong folder fails here, naming an image, rather than in a batch
             for split in splits.values():
                 name, folder, _ = split.shards.extras([split.first(0)])[0]
@@ -349,35 +381,24 @@ class CaptioningDataModule(DataModule):
         sizes = {split: (len(s), s.captions) for split, s in splits.items()}
         rank_zero_info(f"{self.dataset}: (images, captions) per split {sizes}; held-out: {info['held_out']}")
 
-    def collate(self, items: list[tuple[int, int, torch.Tensor]], split: CaptionSplit) -> dict:
-        sources = [source for _, _, source in items]
-        if sources[0].dim() == 2:  # features: (regions, dim), padded to the most regions with a mask
-            longest = max(s.shape[0] for s in sources)
-            src = torch.zeros(len(sources), longest, sources[0].shape[1])
-            src_mask = torch.zeros(len(sources), longest, dtype=torch.bool)
-            for b, s in enumerate(sources):
-                src[b, : s.shape[0]], src_mask[b, : s.shape[0]] = s, True
-            batch = {"src": src, "src_mask": src_mask}
-        else:
-            batch = {"src": torch.stack(sources)}
-        ids = [
-            row[: self.max_caption_tokens] for row in split.ids([caption for _, caption, _ in items], self.tokenizer)
-        ]
-        batch.update(target_batch(ids, self.pad_token_id, self.bos_token_id, self.eos_token_id))
-        batch["references"] = [split.references(image) for image, _, _ in items]
-        batch["image"] = [split.name(image) for image, _, _ in items]
-        return batch
+    def _collate(self, split: CaptionSplit | None, names: list[str] | None = None) -> CaptionCollate:
+        return CaptionCollate(
+            split, self.pad_token_id, self.bos_token_id, self.eos_token_id, self.max_caption_tokens, names
+        )  # fmt: skip
 
-    def loader(self, split: str, shuffle: bool) -> DataLoader:
+    def loader(self, split: str, shuffle: bool) -> ResumableLoader:
+        """The resumable loader every task batches through: training, every (image, caption) pair in batches regrouped
+        once by the seed, their order shuffled per epoch and resumed mid-epoch exactly; evaluation, each image once,
+        in order."""
         self.setup()
         data = self.splits[split]
-        return DataLoader(
-            _Pairs(data, all_pairs=split == "train"),
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            collate_fn=lambda items: self.collate(items, data),
-        )
+        pairs = _Pairs(data, all_pairs=split == "train")
+        batches = fixed_size_batches(len(pairs), self.batch_size, self.seed, shuffle=shuffle, drop_last=False)
+        epoch = self.trainer.current_epoch if shuffle and self.trainer is not None else 0
+        return ResumableLoader(
+            pairs, batches, self._collate(data), shuffle=shuffle, seed=self.seed, num_workers=self.num_workers,
+            start_epoch=epoch,
+        )  # fmt: skip
 
     def predict_dataloader(self) -> DataLoader:
         """Batches {"src" (, "src_mask"), "image"} of every image (or feature file) in predict_file, a folder,
@@ -391,17 +412,18 @@ class CaptioningDataModule(DataModule):
         paths = sorted(p for p in Path(self.predict_file).iterdir() if p.suffix.lower() in suffixes)
         if not paths:
             raise ValueError(f"predict_file {self.predict_file!r} holds no {'/'.join(suffixes)} file")
-        if self.features_dir:
-            load = lambda i: load_features(paths[i])  # noqa: E731
-        else:
-            load = lambda i: load_image(paths[i], self.image_size, self.channels)  # noqa: E731
-        split = MemorySplit(load, [p.name for p in paths], [[""] for _ in paths])
-        return DataLoader(
-            _Pairs(split, all_pairs=False),
-            batch_size=self.batch_size,
-            shuffle=False,
-            collate_fn=lambda items: self.collate(items, split),
-        )
+        source = ImageSource(None, None, self.image_size, self.channels)
+        if self.features_dir:  # predict's folder holds the feature files themselves
+            source = _FeatureFiles()
+        collate = self._collate(None, [p.name for p in paths])
+        return DataLoader(_Folder(paths, source), batch_size=self.batch_size, shuffle=False, collate_fn=collate)
+
+
+class _FeatureFiles:
+    """predict's feature files, read as they are named."""
+
+    def __call__(self, name: str, folder: str | None) -> torch.Tensor:
+        return load_features(Path(folder or ".") / name)
 
 
 def feature_width(folder: Path) -> int | None:
