@@ -142,6 +142,7 @@ class ClassificationDataModule(DataModule):
         self._stream: LabelledStream | None = None
         self._rows: dict[str, tuple[list[str], list[Any]]] | None = None
         self._label_names: list[str] | None = None
+        self._first: tuple[list[str], list[Any]] | None = None
         self._datasets: dict[str, TextClassDataset] = {}
         self._root: Path | None = None
         self._splits: dict[str, LabelledShards] = {}
@@ -214,16 +215,7 @@ class ClassificationDataModule(DataModule):
             class_names = self.stream.class_names()
             labels = []
             if not self.requested_label_names and class_names is None:
-                records = self.stream.records_of("train")
-                if self.max_examples is not None:
-                    records = itertools.islice(records, self.max_examples)
-                seen = {}
-                for record in records:
-                    for label in (
-                        record.label if self.multi_label and isinstance(record.label, list) else [record.label]
-                    ):
-                        seen.setdefault(str(label), label)
-                labels = list(seen.values())
+                labels = self._first_pass()[1]
                 if not labels:
                     raise ValueError(
                         f"The training split of {self.dataset!r} has no labelled text: every row's "
@@ -279,19 +271,37 @@ class ClassificationDataModule(DataModule):
 
     def tokenizer_texts(self) -> list[str]:
         """The first training texts, up to tokenizer_sample_chars characters (and max_examples texts)."""
-        texts, total = [], 0
-        for record in self.stream.records_of("train"):
-            if total >= self.tokenizer_sample_chars or (
-                self.max_examples is not None and len(texts) >= self.max_examples
-            ):
+        return self._first_pass()[0]
+
+    def _first_pass(self) -> tuple[list[str], list[Any]]:
+        """One pass over the training split for both things read before the shards: the tokenizer's sample (the
+        first texts, up to tokenizer_sample_chars characters) and, when they come from the data, the distinct labels
+        (read to the end, or to max_examples). With the shard pass, a file is read twice per preparation at most."""
+        if self._first is not None:
+            return self._first
+        need_labels = self._label_names is None and not self.requested_label_names
+        need_labels = need_labels and self.stream.class_names() is None
+        texts, total, seen = [], 0, {}
+        records = self.stream.records_of("train")
+        if self.max_examples is not None:
+            records = itertools.islice(records, self.max_examples)
+        for record in records:
+            if total < self.tokenizer_sample_chars:
+                texts.append(record.text)
+                total += len(record.text)
+            elif not need_labels:
                 break
-            texts.append(record.text)
-            total += len(record.text)
-        return texts
+            if need_labels:
+                for label in record.label if self.multi_label and isinstance(record.label, list) else [record.label]:
+                    seen.setdefault(str(label), label)
+        self._first = (texts, list(seen.values()))
+        return self._first
 
     def build_tokenizers(self) -> tuple[tuple[Tokenizer, Tokenizer], tuple[str, str]]:
         """The tokenizer, with a <mask> token (added after the trained vocabulary when it has none)."""
         (tokenizer, _), keys = super().build_tokenizers()
+        if self._first is not None:  # the tokenizer's sample is not kept once it is built (the labels are)
+            self._first = ([], self._first[1])
         if special_token_id(tokenizer, "mask") is None:
             tokenizer.add_special_tokens([MASK])
         return (tokenizer, tokenizer), keys
