@@ -221,7 +221,9 @@ def test_predict_reads_a_folder_of_images_in_name_order(tmp_path):
 
 
 def test_the_deprecated_predict_dir_still_works_and_names_its_successor_and_the_version_that_drops_it(tmp_path):
-    with pytest.warns(FutureWarning, match=r"data\.predict_dir is deprecated and dropped in 0\.2\.0: set data\.predict_file"):
+    with pytest.warns(
+        FutureWarning, match=r"data\.predict_dir is deprecated and dropped in 0\.2\.0: set data\.predict_file"
+    ):
         dm = CaptioningDataModule(predict_dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
     assert dm.predict_file == str(tmp_path)
 

@@ -11,7 +11,8 @@ import datasets
 import pytest
 
 from lit_transformer.data import ClassificationDataModule, corpora, sources
-from lit_transformer.data.sources import CorpusStream, LabelledStream, PairStream, RowStream, held_out_split
+from lit_transformer.data.sources import CorpusStream, LabelledStream, RowStream, held_out_split
+from lit_transformer.data.translation import PairStream
 
 
 def test_a_folder_datasets_saved_is_read_with_its_splits(tmp_path):
@@ -226,7 +227,9 @@ def test_bytes_that_are_not_utf8_stop_with_the_file_and_line_and_the_encoding_op
         body = "".join(t + "\n" for t in lines)
         line = 21
     path.write_bytes(body.encode("latin-1"))
-    read = (lambda **kw: CorpusStream(str(path), **kw)) if form == "txt" else lambda **kw: LabelledStream(str(path), **kw)
+    read = (
+        (lambda **kw: CorpusStream(str(path), **kw)) if form == "txt" else lambda **kw: LabelledStream(str(path), **kw)
+    )
     with pytest.raises(sources.DataFileError, match=rf"train\.{form}:{line} is not utf-8 text .*encoding latin-1"):
         for split in ("train", "validation", "test"):
             list(read().records_of(split))

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources
-from lit_transformer.data.loaders import PairShards, load_prepared
-from lit_transformer.data.shards import prepare_pairs
+from lit_transformer.data.loaders import load_prepared
 from lit_transformer.data.sources import hash_bucket
+from lit_transformer.data.translation import PairShards, prepare_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 EN = "the house is red and the dog sleeps by the sea in the morning light".split()

@@ -17,7 +17,7 @@ every world_size-th batch.
 
 Shards are read through short-lived memory maps: a map is opened for the rows of one batch and dropped, so the
 resident memory stays flat however much of the corpus is read (TokenShards and ShardBlocks: a corpus as blocks;
-PairShards and ShardPairDataset: sentence pairs collated into padded batches).
+`map_file` for a task's own shard reader, e.g. translation.PairShards).
 """
 
 from __future__ import annotations
@@ -508,105 +508,12 @@ def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id
     return {"tgt_in": tgt_in, "labels": labels, "tgt_mask": tgt_mask}
 
 
-def collate_pairs(
-    srcs: Sequence[np.ndarray],
-    tgts: Sequence[np.ndarray],
-    pad_id: int,
-    bos_id: int,
-    eos_id: int,
-    texts: tuple[list[str], list[str]] | None = None,
-) -> dict:
-    """A padded batch: src is the source then eos, with its mask from the lengths; the target side is target_batch."""
-    batch_size, src_len = len(srcs), max(map(len, srcs)) + 1
-    src = torch.full((batch_size, src_len), pad_id, dtype=torch.long)
-    for b, s in enumerate(srcs):
-        src[b, : len(s)] = torch.from_numpy(s.astype(np.int64))
-        src[b, len(s)] = eos_id
-    src_mask = torch.arange(src_len)[None, :] <= torch.tensor([len(s) for s in srcs])[:, None]
-    batch = {"src": src, "src_mask": src_mask, **target_batch(tgts, pad_id, bos_id, eos_id)}
-    if texts is not None:
-        batch["src_text"], batch["ref_text"] = list(texts[0]), list(texts[1])
-    return batch
-
-
-# ---------------------------------------------------------------------------------------------------- sentence pairs' shards
+# ---------------------------------------------------------------------------------------------------- shard files
 
 
 def map_file(path: Path, dtype) -> np.memmap | np.ndarray:
     """A shard file as an array through a memory map (an empty file, which cannot be mapped, as an empty array)."""
     return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
-
-
-class PairShards:
-    """One prepared split: the pairs' lengths from the index (16 bytes per pair, read whole), their ids and texts
-    through memory maps opened for one batch and dropped, so no page of the corpus stays mapped."""
-
-    def __init__(self, directory: Path, index: dict) -> None:
-        self.directory = Path(directory)
-        self.dtype = np.dtype(index["dtype"])
-        self.names = [s["name"] for s in index["shards"]]
-        self.offsets = [np.load(self.directory / f"{name}.pairs.npy") for name in self.names]
-        counts = [len(o) - 1 for o in self.offsets]
-        self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        lengths = [np.diff(o, axis=0) for o in self.offsets] or [np.zeros((0, 2), np.int64)]
-        lengths = np.concatenate(lengths).astype(np.int32)
-        self.source_lengths, self.target_lengths = lengths[:, 0], lengths[:, 1]
-        self.has_text = bool(index.get("text"))
-        self.characters = int(index.get("characters", 0))
-
-    def __len__(self) -> int:
-        return int(self.first[-1])
-
-    def read(self, rows: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray], tuple[list, list] | None]:
-        """The source ids, target ids (copies) and, when kept, the texts of the pairs at `rows`."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
-            raise IndexError(f"pair index out of range [0, {len(self)})")
-        shard_of = np.searchsorted(self.first, rows, side="right") - 1
-        srcs: list = [None] * len(rows)
-        tgts: list = [None] * len(rows)
-        texts = ([None] * len(rows), [None] * len(rows)) if self.has_text else None
-        for shard in np.unique(shard_of).tolist():
-            name, offsets = self.names[shard], self.offsets[shard]
-            src = map_file(self.directory / f"{name}.src.bin", self.dtype)
-            tgt = map_file(self.directory / f"{name}.tgt.bin", self.dtype)
-            text = map_file(self.directory / f"{name}.text.bin", np.uint8) if texts is not None else None
-            ends = np.load(self.directory / f"{name}.text.npy", mmap_mode="r") if texts is not None else None
-            for b in np.flatnonzero(shard_of == shard).tolist():
-                local = int(rows[b] - self.first[shard])
-                (s0, t0), (s1, t1) = offsets[local], offsets[local + 1]
-                srcs[b], tgts[b] = np.array(src[s0:s1]), np.array(tgt[t0:t1])
-                if texts is not None:
-                    for side in (0, 1):
-                        a, z = int(ends[2 * local + side]), int(ends[2 * local + side + 1])
-                        texts[side][b] = bytes(text[a:z]).decode("utf-8", "surrogatepass")
-            del src, tgt, text, ends  # the maps close here: nothing stays mapped between batches
-        return srcs, tgts, texts
-
-
-class ShardPairDataset(Dataset):
-    """The pairs of one prepared split that pass the length filter (`keep`), collated into padded batches exactly as
-    the in-memory PairDataset collates them."""
-
-    def __init__(self, shards: PairShards, keep: np.ndarray, pad_id: int, bos_id: int, eos_id: int) -> None:
-        self.shards, self.keep = shards, np.asarray(keep, dtype=np.int64)
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-
-    def __len__(self) -> int:
-        return len(self.keep)
-
-    def source_lengths(self) -> np.ndarray:
-        return self.shards.source_lengths[self.keep].astype(np.int64) + 1  # + eos
-
-    def target_lengths(self) -> np.ndarray:
-        return self.shards.target_lengths[self.keep].astype(np.int64) + 1  # + bos (inputs) or + eos (labels)
-
-    def __getitem__(self, index: int) -> dict:
-        return self.__getitems__([index])
-
-    def __getitems__(self, indices) -> dict:
-        srcs, tgts, texts = self.shards.read(self.keep[np.asarray(indices, dtype=np.int64)])
-        return collate_pairs(srcs, tgts, self.pad_id, self.bos_id, self.eos_id, texts)
 
 
 # ---------------------------------------------------------------------------------------------------- labelled texts' shards

@@ -19,9 +19,8 @@ parsing ahead). A shard is written to temporary files, fsynced and renamed only 
 `progress.json` is updated after it: a killed run resumes after its last finished shard, and no reader ever sees a
 half-written shard. Shards end at record boundaries.
 
-The kinds: TEXT, a corpus's documents (shard-N.bin, each document's ids then EOS; docs.npy, where documents start),
-and PAIRS, sentence pairs (shard-N.src.bin and .tgt.bin; pairs.npy, (pairs + 1, 2) starts of both sides; validation
-and test keep their text, text.bin and text.npy, for BLEU).
+The kinds: TEXT, a corpus's documents (shard-N.bin, each document's ids then EOS; docs.npy, where documents start);
+a task with records of its own declares its kind in its own file (translation.PAIRS: two sides, held-out text kept).
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ import shutil
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -48,7 +46,7 @@ from tokenizers import Tokenizer
 
 from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
-from .sources import SPLITS, Caption, CaptionStream, CorpusStream, LabelledStream, PairStream
+from .sources import SPLITS, Caption, CaptionStream, CorpusStream, LabelledStream
 from .text import line_pieces
 
 log = logging.getLogger(__name__)
@@ -92,7 +90,7 @@ class FileHashes:
 
 
 class Record(Protocol):
-    """What the machinery reads of a streamed record (sources.Piece, sources.Pair, ...)."""
+    """What the machinery reads of a streamed record (sources.Piece, a task's own record, ...)."""
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -659,60 +657,6 @@ def prepare_corpus(
     )
 
 
-# ---------------------------------------------------------------------------------------------------- sentence pairs
-
-
-class PairKind(RecordKind):
-    """Sentence pairs: a source and a target side, `pairs.npy` the starts of both; held-out splits keep their text."""
-
-    folder, tag, sides, starts, counter = "pairs", "pair-shards", ("src", "tgt"), "pairs.npy", "rows"
-    summed = ("pairs", "src_tokens", "tgt_tokens")
-    noun = " pairs"
-
-    def new_progress(self) -> dict:
-        return {**super().new_progress(), "empty": 0}
-
-    def index_extras(self, progress: dict, keep_text: bool) -> dict:
-        return {"empty": progress.get("empty", 0), "text": keep_text}
-
-    def keeps_text(self, split: str) -> bool:
-        return split != "train"
-
-    def budget(self, progress: dict, limit: int | None) -> dict[str, int | None]:
-        done = sum(s["pairs"] for s in progress["shards"])
-        return {"max_records": None if limit is None else max(0, limit - done)}
-
-    def starts_array(self, starts: list[np.ndarray], tokens: list[int]) -> np.ndarray:
-        return np.concatenate([np.stack(starts, axis=1), np.array([tokens], dtype=np.int64)])
-
-    def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
-        return {"name": name, "pairs": records, "src_tokens": tokens[0], "tgt_tokens": tokens[1]}
-
-    def summary(self, indexes: dict[str, dict]) -> str:
-        return f"pairs { {s: i['pairs'] for s, i in indexes.items()} }"
-
-    def check(self, stream: PairStream, splits: dict[str, dict]) -> None:
-        empty = sum(index.get("empty", 0) for index in splits.values())
-        if empty:
-            warnings.warn(f"{stream.dataset}: dropped {empty} pairs with an empty side", stacklevel=4)
-        if not splits["train"]["pairs"]:
-            raise ValueError(f"{stream.dataset!r} has no sentence pairs in its training split")
-        for name in ("validation", "test"):
-            if splits[name]["pairs"]:
-                continue
-            if name in stream.missing:
-                total = sum(index["pairs"] for index in splits.values())
-                raise ValueError(
-                    f"{stream.dataset!r} has {total} pairs and no {name} split: the held-out splits take "
-                    f"{stream.held_out:.0%} each, picked by a hash of the pair, and this one got none. Give at least about "
-                    f"{int(20 / stream.held_out)} pairs, or files named train*/valid*/test* to choose the splits yourself"
-                )
-            raise ValueError(f"{stream.dataset!r} has no {name} pairs; provide a {name} split (e.g. a {name}.tsv file)")
-
-
-PAIRS = PairKind()
-
-
 # ---------------------------------------------------------------------------------------------------- labelled texts
 
 
@@ -843,20 +787,3 @@ def prepare_captions(
     info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
     keys = (tokenizer_key,)
     return prepare(stream, CAPTIONS, (tokenizer,), keys, cache_dir, info, None, None, shard_tokens, workers)
-
-
-def prepare_pairs(
-    stream: PairStream,
-    tokenizers: tuple[Tokenizer, Tokenizer],
-    tokenizer_keys: tuple[str, str],
-    cache_dir: Path,
-    max_pairs: int | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-    workers: int | None = None,
-) -> Path:
-    """Prepare every split of `stream` once (cached by content; resumable; atomic); the prepared corpus's folder.
-    max_pairs: the training split is cut after this many pairs (the rest of a source with its own held-out splits
-    is not read)."""
-    info = {"vocab_sizes": [t.get_vocab_size() for t in tokenizers], "tokenizer_keys": list(tokenizer_keys)}
-    keys = (list(tokenizer_keys),)
-    return prepare(stream, PAIRS, tokenizers, keys, cache_dir, info, None, max_pairs, shard_tokens, workers)
