@@ -399,7 +399,7 @@ def test_an_image_given_by_its_path_alone_or_opened_from_a_file_is_read_from_tha
     file's bytes under its name; a path that is not there names the row and the column."""
     from PIL import Image
 
-    from lit_transformer.data.sources import embedded_image
+    from lit_transformer.data.captioning import embedded_image
 
     (tmp_path / "red.png").write_bytes(_png("red"))
     assert embedded_image({"bytes": None, "path": str(tmp_path / "red.png")}, "row 1", "image") == (

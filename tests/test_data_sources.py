@@ -11,7 +11,8 @@ import datasets
 import pytest
 
 from lit_transformer.data import ClassificationDataModule, corpora, sources
-from lit_transformer.data.sources import CorpusStream, LabelledStream, RowStream, held_out_split
+from lit_transformer.data.classification import LabelledStream
+from lit_transformer.data.sources import CorpusStream, RowStream, held_out_split
 from lit_transformer.data.translation import PairStream
 
 

@@ -18,7 +18,7 @@ import yaml
 from test_cli import _cli
 
 from lit_transformer.data.base import DataModule
-from lit_transformer.data.loaders import LabelledShards, ResumableLoader, fixed_size_batches, load_prepared
+from lit_transformer.data.loaders import RecordShards, ResumableLoader, fixed_size_batches, load_prepared
 from lit_transformer.data.shards import RecordKind, prepare
 from lit_transformer.data.sources import SplitStream, records
 
@@ -75,7 +75,7 @@ class SumKind(RecordKind):
 
 
 class SumRows(torch.utils.data.Dataset):
-    def __init__(self, shards: LabelledShards) -> None:
+    def __init__(self, shards: RecordShards) -> None:
         self.shards = shards
 
     def __len__(self) -> int:
@@ -142,7 +142,7 @@ class SumDataModule(DataModule):
         return self._root
 
     def loader(self, split: str, shuffle: bool) -> ResumableLoader:
-        shards = load_prepared(self.prepare(), LabelledShards)[1][split]
+        shards = load_prepared(self.prepare(), RecordShards)[1][split]
         batches = fixed_size_batches(len(shards), self.batch_size, self.seed, shuffle=shuffle, drop_last=False)
         return ResumableLoader(SumRows(shards), batches, NextTokens(self.pad_token_id), shuffle=shuffle, seed=self.seed)
 

@@ -1,6 +1,6 @@
 """CaptioningDataModule: (image, caption) pairs for an encoder-decoder whose source is pixels or feature vectors.
 
-Where the pairs come from (``dataset``), each read through the one reader (sources.CaptionStream):
+Where the pairs come from (``dataset``), each read through the one reader (CaptionStream, below):
 - ``digits``: the embedded task (lit_transformer.data.corpora), strips of handwritten digits captioned in words;
 - a captions file, ``.csv``/``.tsv``, ``.jsonl`` or ``.parquet``, one row per caption (an image may have several, its
   references) or a list of captions per row: an image column (a path under ``images_dir``, default the file's
@@ -11,7 +11,7 @@ Where the pairs come from (``dataset``), each read through the one reader (sourc
 With ``features_dir``, each image's source is its precomputed features instead of its pixels: ``<image stem>.npy``
 or ``.safetensors`` (one tensor, (regions, source_dim)), for a model with ``source: features``.
 
-Every source, the digits too, is prepared once into token shards on disk (`prepare`; shards.CAPTIONS): each caption's
+Every source, the digits too, is prepared once into token shards on disk (`prepare`; CAPTIONS, below): each caption's
 ids, and beside them its image's name, folder and the caption's text; an image a row holds is written once, undecoded,
 into the prepared folder's images/ and read from there like any file (a digit strip, named by its split and index, is
 read from the strips, composed again on every run). Batches read them back through memory maps and seeks, so memory
@@ -25,20 +25,29 @@ first caption and BLEU against all of them. Images are decoded and resized with 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from . import corpora
 from .base import DataModule, warn_deprecated_key
 from .corpora import DigitStrips
-from .loaders import CaptionShards, ResumableLoader, fixed_size_batches, load_prepared, target_batch
-from .shards import CAPTIONS, prepare_captions
-from .sources import SPLITS, CaptionStream
+from .loaders import RecordShards, ResumableLoader, fixed_size_batches, load_prepared, target_batch
+from .shards import SHARD_TOKENS, TextsKind, prepare
+from .sources import ENCODING, HELD_OUT, SPLIT_ALIASES, SPLITS, RowStream
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 FEATURE_SUFFIXES = (".npy", ".safetensors")
@@ -447,3 +456,283 @@ def _feature_file(folder: Path, stem: str) -> Path:
         if (folder / f"{stem}{suffix}").is_file():
             return folder / f"{stem}{suffix}"
     raise FileNotFoundError(f"no features for image {stem!r} in {folder}: expected {stem}.npy or {stem}.safetensors")
+
+
+# ---------------------------------------------------------------------------------------------------- the task's own
+# Captions as records (columns -> image reference and caption, images a row holds), their shard layout and reader.
+
+
+@dataclass
+class Caption:
+    """One caption of an image: a prepared shard keeps its ids and, beside them, the image's reference (its name, the
+    folder it resolves against) and the caption's text (BLEU's reference).
+
+    An image a dataset holds itself (a `datasets` Image) is `embedded`: its folder is the one the preparation writes
+    it to (`CaptionKind.stage`), and the first caption of its row carries its encoded bytes (`data`)."""
+
+    caption: str
+    image: str
+    folder: str | None
+    row: int
+    nbytes: int
+    embedded: bool = False
+    data: bytes | None = None
+    where: str = ""  # the row, for an error about its image
+    last = True
+
+    @property
+    def extra(self) -> str:
+        return json.dumps([self.image, self.folder, self.caption], ensure_ascii=False)
+
+    @property
+    def texts(self) -> tuple[str]:
+        return (self.caption,)
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+IMAGE_MAGIC = (  # the suffix of a file of encoded image bytes without a name (Pillow reads any by content)
+    (b"\x89PNG", ".png"),
+    (b"\xff\xd8", ".jpg"),
+    (b"GIF8", ".gif"),
+    (b"BM", ".bmp"),
+    (b"II*\x00", ".tif"),
+    (b"MM\x00*", ".tif"),
+)
+
+
+def embedded_image(value: Any, where: str, column: str) -> tuple[str, bytes]:
+    """The name and encoded bytes of an image a row holds: a `datasets` Image, undecoded ({"bytes", "path"}) or a
+    PIL image. Its name is its path's base name when it has one (its file's name: features_dir finds it by that
+    stem), else a digest of its bytes, so a dataset of one row per caption keeps an image's captions together, and
+    the carving by name stays stable. A missing or empty image fails naming the row and the column."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):  # decoded: its file's bytes, else encoded again (as `datasets` encodes it)
+        from datasets.features.image import image_to_bytes
+
+        path = getattr(value, "filename", "") or None
+        data = Path(path).read_bytes() if path and os.path.isfile(path) else image_to_bytes(value)
+        value = {"bytes": data, "path": path}
+    data, path = value.get("bytes"), value.get("path")
+    if not data and path:  # a path alone: a local file, or a remote one `datasets` can open (a hub stream)
+        try:
+            if os.path.isfile(path):
+                data = Path(path).read_bytes()
+            else:
+                from datasets.utils.file_utils import xopen
+
+                with xopen(path, "rb") as handle:
+                    data = handle.read()
+        except (OSError, ValueError) as error:
+            raise ValueError(f'{where}: the image in "{column}" cannot be read from {path!r} ({error})') from None
+    if not data:
+        raise ValueError(
+            f'{where} has no "{column}" value: its image holds no bytes and no path; each row holds an image '
+            "(a datasets Image) or names one (a path)"
+        )
+    base = Path(str(path).split("::")[0].replace("\\", "/")).name if path else ""
+    if base and base not in (".", ".."):
+        return base, data
+    suffix = next((s for magic, s in IMAGE_MAGIC if data.startswith(magic)), "")
+    if not suffix and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        suffix = ".webp"
+    return hashlib.md5(data).hexdigest()[:16] + suffix, data
+
+
+class CaptionStream(RowStream):
+    """Each split's captions (one row per caption, or a list of them), read through the one reader. A row's image is
+    a path (a captions file's, resolved against its folder or images_dir) or an image the row holds (a `datasets`
+    Image of a folder `datasets` saved or a hub stream, read undecoded: see `embedded_image`). An image's split is its
+    row's split column, else its file's (train*/valid*/test*), else carved by a hash of its name, so all its captions
+    (its references) stay together."""
+
+    key = "captions"
+    rows_per_batch = 64  # a table's rows may hold their images' bytes
+    hub_hint = (
+        "Point the DataModule at local files instead: --data.dataset captions.csv (or .jsonl) with columns image and "
+        "caption, the images under --data.images_dir (or their features under --data.features_dir), or a folder "
+        "`datasets` saved (save_to_disk) with an Image column; or use the embedded task, --data.dataset digits."
+    )
+
+    def __init__(
+        self,
+        dataset: str,
+        image_column: str,
+        text_column: str,
+        dataset_config: str | None = None,
+        embedded=None,
+        held_out: float = HELD_OUT,
+        column_hint: str = "",
+        encoding: str = ENCODING,
+    ) -> None:
+        self.image_column, self.text_column = image_column, text_column
+        super().__init__(
+            dataset, [image_column, text_column], image_column, dataset_config, embedded, held_out, column_hint,
+            encoding,
+        )  # fmt: skip
+        for source in self.sources.values():  # Image columns are read undecoded: bytes are copied, never decoded
+            source.table = _undecoded(source.table, image_column)
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Caption]]:
+        for number, row in enumerate(self._rows(self.sources[source_name])):
+            if number < skip:
+                continue
+            value, caption = row.values[self.image_column], row.values[self.text_column]
+            data = None
+            if isinstance(value, str):
+                if not value.strip():
+                    raise ValueError(
+                        f'{row.where} has no "{self.image_column}" value: each row names an image (a path)'
+                    )
+                name = value
+            elif isinstance(value, dict) or _is_pil(value):
+                name, data = embedded_image(value, row.where, self.image_column)
+            else:
+                held = "nothing" if value is None else type(value).__name__
+                raise ValueError(
+                    f'{row.where} has no "{self.image_column}" value (it holds {held}): each row names an image (a '
+                    "path) or holds one (a datasets Image)"
+                )
+            refs = [caption] if isinstance(caption, str) else list(caption or [])
+            refs = [c.strip() for c in refs if isinstance(c, str) and c.strip()]
+            if not refs:
+                raise ValueError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
+            given = str(row.values.get("split") or "").strip().lower()
+            if given and given not in SPLIT_ALIASES:
+                raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
+            split = SPLIT_ALIASES[given] if given else self.owner(source_name, name)
+            folder = None if data is not None else row.folder
+            for k, text in enumerate(refs):
+                first = k == 0
+                yield split, Caption(
+                    text, name, folder, number, row.nbytes if first else 0, data is not None,
+                    data if first else None, row.where,
+                )  # fmt: skip
+
+
+def _is_pil(value: Any) -> bool:
+    try:
+        from PIL import Image
+    except ImportError:
+        return False
+    return isinstance(value, Image.Image)
+
+
+def _undecoded(table, column: str):
+    """`table` with its `datasets` Image column `column` read undecoded ({"bytes", "path"}): no Pillow decode while
+    streaming rows; other tables as they are."""
+    features = getattr(table, "features", None)
+    if not features or column not in features:
+        return table
+    import datasets
+
+    if not isinstance(features[column], datasets.Image) or not features[column].decode:
+        return table
+    return table.cast_column(column, datasets.Image(decode=False))
+
+
+class CaptionKind(TextsKind):
+    """Captions: each caption's ids (no EOS) as a labelled text's, `texts.npy` their offsets, and beside them, one
+    JSON line each, [image name, the folder it resolves against, the caption's text] (an image's references).
+
+    An image the dataset holds (a `datasets` Image: `Caption.embedded`) is written once, as its encoded
+    bytes, to `images/<name>` of the prepared folder, which becomes its folder: batches read it like any file. Each
+    file is renamed into place when written, so a killed run resumes past the images it wrote."""
+
+    folder, tag = "captions", "caption-shards"
+    noun = " captions"
+    images = "images"  # the prepared folder's folder of embedded images
+    partial = "images.partial"  # where an image is written before it is renamed into images/
+
+    def begin(self, root: Path) -> None:
+        shutil.rmtree(root / self.partial, ignore_errors=True)  # a killed run's half-written image
+
+    def stage(self, record: Caption, root: Path) -> Caption:
+        if not record.embedded:
+            return record
+        folder = (root / self.images).resolve()
+        if record.data is not None:
+            path = folder / record.image
+            if not path.exists():
+                (root / self.partial).mkdir(parents=True, exist_ok=True)
+                folder.mkdir(exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=root / self.partial)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(record.data)
+                os.replace(tmp, path)
+            elif path.stat().st_size != len(record.data) or path.read_bytes() != record.data:
+                raise ValueError(
+                    f"{record.where}: two different images are named {record.image!r} (the base name of their path): "
+                    "an image's name identifies it (its captions, its split); give the images distinct file names"
+                )
+        return dataclasses.replace(record, folder=str(folder), data=None)
+
+    def check(self, stream: CaptionStream, splits: dict[str, dict]) -> None:
+        for split in SPLITS:
+            if not splits[split]["texts"]:
+                why = "carved by a hash of the image name" if split in stream.missing else "its source has no row"
+                raise ValueError(
+                    f"{stream.dataset}: no image falls in the {split} split ({why}); add rows, a {split} file or a "
+                    "split column"
+                )
+
+
+CAPTIONS = CaptionKind()
+
+
+def prepare_captions(
+    stream: CaptionStream,
+    tokenizer: Tokenizer,
+    tokenizer_key: str,
+    cache_dir: Path,
+    shard_tokens: int = SHARD_TOKENS,
+    workers: int | None = None,
+) -> Path:
+    """Prepare every split of `stream` once (cached by content; resumable; atomic): the captions' ids in shards, each
+    image's reference and the caption's text beside them; the prepared folder."""
+    info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
+    keys = (tokenizer_key,)
+    return prepare(stream, CAPTIONS, (tokenizer,), keys, cache_dir, info, None, None, shard_tokens, workers)
+
+
+class CaptionShards(RecordShards):
+    """One prepared split of captions: their ids as labelled texts' (per-batch memory maps), and each caption's JSON
+    line [image name, folder, caption] read by a seek to where it starts (8 bytes a caption held). Captions of one
+    image are grouped by a 64-bit hash of its name: images in order of first appearance, `order` their captions."""
+
+    def __init__(self, directory: Path, index: dict) -> None:
+        super().__init__(directory, index)
+        self.line_starts: list[np.ndarray] = []
+        hashes = np.empty(len(self), dtype=np.uint64)
+        at = 0
+        for shard, name in enumerate(self.names):  # one streamed pass: where each line starts, its image name's hash
+            starts, position = np.empty(len(self.offsets[shard]) - 1, dtype=np.int64), 0
+            with open(self.directory / f"{name}.extras.jsonl", "rb") as handle:
+                for i, line in enumerate(handle):
+                    starts[i], position = position, position + len(line)
+                    digest = hashlib.blake2b(json.loads(line)[0].encode("utf-8", "surrogatepass"), digest_size=8)
+                    hashes[at] = int.from_bytes(digest.digest(), "little")
+                    at += 1
+            self.line_starts.append(starts)
+        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        del hashes
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        self.image_of = rank[inverse.reshape(-1)]  # each caption's image, numbered in order of first appearance
+        self.order = np.argsort(self.image_of, kind="stable")  # captions grouped by image, in file order within
+        self.start = np.concatenate([[0], np.cumsum(np.bincount(self.image_of, minlength=len(first)))])
+
+    def extras(self, rows: Sequence[int]) -> list[list]:
+        """The [image name, folder, caption] of each caption at `rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        shard_of = np.searchsorted(self.first, rows, side="right") - 1
+        out: list = [None] * len(rows)
+        for shard in np.unique(shard_of).tolist():
+            with open(self.directory / f"{self.names[shard]}.extras.jsonl", "rb") as handle:
+                for b in np.flatnonzero(shard_of == shard).tolist():
+                    handle.seek(int(self.line_starts[shard][rows[b] - self.first[shard]]))
+                    out[b] = json.loads(handle.readline())
+        return out

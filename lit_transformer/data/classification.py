@@ -9,7 +9,10 @@ length, so padding stays a few percent of the tokens.
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +24,9 @@ from torch.utils.data import Dataset
 
 from . import corpora
 from .base import DataModule
-from .loaders import LabelledShards, ResumableLoader, load_prepared, token_budget_batches
-from .shards import prepare_labelled
-from .sources import SPLITS, LabelledStream
+from .loaders import RecordShards, ResumableLoader, load_prepared, token_budget_batches
+from .shards import SHARD_TOKENS, TextsKind, prepare
+from .sources import ENCODING, HELD_OUT, SPLITS, Source, SplitStream, missing_splits, records, table_rows
 from .text import MASK, special_token_id
 
 
@@ -380,3 +383,157 @@ def _names(label: Any, class_names: list[str]) -> Any:
     if isinstance(label, list):
         return [class_names[i] for i in label]
     return class_names[label] if isinstance(label, int) and 0 <= label < len(class_names) else label
+
+
+# ---------------------------------------------------------------------------------------------------- the task's own
+# Labelled texts as records (columns -> text and label), their shard layout and reader: all of classification's data
+# that is not shared.
+
+
+@dataclass
+class LabelledText:
+    """A text and its label (a name, an id, or a list of them for multi-label data): one row of a classifier's data."""
+
+    text: str
+    label: Any
+    row: int  # the row's index in its source split
+    nbytes: int
+    last = True
+
+    @property
+    def extra(self) -> str:
+        """The label as JSON: what a prepared shard keeps beside the text's ids."""
+        return json.dumps(self.label, ensure_ascii=False)
+
+    @property
+    def texts(self) -> tuple[str]:
+        return (self.text,)
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+class LabelledStream(SplitStream):
+    """Each split's labelled texts as a stream, read row by row through the one reader; held-out splits carved from
+    train by a hash of the text when missing. A split whose labels are hidden (a hub test split of -1 labels, as in
+    GLUE) cannot be scored: it is left out and carved from train like a missing one."""
+
+    key = "labelled"
+    local_hint = "(.csv/.tsv, .jsonl/.json, .parquet) with a text and a label column, or a hub dataset name"
+    column_hint = " (choose them with --data.init_args.text_column and label_column)"
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        embedded=None,
+        held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
+    ) -> None:
+        self.text_column, self.label_column = text_column, label_column
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
+        hidden = [name for name, source in self.sources.items() if name != "train" and self._hidden(source)]
+        for name in hidden:
+            del self.sources[name]
+        if hidden:
+            self.missing = missing_splits(self.sources)
+            self.mode = "hash"
+
+    def _columns(self) -> list[str]:
+        return [self.text_column, self.label_column]
+
+    def _settings(self) -> tuple:
+        return self.text_column, self.label_column
+
+    def _hidden(self, source: Source) -> bool:
+        if source.table is None:
+            return False
+        first = next(iter(table_rows(source.table)), None)
+        return first is not None and first.get(self.label_column) == -1
+
+    def class_names(self) -> list[str] | None:
+        """The label names a `datasets` ClassLabel column carries (hub and saved datasets), else None."""
+        table = self.sources["train"].table
+        feature = (getattr(table, "features", None) or {}).get(self.label_column)
+        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
+        return getattr(feature, "names", None)
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, LabelledText]]:
+        """(split, labelled text) for every row of one pass over a source split; split is None for a row with a
+        blank text or no label (dropped). The training source also feeds carved held-out splits, by text hash."""
+        for row, (text, label, nbytes) in enumerate(self._rows(self.sources[source_name])):
+            if row < skip:
+                continue
+            blank = not text.strip() or label is None or label == ""
+            yield (None if blank else self.owner(source_name, text)), LabelledText(text, label, row, nbytes)
+
+    def _rows(self, source: Source) -> Iterator[tuple[str, Any, int]]:
+        if source.table is not None:
+            for number, row in enumerate(table_rows(source.table), 1):
+                text, label = self._labelled(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
+                yield text, label, len(text) if source.in_memory else 0
+            return
+        for path in source.files:
+            columns = list(dict.fromkeys(c.split(".")[0] for c in self._columns()))
+            for row, nbytes, number in records(path, columns, self.encoding):
+                yield *self._labelled(row, f"{path}:{number}"), nbytes
+
+    def _labelled(self, row: dict, where: str) -> tuple[str, Any]:
+        values = self.values(row, where)
+        text, label = values
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
+        return text or "", label
+
+
+class LabelledKind(TextsKind):
+    """Labelled texts: each text's ids, and its label beside them as a JSON line (a name, an id, or a list of them)."""
+
+    folder, tag = "labelled", "labelled-shards"
+
+    def check(self, stream: LabelledStream, splits: dict[str, dict]) -> None:
+        if not splits["train"]["texts"]:
+            raise ValueError(
+                f"The training split of {stream.dataset!r} has no labelled text: every row's {stream.text_column!r} "
+                f"is blank or its {stream.label_column!r} empty"
+            )
+        for split in SPLITS[1:]:
+            if splits[split]["texts"]:
+                continue
+            why = (
+                f"carved from train, {stream.held_out:.0%} of the texts by a hash of each, it got none: give more "
+                f"texts, a larger held_out, or a {split} file"
+                if split in stream.missing
+                else "its source has no labelled text: fill it, or leave it out to carve it from train"
+            )
+            raise ValueError(f"The {split} split of {stream.dataset!r} is empty: {why}")
+
+
+LABELLED = LabelledKind()
+
+
+def prepare_labelled(
+    stream: LabelledStream,
+    tokenizer: Tokenizer,
+    tokenizer_key: str,
+    cache_dir: Path,
+    max_examples: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+    workers: int | None = None,
+) -> Path:
+    """Prepare every split of `stream` once (cached by content; resumable; atomic): the texts' ids in shards, their
+    labels beside them; the prepared folder. max_examples: the training split is cut after this many texts."""
+    info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
+    keys = (tokenizer_key,)
+    return prepare(stream, LABELLED, (tokenizer,), keys, cache_dir, info, None, max_examples, shard_tokens, workers)
+
+
+class LabelledShards(RecordShards):
+    """One prepared split of labelled texts: their ids per batch, their labels read whole."""
+
+    def labels(self) -> list:
+        """Each text's label as the source wrote it (a name, an id, or a list of them)."""
+        return self.values()

@@ -22,7 +22,6 @@ resident memory stays flat however much of the corpus is read (TokenShards and S
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -485,8 +484,8 @@ class ShardBlocks(Dataset):
 
 
 def load_prepared(root: Path, shards: type = TokenShards) -> tuple[dict, dict[str, Any]]:
-    """A prepared dataset's manifest and its splits, each read as `shards` (TokenShards for a corpus, PairShards,
-    LabelledShards or CaptionShards)."""
+    """A prepared dataset's manifest and its splits, each read as `shards` (TokenShards for a corpus, RecordShards,
+    or a task's own reader)."""
     info = json.loads((Path(root) / "manifest.json").read_text())
     return info, {split: shards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
 
@@ -495,7 +494,7 @@ def load_prepared(root: Path, shards: type = TokenShards) -> tuple[dict, dict[st
 
 
 def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id: int) -> dict[str, torch.Tensor]:
-    """The decoder's side of a batch (translation, captioning): tgt_in is bos then the tokens, labels the tokens then
+    """The decoder's side of a batch (an encoder-decoder's): tgt_in is bos then the tokens, labels the tokens then
     eos (IGNORE_INDEX at padding), tgt_mask True on real positions; the mask comes from the lengths, never a token id."""
     width = max(map(len, rows)) + 1
     tgt_in = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -516,12 +515,13 @@ def map_file(path: Path, dtype) -> np.memmap | np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
 
 
-# ---------------------------------------------------------------------------------------------------- labelled texts' shards
+# ---------------------------------------------------------------------------------------------------- texts with a value
 
 
-class LabelledShards:
-    """One prepared split of labelled texts: the texts' lengths (from the index, 8 bytes a text) and raw labels, read
-    whole; their ids through memory maps opened for one batch and dropped."""
+class RecordShards:
+    """One prepared split of a TextsKind (one text and a JSON value per record): the texts' lengths (from the index,
+    8 bytes a text) and, on demand, the values read whole; the ids through memory maps opened for one batch and
+    dropped."""
 
     def __init__(self, directory: Path, index: dict) -> None:
         self.directory = Path(directory)
@@ -535,8 +535,8 @@ class LabelledShards:
     def __len__(self) -> int:
         return int(self.first[-1])
 
-    def labels(self) -> list:
-        """Each text's label as the source wrote it (a name, an id, or a list of them)."""
+    def values(self) -> list:
+        """Each record's value as its stream wrote it."""
         out = []
         for name in self.names:
             with open(self.directory / f"{name}.extras.jsonl", encoding="utf-8") as handle:
@@ -555,47 +555,4 @@ class LabelledShards:
                 local = int(rows[b] - self.first[shard])
                 out[b] = np.array(ids[offsets[local] : offsets[local + 1]])
             del ids  # the map closes here: nothing stays mapped between batches
-        return out
-
-
-# ---------------------------------------------------------------------------------------------------- captions' shards
-
-
-class CaptionShards(LabelledShards):
-    """One prepared split of captions: their ids as labelled texts' (per-batch memory maps), and each caption's JSON
-    line [image name, folder, caption] read by a seek to where it starts (8 bytes a caption held). Captions of one
-    image are grouped by a 64-bit hash of its name: images in order of first appearance, `order` their captions."""
-
-    def __init__(self, directory: Path, index: dict) -> None:
-        super().__init__(directory, index)
-        self.line_starts: list[np.ndarray] = []
-        hashes = np.empty(len(self), dtype=np.uint64)
-        at = 0
-        for shard, name in enumerate(self.names):  # one streamed pass: where each line starts, its image name's hash
-            starts, position = np.empty(len(self.offsets[shard]) - 1, dtype=np.int64), 0
-            with open(self.directory / f"{name}.extras.jsonl", "rb") as handle:
-                for i, line in enumerate(handle):
-                    starts[i], position = position, position + len(line)
-                    digest = hashlib.blake2b(json.loads(line)[0].encode("utf-8", "surrogatepass"), digest_size=8)
-                    hashes[at] = int.from_bytes(digest.digest(), "little")
-                    at += 1
-            self.line_starts.append(starts)
-        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        del hashes
-        rank = np.empty(len(first), dtype=np.int64)
-        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-        self.image_of = rank[inverse.reshape(-1)]  # each caption's image, numbered in order of first appearance
-        self.order = np.argsort(self.image_of, kind="stable")  # captions grouped by image, in file order within
-        self.start = np.concatenate([[0], np.cumsum(np.bincount(self.image_of, minlength=len(first)))])
-
-    def extras(self, rows: Sequence[int]) -> list[list]:
-        """The [image name, folder, caption] of each caption at `rows`."""
-        rows = np.asarray(rows, dtype=np.int64)
-        shard_of = np.searchsorted(self.first, rows, side="right") - 1
-        out: list = [None] * len(rows)
-        for shard in np.unique(shard_of).tolist():
-            with open(self.directory / f"{self.names[shard]}.extras.jsonl", "rb") as handle:
-                for b in np.flatnonzero(shard_of == shard).tolist():
-                    handle.seek(int(self.line_starts[shard][rows[b] - self.first[shard]]))
-                    out[b] = json.loads(handle.readline())
         return out

@@ -6,9 +6,8 @@
   streaming=True); offline it fails within seconds and says how to use local files instead. An embedded corpus
   (corpora.EMBEDDED), given as its DatasetDict.
 - A column may be dotted to reach into a nested field (`translation.en`).
-- A stream says what a record is: CorpusStream (pieces of documents), PairStream (sentence pairs), LabelledStream
-  (texts and their labels), RowStream (rows of named columns), CaptionStream (captions and their images: a path, or
-  an image the row holds, a `datasets` Image read undecoded, its bytes carried to the preparation).
+- A stream says what a record is: CorpusStream (pieces of documents), RowStream (rows of named columns); a task with
+  records of its own subclasses SplitStream (or RowStream) in its own file.
 - Held-out splits, for a source without them, are carved from train by one function, `held_out_split`: by a hash of
   the record's content, so its duplicates land in the same split and its position in the source does not matter; each
   missing held-out split takes `held_out` of the hash buckets. A handful of long documents (fewer than
@@ -392,7 +391,7 @@ class SplitStream:
     dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a folder that
     `datasets` saved; a hub name; or an embedded corpus's DatasetDict (given as `embedded`). A subclass says what a
     record is: `routed` yields each record of one pass over a source split with the split it belongs to
-    (CorpusStream: pieces of documents; PairStream: sentence pairs; LabelledStream: texts and their labels).
+    (CorpusStream: pieces of documents; a task's own stream in the task's file).
     """
 
     key: str  # the content key's tag
@@ -920,108 +919,6 @@ def records(path: str, columns: list[str] | None = None, encoding: str = ENCODIN
             yield (row if isinstance(row, dict) else {}), len(line), number
 
 
-# ---------------------------------------------------------------------------------------------------- labelled texts
-
-
-@dataclass
-class LabelledText:
-    """A text and its label (a name, an id, or a list of them for multi-label data): one row of a classifier's data."""
-
-    text: str
-    label: Any
-    row: int  # the row's index in its source split
-    nbytes: int
-    last = True
-
-    @property
-    def extra(self) -> str:
-        """The label as JSON: what a prepared shard keeps beside the text's ids."""
-        return json.dumps(self.label, ensure_ascii=False)
-
-    @property
-    def texts(self) -> tuple[str]:
-        return (self.text,)
-
-    @property
-    def document(self) -> int:
-        return self.row
-
-
-class LabelledStream(SplitStream):
-    """Each split's labelled texts as a stream, read row by row through the one reader; held-out splits carved from
-    train by a hash of the text when missing. A split whose labels are hidden (a hub test split of -1 labels, as in
-    GLUE) cannot be scored: it is left out and carved from train like a missing one."""
-
-    key = "labelled"
-    local_hint = "(.csv/.tsv, .jsonl/.json, .parquet) with a text and a label column, or a hub dataset name"
-    column_hint = " (choose them with --data.init_args.text_column and label_column)"
-
-    def __init__(
-        self,
-        dataset: str,
-        dataset_config: str | None = None,
-        text_column: str = "text",
-        label_column: str = "label",
-        embedded=None,
-        held_out: float = HELD_OUT,
-        encoding: str = ENCODING,
-    ) -> None:
-        self.text_column, self.label_column = text_column, label_column
-        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
-        hidden = [name for name, source in self.sources.items() if name != "train" and self._hidden(source)]
-        for name in hidden:
-            del self.sources[name]
-        if hidden:
-            self.missing = missing_splits(self.sources)
-            self.mode = "hash"
-
-    def _columns(self) -> list[str]:
-        return [self.text_column, self.label_column]
-
-    def _settings(self) -> tuple:
-        return self.text_column, self.label_column
-
-    def _hidden(self, source: Source) -> bool:
-        if source.table is None:
-            return False
-        first = next(iter(table_rows(source.table)), None)
-        return first is not None and first.get(self.label_column) == -1
-
-    def class_names(self) -> list[str] | None:
-        """The label names a `datasets` ClassLabel column carries (hub and saved datasets), else None."""
-        table = self.sources["train"].table
-        feature = (getattr(table, "features", None) or {}).get(self.label_column)
-        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
-        return getattr(feature, "names", None)
-
-    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, LabelledText]]:
-        """(split, labelled text) for every row of one pass over a source split; split is None for a row with a
-        blank text or no label (dropped). The training source also feeds carved held-out splits, by text hash."""
-        for row, (text, label, nbytes) in enumerate(self._rows(self.sources[source_name])):
-            if row < skip:
-                continue
-            blank = not text.strip() or label is None or label == ""
-            yield (None if blank else self.owner(source_name, text)), LabelledText(text, label, row, nbytes)
-
-    def _rows(self, source: Source) -> Iterator[tuple[str, Any, int]]:
-        if source.table is not None:
-            for number, row in enumerate(table_rows(source.table), 1):
-                text, label = self._labelled(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
-                yield text, label, len(text) if source.in_memory else 0
-            return
-        for path in source.files:
-            columns = list(dict.fromkeys(c.split(".")[0] for c in self._columns()))
-            for row, nbytes, number in records(path, columns, self.encoding):
-                yield *self._labelled(row, f"{path}:{number}"), nbytes
-
-    def _labelled(self, row: dict, where: str) -> tuple[str, Any]:
-        values = self.values(row, where)
-        text, label = values
-        if text is not None and not isinstance(text, str):
-            raise ValueError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
-        return text or "", label
-
-
 # ---------------------------------------------------------------------------------------------------- rows of columns
 
 
@@ -1045,7 +942,7 @@ class Row:
 
 class RowStream(SplitStream):
     """Each split's rows of named columns (dotted names reach into nested fields), read through the one reader;
-    held-out splits carved from train by a hash of `key_column` (an image's name: all its captions stay together)."""
+    held-out splits carved from train by a hash of `key_column` (all rows of one key stay together)."""
 
     key = "rows"
     local_hint = "(.csv/.tsv, .jsonl/.json, .parquet), a folder `datasets` saved, or a hub dataset name"
@@ -1095,178 +992,6 @@ class RowStream(SplitStream):
                 if row.get("split") not in (None, ""):
                     values["split"] = row["split"]
                 yield Row(values, where, str(Path(path).parent), number, nbytes)
-
-
-@dataclass
-class Caption:
-    """One caption of an image: a prepared shard keeps its ids and, beside them, the image's reference (its name, the
-    folder it resolves against) and the caption's text (BLEU's reference).
-
-    An image a dataset holds itself (a `datasets` Image) is `embedded`: its folder is the one the preparation writes
-    it to (`shards.CaptionKind.stage`), and the first caption of its row carries its encoded bytes (`data`)."""
-
-    caption: str
-    image: str
-    folder: str | None
-    row: int
-    nbytes: int
-    embedded: bool = False
-    data: bytes | None = None
-    where: str = ""  # the row, for an error about its image
-    last = True
-
-    @property
-    def extra(self) -> str:
-        return json.dumps([self.image, self.folder, self.caption], ensure_ascii=False)
-
-    @property
-    def texts(self) -> tuple[str]:
-        return (self.caption,)
-
-    @property
-    def document(self) -> int:
-        return self.row
-
-
-IMAGE_MAGIC = (  # the suffix of a file of encoded image bytes without a name (Pillow reads any by content)
-    (b"\x89PNG", ".png"),
-    (b"\xff\xd8", ".jpg"),
-    (b"GIF8", ".gif"),
-    (b"BM", ".bmp"),
-    (b"II*\x00", ".tif"),
-    (b"MM\x00*", ".tif"),
-)
-
-
-def embedded_image(value: Any, where: str, column: str) -> tuple[str, bytes]:
-    """The name and encoded bytes of an image a row holds: a `datasets` Image, undecoded ({"bytes", "path"}) or a
-    PIL image. Its name is its path's base name when it has one (its file's name: features_dir finds it by that
-    stem), else a digest of its bytes, so a dataset of one row per caption keeps an image's captions together, and
-    the carving by name stays stable. A missing or empty image fails naming the row and the column."""
-    from PIL import Image
-
-    if isinstance(value, Image.Image):  # decoded: its file's bytes, else encoded again (as `datasets` encodes it)
-        from datasets.features.image import image_to_bytes
-
-        path = getattr(value, "filename", "") or None
-        data = Path(path).read_bytes() if path and os.path.isfile(path) else image_to_bytes(value)
-        value = {"bytes": data, "path": path}
-    data, path = value.get("bytes"), value.get("path")
-    if not data and path:  # a path alone: a local file, or a remote one `datasets` can open (a hub stream)
-        try:
-            if os.path.isfile(path):
-                data = Path(path).read_bytes()
-            else:
-                from datasets.utils.file_utils import xopen
-
-                with xopen(path, "rb") as handle:
-                    data = handle.read()
-        except (OSError, ValueError) as error:
-            raise ValueError(f'{where}: the image in "{column}" cannot be read from {path!r} ({error})') from None
-    if not data:
-        raise ValueError(
-            f'{where} has no "{column}" value: its image holds no bytes and no path; each row holds an image '
-            "(a datasets Image) or names one (a path)"
-        )
-    base = Path(str(path).split("::")[0].replace("\\", "/")).name if path else ""
-    if base and base not in (".", ".."):
-        return base, data
-    suffix = next((s for magic, s in IMAGE_MAGIC if data.startswith(magic)), "")
-    if not suffix and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        suffix = ".webp"
-    return hashlib.md5(data).hexdigest()[:16] + suffix, data
-
-
-class CaptionStream(RowStream):
-    """Each split's captions (one row per caption, or a list of them), read through the one reader. A row's image is
-    a path (a captions file's, resolved against its folder or images_dir) or an image the row holds (a `datasets`
-    Image of a folder `datasets` saved or a hub stream, read undecoded: see `embedded_image`). An image's split is its
-    row's split column, else its file's (train*/valid*/test*), else carved by a hash of its name, so all its captions
-    (its references) stay together."""
-
-    key = "captions"
-    rows_per_batch = 64  # a table's rows may hold their images' bytes
-    hub_hint = (
-        "Point the DataModule at local files instead: --data.dataset captions.csv (or .jsonl) with columns image and "
-        "caption, the images under --data.images_dir (or their features under --data.features_dir), or a folder "
-        "`datasets` saved (save_to_disk) with an Image column; or use the embedded task, --data.dataset digits."
-    )
-
-    def __init__(
-        self,
-        dataset: str,
-        image_column: str,
-        text_column: str,
-        dataset_config: str | None = None,
-        embedded=None,
-        held_out: float = HELD_OUT,
-        column_hint: str = "",
-        encoding: str = ENCODING,
-    ) -> None:
-        self.image_column, self.text_column = image_column, text_column
-        super().__init__(
-            dataset, [image_column, text_column], image_column, dataset_config, embedded, held_out, column_hint,
-            encoding,
-        )  # fmt: skip
-        for source in self.sources.values():  # Image columns are read undecoded: bytes are copied, never decoded
-            source.table = _undecoded(source.table, image_column)
-
-    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Caption]]:
-        for number, row in enumerate(self._rows(self.sources[source_name])):
-            if number < skip:
-                continue
-            value, caption = row.values[self.image_column], row.values[self.text_column]
-            data = None
-            if isinstance(value, str):
-                if not value.strip():
-                    raise ValueError(
-                        f'{row.where} has no "{self.image_column}" value: each row names an image (a path)'
-                    )
-                name = value
-            elif isinstance(value, dict) or _is_pil(value):
-                name, data = embedded_image(value, row.where, self.image_column)
-            else:
-                held = "nothing" if value is None else type(value).__name__
-                raise ValueError(
-                    f'{row.where} has no "{self.image_column}" value (it holds {held}): each row names an image (a '
-                    "path) or holds one (a datasets Image)"
-                )
-            refs = [caption] if isinstance(caption, str) else list(caption or [])
-            refs = [c.strip() for c in refs if isinstance(c, str) and c.strip()]
-            if not refs:
-                raise ValueError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
-            given = str(row.values.get("split") or "").strip().lower()
-            if given and given not in SPLIT_ALIASES:
-                raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
-            split = SPLIT_ALIASES[given] if given else self.owner(source_name, name)
-            folder = None if data is not None else row.folder
-            for k, text in enumerate(refs):
-                first = k == 0
-                yield split, Caption(
-                    text, name, folder, number, row.nbytes if first else 0, data is not None,
-                    data if first else None, row.where,
-                )  # fmt: skip
-
-
-def _is_pil(value: Any) -> bool:
-    try:
-        from PIL import Image
-    except ImportError:
-        return False
-    return isinstance(value, Image.Image)
-
-
-def _undecoded(table, column: str):
-    """`table` with its `datasets` Image column `column` read undecoded ({"bytes", "path"}): no Pillow decode while
-    streaming rows; other tables as they are."""
-    features = getattr(table, "features", None)
-    if not features or column not in features:
-        return table
-    import datasets
-
-    if not isinstance(features[column], datasets.Image) or not features[column].decode:
-        return table
-    return table.cast_column(column, datasets.Image(decode=False))
 
 
 # ---------------------------------------------------------------------------------------------------- samples
