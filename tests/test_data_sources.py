@@ -274,3 +274,18 @@ def test_the_content_key_of_utf8_files_is_the_key_caches_were_built_with(tmp_pat
     parts = stream._source_parts(sources.hash_file)
     expected = sources.fingerprint("corpus", 1, parts, *stream._settings(), stream.mode, *carving)
     assert stream.content_key(sources.hash_file) == expected
+
+
+def test_the_shared_modules_import_no_task_and_define_no_tasks_records():
+    """sources, shards and loaders hold what every task shares: a task's record, stream, shard layout and reader live
+    in its own file (translation, classification, captioning), so adding a task changes none of them."""
+    import ast
+
+    tasks = {"translation", "classification", "captioning", "language_modeling"}
+    folder = Path(sources.__file__).parent
+    for name in ("sources", "shards", "loaders"):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not imported & tasks, (name, imported & tasks)
+        classes = [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        assert not [c for c in classes if any(word in c for word in ("Pair", "Label", "Caption"))], (name, classes)
