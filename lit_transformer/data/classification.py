@@ -143,7 +143,6 @@ class ClassificationDataModule(DataModule):
         self.max_examples = max_examples
         self.lines_per_passage = lines_per_passage
         self._stream: LabelledStream | None = None
-        self._rows: dict[str, tuple[list[str], list[Any]]] | None = None
         self._label_names: list[str] | None = None
         self._first: tuple[list[str], list[Any]] | None = None
         self._datasets: dict[str, TextClassDataset] = {}
@@ -157,10 +156,15 @@ class ClassificationDataModule(DataModule):
     # ------------------------------------------------------------------ rows and labels
 
     def rows(self) -> dict[str, tuple[list[str], list[Any]]]:
-        """Each split's (texts, raw labels); blank texts dropped."""
-        if self._rows is None:
-            self._rows = self._load_rows()
-        return self._rows
+        """Each split's (texts, raw labels) as prepared, read back from the shards the batches come from (texts
+        decoded, labels as the source wrote them, a ClassLabel's ids as its names): for inspection."""
+        class_names = self.stream.class_names()
+        rows = {}
+        for split, shards in self._prepared().items():
+            texts = [self.tokenizer.decode(ids.tolist()) for ids in shards.read(range(len(shards)))]
+            labels = shards.labels() if class_names is None else [_names(y, class_names) for y in shards.labels()]
+            rows[split] = (texts, labels)
+        return rows
 
     @property
     def stream(self) -> LabelledStream:
@@ -172,32 +176,6 @@ class ClassificationDataModule(DataModule):
                 self.encoding,
             )  # fmt: skip
         return self._stream
-
-    def _load_rows(self) -> dict[str, tuple[list[str], list[Any]]]:
-        class_names = self.stream.class_names()
-        rows = {}
-        for split in SPLITS:
-            records = self.stream.records_of(split)
-            if split == "train" and self.max_examples is not None:
-                records = itertools.islice(records, self.max_examples)
-            kept = [(r.text, r.label if class_names is None else _names(r.label, class_names)) for r in records]
-            rows[split] = ([t for t, _ in kept], [y for _, y in kept])
-        if not rows["train"][0]:
-            raise ValueError(
-                f"The training split of {self.dataset!r} has no labelled text: every row's {self.text_column!r} is "
-                f"blank or its {self.label_column!r} empty"
-            )
-        for split in SPLITS[1:]:
-            if not rows[split][0]:
-                why = (
-                    f"carved from train, {self.held_out:.0%} of the texts by a hash of each, it got none: give more "
-                    f"texts, a larger held_out, or a {split} file"
-                    if split in self.stream.missing
-                    else "its source has no labelled text: fill it, or leave it out to carve it from train"
-                )
-                raise ValueError(f"The {split} split of {self.dataset!r} is empty: {why}")
-        rank_zero_info(f"{self.dataset}: texts per split { {k: len(v[0]) for k, v in rows.items()} }")
-        return rows
 
     def _names_from(self, labels: list[Any], class_names: list[str] | None, flat: bool = False) -> list[str]:
         if self.requested_label_names:

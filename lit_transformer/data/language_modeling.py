@@ -3,7 +3,6 @@ once (`python -m lit_transformer prepare`, or the first `fit`), then read as pac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -107,13 +106,9 @@ class LanguageModelingDataModule(DataModule):
         return self._stream
 
     def texts(self) -> dict[str, list[str]]:
-        """Each split's documents (train cut to max_chars), held whole in memory: for inspection and small corpora
-        only; training never calls this (it streams the corpus into shards)."""
-        texts = {split: list(self.stream.documents(split)) for split in SPLITS}
-        texts["train"] = list(_prefix(texts["train"], self.max_chars))
-        if not texts["train"]:
-            raise self._empty()
-        return texts
+        """Each split's documents as prepared (train cut to max_chars), read back from the shards the batches come
+        from and decoded: for inspection and small corpora (a document is held whole)."""
+        return {split: list(shards.documents(self.tokenizer)) for split, shards in self._prepared().items()}
 
     def _empty(self) -> ValueError:
         return ValueError(f"The training split of {self.dataset!r} is empty (no non-blank {self.text_column!r} rows)")
@@ -210,15 +205,3 @@ class LanguageModelingDataModule(DataModule):
             )
         batches = fixed_size_batches(len(blocks), self.batch_size, self.seed, shuffle=False, drop_last=False)
         return ResumableLoader(blocks, batches, shuffle=False, seed=self.seed, num_workers=self.num_workers)
-
-
-def _prefix(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:
-    if max_chars is None:
-        yield from docs
-        return
-    total = 0
-    for doc in docs:
-        if total >= max_chars:
-            break
-        yield doc[: max_chars - total]
-        total += len(doc[: max_chars - total])

@@ -446,6 +446,17 @@ class TokenShards:
             left -= len(parts[-1])
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
 
+    def documents(self, tokenizer) -> Iterator[str]:
+        """Each document, its ids decoded (EOS and other special tokens left out), blank ones skipped: a split read
+        back for inspection."""
+        for shard in range(len(self.paths)):
+            tokens = np.array(self.open(shard))
+            starts = np.load(Path(self.paths[shard]).with_suffix(".docs.npy")).tolist() if len(tokens) else []
+            for a, b in zip(starts, [*starts[1:], len(tokens)], strict=True):
+                text = tokenizer.decode(tokens[a:b].tolist())
+                if text.strip():
+                    yield text
+
     def blocks(self, block_size: int) -> ShardBlocks:
         return ShardBlocks(self, block_size)
 

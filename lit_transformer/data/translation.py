@@ -12,7 +12,6 @@ Validation, test and predict batches also carry "src_text" and "ref_text" (lists
 
 from __future__ import annotations
 
-import itertools
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -138,7 +137,6 @@ class TranslationDataModule(DataModule):
         self.max_length, self.max_pairs, self.bleu_samples = max_length, max_pairs, bleu_samples
         self._stream: PairStream | None = None
         self._root: Path | None = None
-        self._pairs: dict[str, tuple[list[str], list[str]]] | None = None
         self._datasets: dict[str, ShardPairDataset] = {}
 
     @classmethod
@@ -165,23 +163,15 @@ class TranslationDataModule(DataModule):
         return self._stream
 
     def pairs(self) -> dict[str, tuple[list[str], list[str]]]:
-        """Each split's (sources, targets), blank pairs dropped (and counted), read whole into memory: for
-        inspection and small corpora; training never calls it."""
-        if self._pairs is None:
-            out = {}
-            for split in SPLITS:
-                items = self.pair_stream.pairs(split)
-                if split == "train" and self.max_pairs is not None:
-                    items = itertools.islice(items, self.max_pairs)
-                pairs = list(items)
-                out[split] = ([s for s, _ in pairs], [t for _, t in pairs])
-            if not out["train"][0]:
-                raise ValueError(f"{self.dataset!r} has no sentence pairs in its training split")
-            for name in ("validation", "test"):
-                if not out[name][0]:
-                    raise ValueError(f"{self.dataset!r} has no {name} pairs (held-out: {self.pair_stream.mode})")
-            self._pairs = out
-        return self._pairs
+        """Each split's (sources, targets) as prepared, read back from the shards the batches come from (the texts
+        the held-out splits keep; the training pairs' ids decoded): for inspection and small corpora."""
+        out = {}
+        for split, shards in load_prepared(self.prepare(), PairShards)[1].items():
+            sources, targets, texts = shards.read(range(len(shards)))
+            if texts is None:
+                texts = ([self.decode(s, target=False) for s in sources], [self.decode(t) for t in targets])
+            out[split] = (list(texts[0]), list(texts[1]))
+        return out
 
     # ------------------------------------------------------------------ tokenizers
 
