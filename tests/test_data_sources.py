@@ -252,7 +252,7 @@ def test_an_encoding_that_is_not_line_by_line_is_refused_with_the_fix(tmp_path):
     [
         ("train.csv", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, r"train\.csv:1 is not utf-8 text"),  # binary
         ("train.csv", b"\x1f\x8b\x08\x00" + bytes(range(128, 256)), r"train\.csv is gzip data.*\(\.gz\)"),
-        ("train.csv", b'text,label\n"open quote,a\nb\x00c,d\n', r"train\.csv:\d+ is not a CSV row"),
+        ("train.csv", b"text,label\nab\rcd,x\n", r"train\.csv:2 is not a CSV row \(new-line character"),
         ("train.jsonl.gz", b'{"text": "not gzip at all"}\n', r"train\.jsonl\.gz is not gzip data"),
         ("train.parquet", b"PAR1 this is no parquet", r"train\.parquet is not a parquet file"),
         ("train.json", b'[{"text": "a"},\n{"text": ', r"train\.json:2 is not valid JSON"),

@@ -28,6 +28,7 @@ import csv
 import glob
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -77,12 +78,12 @@ def form_suffix(path: str | os.PathLike) -> str:
     return path.suffix.lower()
 
 
-def _open_zstandard(path: str) -> IO[bytes]:
+def _open_zstandard(path: str, mode: str = "rb") -> IO[bytes]:
     try:
         import zstandard
     except ImportError:
         raise DataFileError(f"{path} is compressed with zstandard: pip install zstandard to read it") from None
-    return zstandard.open(path, "rb")
+    return io.BufferedReader(zstandard.open(path, mode))  # its own reader reads blocks, not lines
 
 
 _OPENERS = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open, "zstandard": _open_zstandard}
