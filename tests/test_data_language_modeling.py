@@ -187,8 +187,9 @@ def test_undecodable_bytes_stop_the_run_with_the_file_and_line_never_replaced(tm
     """A Latin-1 file used to train with its accented letters replaced, no word said; now it stops, and the
     encoding option reads it."""
     path = corpus(tmp_path, lines=40)
-    path.write_bytes(path.read_bytes() + "se\u00f1or caf\u00e9\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"corpus\.txt:41 is not utf-8 text.*--data\.init_args\.encoding latin-1"):
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:9]) + "se\u00f1or caf\u00e9\n".encode("latin-1") + b"".join(lines[9:]))
+    with pytest.raises(ValueError, match=r"corpus\.txt:10 is not utf-8 text.*--data\.init_args\.encoding latin-1"):
         make(tmp_path, path).prepare_data()
     dm = make(tmp_path, path, encoding="latin-1", tokenizer="char", vocab_size=128)
     dm.prepare_data()

@@ -108,7 +108,7 @@ class LanguageModelingDataModule(DataModule):
     def texts(self) -> dict[str, list[str]]:
         """Each split's documents as prepared (train cut to max_chars), read back from the shards the batches come
         from and decoded: for inspection and small corpora (a document is held whole)."""
-        return {split: list(shards.documents(self.tokenizer)) for split, shards in self._prepared().items()}
+        return {split: list(shards.texts(self.tokenizer)) for split, shards in self._prepared().items()}
 
     def _empty(self) -> ValueError:
         return ValueError(f"The training split of {self.dataset!r} is empty (no non-blank {self.text_column!r} rows)")

@@ -446,7 +446,7 @@ class TokenShards:
             left -= len(parts[-1])
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
 
-    def documents(self, tokenizer) -> Iterator[str]:
+    def texts(self, tokenizer) -> Iterator[str]:
         """Each document, its ids decoded (EOS and other special tokens left out), blank ones skipped: a split read
         back for inspection."""
         for shard in range(len(self.paths)):
