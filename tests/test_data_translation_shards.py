@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources
+from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources, translation
 from lit_transformer.data.loaders import load_prepared
 from lit_transformer.data.sources import hash_bucket
 from lit_transformer.data.translation import PairShards, prepare_pairs
@@ -265,7 +265,7 @@ def test_max_pairs_cuts_the_training_split_and_stops_reading_a_source_with_its_o
             read[Path(path).stem] = read.get(Path(path).stem, 0) + 1
             yield record
 
-    monkeypatch.setattr(sources, "records", counting_records)
+    monkeypatch.setattr(translation, "records", counting_records)  # the pair stream reads through it
     dm = make(tmp_path, folder, max_pairs=100)
     _, splits = load_prepared(dm.prepare(), PairShards)
     assert {s: len(shards) for s, shards in splits.items()} == {"train": 100, "validation": 40, "test": 40}
