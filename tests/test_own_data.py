@@ -548,10 +548,11 @@ def form_excel_csv(task: str, folder: Path) -> tuple[Path, list[str]]:
 
     def write(path: Path, rows: list[dict]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        rows = _renamed(rows, renames)
         with path.open("w", encoding="utf-8-sig", newline="") as handle:  # utf-8-sig: the byte order mark
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\r\n")
             writer.writeheader()
-            writer.writerows(_renamed(rows, renames))
+            writer.writerows(rows)
 
     if task == "captioning":
         images = folder.parent.parent / "images"
