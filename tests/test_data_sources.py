@@ -289,3 +289,16 @@ def test_the_shared_modules_import_no_task_and_define_no_tasks_records():
         assert not imported & tasks, (name, imported & tasks)
         classes = [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
         assert not [c for c in classes if any(word in c for word in ("Pair", "Label", "Caption"))], (name, classes)
+
+
+def test_predict_inputs_read_as_users_keep_them(tmp_path):
+    """A predict file may be compressed, carry a byte order mark and CRLF line ends, or be in another encoding."""
+    import gzip
+
+    with gzip.open(tmp_path / "prompts.txt.gz", "wb") as handle:
+        handle.write("caf\u00e9 one\r\n\r\ntwo\r\n".encode("utf-8-sig"))
+    assert sources.read_inputs(tmp_path / "prompts.txt.gz") == ["caf\u00e9 one", "", "two"]
+    (tmp_path / "prompts.jsonl").write_bytes('{"text": "se\u00f1or"}\n'.encode("latin-1"))
+    with pytest.raises(sources.DataFileError, match=r"prompts\.jsonl:1 is not utf-8 text"):
+        sources.read_inputs(tmp_path / "prompts.jsonl")
+    assert sources.read_inputs(tmp_path / "prompts.jsonl", encoding="latin-1") == ["se\u00f1or"]
