@@ -13,6 +13,7 @@ from lit_transformer.data.captioning import CaptioningDataModule
 from lit_transformer.data.corpora import DIGIT_WORDS, digit_scans, digit_strips, scan_split
 from lit_transformer.data.loaders import target_batch
 from lit_transformer.data.sources import OfflineError
+from lit_transformer.data.text import token_ids
 
 
 def test_digit_strips_of_a_split_use_only_that_splits_scans():
@@ -61,6 +62,51 @@ def caption_folder(tmp_path):
     path = tmp_path / "captions.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return tmp_path, path
+
+
+def _digits(tmp_path, **kwargs) -> CaptioningDataModule:
+    args = dict(strips=(64, 8, 8), batch_size=8, vocab_size=40, cache_dir=str(tmp_path / "cache"))
+    return CaptioningDataModule("digits", **{**args, **kwargs})
+
+
+def test_the_digits_take_the_one_path_through_the_shards(tmp_path):
+    """The embedded digit strips are prepared into shards like any captions file: each image named by its split and
+    index, its pixels read from the strips when a batch is built, its caption's ids from the shards."""
+    dm = _digits(tmp_path)
+    root = dm.prepare()
+    assert (root / "manifest.json").is_file()
+    dm.setup()
+    strips = digit_strips("validation", 8)
+    validation = dm.splits["validation"]
+    assert validation.names == [f"validation-{i}" for i in range(8)]
+    assert [validation.references(i) for i in range(8)] == [[c] for c in strips.captions]
+    batch = next(iter(dm.val_dataloader()))
+    assert torch.equal(batch["src"], torch.from_numpy(strips.images[:8]))
+    expected = [ids + [dm.eos_token_id] for ids in token_ids(dm.tokenizer, strips.captions[:8])]
+    assert [row[row != -100].tolist() for row in batch["labels"]] == expected
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_captioning_training_batches_resume_mid_epoch_exactly(tmp_path, num_workers):
+    """The captioning loader is the resumable loader every task uses: a state saved k batches in resumes on the next
+    batch, across the epoch's end too; its dataset and collate pickle (workers started by spawn get copies)."""
+    import itertools
+    import pickle
+
+    def images(batches) -> list[list[str]]:
+        return [b["image"] for b in batches]
+
+    reference = _digits(tmp_path).train_dataloader()
+    uninterrupted = images(itertools.chain(reference, reference))  # two epochs of 8 batches
+    assert len(uninterrupted) == 16 and uninterrupted[:8] != uninterrupted[8:]
+    for k in (0, 3, 8, 11):
+        interrupted = _digits(tmp_path, num_workers=num_workers).train_dataloader()
+        seen = images(itertools.islice(itertools.chain(interrupted, interrupted), k))
+        resumed = _digits(tmp_path, num_workers=num_workers).train_dataloader()
+        resumed.load_state_dict(interrupted.state_dict())
+        rest = images(itertools.chain(resumed, resumed) if k < 8 else resumed)
+        assert seen + rest == uninterrupted, k
+    pickle.loads(pickle.dumps((reference.dataset, reference.collate_fn)))
 
 
 def test_a_captions_file_gives_pairs_for_training_and_references_for_evaluation(caption_folder, tmp_path):
@@ -117,7 +163,8 @@ def test_precomputed_features_are_padded_with_a_mask(caption_folder, tmp_path):
         tokenizer="bpe", vocab_size=60, cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip
     dm.setup()
-    batch = dm.collate([(0, 0, dm.splits["train"].load(0)), (1, 0, dm.splits["train"].load(1))], dm.splits["train"])
+    train = dm.splits["train"]
+    batch = dm._collate(train)([(0, train.first(0), train.load(0)), (1, train.first(1), train.load(1))])
     assert batch["src"].shape == (2, 3, 5)
     assert batch["src_mask"].tolist() == [[True, True, False], [True, True, True]]
     assert torch.equal(batch["src"][1], torch.ones(3, 5))
@@ -171,6 +218,14 @@ def test_predict_reads_a_folder_of_images_in_name_order(tmp_path):
     dm.setup()
     batch = next(iter(dm.predict_dataloader()))
     assert batch["image"] == ["a.jpg", "b.png"] and batch["src"].shape == (2, 1, 8, 48)
+
+
+def test_the_deprecated_predict_dir_still_works_and_names_its_successor_and_the_version_that_drops_it(tmp_path):
+    with pytest.warns(
+        FutureWarning, match=r"data\.predict_dir is deprecated and dropped in 0\.2\.0: set data\.predict_file"
+    ):
+        dm = CaptioningDataModule(predict_dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
+    assert dm.predict_file == str(tmp_path)
 
 
 # ---- images a dataset holds: `datasets` Image features (save_to_disk folders, hub streams) ------------------------
@@ -298,7 +353,6 @@ def test_a_hub_captioning_dataset_is_streamed_into_shards(tmp_path, monkeypatch)
     splits = {s: datasets.Dataset.from_list(r, features=features).to_iterable_dataset() for s, r in rows.items()}
     calls = _hub(monkeypatch, splits)
     dm = _held_images_module("someone/colour-captions", tmp_path)
-    assert not dm._in_memory()
     root = dm.prepare()
     assert calls[0][:2] == ("someone/colour-captions", None) and calls[0][2]["streaming"] is True
     assert len(list((root / "images").iterdir())) == 4
@@ -345,7 +399,7 @@ def test_an_image_given_by_its_path_alone_or_opened_from_a_file_is_read_from_tha
     file's bytes under its name; a path that is not there names the row and the column."""
     from PIL import Image
 
-    from lit_transformer.data.sources import embedded_image
+    from lit_transformer.data.captioning import embedded_image
 
     (tmp_path / "red.png").write_bytes(_png("red"))
     assert embedded_image({"bytes": None, "path": str(tmp_path / "red.png")}, "row 1", "image") == (

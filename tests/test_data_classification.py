@@ -140,3 +140,27 @@ def test_genre_batches_pad_less_than_ten_percent(tmp_path):
     majority = dm.majority_baseline("test")
     counts = np.bincount(dm.label_ids("test"), minlength=3)
     assert majority == pytest.approx(counts[int(np.argmax(dm.label_counts()))] / counts.sum())
+
+
+@pytest.mark.parametrize("sample_chars", [50, 10**6])
+def test_a_csv_is_read_at_most_twice_per_preparation_labels_in_the_tokenizer_pass(tmp_path, monkeypatch, sample_chars):
+    """A pass for the tokenizer's sample that collects the labels too, then the shard pass: never a third read
+    (once the tokenizer's sample is full the first pass reads on for the labels alone)."""
+    from lit_transformer.data import classification, sources
+
+    reads: list[str] = []
+    original = sources.records
+
+    def counted(path, *args, **kwargs):
+        reads.append(str(path))
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(classification, "records", counted)  # the labelled stream reads through it
+    folder = write(tmp_path / "d", "csv", sizes=(("train", 200),))
+    dm = make(tmp_path, folder, tokenizer="byte_bpe", vocab_size=300)
+    dm.tokenizer_sample_chars = sample_chars
+    assert dm.vocab_size > 0 and dm.num_labels == 3
+    dm.prepare_data()
+    dm.setup()
+    assert reads.count(str(folder / "train.csv")) == 2, reads
+    assert dm.label_names == ["comedy", "history", "tragedy"]

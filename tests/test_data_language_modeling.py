@@ -183,12 +183,17 @@ def test_missing_files_are_a_clear_error(tmp_path):
         make(tmp_path, tmp_path / "nothing" / "*.txt").texts()
 
 
-def test_undecodable_bytes_are_replaced_and_counted(tmp_path):
-    path = corpus(tmp_path)
-    path.write_bytes(path.read_bytes() + b"bad \xff\xfe bytes\n")
-    with pytest.warns(UserWarning, match=r"corpus\.txt: 2 undecodable"):
-        texts = make(tmp_path, path).texts()
-    assert "\ufffd" in "".join(sum(texts.values(), []))
+def test_undecodable_bytes_stop_the_run_with_the_file_and_line_never_replaced(tmp_path):
+    """A Latin-1 file used to train with its accented letters replaced, no word said; now it stops, and the
+    encoding option reads it."""
+    path = corpus(tmp_path, lines=40)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:9]) + "se\u00f1or caf\u00e9\n".encode("latin-1") + b"".join(lines[9:]))
+    with pytest.raises(ValueError, match=r"corpus\.txt:10 is not utf-8 text.*--data\.init_args\.encoding latin-1"):
+        make(tmp_path, path).prepare_data()
+    dm = make(tmp_path, path, encoding="latin-1", tokenizer="char", vocab_size=128)
+    dm.prepare_data()
+    assert "\u00f1" in dm.tokenizer.get_vocab() and "\ufffd" not in dm.tokenizer.get_vocab()
 
 
 @pytest.mark.parametrize("offline_env", [True, False])

@@ -420,9 +420,7 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
     """A prepared corpus is reused only if the same inputs give the same key: these keys and file layouts are those
     the code wrote before text and pairs shared one machinery (given fixed tokenizer keys, so no tokenizer version
     enters them), so caches prepared then are still found and read."""
-    from lit_transformer.data.loaders import PairShards
-    from lit_transformer.data.shards import prepare_pairs
-    from lit_transformer.data.sources import PairStream
+    from lit_transformer.data.translation import PairShards, PairStream, prepare_pairs
 
     (tmp_path / "corpus.jsonl").write_text(
         "".join(json.dumps({"text": f"document {i}\nof a corpus\n"}) + "\n" for i in range(240))

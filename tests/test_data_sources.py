@@ -10,8 +10,10 @@ from pathlib import Path
 import datasets
 import pytest
 
-from lit_transformer.data import ClassificationDataModule, corpora
-from lit_transformer.data.sources import CorpusStream, LabelledStream, PairStream, RowStream, held_out_split
+from lit_transformer.data import ClassificationDataModule, corpora, sources
+from lit_transformer.data.classification import LabelledStream
+from lit_transformer.data.sources import CorpusStream, RowStream, held_out_split
+from lit_transformer.data.translation import PairStream
 
 
 def test_a_folder_datasets_saved_is_read_with_its_splits(tmp_path):
@@ -135,3 +137,168 @@ def test_learned_positions_too_few_for_the_data_name_both_keys():
     config = _config("TranslationDataModule", {"max_length": 256}, {"max_seq_len": 128, "positions": "learned"})
     with pytest.raises(ValueError, match=r"data.init_args.max_length=256 needs 256 .* model.config.max_seq_len=128"):
         set_once(config)
+
+
+# ---- files as users keep them: compressed, with a byte order mark, in another encoding; and files that are not ----
+
+COMPRESS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+
+
+def _compress(path: Path, suffix: str) -> Path:
+    """`path` compressed into `path` + suffix (the plain file removed)."""
+    import importlib
+
+    packed = path.with_name(path.name + suffix)
+    with importlib.import_module(COMPRESS[suffix]).open(packed, "wb") as handle:
+        handle.write(path.read_bytes())
+    path.unlink()
+    return packed
+
+
+ROWS = [{"text": f"a line, number {i} of caf\u00e9", "label": "a" if i % 3 else "b"} for i in range(40)]
+
+
+def _write(folder: Path, form: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"train.{form}"
+    if form == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    elif form in ("csv", "tsv"):
+        sep = "," if form == "csv" else "\t"
+        lines = ["text" + sep + "label"] + [f'"{r["text"]}"{sep}{r["label"]}' for r in ROWS]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        path.write_text("".join(r["text"] + "\n" for r in ROWS), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+@pytest.mark.parametrize("form", ["jsonl", "csv", "tsv", "txt"])
+def test_a_compressed_file_reads_as_its_plain_twin_and_a_folder_lists_it(tmp_path, form, suffix):
+    plain = _write(tmp_path / "plain", form)
+    packed = _compress(_write(tmp_path / "packed", form), suffix)
+    assert sources.form_suffix(packed) == f".{form}" and sources.split_of(str(packed)) == "train"
+    assert sources.local_files(str(tmp_path / "packed")) == [str(packed)]  # a folder's listing finds it
+    if form == "txt":
+        read = [list(CorpusStream(str(p)).documents(s)) for p in (plain, packed) for s in ("train", "test")]
+        assert read[0] == read[2] and read[1] == read[3] and "caf\u00e9" in read[0][0]
+    else:
+        records = [[(r.text, r.label) for r in LabelledStream(str(p)).records_of("train")] for p in (plain, packed)]
+        assert records[0] == records[1] and len(records[0]) > 30
+
+
+def test_zstandard_files_read_when_zstandard_is_installed(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    plain = _write(tmp_path / "plain", "jsonl")
+    packed = tmp_path / "packed" / "train.jsonl.zst"
+    packed.parent.mkdir()
+    packed.write_bytes(zstandard.ZstdCompressor().compress(plain.read_bytes()))
+    assert [r.text for r in LabelledStream(str(packed)).records_of("train")] == [
+        r.text for r in LabelledStream(str(plain)).records_of("train")
+    ]
+
+
+def test_an_excel_csv_with_a_byte_order_mark_and_crlf_has_its_own_column_names(tmp_path):
+    path = tmp_path / "reviews.csv"
+    rows = [f'"great, really {i}",{"pos" if i % 2 else "neg"}' for i in range(30)]
+    path.write_bytes(("Review Text,Rating\r\n" + "\r\n".join(rows) + "\r\n").encode("utf-8-sig"))
+    assert sources.columns_of(str(path)) == ["Review Text", "Rating"]
+    stream = LabelledStream(str(path), text_column="Review Text", label_column="Rating")
+    texts = [r.text for s in ("train", "validation", "test") for r in stream.records_of(s)]
+    assert sorted(texts) == sorted(f"great, really {i}" for i in range(30))  # no \r, no \ufeff
+    (tmp_path / "train.jsonl").write_bytes(b"\xef\xbb\xbf" + b'{"text": "x"}\r\n{"text": "y"}\r\n')
+    assert [row for row, _, _ in sources.records(str(tmp_path / "train.jsonl"))] == [{"text": "x"}, {"text": "y"}]
+
+
+@pytest.mark.parametrize("form", ["txt", "csv", "jsonl"])
+def test_bytes_that_are_not_utf8_stop_with_the_file_and_line_and_the_encoding_option_reads_them(
+    tmp_path, form, monkeypatch
+):
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 64)  # the bad line is past the first chunks of a text file
+    path = tmp_path / f"train.{form}"
+    lines = [f"plain line {i}" for i in range(30)]
+    lines[20] = "caf\u00e9 au lait"
+    if form == "csv":
+        body = "text,label\n" + "".join(f"{line},x\n" for line in lines)
+        line = 22
+    elif form == "jsonl":
+        body = "".join(json.dumps({"text": t, "label": "x"}, ensure_ascii=False) + "\n" for t in lines)
+        line = 21
+    else:
+        body = "".join(t + "\n" for t in lines)
+        line = 21
+    path.write_bytes(body.encode("latin-1"))
+    read = (
+        (lambda **kw: CorpusStream(str(path), **kw)) if form == "txt" else lambda **kw: LabelledStream(str(path), **kw)
+    )
+    with pytest.raises(sources.DataFileError, match=rf"train\.{form}:{line} is not utf-8 text .*encoding latin-1"):
+        for split in ("train", "validation", "test"):
+            list(read().records_of(split))
+    stream = read(encoding="latin-1")
+    texts = "".join(r.texts[0] for s in ("train", "validation", "test") for r in stream.records_of(s))
+    assert "caf\u00e9 au lait" in texts and "\ufffd" not in texts
+    assert stream.content_key(sources.hash_file) != read(encoding="cp1252").content_key(sources.hash_file)
+
+
+def test_an_encoding_that_is_not_line_by_line_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="not read line by line.*iconv"):
+        sources.check_encoding("utf-16")
+    with pytest.raises(ValueError, match="not a text encoding"):
+        sources.check_encoding("klingon")
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("train.csv", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, r"train\.csv:1 is not utf-8 text"),  # binary
+        ("train.csv", b"\x1f\x8b\x08\x00" + bytes(range(128, 256)), r"train\.csv is gzip data.*\(\.gz\)"),
+        ("train.csv", b"text,label\nab\rcd,x\n", r"train\.csv:2 is not a CSV row \(new-line character"),
+        ("train.jsonl.gz", b'{"text": "not gzip at all"}\n', r"train\.jsonl\.gz is not gzip data"),
+        ("train.parquet", b"PAR1 this is no parquet", r"train\.parquet is not a parquet file"),
+        ("train.json", b'[{"text": "a"},\n{"text": ', r"train\.json:2 is not valid JSON"),
+    ],
+)
+def test_a_file_that_is_not_the_form_its_name_says_stops_with_the_file_and_row(tmp_path, name, data, message):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(sources.DataFileError, match=message):
+        stream = LabelledStream(str(tmp_path / name))
+        for split in ("train", "validation", "test"):
+            list(stream.records_of(split))
+
+
+def test_the_content_key_of_utf8_files_is_the_key_caches_were_built_with(tmp_path):
+    """The encoding enters the key only when it is not utf-8: every earlier cache stays valid."""
+    path = _write(tmp_path, "txt")
+    stream = CorpusStream(str(path))
+    carving = ()
+    parts = stream._source_parts(sources.hash_file)
+    expected = sources.fingerprint("corpus", 1, parts, *stream._settings(), stream.mode, *carving)
+    assert stream.content_key(sources.hash_file) == expected
+
+
+def test_the_shared_modules_import_no_task_and_define_no_tasks_records():
+    """sources, shards and loaders hold what every task shares: a task's record, stream, shard layout and reader live
+    in its own file (translation, classification, captioning), so adding a task changes none of them."""
+    import ast
+
+    tasks = {"translation", "classification", "captioning", "language_modeling"}
+    folder = Path(sources.__file__).parent
+    for name in ("sources", "shards", "loaders"):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not imported & tasks, (name, imported & tasks)
+        classes = [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        assert not [c for c in classes if any(word in c for word in ("Pair", "Label", "Caption"))], (name, classes)
+
+
+def test_predict_inputs_read_as_users_keep_them(tmp_path):
+    """A predict file may be compressed, carry a byte order mark and CRLF line ends, or be in another encoding."""
+    import gzip
+
+    with gzip.open(tmp_path / "prompts.txt.gz", "wb") as handle:
+        handle.write("caf\u00e9 one\r\n\r\ntwo\r\n".encode("utf-8-sig"))
+    assert sources.read_inputs(tmp_path / "prompts.txt.gz") == ["caf\u00e9 one", "", "two"]
+    (tmp_path / "prompts.jsonl").write_bytes('{"text": "se\u00f1or"}\n'.encode("latin-1"))
+    with pytest.raises(sources.DataFileError, match=r"prompts\.jsonl:1 is not utf-8 text"):
+        sources.read_inputs(tmp_path / "prompts.jsonl")
+    assert sources.read_inputs(tmp_path / "prompts.jsonl", encoding="latin-1") == ["se\u00f1or"]

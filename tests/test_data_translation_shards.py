@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import yaml
 
-from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources
-from lit_transformer.data.loaders import PairShards, load_prepared
-from lit_transformer.data.shards import prepare_pairs
+from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources, translation
+from lit_transformer.data.loaders import load_prepared
 from lit_transformer.data.sources import hash_bucket
+from lit_transformer.data.translation import PairShards, prepare_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 EN = "the house is red and the dog sleeps by the sea in the morning light".split()
@@ -265,7 +265,7 @@ def test_max_pairs_cuts_the_training_split_and_stops_reading_a_source_with_its_o
             read[Path(path).stem] = read.get(Path(path).stem, 0) + 1
             yield record
 
-    monkeypatch.setattr(sources, "records", counting_records)
+    monkeypatch.setattr(translation, "records", counting_records)  # the pair stream reads through it
     dm = make(tmp_path, folder, max_pairs=100)
     _, splits = load_prepared(dm.prepare(), PairShards)
     assert {s: len(shards) for s, shards in splits.items()} == {"train": 100, "validation": 40, "test": 40}
@@ -296,7 +296,7 @@ def test_batches_stay_within_the_token_budget_and_cover_every_kept_pair(tmp_path
 
 
 def test_the_former_in_memory_storage_is_accepted_with_a_warning_and_streams_into_shards(tmp_path):
-    with pytest.warns(FutureWarning, match="data.storage is deprecated"):
+    with pytest.warns(FutureWarning, match=r"data\.storage is deprecated and dropped in 0\.2\.0"):
         dm = make(tmp_path, folder_of_splits(tmp_path), storage="memory", max_length=80)
     assert (dm.prepare() / "manifest.json").is_file()
 

@@ -5,9 +5,12 @@ A matrix of cells, each a (form, task): the test writes a small data set in that
 checks the output rows. Tasks: language modelling (lm), translation, classification, masked LM (mlm) and captioning.
 Forms: a folder of .txt, JSONL with extra fields, CSV with quoted commas and string labels, TSV with a header,
 parquet with other column names (mapped by config), a folder `datasets` wrote (save_to_disk), nested columns named
-with a dot (translation.en), and captions with several references per image. Then the errors, each by its message:
-a malformed JSONL line (file and line), a missing column (the columns there are), an empty split (its name), a label
-at test that training never saw (the label), and a hub name offline (says offline, and how to use local files).
+with a dot (translation.en), and captions with several references per image; files as users keep them: compressed
+(.gz, .bz2, .xz, .zst), CSV as Excel writes it (a byte order mark, CRLF, column names with spaces) and Latin-1 files
+read with --data.init_args.encoding. Then the errors, each by its message: a malformed JSONL line (file and line), a
+missing column (the columns there are), an empty split (its name), a label at test that training never saw (the
+label), a hub name offline (says offline, and how to use local files), bytes that are not UTF-8 (file, line and the
+encoding option), a binary file named .csv (file and line) and a file named .gz that is not gzip.
 
 Every cell passes; a form or task that breaks fails its cell by name.
 docs/data.md names these tests in its forms x tasks table.
@@ -15,8 +18,11 @@ docs/data.md names these tests in its forms x tasks table.
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
 import json
+import lzma
 import random
 import re
 from collections.abc import Callable
@@ -300,7 +306,7 @@ def _fit_and_predict(task: str, work: Path, run: Path, dataset: Path | str, *ext
         assert "test/loss" in printed and "test/accuracy" in printed, printed
         return []
     if task == "captioning":
-        _cli("predict", *common, "--data.init_args.predict_dir", str(work / "predict_images"), cwd=run)
+        _cli("predict", *common, "--data.init_args.predict_file", str(work / "predict_images"), cwd=run)
     else:
         inputs = work / ("sources.txt" if task == "translation" else "prompts.txt")
         _cli("predict", *common, "--data.init_args.predict_file", str(inputs), cwd=run)
@@ -497,6 +503,79 @@ def form_references(task: str, folder: Path) -> tuple[Path, list[str]]:
     return folder / "captions.jsonl", ["--data.init_args.images_dir", str(images)]
 
 
+def _compressed(form: str, suffix: str) -> Callable[[str, Path], tuple[Path, list[str]]]:
+    """The form `form` with each of its files compressed, as users keep corpora: train.jsonl -> train.jsonl.gz."""
+
+    def write(task: str, folder: Path) -> tuple[Path, list[str]]:
+        dataset, args = FORMS[form](task, folder)
+        files = [dataset] if dataset.is_file() else sorted(p for p in dataset.rglob("*") if p.is_file())
+        for path in files:
+            packed = path.with_name(path.name + suffix)
+            if suffix == ".zst":
+                import zstandard
+
+                packed.write_bytes(zstandard.ZstdCompressor().compress(path.read_bytes()))
+            else:
+                with {".gz": gzip, ".bz2": bz2, ".xz": lzma}[suffix].open(packed, "wb") as handle:
+                    handle.write(path.read_bytes())
+            path.unlink()
+        return (dataset.with_name(dataset.name + suffix) if dataset.suffix else dataset), args
+
+    return write
+
+
+EXCEL_COLUMNS = {  # column names with spaces, as a spreadsheet has them, mapped by config
+    "lm": ({"text": "Review Text"}, ["--data.init_args.text_column", "Review Text"]),
+    "mlm": ({"text": "Review Text"}, ["--data.init_args.text_column", "Review Text"]),
+    "translation": (
+        {"en": "English Text", "es": "Spanish Text"},
+        ["--data.init_args.source_column", "English Text", "--data.init_args.target_column", "Spanish Text"],
+    ),
+    "classification": (
+        {"text": "Review Text", "label": "Rating Label"},
+        ["--data.init_args.text_column", "Review Text", "--data.init_args.label_column", "Rating Label"],
+    ),
+    "captioning": (
+        {"image": "Image File", "caption": "Caption Text"},
+        ["--data.init_args.image_column", "Image File", "--data.init_args.text_column", "Caption Text"],
+    ),
+}
+
+
+def form_excel_csv(task: str, folder: Path) -> tuple[Path, list[str]]:
+    """CSV as Excel writes it: a UTF-8 byte order mark, CRLF row ends, column names with spaces."""
+    renames, args = EXCEL_COLUMNS[task]
+
+    def write(path: Path, rows: list[dict]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = _renamed(rows, renames)
+        with path.open("w", encoding="utf-8-sig", newline="") as handle:  # utf-8-sig: the byte order mark
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\r\n")
+            writer.writeheader()
+            writer.writerows(rows)
+
+    if task == "captioning":
+        images = folder.parent.parent / "images"
+        write(folder / "captions.csv", _captions(images))
+        return folder / "captions.csv", [*args, "--data.init_args.images_dir", str(images)]
+    return _split_files(folder, _records(task), write, ".csv"), args
+
+
+def _in_latin1(task: str, folder: Path) -> tuple[Path, list[str]]:
+    """The text forms (a folder of .txt books; CSV) written in Latin-1, with accented letters in the texts."""
+    dataset, args = (form_txt_folder if task in ("lm", "mlm") else form_csv)(task, folder)
+    for path in [dataset] if dataset.is_file() else sorted(p for p in dataset.rglob("*") if p.is_file()):
+        text = path.read_text(encoding="utf-8").replace("the", "th\u00e9").replace(" on ", " \u00f3n ")
+        path.write_bytes(text.encode("latin-1"))
+    return dataset, args
+
+
+def form_latin1(task: str, folder: Path) -> tuple[Path, list[str]]:
+    """Latin-1 files, read with the encoding they are in (--data.init_args.encoding latin-1)."""
+    dataset, args = _in_latin1(task, folder)
+    return dataset, [*args, "--data.init_args.encoding", "latin-1"]
+
+
 FORMS = {
     "txt_folder": form_txt_folder,
     "jsonl": form_jsonl,
@@ -507,6 +586,15 @@ FORMS = {
     "dotted": form_dotted,
     "translation_dict": form_translation_dict,
     "references": form_references,
+    "excel_csv": form_excel_csv,
+    "latin1": form_latin1,
+}
+FORMS |= {  # files as users keep them: compressed
+    "jsonl.gz": _compressed("jsonl", ".gz"),
+    "csv.bz2": _compressed("csv", ".bz2"),
+    "tsv.xz": _compressed("tsv", ".xz"),
+    "txt_folder.gz": _compressed("txt_folder", ".gz"),
+    "jsonl.zst": _compressed("jsonl", ".zst"),
 }
 CELLS = [
     ("txt_folder", "lm"),
@@ -543,6 +631,13 @@ CELLS = [
     ("dotted", "captioning"),
     ("translation_dict", "translation"),
     ("references", "captioning"),
+    *[("jsonl.gz", t) for t in ("lm", "translation", "classification", "mlm", "captioning")],
+    *[("csv.bz2", t) for t in ("translation", "classification", "captioning")],
+    *[("tsv.xz", t) for t in ("lm", "captioning")],
+    ("txt_folder.gz", "lm"),
+    ("jsonl.zst", "classification"),
+    *[("excel_csv", t) for t in ("lm", "translation", "classification", "captioning")],
+    *[("latin1", t) for t in ("lm", "translation", "classification", "captioning")],
 ]
 
 
@@ -553,6 +648,8 @@ def _cell(form: str, task: str):
 
 @pytest.mark.parametrize(("form", "task"), [_cell(f, t) for f, t in CELLS])
 def test_fit_and_predict(form: str, task: str, work: Path):
+    if form.endswith(".zst"):
+        pytest.importorskip("zstandard")
     cell = work / f"{form}-{task}"
     dataset, args = FORMS[form](task, cell / "data")
     _fit_and_predict(task, work, cell / "run", dataset, *args)
@@ -621,12 +718,36 @@ def _offline(task: str, folder: Path) -> tuple[str, list[str], list[str]]:
     return "someone/made-up-reviews", [], ["offline", "local files"]
 
 
+def _not_utf8(task: str, folder: Path) -> tuple[Path, list[str], list[str]]:
+    """Latin-1 files read as UTF-8: the run stops naming the file and line and the option that reads them."""
+    dataset, args = _in_latin1(task, folder)
+    return dataset, args, ["is not utf-8 text", "--data.init_args.encoding latin-1"]
+
+
+def _binary_csv(task: str, folder: Path) -> tuple[Path, list[str], list[str]]:
+    """The training CSV is an image (a file that is not the form its name says): the file and its line."""
+    dataset, args = form_csv(task, folder)
+    train = dataset if dataset.is_file() else dataset / "train.csv"
+    train.write_bytes(next((folder.parent.parent / "images").glob("*.png")).read_bytes())
+    return dataset, args, [f"{train.name}:1", "is not utf-8 text"]
+
+
+def _not_gzip(task: str, folder: Path) -> tuple[Path, list[str], list[str]]:
+    """A file named .gz that is not gzip data."""
+    dataset, args = form_jsonl(task, folder)
+    (dataset / "train.jsonl").rename(dataset / "train.jsonl.gz")
+    return dataset, args, ["train.jsonl.gz is not gzip data"]
+
+
 ERRORS = {
     "malformed_jsonl": _broken_line,
     "missing_column": _missing_column,
     "empty_split": _empty_split,
     "unseen_label": _unseen_label,
     "offline_hub": _offline,
+    "not_utf8": _not_utf8,
+    "binary_csv": _binary_csv,
+    "not_gzip": _not_gzip,
 }
 ERROR_CELLS = [
     *[("malformed_jsonl", t) for t in ("lm", "translation", "classification", "captioning")],
@@ -634,6 +755,9 @@ ERROR_CELLS = [
     *[("empty_split", t) for t in ("lm", "translation", "classification", "captioning")],
     ("unseen_label", "classification"),
     *[("offline_hub", t) for t in ("lm", "mlm", "translation", "classification", "captioning")],
+    *[("not_utf8", t) for t in ("lm", "translation", "classification", "captioning")],
+    *[("binary_csv", t) for t in ("lm", "classification", "captioning")],
+    *[("not_gzip", t) for t in ("lm", "classification")],
 ]
 
 

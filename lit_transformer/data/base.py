@@ -13,6 +13,7 @@ checkpoint state holds only what is its own (a classifier's label names).
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,8 +22,15 @@ import torch
 from tokenizers import Tokenizer
 
 from .cache import fingerprint, resolve_cache_dir
-from .sources import HELD_OUT, read_inputs
+from .sources import ENCODING, HELD_OUT, check_encoding, read_inputs
 from .text import encode_input, load_or_train_tokenizer, pad_right, special_token_id
+
+DROPPED_IN = "0.2.0"  # the version that drops the deprecated data keys
+
+
+def warn_deprecated_key(key: str, fix: str) -> None:
+    """A FutureWarning for a deprecated DataModule key, naming the version that drops it and what to do instead."""
+    warnings.warn(f"data.{key} is deprecated and dropped in {DROPPED_IN}: {fix}", FutureWarning, stacklevel=3)
 
 
 class DataModule(L.LightningDataModule):
@@ -55,6 +63,7 @@ class DataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         predict_file: str | None = None,
         predict_batch_size: int = 16,
+        encoding: str = ENCODING,
     ) -> None:
         super().__init__()
         if batch_size is None and max_tokens is None:
@@ -72,6 +81,7 @@ class DataModule(L.LightningDataModule):
         self.num_workers, self.seed = num_workers, seed
         self.cache_dir = resolve_cache_dir(cache_dir)
         self.predict_file, self.predict_batch_size = predict_file, predict_batch_size
+        self.encoding = check_encoding(encoding)
         self._tokenizers: tuple[Tokenizer, Tokenizer] | None = None
         self._tokenizer_keys = ("", "")
 
@@ -228,7 +238,7 @@ class DataModule(L.LightningDataModule):
                 "predict needs inputs: --data.predict_file FILE, a text file with one input (a prompt, a source "
                 'sentence, a passage) per line or a JSONL file whose lines hold a "text" field'
             )
-        texts = read_inputs(self.predict_file)
+        texts = read_inputs(self.predict_file, encoding=self.encoding)
         eos = self.eos_token_id
         rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]
         rows = [row[: self.max_input_length] for row in rows]

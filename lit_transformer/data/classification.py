@@ -9,7 +9,10 @@ length, so padding stays a few percent of the tokens.
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +24,9 @@ from torch.utils.data import Dataset
 
 from . import corpora
 from .base import DataModule
-from .loaders import LabelledShards, ResumableLoader, load_prepared, token_budget_batches
-from .shards import prepare_labelled
-from .sources import SPLITS, LabelledStream
+from .loaders import RecordShards, ResumableLoader, load_prepared, token_budget_batches
+from .shards import SHARD_TOKENS, TextsKind, prepare
+from .sources import ENCODING, HELD_OUT, SPLITS, Source, SplitStream, missing_splits, records, table_rows
 from .text import MASK, special_token_id
 
 
@@ -88,6 +91,7 @@ class ClassificationDataModule(DataModule):
         cache_dir: str | None = None,
         predict_file: str | None = None,
         predict_batch_size: int = 16,
+        encoding: str = "utf-8",
     ) -> None:
         """
         Args:
@@ -119,11 +123,14 @@ class ClassificationDataModule(DataModule):
             predict_file: Inputs of `predict`: a text file with one text per line, or a JSONL file with a "text"
                 field per line; each gets its label and probability in the output JSONL (see --predictions.output).
             predict_batch_size: Inputs classified at once by `predict`.
+            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
+                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
+                naming the file and line; nothing is replaced.
         """
         super().__init__(
             dataset, dataset_config, text_column, tokenizer, vocab_size, batch_size=batch_size, max_tokens=max_tokens,
             held_out=held_out, num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
-            predict_batch_size=predict_batch_size,
+            predict_batch_size=predict_batch_size, encoding=encoding,
         )  # fmt: skip
         if max_length < 1 or (max_tokens is not None and max_tokens < max_length):
             raise ValueError(
@@ -136,8 +143,8 @@ class ClassificationDataModule(DataModule):
         self.max_examples = max_examples
         self.lines_per_passage = lines_per_passage
         self._stream: LabelledStream | None = None
-        self._rows: dict[str, tuple[list[str], list[Any]]] | None = None
         self._label_names: list[str] | None = None
+        self._first: tuple[list[str], list[Any]] | None = None
         self._datasets: dict[str, TextClassDataset] = {}
         self._root: Path | None = None
         self._splits: dict[str, LabelledShards] = {}
@@ -149,10 +156,15 @@ class ClassificationDataModule(DataModule):
     # ------------------------------------------------------------------ rows and labels
 
     def rows(self) -> dict[str, tuple[list[str], list[Any]]]:
-        """Each split's (texts, raw labels); blank texts dropped."""
-        if self._rows is None:
-            self._rows = self._load_rows()
-        return self._rows
+        """Each split's (texts, raw labels) as prepared, read back from the shards the batches come from (texts
+        decoded, labels as the source wrote them, a ClassLabel's ids as its names): for inspection."""
+        class_names = self.stream.class_names()
+        rows = {}
+        for split, shards in self._prepared().items():
+            texts = [self.tokenizer.decode(ids.tolist()) for ids in shards.read(range(len(shards)))]
+            labels = shards.labels() if class_names is None else [_names(y, class_names) for y in shards.labels()]
+            rows[split] = (texts, labels)
+        return rows
 
     @property
     def stream(self) -> LabelledStream:
@@ -160,35 +172,10 @@ class ClassificationDataModule(DataModule):
         if self._stream is None:
             embedded = corpora.embedded(self.dataset, self.cache_dir, lines_per_passage=self.lines_per_passage)
             self._stream = LabelledStream(
-                self.dataset, self.dataset_config, self.text_column, self.label_column, embedded, self.held_out
-            )
+                self.dataset, self.dataset_config, self.text_column, self.label_column, embedded, self.held_out,
+                self.encoding,
+            )  # fmt: skip
         return self._stream
-
-    def _load_rows(self) -> dict[str, tuple[list[str], list[Any]]]:
-        class_names = self.stream.class_names()
-        rows = {}
-        for split in SPLITS:
-            records = self.stream.records_of(split)
-            if split == "train" and self.max_examples is not None:
-                records = itertools.islice(records, self.max_examples)
-            kept = [(r.text, r.label if class_names is None else _names(r.label, class_names)) for r in records]
-            rows[split] = ([t for t, _ in kept], [y for _, y in kept])
-        if not rows["train"][0]:
-            raise ValueError(
-                f"The training split of {self.dataset!r} has no labelled text: every row's {self.text_column!r} is "
-                f"blank or its {self.label_column!r} empty"
-            )
-        for split in SPLITS[1:]:
-            if not rows[split][0]:
-                why = (
-                    f"carved from train, {self.held_out:.0%} of the texts by a hash of each, it got none: give more "
-                    f"texts, a larger held_out, or a {split} file"
-                    if split in self.stream.missing
-                    else "its source has no labelled text: fill it, or leave it out to carve it from train"
-                )
-                raise ValueError(f"The {split} split of {self.dataset!r} is empty: {why}")
-        rank_zero_info(f"{self.dataset}: texts per split { {k: len(v[0]) for k, v in rows.items()} }")
-        return rows
 
     def _names_from(self, labels: list[Any], class_names: list[str] | None, flat: bool = False) -> list[str]:
         if self.requested_label_names:
@@ -209,16 +196,7 @@ class ClassificationDataModule(DataModule):
             class_names = self.stream.class_names()
             labels = []
             if not self.requested_label_names and class_names is None:
-                records = self.stream.records_of("train")
-                if self.max_examples is not None:
-                    records = itertools.islice(records, self.max_examples)
-                seen = {}
-                for record in records:
-                    for label in (
-                        record.label if self.multi_label and isinstance(record.label, list) else [record.label]
-                    ):
-                        seen.setdefault(str(label), label)
-                labels = list(seen.values())
+                labels = self._first_pass()[1]
                 if not labels:
                     raise ValueError(
                         f"The training split of {self.dataset!r} has no labelled text: every row's "
@@ -274,19 +252,37 @@ class ClassificationDataModule(DataModule):
 
     def tokenizer_texts(self) -> list[str]:
         """The first training texts, up to tokenizer_sample_chars characters (and max_examples texts)."""
-        texts, total = [], 0
-        for record in self.stream.records_of("train"):
-            if total >= self.tokenizer_sample_chars or (
-                self.max_examples is not None and len(texts) >= self.max_examples
-            ):
+        return self._first_pass()[0]
+
+    def _first_pass(self) -> tuple[list[str], list[Any]]:
+        """One pass over the training split for both things read before the shards: the tokenizer's sample (the
+        first texts, up to tokenizer_sample_chars characters) and, when they come from the data, the distinct labels
+        (read to the end, or to max_examples). With the shard pass, a file is read twice per preparation at most."""
+        if self._first is not None:
+            return self._first
+        need_labels = self._label_names is None and not self.requested_label_names
+        need_labels = need_labels and self.stream.class_names() is None
+        texts, total, seen = [], 0, {}
+        records = self.stream.records_of("train")
+        if self.max_examples is not None:
+            records = itertools.islice(records, self.max_examples)
+        for record in records:
+            if total < self.tokenizer_sample_chars:
+                texts.append(record.text)
+                total += len(record.text)
+            elif not need_labels:
                 break
-            texts.append(record.text)
-            total += len(record.text)
-        return texts
+            if need_labels:
+                for label in record.label if self.multi_label and isinstance(record.label, list) else [record.label]:
+                    seen.setdefault(str(label), label)
+        self._first = (texts, list(seen.values()))
+        return self._first
 
     def build_tokenizers(self) -> tuple[tuple[Tokenizer, Tokenizer], tuple[str, str]]:
         """The tokenizer, with a <mask> token (added after the trained vocabulary when it has none)."""
         (tokenizer, _), keys = super().build_tokenizers()
+        if self._first is not None:  # the tokenizer's sample is not kept once it is built (the labels are)
+            self._first = ([], self._first[1])
         if special_token_id(tokenizer, "mask") is None:
             tokenizer.add_special_tokens([MASK])
         return (tokenizer, tokenizer), keys
@@ -365,3 +361,157 @@ def _names(label: Any, class_names: list[str]) -> Any:
     if isinstance(label, list):
         return [class_names[i] for i in label]
     return class_names[label] if isinstance(label, int) and 0 <= label < len(class_names) else label
+
+
+# ---------------------------------------------------------------------------------------------------- the task's own
+# Labelled texts as records (columns -> text and label), their shard layout and reader: all of classification's data
+# that is not shared.
+
+
+@dataclass
+class LabelledText:
+    """A text and its label (a name, an id, or a list of them for multi-label data): one row of a classifier's data."""
+
+    text: str
+    label: Any
+    row: int  # the row's index in its source split
+    nbytes: int
+    last = True
+
+    @property
+    def extra(self) -> str:
+        """The label as JSON: what a prepared shard keeps beside the text's ids."""
+        return json.dumps(self.label, ensure_ascii=False)
+
+    @property
+    def texts(self) -> tuple[str]:
+        return (self.text,)
+
+    @property
+    def document(self) -> int:
+        return self.row
+
+
+class LabelledStream(SplitStream):
+    """Each split's labelled texts as a stream, read row by row through the one reader; held-out splits carved from
+    train by a hash of the text when missing. A split whose labels are hidden (a hub test split of -1 labels, as in
+    GLUE) cannot be scored: it is left out and carved from train like a missing one."""
+
+    key = "labelled"
+    local_hint = "(.csv/.tsv, .jsonl/.json, .parquet) with a text and a label column, or a hub dataset name"
+    column_hint = " (choose them with --data.init_args.text_column and label_column)"
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        embedded=None,
+        held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
+    ) -> None:
+        self.text_column, self.label_column = text_column, label_column
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
+        hidden = [name for name, source in self.sources.items() if name != "train" and self._hidden(source)]
+        for name in hidden:
+            del self.sources[name]
+        if hidden:
+            self.missing = missing_splits(self.sources)
+            self.mode = "hash"
+
+    def _columns(self) -> list[str]:
+        return [self.text_column, self.label_column]
+
+    def _settings(self) -> tuple:
+        return self.text_column, self.label_column
+
+    def _hidden(self, source: Source) -> bool:
+        if source.table is None:
+            return False
+        first = next(iter(table_rows(source.table)), None)
+        return first is not None and first.get(self.label_column) == -1
+
+    def class_names(self) -> list[str] | None:
+        """The label names a `datasets` ClassLabel column carries (hub and saved datasets), else None."""
+        table = self.sources["train"].table
+        feature = (getattr(table, "features", None) or {}).get(self.label_column)
+        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
+        return getattr(feature, "names", None)
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, LabelledText]]:
+        """(split, labelled text) for every row of one pass over a source split; split is None for a row with a
+        blank text or no label (dropped). The training source also feeds carved held-out splits, by text hash."""
+        for row, (text, label, nbytes) in enumerate(self._rows(self.sources[source_name])):
+            if row < skip:
+                continue
+            blank = not text.strip() or label is None or label == ""
+            yield (None if blank else self.owner(source_name, text)), LabelledText(text, label, row, nbytes)
+
+    def _rows(self, source: Source) -> Iterator[tuple[str, Any, int]]:
+        if source.table is not None:
+            for number, row in enumerate(table_rows(source.table), 1):
+                text, label = self._labelled(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
+                yield text, label, len(text) if source.in_memory else 0
+            return
+        for path in source.files:
+            columns = list(dict.fromkeys(c.split(".")[0] for c in self._columns()))
+            for row, nbytes, number in records(path, columns, self.encoding):
+                yield *self._labelled(row, f"{path}:{number}"), nbytes
+
+    def _labelled(self, row: dict, where: str) -> tuple[str, Any]:
+        values = self.values(row, where)
+        text, label = values
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
+        return text or "", label
+
+
+class LabelledKind(TextsKind):
+    """Labelled texts: each text's ids, and its label beside them as a JSON line (a name, an id, or a list of them)."""
+
+    folder, tag = "labelled", "labelled-shards"
+
+    def check(self, stream: LabelledStream, splits: dict[str, dict]) -> None:
+        if not splits["train"]["texts"]:
+            raise ValueError(
+                f"The training split of {stream.dataset!r} has no labelled text: every row's {stream.text_column!r} "
+                f"is blank or its {stream.label_column!r} empty"
+            )
+        for split in SPLITS[1:]:
+            if splits[split]["texts"]:
+                continue
+            why = (
+                f"carved from train, {stream.held_out:.0%} of the texts by a hash of each, it got none: give more "
+                f"texts, a larger held_out, or a {split} file"
+                if split in stream.missing
+                else "its source has no labelled text: fill it, or leave it out to carve it from train"
+            )
+            raise ValueError(f"The {split} split of {stream.dataset!r} is empty: {why}")
+
+
+LABELLED = LabelledKind()
+
+
+def prepare_labelled(
+    stream: LabelledStream,
+    tokenizer: Tokenizer,
+    tokenizer_key: str,
+    cache_dir: Path,
+    max_examples: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+    workers: int | None = None,
+) -> Path:
+    """Prepare every split of `stream` once (cached by content; resumable; atomic): the texts' ids in shards, their
+    labels beside them; the prepared folder. max_examples: the training split is cut after this many texts."""
+    info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
+    keys = (tokenizer_key,)
+    return prepare(stream, LABELLED, (tokenizer,), keys, cache_dir, info, None, max_examples, shard_tokens, workers)
+
+
+class LabelledShards(RecordShards):
+    """One prepared split of labelled texts: their ids per batch, their labels read whole."""
+
+    def labels(self) -> list:
+        """Each text's label as the source wrote it (a name, an id, or a list of them)."""
+        return self.values()

@@ -3,7 +3,6 @@ once (`python -m lit_transformer prepare`, or the first `fit`), then read as pac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -43,6 +42,7 @@ class LanguageModelingDataModule(DataModule):
         mask_token: bool = False,
         sampling: Literal["random", "sequential"] = "random",
         tokenizer_sample_chars: int = 20_000_000,
+        encoding: str = "utf-8",
     ) -> None:
         """
         Args:
@@ -71,11 +71,14 @@ class LanguageModelingDataModule(DataModule):
                 number of processes.
             tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters from the start of
                 the training split (a bounded sample: the whole split when it is smaller).
+            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
+                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
+                naming the file and line; nothing is replaced.
         """
         super().__init__(
             dataset, dataset_config, text_column, tokenizer, vocab_size, tokenizer_sample_chars, batch_size,
             num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
-            predict_batch_size=predict_batch_size,
+            predict_batch_size=predict_batch_size, encoding=encoding,
         )  # fmt: skip
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be positive")
@@ -97,17 +100,15 @@ class LanguageModelingDataModule(DataModule):
         """The corpus as a stream of documents per split (held-out splits carved from train when missing)."""
         if self._stream is None:
             embedded = corpora.embedded(self.dataset, self.cache_dir)
-            self._stream = CorpusStream(self.dataset, self.dataset_config, self.text_column, embedded, self.held_out)
+            self._stream = CorpusStream(
+                self.dataset, self.dataset_config, self.text_column, embedded, self.held_out, self.encoding
+            )
         return self._stream
 
     def texts(self) -> dict[str, list[str]]:
-        """Each split's documents (train cut to max_chars), held whole in memory: for inspection and small corpora
-        only; training never calls this (it streams the corpus into shards)."""
-        texts = {split: list(self.stream.documents(split)) for split in SPLITS}
-        texts["train"] = list(_prefix(texts["train"], self.max_chars))
-        if not texts["train"]:
-            raise self._empty()
-        return texts
+        """Each split's documents as prepared (train cut to max_chars), read back from the shards the batches come
+        from and decoded: for inspection and small corpora (a document is held whole)."""
+        return {split: list(shards.texts(self.tokenizer)) for split, shards in self._prepared().items()}
 
     def _empty(self) -> ValueError:
         return ValueError(f"The training split of {self.dataset!r} is empty (no non-blank {self.text_column!r} rows)")
@@ -204,15 +205,3 @@ class LanguageModelingDataModule(DataModule):
             )
         batches = fixed_size_batches(len(blocks), self.batch_size, self.seed, shuffle=False, drop_last=False)
         return ResumableLoader(blocks, batches, shuffle=False, seed=self.seed, num_workers=self.num_workers)
-
-
-def _prefix(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:
-    if max_chars is None:
-        yield from docs
-        return
-    total = 0
-    for doc in docs:
-        if total >= max_chars:
-            break
-        yield doc[: max_chars - total]
-        total += len(doc[: max_chars - total])

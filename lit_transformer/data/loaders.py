@@ -17,12 +17,11 @@ every world_size-th batch.
 
 Shards are read through short-lived memory maps: a map is opened for the rows of one batch and dropped, so the
 resident memory stays flat however much of the corpus is read (TokenShards and ShardBlocks: a corpus as blocks;
-PairShards and ShardPairDataset: sentence pairs collated into padded batches).
+`map_file` for a task's own shard reader, e.g. translation.PairShards).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -447,6 +446,17 @@ class TokenShards:
             left -= len(parts[-1])
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
 
+    def texts(self, tokenizer) -> Iterator[str]:
+        """Each document, its ids decoded (EOS and other special tokens left out), blank ones skipped: a split read
+        back for inspection."""
+        for shard in range(len(self.paths)):
+            tokens = np.array(self.open(shard))
+            starts = np.load(Path(self.paths[shard]).with_suffix(".docs.npy")).tolist() if len(tokens) else []
+            for a, b in zip(starts, [*starts[1:], len(tokens)], strict=True):
+                text = tokenizer.decode(tokens[a:b].tolist())
+                if text.strip():
+                    yield text
+
     def blocks(self, block_size: int) -> ShardBlocks:
         return ShardBlocks(self, block_size)
 
@@ -485,8 +495,8 @@ class ShardBlocks(Dataset):
 
 
 def load_prepared(root: Path, shards: type = TokenShards) -> tuple[dict, dict[str, Any]]:
-    """A prepared dataset's manifest and its splits, each read as `shards` (TokenShards for a corpus, PairShards,
-    LabelledShards or CaptionShards)."""
+    """A prepared dataset's manifest and its splits, each read as `shards` (TokenShards for a corpus, RecordShards,
+    or a task's own reader)."""
     info = json.loads((Path(root) / "manifest.json").read_text())
     return info, {split: shards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
 
@@ -495,7 +505,7 @@ def load_prepared(root: Path, shards: type = TokenShards) -> tuple[dict, dict[st
 
 
 def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id: int) -> dict[str, torch.Tensor]:
-    """The decoder's side of a batch (translation, captioning): tgt_in is bos then the tokens, labels the tokens then
+    """The decoder's side of a batch (an encoder-decoder's): tgt_in is bos then the tokens, labels the tokens then
     eos (IGNORE_INDEX at padding), tgt_mask True on real positions; the mask comes from the lengths, never a token id."""
     width = max(map(len, rows)) + 1
     tgt_in = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -508,28 +518,7 @@ def target_batch(rows: Sequence[Sequence[int]], pad_id: int, bos_id: int, eos_id
     return {"tgt_in": tgt_in, "labels": labels, "tgt_mask": tgt_mask}
 
 
-def collate_pairs(
-    srcs: Sequence[np.ndarray],
-    tgts: Sequence[np.ndarray],
-    pad_id: int,
-    bos_id: int,
-    eos_id: int,
-    texts: tuple[list[str], list[str]] | None = None,
-) -> dict:
-    """A padded batch: src is the source then eos, with its mask from the lengths; the target side is target_batch."""
-    batch_size, src_len = len(srcs), max(map(len, srcs)) + 1
-    src = torch.full((batch_size, src_len), pad_id, dtype=torch.long)
-    for b, s in enumerate(srcs):
-        src[b, : len(s)] = torch.from_numpy(s.astype(np.int64))
-        src[b, len(s)] = eos_id
-    src_mask = torch.arange(src_len)[None, :] <= torch.tensor([len(s) for s in srcs])[:, None]
-    batch = {"src": src, "src_mask": src_mask, **target_batch(tgts, pad_id, bos_id, eos_id)}
-    if texts is not None:
-        batch["src_text"], batch["ref_text"] = list(texts[0]), list(texts[1])
-    return batch
-
-
-# ---------------------------------------------------------------------------------------------------- sentence pairs' shards
+# ---------------------------------------------------------------------------------------------------- shard files
 
 
 def map_file(path: Path, dtype) -> np.memmap | np.ndarray:
@@ -537,84 +526,13 @@ def map_file(path: Path, dtype) -> np.memmap | np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
 
 
-class PairShards:
-    """One prepared split: the pairs' lengths from the index (16 bytes per pair, read whole), their ids and texts
-    through memory maps opened for one batch and dropped, so no page of the corpus stays mapped."""
-
-    def __init__(self, directory: Path, index: dict) -> None:
-        self.directory = Path(directory)
-        self.dtype = np.dtype(index["dtype"])
-        self.names = [s["name"] for s in index["shards"]]
-        self.offsets = [np.load(self.directory / f"{name}.pairs.npy") for name in self.names]
-        counts = [len(o) - 1 for o in self.offsets]
-        self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        lengths = [np.diff(o, axis=0) for o in self.offsets] or [np.zeros((0, 2), np.int64)]
-        lengths = np.concatenate(lengths).astype(np.int32)
-        self.source_lengths, self.target_lengths = lengths[:, 0], lengths[:, 1]
-        self.has_text = bool(index.get("text"))
-        self.characters = int(index.get("characters", 0))
-
-    def __len__(self) -> int:
-        return int(self.first[-1])
-
-    def read(self, rows: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray], tuple[list, list] | None]:
-        """The source ids, target ids (copies) and, when kept, the texts of the pairs at `rows`."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
-            raise IndexError(f"pair index out of range [0, {len(self)})")
-        shard_of = np.searchsorted(self.first, rows, side="right") - 1
-        srcs: list = [None] * len(rows)
-        tgts: list = [None] * len(rows)
-        texts = ([None] * len(rows), [None] * len(rows)) if self.has_text else None
-        for shard in np.unique(shard_of).tolist():
-            name, offsets = self.names[shard], self.offsets[shard]
-            src = map_file(self.directory / f"{name}.src.bin", self.dtype)
-            tgt = map_file(self.directory / f"{name}.tgt.bin", self.dtype)
-            text = map_file(self.directory / f"{name}.text.bin", np.uint8) if texts is not None else None
-            ends = np.load(self.directory / f"{name}.text.npy", mmap_mode="r") if texts is not None else None
-            for b in np.flatnonzero(shard_of == shard).tolist():
-                local = int(rows[b] - self.first[shard])
-                (s0, t0), (s1, t1) = offsets[local], offsets[local + 1]
-                srcs[b], tgts[b] = np.array(src[s0:s1]), np.array(tgt[t0:t1])
-                if texts is not None:
-                    for side in (0, 1):
-                        a, z = int(ends[2 * local + side]), int(ends[2 * local + side + 1])
-                        texts[side][b] = bytes(text[a:z]).decode("utf-8", "surrogatepass")
-            del src, tgt, text, ends  # the maps close here: nothing stays mapped between batches
-        return srcs, tgts, texts
+# ---------------------------------------------------------------------------------------------------- texts with a value
 
 
-class ShardPairDataset(Dataset):
-    """The pairs of one prepared split that pass the length filter (`keep`), collated into padded batches exactly as
-    the in-memory PairDataset collates them."""
-
-    def __init__(self, shards: PairShards, keep: np.ndarray, pad_id: int, bos_id: int, eos_id: int) -> None:
-        self.shards, self.keep = shards, np.asarray(keep, dtype=np.int64)
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-
-    def __len__(self) -> int:
-        return len(self.keep)
-
-    def source_lengths(self) -> np.ndarray:
-        return self.shards.source_lengths[self.keep].astype(np.int64) + 1  # + eos
-
-    def target_lengths(self) -> np.ndarray:
-        return self.shards.target_lengths[self.keep].astype(np.int64) + 1  # + bos (inputs) or + eos (labels)
-
-    def __getitem__(self, index: int) -> dict:
-        return self.__getitems__([index])
-
-    def __getitems__(self, indices) -> dict:
-        srcs, tgts, texts = self.shards.read(self.keep[np.asarray(indices, dtype=np.int64)])
-        return collate_pairs(srcs, tgts, self.pad_id, self.bos_id, self.eos_id, texts)
-
-
-# ---------------------------------------------------------------------------------------------------- labelled texts' shards
-
-
-class LabelledShards:
-    """One prepared split of labelled texts: the texts' lengths (from the index, 8 bytes a text) and raw labels, read
-    whole; their ids through memory maps opened for one batch and dropped."""
+class RecordShards:
+    """One prepared split of a TextsKind (one text and a JSON value per record): the texts' lengths (from the index,
+    8 bytes a text) and, on demand, the values read whole; the ids through memory maps opened for one batch and
+    dropped."""
 
     def __init__(self, directory: Path, index: dict) -> None:
         self.directory = Path(directory)
@@ -628,8 +546,8 @@ class LabelledShards:
     def __len__(self) -> int:
         return int(self.first[-1])
 
-    def labels(self) -> list:
-        """Each text's label as the source wrote it (a name, an id, or a list of them)."""
+    def values(self) -> list:
+        """Each record's value as its stream wrote it."""
         out = []
         for name in self.names:
             with open(self.directory / f"{name}.extras.jsonl", encoding="utf-8") as handle:
@@ -648,47 +566,4 @@ class LabelledShards:
                 local = int(rows[b] - self.first[shard])
                 out[b] = np.array(ids[offsets[local] : offsets[local + 1]])
             del ids  # the map closes here: nothing stays mapped between batches
-        return out
-
-
-# ---------------------------------------------------------------------------------------------------- captions' shards
-
-
-class CaptionShards(LabelledShards):
-    """One prepared split of captions: their ids as labelled texts' (per-batch memory maps), and each caption's JSON
-    line [image name, folder, caption] read by a seek to where it starts (8 bytes a caption held). Captions of one
-    image are grouped by a 64-bit hash of its name: images in order of first appearance, `order` their captions."""
-
-    def __init__(self, directory: Path, index: dict) -> None:
-        super().__init__(directory, index)
-        self.line_starts: list[np.ndarray] = []
-        hashes = np.empty(len(self), dtype=np.uint64)
-        at = 0
-        for shard, name in enumerate(self.names):  # one streamed pass: where each line starts, its image name's hash
-            starts, position = np.empty(len(self.offsets[shard]) - 1, dtype=np.int64), 0
-            with open(self.directory / f"{name}.extras.jsonl", "rb") as handle:
-                for i, line in enumerate(handle):
-                    starts[i], position = position, position + len(line)
-                    digest = hashlib.blake2b(json.loads(line)[0].encode("utf-8", "surrogatepass"), digest_size=8)
-                    hashes[at] = int.from_bytes(digest.digest(), "little")
-                    at += 1
-            self.line_starts.append(starts)
-        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        del hashes
-        rank = np.empty(len(first), dtype=np.int64)
-        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-        self.image_of = rank[inverse.reshape(-1)]  # each caption's image, numbered in order of first appearance
-        self.order = np.argsort(self.image_of, kind="stable")  # captions grouped by image, in file order within
-        self.start = np.concatenate([[0], np.cumsum(np.bincount(self.image_of, minlength=len(first)))])
-
-    def extras(self, rows: Sequence[int]) -> list[list]:
-        """The [image name, folder, caption] of each caption at `rows`."""
-        rows = np.asarray(rows, dtype=np.int64)
-        shard_of = np.searchsorted(self.first, rows, side="right") - 1
-        out: list = [None] * len(rows)
-        for shard in np.unique(shard_of).tolist():
-            with open(self.directory / f"{self.names[shard]}.extras.jsonl", "rb") as handle:
-                for b in np.flatnonzero(shard_of == shard).tolist():
-                    handle.seek(int(self.line_starts[shard][rows[b] - self.first[shard]]))
-                    out[b] = json.loads(handle.readline())
         return out

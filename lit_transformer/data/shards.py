@@ -19,26 +19,21 @@ parsing ahead). A shard is written to temporary files, fsynced and renamed only 
 `progress.json` is updated after it: a killed run resumes after its last finished shard, and no reader ever sees a
 half-written shard. Shards end at record boundaries.
 
-The kinds: TEXT, a corpus's documents (shard-N.bin, each document's ids then EOS; docs.npy, where documents start),
-and PAIRS, sentence pairs (shard-N.src.bin and .tgt.bin; pairs.npy, (pairs + 1, 2) starts of both sides; validation
-and test keep their text, text.bin and text.npy, for BLEU).
+The kinds: TEXT, a corpus's documents (shard-N.bin, each document's ids then EOS; docs.npy, where documents start);
+a task with records of its own declares its kind in its own file (translation.PAIRS: two sides, held-out text kept).
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import json
 import logging
 import multiprocessing
 import os
 import queue
-import shutil
-import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -48,7 +43,7 @@ from tokenizers import Tokenizer
 
 from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
-from .sources import SPLITS, Caption, CaptionStream, CorpusStream, LabelledStream, PairStream
+from .sources import SPLITS, CorpusStream
 from .text import line_pieces
 
 log = logging.getLogger(__name__)
@@ -92,7 +87,7 @@ class FileHashes:
 
 
 class Record(Protocol):
-    """What the machinery reads of a streamed record (sources.Piece, sources.Pair, ...)."""
+    """What the machinery reads of a streamed record (sources.Piece, a task's own record, ...)."""
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -659,68 +654,15 @@ def prepare_corpus(
     )
 
 
-# ---------------------------------------------------------------------------------------------------- sentence pairs
+# ---------------------------------------------------------------------------------------------------- texts with a value
 
 
-class PairKind(RecordKind):
-    """Sentence pairs: a source and a target side, `pairs.npy` the starts of both; held-out splits keep their text."""
+class TextsKind(RecordKind):
+    """Records of one text each (its ids, no EOS) and a JSON value beside it (the record's `extra`): `texts.npy` the
+    n + 1 offsets where texts start, the values one JSON line each in `extras.jsonl`. A task's kind names its folder
+    and tag, and what it checks of the prepared splits."""
 
-    folder, tag, sides, starts, counter = "pairs", "pair-shards", ("src", "tgt"), "pairs.npy", "rows"
-    summed = ("pairs", "src_tokens", "tgt_tokens")
-    noun = " pairs"
-
-    def new_progress(self) -> dict:
-        return {**super().new_progress(), "empty": 0}
-
-    def index_extras(self, progress: dict, keep_text: bool) -> dict:
-        return {"empty": progress.get("empty", 0), "text": keep_text}
-
-    def keeps_text(self, split: str) -> bool:
-        return split != "train"
-
-    def budget(self, progress: dict, limit: int | None) -> dict[str, int | None]:
-        done = sum(s["pairs"] for s in progress["shards"])
-        return {"max_records": None if limit is None else max(0, limit - done)}
-
-    def starts_array(self, starts: list[np.ndarray], tokens: list[int]) -> np.ndarray:
-        return np.concatenate([np.stack(starts, axis=1), np.array([tokens], dtype=np.int64)])
-
-    def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
-        return {"name": name, "pairs": records, "src_tokens": tokens[0], "tgt_tokens": tokens[1]}
-
-    def summary(self, indexes: dict[str, dict]) -> str:
-        return f"pairs { {s: i['pairs'] for s, i in indexes.items()} }"
-
-    def check(self, stream: PairStream, splits: dict[str, dict]) -> None:
-        empty = sum(index.get("empty", 0) for index in splits.values())
-        if empty:
-            warnings.warn(f"{stream.dataset}: dropped {empty} pairs with an empty side", stacklevel=4)
-        if not splits["train"]["pairs"]:
-            raise ValueError(f"{stream.dataset!r} has no sentence pairs in its training split")
-        for name in ("validation", "test"):
-            if splits[name]["pairs"]:
-                continue
-            if name in stream.missing:
-                total = sum(index["pairs"] for index in splits.values())
-                raise ValueError(
-                    f"{stream.dataset!r} has {total} pairs and no {name} split: the held-out splits take "
-                    f"{stream.held_out:.0%} each, picked by a hash of the pair, and this one got none. Give at least about "
-                    f"{int(20 / stream.held_out)} pairs, or files named train*/valid*/test* to choose the splits yourself"
-                )
-            raise ValueError(f"{stream.dataset!r} has no {name} pairs; provide a {name} split (e.g. a {name}.tsv file)")
-
-
-PAIRS = PairKind()
-
-
-# ---------------------------------------------------------------------------------------------------- labelled texts
-
-
-class LabelledKind(RecordKind):
-    """Labelled texts: one side (each text's ids, no EOS), `texts.npy` the n + 1 offsets where texts start, and each
-    text's label as a JSON line in `extras.jsonl` (a name, an id, or a list of them)."""
-
-    folder, tag, sides, starts, counter = "labelled", "labelled-shards", ("",), "texts.npy", "rows"
+    sides, starts, counter = ("",), "texts.npy", "rows"
     summed = ("texts", "tokens")
     noun = " texts"
     extras = True
@@ -743,120 +685,3 @@ class LabelledKind(RecordKind):
 
     def summary(self, indexes: dict[str, dict]) -> str:
         return f"texts { {s: i['texts'] for s, i in indexes.items()} }"
-
-    def check(self, stream: LabelledStream, splits: dict[str, dict]) -> None:
-        if not splits["train"]["texts"]:
-            raise ValueError(
-                f"The training split of {stream.dataset!r} has no labelled text: every row's {stream.text_column!r} "
-                f"is blank or its {stream.label_column!r} empty"
-            )
-        for split in SPLITS[1:]:
-            if splits[split]["texts"]:
-                continue
-            why = (
-                f"carved from train, {stream.held_out:.0%} of the texts by a hash of each, it got none: give more "
-                f"texts, a larger held_out, or a {split} file"
-                if split in stream.missing
-                else "its source has no labelled text: fill it, or leave it out to carve it from train"
-            )
-            raise ValueError(f"The {split} split of {stream.dataset!r} is empty: {why}")
-
-
-LABELLED = LabelledKind()
-
-
-def prepare_labelled(
-    stream: LabelledStream,
-    tokenizer: Tokenizer,
-    tokenizer_key: str,
-    cache_dir: Path,
-    max_examples: int | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-    workers: int | None = None,
-) -> Path:
-    """Prepare every split of `stream` once (cached by content; resumable; atomic): the texts' ids in shards, their
-    labels beside them; the prepared folder. max_examples: the training split is cut after this many texts."""
-    info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
-    keys = (tokenizer_key,)
-    return prepare(stream, LABELLED, (tokenizer,), keys, cache_dir, info, None, max_examples, shard_tokens, workers)
-
-
-class CaptionKind(LabelledKind):
-    """Captions: each caption's ids (no EOS) as a labelled text's, `texts.npy` their offsets, and beside them, one
-    JSON line each, [image name, the folder it resolves against, the caption's text] (an image's references).
-
-    An image the dataset holds (a `datasets` Image: `sources.Caption.embedded`) is written once, as its encoded
-    bytes, to `images/<name>` of the prepared folder, which becomes its folder: batches read it like any file. Each
-    file is renamed into place when written, so a killed run resumes past the images it wrote."""
-
-    folder, tag = "captions", "caption-shards"
-    noun = " captions"
-    images = "images"  # the prepared folder's folder of embedded images
-    partial = "images.partial"  # where an image is written before it is renamed into images/
-
-    def begin(self, root: Path) -> None:
-        shutil.rmtree(root / self.partial, ignore_errors=True)  # a killed run's half-written image
-
-    def stage(self, record: Caption, root: Path) -> Caption:
-        if not record.embedded:
-            return record
-        folder = (root / self.images).resolve()
-        if record.data is not None:
-            path = folder / record.image
-            if not path.exists():
-                (root / self.partial).mkdir(parents=True, exist_ok=True)
-                folder.mkdir(exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=root / self.partial)
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(record.data)
-                os.replace(tmp, path)
-            elif path.stat().st_size != len(record.data) or path.read_bytes() != record.data:
-                raise ValueError(
-                    f"{record.where}: two different images are named {record.image!r} (the base name of their path): "
-                    "an image's name identifies it (its captions, its split); give the images distinct file names"
-                )
-        return dataclasses.replace(record, folder=str(folder), data=None)
-
-    def check(self, stream: CaptionStream, splits: dict[str, dict]) -> None:
-        for split in SPLITS:
-            if not splits[split]["texts"]:
-                why = "carved by a hash of the image name" if split in stream.missing else "its source has no row"
-                raise ValueError(
-                    f"{stream.dataset}: no image falls in the {split} split ({why}); add rows, a {split} file or a "
-                    "split column"
-                )
-
-
-CAPTIONS = CaptionKind()
-
-
-def prepare_captions(
-    stream: CaptionStream,
-    tokenizer: Tokenizer,
-    tokenizer_key: str,
-    cache_dir: Path,
-    shard_tokens: int = SHARD_TOKENS,
-    workers: int | None = None,
-) -> Path:
-    """Prepare every split of `stream` once (cached by content; resumable; atomic): the captions' ids in shards, each
-    image's reference and the caption's text beside them; the prepared folder."""
-    info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
-    keys = (tokenizer_key,)
-    return prepare(stream, CAPTIONS, (tokenizer,), keys, cache_dir, info, None, None, shard_tokens, workers)
-
-
-def prepare_pairs(
-    stream: PairStream,
-    tokenizers: tuple[Tokenizer, Tokenizer],
-    tokenizer_keys: tuple[str, str],
-    cache_dir: Path,
-    max_pairs: int | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-    workers: int | None = None,
-) -> Path:
-    """Prepare every split of `stream` once (cached by content; resumable; atomic); the prepared corpus's folder.
-    max_pairs: the training split is cut after this many pairs (the rest of a source with its own held-out splits
-    is not read)."""
-    info = {"vocab_sizes": [t.get_vocab_size() for t in tokenizers], "tokenizer_keys": list(tokenizer_keys)}
-    keys = (list(tokenizer_keys),)
-    return prepare(stream, PAIRS, tokenizers, keys, cache_dir, info, None, max_pairs, shard_tokens, workers)

@@ -6,31 +6,40 @@
   streaming=True); offline it fails within seconds and says how to use local files instead. An embedded corpus
   (corpora.EMBEDDED), given as its DatasetDict.
 - A column may be dotted to reach into a nested field (`translation.en`).
-- A stream says what a record is: CorpusStream (pieces of documents), PairStream (sentence pairs), LabelledStream
-  (texts and their labels), RowStream (rows of named columns), CaptionStream (captions and their images: a path, or
-  an image the row holds, a `datasets` Image read undecoded, its bytes carried to the preparation).
+- A stream says what a record is: CorpusStream (pieces of documents), RowStream (rows of named columns); a task with
+  records of its own subclasses SplitStream (or RowStream) in its own file.
 - Held-out splits, for a source without them, are carved from train by one function, `held_out_split`: by a hash of
   the record's content, so its duplicates land in the same split and its position in the source does not matter; each
   missing held-out split takes `held_out` of the hash buckets. A handful of long documents (fewer than
   HASH_MIN_DOCUMENTS) is carved by lines instead (`line_range`): each gives train its first lines.
+- Files as users keep them: any of these forms compressed (.gz, .bz2, .xz; .zst with `zstandard` installed),
+  decompressed where a file is opened (`open_data`, the one place); a UTF-8 byte order mark (as Excel writes CSV) is
+  dropped; another text encoding is read when named (`encoding`).
 - Errors say what is wrong and the fix: a malformed line names its file and line, a missing column the columns there
-  are; undecodable bytes are replaced and counted in a warning that names the file.
+  are; bytes that are not text in the file's encoding stop the run with the file and line (never replaced).
+  `DataFileError` (a ValueError) is what a data file that cannot be read as its name says raises.
 """
 
 from __future__ import annotations
 
+import bz2
+import codecs
 import csv
 import glob
+import gzip
 import hashlib
+import io
 import json
+import lzma
 import os
 import socket
 import threading
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .cache import fingerprint, hash_file, hash_texts
 
@@ -44,6 +53,135 @@ SPLIT_ALIASES = {
     "dev": "validation",
     "test": "test",
 }
+
+
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstandard"}
+ENCODING = "utf-8"  # the default text encoding of data files
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be read as its name says: bytes that are not text in its encoding, a row that does not
+    parse, a compressed file that is not, a file of another format. The message names the file and, where there is
+    one, the line or row, and the fix."""
+
+
+def compression_of(path: str | os.PathLike) -> str | None:
+    """The compression a file's name says (its last suffix: .gz, .bz2, .xz, .zst), else None."""
+    return COMPRESSIONS.get(Path(path).suffix.lower())
+
+
+def form_suffix(path: str | os.PathLike) -> str:
+    """The suffix that says a file's form, a compression suffix looked through: train.jsonl.gz -> .jsonl."""
+    path = Path(path)
+    if compression_of(path):
+        path = path.with_suffix("")
+    return path.suffix.lower()
+
+
+def _open_zstandard(path: str, mode: str = "rb") -> IO[bytes]:
+    try:
+        import zstandard
+    except ImportError:
+        raise DataFileError(f"{path} is compressed with zstandard: pip install zstandard to read it") from None
+    return io.BufferedReader(zstandard.open(path, mode))  # its own reader reads blocks, not lines
+
+
+_OPENERS = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open, "zstandard": _open_zstandard}
+
+
+@contextmanager
+def open_data(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """The one place a data file is opened: its bytes, decompressed by its name's suffix. A file that is not what its
+    suffix says (not gzip data, cut short) raises DataFileError naming it."""
+    kind = compression_of(path)
+    if kind is None:
+        with open(path, "rb") as handle:
+            yield handle
+        return
+    try:
+        with _OPENERS[kind](str(path), "rb") as handle:
+            yield handle
+    except (EOFError, lzma.LZMAError) as error:
+        raise DataFileError(f"{path} is not {kind} data or is cut short ({error}); compress it again") from None
+    except OSError as error:
+        if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise
+        raise DataFileError(f"{path} is not {kind} data or is cut short ({error}); compress it again") from None
+    except Exception as error:  # zstandard.ZstdError and the like, without importing it
+        if type(error).__module__.split(".")[0] != "zstandard":
+            raise
+        raise DataFileError(f"{path} is not {kind} data or is cut short ({error}); compress it again") from None
+
+
+def data_size(path: str | os.PathLike) -> int:
+    """The bytes a file holds once decompressed (a compressed file is read through once to count them)."""
+    if compression_of(path) is None:
+        return os.path.getsize(path)
+    size = 0
+    with open_data(path) as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            size += len(block)
+    return size
+
+
+def size_estimate(path: str | os.PathLike) -> int:
+    """About the bytes a file holds once decompressed, without reading it (progress, the choice of a worker pool):
+    a gzip file's trailer says it (modulo 4 GiB), another compressed file is taken as four times its size."""
+    size = os.path.getsize(path)
+    if compression_of(path) == "gzip" and size >= 18:
+        with open(path, "rb") as handle:
+            handle.seek(-4, os.SEEK_END)
+            return max(int.from_bytes(handle.read(4), "little"), size)
+    return size if compression_of(path) is None else 4 * size
+
+
+def check_encoding(encoding: str) -> str:
+    """`encoding`, checked to be a text encoding whose newline is the byte 0x0A (files are cut at line ends)."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ValueError(
+            f"encoding={encoding!r} is not a text encoding Python knows (e.g. utf-8, latin-1, cp1252)"
+        ) from None
+    if "\n\r,a".encode(encoding, errors="replace") != b"\n\r,a":
+        raise ValueError(
+            f"encoding={encoding!r} is not read line by line (its newline is not one byte 0x0A); convert the files "
+            f"to UTF-8 first, e.g. iconv -f {encoding} -t utf-8 in.txt > out.txt"
+        )
+    return encoding
+
+
+PACKED_MAGIC = ((b"\x1f\x8b", "gzip data"), (b"BZh", "bzip2 data"), (b"\xfd7zXZ\x00", "xz data"),
+                (b"\x28\xb5\x2f\xfd", "zstandard data"), (b"PK\x03\x04", "a zip archive"))  # fmt: skip
+PACKED_FIX = {
+    "gzip data": "name it with its compression's suffix (.gz)",
+    "bzip2 data": "name it with its compression's suffix (.bz2)",
+    "xz data": "name it with its compression's suffix (.xz)",
+    "zstandard data": "name it with its compression's suffix (.zst)",
+    "a zip archive": "unzip it (a spreadsheet: save it as CSV)",
+}
+
+
+def decode(
+    data: bytes, path: str, line: int | Callable[[int], int], encoding: str = ENCODING, first: bool = False
+) -> str:
+    """`data` of `path` as text. A UTF-8 byte order mark at the file's start (`first`) is dropped; bytes that are not
+    `encoding` stop with DataFileError naming the file and the line (`line`, or a function of the offset of the bad
+    byte in `data` that says it), never replaced."""
+    if first and encoding.replace("_", "-").lower() in ("utf-8", "utf8") and data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as error:
+        number = line(error.start) if callable(line) else line
+        packed = next((what for magic, what in PACKED_MAGIC if first and data.startswith(magic)), None)
+        if packed:
+            raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}") from None
+        bad = data[error.start : error.start + 4]
+        raise DataFileError(
+            f"{path}:{number} is not {encoding} text (bytes {bad!r}); if the file is in another encoding, name it, "
+            f"e.g. --data.init_args.encoding latin-1 (or cp1252); no byte is replaced silently"
+        ) from None
 
 
 class OfflineError(ConnectionError):
@@ -100,10 +238,11 @@ def local_files(spec: str) -> list[str]:
         files = [spec]
     else:
         files = sorted(f for f in glob.glob(spec, recursive=True) if os.path.isfile(f))
-    files = [f for f in files if Path(f).suffix.lower() in TEXT_SUFFIXES + tuple(BUILDERS)]
+    files = [f for f in files if form_suffix(f) in TEXT_SUFFIXES + tuple(BUILDERS)]
     if not files:
         raise FileNotFoundError(
-            f"No data files found for {spec!r} (looked for {', '.join(TEXT_SUFFIXES + tuple(BUILDERS))})"
+            f"No data files found for {spec!r} (looked for {', '.join(TEXT_SUFFIXES + tuple(BUILDERS))}, each also "
+            f"compressed: {', '.join(COMPRESSIONS)})"
         )
     return files
 
@@ -116,13 +255,15 @@ def split_of(path: str) -> str:
     return "train"
 
 
-def read_inputs(path: str | Path, field: str = "text") -> list[str]:
-    """The inputs of a predict run: a .jsonl/.json file's `field` per line, or else every line of a text file."""
+def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING) -> list[str]:
+    """The inputs of a predict run: a .jsonl/.json file's `field` per line, or else every line of a text file (either
+    may be compressed)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"predict_file {str(path)!r} does not exist; give a text file with one input per line")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if path.suffix not in (".jsonl", ".json"):
+    with open_data(path) as handle:
+        lines = [decode(line, str(path), n, encoding, n == 1).rstrip("\r\n") for n, line in enumerate(handle, 1)]
+    if form_suffix(path) not in (".jsonl", ".json"):
         return lines
     texts = []
     for number, line in enumerate(lines, 1):
@@ -131,9 +272,9 @@ def read_inputs(path: str | Path, field: str = "text") -> list[str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line") from None
+            raise DataFileError(f"{path}:{number} is not valid JSON ({error.msg}); write one object per line") from None
         if not isinstance(row, dict) or not isinstance(row.get(field), str):
-            raise ValueError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
+            raise DataFileError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
         texts.append(row[field])
     if not texts:
         raise ValueError(f"predict_file {str(path)!r} holds no input")
@@ -251,7 +392,7 @@ class SplitStream:
     dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a folder that
     `datasets` saved; a hub name; or an embedded corpus's DatasetDict (given as `embedded`). A subclass says what a
     record is: `routed` yields each record of one pass over a source split with the split it belongs to
-    (CorpusStream: pieces of documents; PairStream: sentence pairs; LabelledStream: texts and their labels).
+    (CorpusStream: pieces of documents; a task's own stream in the task's file).
     """
 
     key: str  # the content key's tag
@@ -259,9 +400,15 @@ class SplitStream:
     hub_hint = LOCAL_HINT  # how to do without the hub, for the error of a hub name offline
 
     def __init__(
-        self, dataset: str, dataset_config: str | None = None, embedded=None, held_out: float = HELD_OUT
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        embedded=None,
+        held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
     ) -> None:
         self.dataset, self.dataset_config, self.held_out = dataset, dataset_config, held_out
+        self.encoding = check_encoding(encoding)
         self.sources: dict[str, Source] = {}
         self.file_hashes: dict[str, str] = {}  # each file's hash as content_key got it: carving reuses, not rereads
         if embedded is not None:
@@ -322,15 +469,21 @@ class SplitStream:
 
     def _check_files(self, files: list[str]) -> None:
         """Refuse local files this kind of record cannot come from."""
-        other = sorted({Path(f).suffix.lower() for f in files} - set(BUILDERS))
+        other = sorted({form_suffix(f) for f in files} - set(BUILDERS))
         if other and not self.text_files:
             raise ValueError(
                 f"{self.dataset!r}: this task reads rows from .jsonl/.json, .csv/.tsv or .parquet files, not {other}"
             )
+        packed = [f for f in files if form_suffix(f) == ".parquet" and compression_of(f)]
+        if packed:
+            raise DataFileError(
+                f"{packed[0]}: a parquet file compresses its columns itself and is read by random access; give it "
+                "uncompressed (.parquet)"
+            )
 
     def _check_columns(self, path: str) -> None:
         """A row file without the record's columns fails at once, naming the columns it has."""
-        columns = columns_of(path) if Path(path).suffix.lower() in BUILDERS else None
+        columns = columns_of(path, self.encoding) if form_suffix(path) in BUILDERS else None
         missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
         if missing:
             raise ValueError(
@@ -373,6 +526,7 @@ class SplitStream:
         """A fingerprint of everything the stream yields: file contents, rows, or the hub name and config."""
         # held_out enters the key only when it is not the default every earlier cache was carved with.
         carving = () if self.held_out == HELD_OUT else (self.held_out,)
+        carving += () if self.encoding == ENCODING else (("encoding", self.encoding),)  # likewise
 
         def remembered(path: str) -> str:
             self.file_hashes[path] = file_hash(path)
@@ -404,7 +558,7 @@ class SplitStream:
     def input_bytes(self, source: str) -> int | None:
         """Bytes a pass over a source split reads (None when unknown: rows in memory or a hub stream)."""
         files = self.sources[source].files
-        return sum(os.path.getsize(f) for f in files) if files else None
+        return sum(size_estimate(f) for f in files) if files else None
 
     def passes(self) -> list[tuple[str, list[str]]]:
         """(source split, the splits one pass over it fills): the training source also fills carved splits."""
@@ -437,9 +591,10 @@ class CorpusStream(SplitStream):
         text_column: str = "text",
         embedded=None,
         held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
     ) -> None:
         self.text_column = text_column
-        super().__init__(dataset, dataset_config, embedded, held_out)
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
 
     def _columns(self) -> list[str]:
         return [self.text_column]
@@ -469,7 +624,7 @@ class CorpusStream(SplitStream):
                             yield split, piece
                 else:
                     owner = carve(digest_bucket(digest()), self.missing, self.held_out) if carving else source_name
-                    for piece in _file_chunks(path, document):
+                    for piece in _file_chunks(path, document, encoding=self.encoding):
                         yield owner, piece
             else:
                 text, nbytes = payload
@@ -485,10 +640,10 @@ class CorpusStream(SplitStream):
 
     def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
         """The lines of a .txt file between two fractions of its bytes, cut at line boundaries."""
-        size = os.path.getsize(path)
-        lo = 0 if start == 0 else _byte_line_cut(path, int(size * start))
-        hi = size if end >= 1 else _byte_line_cut(path, int(size * end))
-        yield from _file_chunks(path, document, lo, hi)
+        size = data_size(path)
+        lo = 0 if start == 0 else _byte_line_cut(path, int(size * start), size)
+        hi = size if end >= 1 else _byte_line_cut(path, int(size * end), size)
+        yield from _file_chunks(path, document, lo, hi, self.encoding)
 
     def _documents(self, source: Source):
         """(kind, payload, digest) per document: ("file", path, lazy hash) for .txt files, ("row", (text, bytes),
@@ -500,11 +655,10 @@ class CorpusStream(SplitStream):
                     yield "row", (text, len(text)), None
             return
         for path in source.files:
-            suffix = Path(path).suffix.lower()
-            if suffix not in BUILDERS:
+            if form_suffix(path) not in BUILDERS:
                 yield "file", path, lambda path=path: self.file_hashes.get(path) or hash_file(path)
                 continue
-            for row, nbytes, number in records(path, [self.text_column.split(".")[0]]):
+            for row, nbytes, number in records(path, [self.text_column.split(".")[0]], self.encoding):
                 text = self._text(row, f"{path}:{number}")
                 if text.strip():
                     yield "row", (text, nbytes), None
@@ -583,7 +737,7 @@ def hub_streams(dataset: str, config: str | None, hint: str = LOCAL_HINT) -> dic
 def _looks_like_a_path(spec: str) -> bool:
     """A spec that names a local file (a leading / . ~ or a data file suffix), never a hub name like owner/name."""
     suffixes = (".txt", ".text", ".md", *BUILDERS)
-    return spec.startswith(("/", "./", "../", "~")) or Path(spec).suffix.lower() in suffixes
+    return spec.startswith(("/", "./", "../", "~")) or form_suffix(spec) in suffixes
 
 
 def _line_cut(text: str, fraction: float) -> int:
@@ -591,90 +745,124 @@ def _line_cut(text: str, fraction: float) -> int:
     return len(text) if at < 0 else at + 1
 
 
-def _byte_line_cut(path: str, offset: int) -> int:
-    """The first line start at or after byte `offset` of a file."""
-    with open(path, "rb") as handle:
+def _skip(handle: IO[bytes], offset: int) -> None:
+    """Move a fresh handle to byte `offset` (a decompressing reader that cannot seek reads past them)."""
+    try:
         handle.seek(offset)
+    except (OSError, ValueError):
+        while offset > 0:
+            block = handle.read(min(offset, 1 << 20))
+            if not block:
+                return
+            offset -= len(block)
+
+
+def _byte_line_cut(path: str, offset: int, size: int) -> int:
+    """The first line start at or after byte `offset` of a file of `size` (decompressed) bytes."""
+    with open_data(path) as handle:
+        _skip(handle, offset)
         while True:
             chunk = handle.read(1 << 16)
             if not chunk:
-                return os.path.getsize(path)
+                return size
             at = chunk.find(b"\n")
             if at >= 0:
                 return offset + at + 1
             offset += len(chunk)
 
 
-def _decode(data: bytes, path: str, bad: list[int]) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        bad[0] += text.count("\ufffd") - data.count("\ufffd".encode())
-        return text
+def _line_at(path: str, offset: int) -> int:
+    """The line number (from 1) of byte `offset` of a file: for an error only, so read again."""
+    lines = 1
+    with open_data(path) as handle:
+        while offset > 0:
+            block = handle.read(min(offset, 1 << 20))
+            if not block:
+                break
+            lines += block.count(b"\n")
+            offset -= len(block)
+    return lines
 
 
-def _warn_bad(path: str, bad: list[int]) -> None:
-    if bad[0]:
-        warnings.warn(f"{path}: {bad[0]} undecodable byte sequence(s) replaced with U+FFFD", stacklevel=3)
+def _file_chunks(
+    path: str, document: int, start: int = 0, end: int | None = None, encoding: str = ENCODING
+) -> Iterator[Piece]:
+    """A text file (decompressed bytes start..end) in chunks of about CHUNK_BYTES that end at line boundaries.
 
-
-def _file_chunks(path: str, document: int, start: int = 0, end: int | None = None) -> Iterator[Piece]:
-    """A text file (bytes start..end) in chunks of about CHUNK_BYTES that end at line boundaries.
-
-    A newline byte never occurs inside a UTF-8 sequence, so each chunk decodes on its own."""
-    end = os.path.getsize(path) if end is None else end
-    bad = [0]
-    with open(path, "rb") as handle:
-        handle.seek(start)
+    A newline byte never occurs inside a UTF-8 sequence (nor in any encoding `check_encoding` lets through), so each
+    chunk decodes on its own."""
+    with open_data(path) as handle:
+        _skip(handle, start)
         position, carry = start, b""
-        while position < end:
-            data = handle.read(min(CHUNK_BYTES, end - position))
+        while end is None or position < end:
+            data = handle.read(CHUNK_BYTES if end is None else min(CHUNK_BYTES, end - position))
             if not data:
                 break
+            offset = position - len(carry)  # where `data` starts in the file
             position += len(data)
             data = carry + data
-            cut = data.rfind(b"\n") + 1 if position < end else len(data)
+            cut = data.rfind(b"\n") + 1 if end is None or position < end else len(data)
             if cut == 0:  # a line longer than a chunk: keep reading
                 carry = data
                 continue
             carry = data[cut:]
-            yield Piece(_decode(data[:cut], path, bad), document, False, cut)
+            text = decode(data[:cut], path, lambda at, o=offset: _line_at(path, o + at), encoding, offset == 0)
+            yield Piece(text, document, False, cut)
         if carry:
-            yield Piece(_decode(carry, path, bad), document, False, len(carry))
+            offset = position - len(carry)
+            yield Piece(
+                decode(carry, path, lambda at: _line_at(path, offset + at), encoding, offset == 0),
+                document,
+                False,
+                len(carry),
+            )
     yield Piece("", document, True, 0)
-    _warn_bad(path, bad)
 
 
-def columns_of(path: str) -> list[str] | None:
-    suffix = Path(path).suffix.lower()
+def _delimiter(path: str) -> str:
+    return "\t" if form_suffix(path) == ".tsv" else ","
+
+
+def _parquet(path: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise DataFileError(f"{path} is not a parquet file ({error}); give the file its form's suffix") from None
+
+
+def columns_of(path: str, encoding: str = ENCODING) -> list[str] | None:
+    """The columns a row file names in its head (a CSV/TSV header, the first JSON line's keys, a parquet schema);
+    None when only reading it tells (a JSON array)."""
+    suffix = form_suffix(path)
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).schema_arrow.names
-    with open(path, "rb") as handle:
-        first = handle.readline(1 << 24).decode("utf-8", errors="replace")
+        return _parquet(path).schema_arrow.names
+    with open_data(path) as handle:
+        first = decode(handle.readline(1 << 24), path, 1, encoding, first=True)
     if suffix in (".csv", ".tsv"):
-        return next(csv.reader([first], delimiter="\t" if suffix == ".tsv" else ","), [])
+        try:
+            return next(csv.reader([first], delimiter=_delimiter(path)), [])
+        except csv.Error as error:
+            raise DataFileError(f"{path}:1 is not a {suffix[1:].upper()} header ({error})") from None
     stripped = first.strip()
     if not stripped or stripped.startswith("["):
         return None  # a JSON array: checked when read
     try:
         row = json.loads(stripped)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:1 is not valid JSON ({error.msg}); write one object per line") from None
+        raise DataFileError(f"{path}:1 is not valid JSON ({error.msg}); write one object per line") from None
     return list(row) if isinstance(row, dict) else None
 
 
-def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict, int, int]]:
-    """(row, input bytes, line number) per row of a JSON-lines, JSON, CSV/TSV or parquet file, streamed: one row at a
-    time, parquet in record batches of `columns` only (all when None). A line that does not parse fails with a
-    message naming the file and the line."""
-    suffix = Path(path).suffix.lower()
+def records(path: str, columns: list[str] | None = None, encoding: str = ENCODING) -> Iterator[tuple[dict, int, int]]:
+    """(row, input bytes, line number) per row of a JSON-lines, JSON, CSV/TSV or parquet file (the first three maybe
+    compressed), streamed: one row at a time, parquet in record batches of `columns` only (all when None). A line that
+    does not parse, or bytes that are not `encoding`, fail with DataFileError naming the file and the line."""
+    suffix = form_suffix(path)
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        parquet = pq.ParquetFile(path)
+        parquet = _parquet(path)
         per_row = os.path.getsize(path) / max(1, parquet.metadata.num_rows)
         number = 0
         if columns is not None:  # those the file has (an optional column, a split, may be absent)
@@ -685,146 +873,51 @@ def records(path: str, columns: list[str] | None = None) -> Iterator[tuple[dict,
                 yield row, int(per_row), number
         return
     if suffix in (".csv", ".tsv"):
-        bad = [0]
-        with open(path, "rb") as raw:
-            lines = (_decode(line, path, bad) for line in raw)
-            reader = csv.reader(lines, delimiter="\t" if suffix == ".tsv" else ",")
-            header = next(reader, None) or []
-            for fields in reader:
-                if not fields:
-                    continue
-                if len(fields) != len(header):
-                    raise ValueError(
-                        f"{path}:{reader.line_num} has {len(fields)} fields where the header has {len(header)} "
-                        f"({header}); quote fields that hold the delimiter"
-                    )
-                row = dict(zip(header, fields, strict=True))
-                yield row, sum(map(len, fields)) + len(fields), reader.line_num
-        _warn_bad(path, bad)
+        with open_data(path) as raw:
+            lines = (decode(line, path, n, encoding, n == 1) for n, line in enumerate(raw, 1))
+            reader = csv.reader(lines, delimiter=_delimiter(path))
+            try:
+                header = next(reader, None) or []
+                for fields in reader:
+                    if not fields:
+                        continue
+                    if len(fields) != len(header):
+                        raise DataFileError(
+                            f"{path}:{reader.line_num} has {len(fields)} fields where the header has {len(header)} "
+                            f"({header}); quote fields that hold the delimiter"
+                        )
+                    row = dict(zip(header, fields, strict=True))
+                    yield row, sum(map(len, fields)) + len(fields), reader.line_num
+            except csv.Error as error:
+                raise DataFileError(
+                    f"{path}:{reader.line_num} is not a {suffix[1:].upper()} row ({error}); is the file "
+                    f"{suffix[1:].upper()} text?"
+                ) from None
         return
-    with open(path, "rb") as handle:
-        head = handle.read(4096).lstrip()
+    with open_data(path) as handle:
+        head = handle.read(4096).lstrip(codecs.BOM_UTF8).lstrip()
     if head.startswith(b"["):  # a JSON array cannot be streamed line by line: read whole (write JSON lines instead)
         warnings.warn(f"{path} is one JSON array, read whole; JSON lines stream in bounded memory", stacklevel=2)
-        bad = [0]
-        rows = json.loads(_decode(Path(path).read_bytes(), path, bad))
+        with open_data(path) as handle:
+            data = handle.read()
+        try:
+            rows = json.loads(decode(data, path, lambda at: data.count(b"\n", 0, at) + 1, encoding, first=True))
+        except json.JSONDecodeError as error:
+            raise DataFileError(f"{path}:{error.lineno} is not valid JSON ({error.msg})") from None
         for number, row in enumerate(rows, 1):
             yield (row if isinstance(row, dict) else {}), 0, number
         return
-    bad = [0]
-    with open(path, "rb") as handle:
+    with open_data(path) as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(_decode(line, path, bad))
+                row = json.loads(decode(line, path, number, encoding, number == 1))
             except json.JSONDecodeError as error:
-                raise ValueError(
+                raise DataFileError(
                     f"{path}:{number} is not valid JSON ({error.msg}); write one object per line"
                 ) from None
             yield (row if isinstance(row, dict) else {}), len(line), number
-    _warn_bad(path, bad)
-
-
-# ---------------------------------------------------------------------------------------------------- labelled texts
-
-
-@dataclass
-class LabelledText:
-    """A text and its label (a name, an id, or a list of them for multi-label data): one row of a classifier's data."""
-
-    text: str
-    label: Any
-    row: int  # the row's index in its source split
-    nbytes: int
-    last = True
-
-    @property
-    def extra(self) -> str:
-        """The label as JSON: what a prepared shard keeps beside the text's ids."""
-        return json.dumps(self.label, ensure_ascii=False)
-
-    @property
-    def texts(self) -> tuple[str]:
-        return (self.text,)
-
-    @property
-    def document(self) -> int:
-        return self.row
-
-
-class LabelledStream(SplitStream):
-    """Each split's labelled texts as a stream, read row by row through the one reader; held-out splits carved from
-    train by a hash of the text when missing. A split whose labels are hidden (a hub test split of -1 labels, as in
-    GLUE) cannot be scored: it is left out and carved from train like a missing one."""
-
-    key = "labelled"
-    local_hint = "(.csv/.tsv, .jsonl/.json, .parquet) with a text and a label column, or a hub dataset name"
-    column_hint = " (choose them with --data.init_args.text_column and label_column)"
-
-    def __init__(
-        self,
-        dataset: str,
-        dataset_config: str | None = None,
-        text_column: str = "text",
-        label_column: str = "label",
-        embedded=None,
-        held_out: float = HELD_OUT,
-    ) -> None:
-        self.text_column, self.label_column = text_column, label_column
-        super().__init__(dataset, dataset_config, embedded, held_out)
-        hidden = [name for name, source in self.sources.items() if name != "train" and self._hidden(source)]
-        for name in hidden:
-            del self.sources[name]
-        if hidden:
-            self.missing = missing_splits(self.sources)
-            self.mode = "hash"
-
-    def _columns(self) -> list[str]:
-        return [self.text_column, self.label_column]
-
-    def _settings(self) -> tuple:
-        return self.text_column, self.label_column
-
-    def _hidden(self, source: Source) -> bool:
-        if source.table is None:
-            return False
-        first = next(iter(table_rows(source.table)), None)
-        return first is not None and first.get(self.label_column) == -1
-
-    def class_names(self) -> list[str] | None:
-        """The label names a `datasets` ClassLabel column carries (hub and saved datasets), else None."""
-        table = self.sources["train"].table
-        feature = (getattr(table, "features", None) or {}).get(self.label_column)
-        feature = getattr(feature, "feature", feature)  # a Sequence(ClassLabel) for multi-label data
-        return getattr(feature, "names", None)
-
-    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, LabelledText]]:
-        """(split, labelled text) for every row of one pass over a source split; split is None for a row with a
-        blank text or no label (dropped). The training source also feeds carved held-out splits, by text hash."""
-        for row, (text, label, nbytes) in enumerate(self._rows(self.sources[source_name])):
-            if row < skip:
-                continue
-            blank = not text.strip() or label is None or label == ""
-            yield (None if blank else self.owner(source_name, text)), LabelledText(text, label, row, nbytes)
-
-    def _rows(self, source: Source) -> Iterator[tuple[str, Any, int]]:
-        if source.table is not None:
-            for number, row in enumerate(table_rows(source.table), 1):
-                text, label = self._labelled(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
-                yield text, label, len(text) if source.in_memory else 0
-            return
-        for path in source.files:
-            columns = list(dict.fromkeys(c.split(".")[0] for c in self._columns()))
-            for row, nbytes, number in records(path, columns):
-                yield *self._labelled(row, f"{path}:{number}"), nbytes
-
-    def _labelled(self, row: dict, where: str) -> tuple[str, Any]:
-        values = self.values(row, where)
-        text, label = values
-        if text is not None and not isinstance(text, str):
-            raise ValueError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
-        return text or "", label
 
 
 # ---------------------------------------------------------------------------------------------------- rows of columns
@@ -850,7 +943,7 @@ class Row:
 
 class RowStream(SplitStream):
     """Each split's rows of named columns (dotted names reach into nested fields), read through the one reader;
-    held-out splits carved from train by a hash of `key_column` (an image's name: all its captions stay together)."""
+    held-out splits carved from train by a hash of `key_column` (all rows of one key stay together)."""
 
     key = "rows"
     local_hint = "(.csv/.tsv, .jsonl/.json, .parquet), a folder `datasets` saved, or a hub dataset name"
@@ -865,9 +958,10 @@ class RowStream(SplitStream):
         embedded=None,
         held_out: float = HELD_OUT,
         column_hint: str = "",
+        encoding: str = ENCODING,
     ) -> None:
         self.columns, self.key_column, self.column_hint = list(columns), key_column, column_hint
-        super().__init__(dataset, dataset_config, embedded, held_out)
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
 
     def _columns(self) -> list[str]:
         return self.columns
@@ -893,318 +987,12 @@ class RowStream(SplitStream):
                 yield Row(dict(zip(self.columns, self.values(row, where), strict=True)), where, None, number - 1, 0)
             return
         for path in source.files:
-            for number, (row, nbytes, line) in enumerate(records(path, top + ["split"])):
+            for number, (row, nbytes, line) in enumerate(records(path, top + ["split"], self.encoding)):
                 where = f"{path}:{line}"
                 values = dict(zip(self.columns, self.values(row, where), strict=True))
                 if row.get("split") not in (None, ""):
                     values["split"] = row["split"]
                 yield Row(values, where, str(Path(path).parent), number, nbytes)
-
-
-@dataclass
-class Caption:
-    """One caption of an image: a prepared shard keeps its ids and, beside them, the image's reference (its name, the
-    folder it resolves against) and the caption's text (BLEU's reference).
-
-    An image a dataset holds itself (a `datasets` Image) is `embedded`: its folder is the one the preparation writes
-    it to (`shards.CaptionKind.stage`), and the first caption of its row carries its encoded bytes (`data`)."""
-
-    caption: str
-    image: str
-    folder: str | None
-    row: int
-    nbytes: int
-    embedded: bool = False
-    data: bytes | None = None
-    where: str = ""  # the row, for an error about its image
-    last = True
-
-    @property
-    def extra(self) -> str:
-        return json.dumps([self.image, self.folder, self.caption], ensure_ascii=False)
-
-    @property
-    def texts(self) -> tuple[str]:
-        return (self.caption,)
-
-    @property
-    def document(self) -> int:
-        return self.row
-
-
-IMAGE_MAGIC = (  # the suffix of a file of encoded image bytes without a name (Pillow reads any by content)
-    (b"\x89PNG", ".png"),
-    (b"\xff\xd8", ".jpg"),
-    (b"GIF8", ".gif"),
-    (b"BM", ".bmp"),
-    (b"II*\x00", ".tif"),
-    (b"MM\x00*", ".tif"),
-)
-
-
-def embedded_image(value: Any, where: str, column: str) -> tuple[str, bytes]:
-    """The name and encoded bytes of an image a row holds: a `datasets` Image, undecoded ({"bytes", "path"}) or a
-    PIL image. Its name is its path's base name when it has one (its file's name: features_dir finds it by that
-    stem), else a digest of its bytes, so a dataset of one row per caption keeps an image's captions together, and
-    the carving by name stays stable. A missing or empty image fails naming the row and the column."""
-    from PIL import Image
-
-    if isinstance(value, Image.Image):  # decoded: its file's bytes, else encoded again (as `datasets` encodes it)
-        from datasets.features.image import image_to_bytes
-
-        path = getattr(value, "filename", "") or None
-        data = Path(path).read_bytes() if path and os.path.isfile(path) else image_to_bytes(value)
-        value = {"bytes": data, "path": path}
-    data, path = value.get("bytes"), value.get("path")
-    if not data and path:  # a path alone: a local file, or a remote one `datasets` can open (a hub stream)
-        try:
-            if os.path.isfile(path):
-                data = Path(path).read_bytes()
-            else:
-                from datasets.utils.file_utils import xopen
-
-                with xopen(path, "rb") as handle:
-                    data = handle.read()
-        except (OSError, ValueError) as error:
-            raise ValueError(f'{where}: the image in "{column}" cannot be read from {path!r} ({error})') from None
-    if not data:
-        raise ValueError(
-            f'{where} has no "{column}" value: its image holds no bytes and no path; each row holds an image '
-            "(a datasets Image) or names one (a path)"
-        )
-    base = Path(str(path).split("::")[0].replace("\\", "/")).name if path else ""
-    if base and base not in (".", ".."):
-        return base, data
-    suffix = next((s for magic, s in IMAGE_MAGIC if data.startswith(magic)), "")
-    if not suffix and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        suffix = ".webp"
-    return hashlib.md5(data).hexdigest()[:16] + suffix, data
-
-
-class CaptionStream(RowStream):
-    """Each split's captions (one row per caption, or a list of them), read through the one reader. A row's image is
-    a path (a captions file's, resolved against its folder or images_dir) or an image the row holds (a `datasets`
-    Image of a folder `datasets` saved or a hub stream, read undecoded: see `embedded_image`). An image's split is its
-    row's split column, else its file's (train*/valid*/test*), else carved by a hash of its name, so all its captions
-    (its references) stay together."""
-
-    key = "captions"
-    rows_per_batch = 64  # a table's rows may hold their images' bytes
-    hub_hint = (
-        "Point the DataModule at local files instead: --data.dataset captions.csv (or .jsonl) with columns image and "
-        "caption, the images under --data.images_dir (or their features under --data.features_dir), or a folder "
-        "`datasets` saved (save_to_disk) with an Image column; or use the embedded task, --data.dataset digits."
-    )
-
-    def __init__(
-        self,
-        dataset: str,
-        image_column: str,
-        text_column: str,
-        dataset_config: str | None = None,
-        embedded=None,
-        held_out: float = HELD_OUT,
-        column_hint: str = "",
-    ) -> None:
-        self.image_column, self.text_column = image_column, text_column
-        super().__init__(
-            dataset, [image_column, text_column], image_column, dataset_config, embedded, held_out, column_hint
-        )
-        for source in self.sources.values():  # Image columns are read undecoded: bytes are copied, never decoded
-            source.table = _undecoded(source.table, image_column)
-
-    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Caption]]:
-        for number, row in enumerate(self._rows(self.sources[source_name])):
-            if number < skip:
-                continue
-            value, caption = row.values[self.image_column], row.values[self.text_column]
-            data = None
-            if isinstance(value, str):
-                if not value.strip():
-                    raise ValueError(
-                        f'{row.where} has no "{self.image_column}" value: each row names an image (a path)'
-                    )
-                name = value
-            elif isinstance(value, dict) or _is_pil(value):
-                name, data = embedded_image(value, row.where, self.image_column)
-            else:
-                held = "nothing" if value is None else type(value).__name__
-                raise ValueError(
-                    f'{row.where} has no "{self.image_column}" value (it holds {held}): each row names an image (a '
-                    "path) or holds one (a datasets Image)"
-                )
-            refs = [caption] if isinstance(caption, str) else list(caption or [])
-            refs = [c.strip() for c in refs if isinstance(c, str) and c.strip()]
-            if not refs:
-                raise ValueError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
-            given = str(row.values.get("split") or "").strip().lower()
-            if given and given not in SPLIT_ALIASES:
-                raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
-            split = SPLIT_ALIASES[given] if given else self.owner(source_name, name)
-            folder = None if data is not None else row.folder
-            for k, text in enumerate(refs):
-                first = k == 0
-                yield split, Caption(
-                    text, name, folder, number, row.nbytes if first else 0, data is not None,
-                    data if first else None, row.where,
-                )  # fmt: skip
-
-
-def _is_pil(value: Any) -> bool:
-    try:
-        from PIL import Image
-    except ImportError:
-        return False
-    return isinstance(value, Image.Image)
-
-
-def _undecoded(table, column: str):
-    """`table` with its `datasets` Image column `column` read undecoded ({"bytes", "path"}): no Pillow decode while
-    streaming rows; other tables as they are."""
-    features = getattr(table, "features", None)
-    if not features or column not in features:
-        return table
-    import datasets
-
-    if not isinstance(features[column], datasets.Image) or not features[column].decode:
-        return table
-    return table.cast_column(column, datasets.Image(decode=False))
-
-
-# ---------------------------------------------------------------------------------------------------- sentence pairs
-
-
-@dataclass
-class Pair:
-    source: str  # stripped; an empty side means the row is dropped
-    target: str
-    row: int  # the row's index in its source split (a resumed preparation reads past the rows before)
-    nbytes: int  # input bytes it accounts for (progress in MB/s)
-    last = True  # each pair is a record of its own
-
-    @property
-    def texts(self) -> tuple[str, str]:
-        return self.source, self.target
-
-    @property
-    def document(self) -> int:
-        return self.row
-
-
-def _as_text(value, where: str) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: a side of a pair must be text, found {type(value).__name__} {str(value)[:40]!r}")
-    return value.strip()
-
-
-class PairStream(SplitStream):
-    """Each split's sentence pairs as a stream, read row by row; held-out splits carved from train when missing.
-
-    dataset: local .jsonl/.json/.csv/.tsv/.parquet files (a file, folder or glob), a hub name, or an embedded
-    corpus's DatasetDict (given as `embedded`). A row's pair is its `translation` {language: text} mapping, or its
-    two columns named by source_column/target_column (default: the language codes).
-    """
-
-    key = "pairs"
-    local_hint = "of pairs (.jsonl/.json, .csv/.tsv, .parquet), a hub dataset name, or the embedded kjv-rv1909"
-    column_hint = " (set source_column/target_column, or source_lang/target_lang)"
-
-    def __init__(
-        self,
-        dataset: str,
-        dataset_config: str | None = None,
-        source_lang: str = "en",
-        target_lang: str = "es",
-        source_column: str | None = None,
-        target_column: str | None = None,
-        embedded=None,
-        held_out: float = HELD_OUT,
-    ) -> None:
-        self.langs = (source_lang, target_lang)
-        self.explicit = bool(source_column or target_column)
-        self.columns = (source_column or source_lang, target_column or target_lang)
-        self._read_columns: dict[str, list[str] | None] = {}
-        super().__init__(dataset, dataset_config, embedded, held_out)
-
-    def _columns(self) -> list[str]:
-        return list(self.columns)
-
-    def _settings(self) -> tuple:
-        return self.langs, self.columns, self.explicit
-
-    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str | None, Pair]]:
-        """(split, pair) for every row of one pass over a source split, from row `skip` on; split is None for a
-        row with an empty side (dropped). The training source also feeds carved held-out splits, by pair hash."""
-        for row, (source, target, nbytes) in enumerate(self._rows(self.sources[source_name])):
-            if row >= skip:
-                split = self.owner(source_name, source, target) if source and target else None
-                yield split, Pair(source, target, row, nbytes)
-
-    def pairs(self, split: str) -> Iterator[tuple[str, str]]:
-        """The (source, target) pairs of `split` in order, rows with an empty side left out."""
-        for pair in self.records_of(split):
-            yield pair.source, pair.target
-
-    def _rows(self, source: Source) -> Iterator[tuple[str, str, int]]:
-        """(source text, target text, input bytes) per row, stripped."""
-        if source.table is not None:
-            for number, row in enumerate(table_rows(source.table), 1):
-                source_text, target_text = self._pair(row, f"{self.dataset} ({source.origin[-1]}) row {number}")
-                yield source_text, target_text, len(source_text) + len(target_text) if source.in_memory else 0
-            return
-        for path in source.files:
-            for row, nbytes, number in records(path, self._read_columns.get(path)):
-                yield *self._pair(row, f"{path}:{number}"), nbytes
-
-    def _pair(self, row: dict, where: str) -> tuple[str, str]:
-        """A row's (source, target): from its translation mapping by language, else from its two columns."""
-        translation = not self.explicit and "translation" in row
-        values, keys = (row["translation"], self.langs) if translation else (row, self.columns)
-        if not isinstance(values, dict):
-            raise ValueError(f"{where}: the translation column holds {type(values).__name__}, not a mapping")
-        found = {}
-        for key in keys:
-            try:
-                found[key] = column_value(values, key)
-            except KeyError:
-                pass
-        missing = [key for key in keys if key not in found]
-        if missing and translation:
-            raise ValueError(
-                f"{self.dataset!r}: the translation column has no language {missing}; it has {sorted(values)} ({where})"
-            )
-        if missing:
-            raise ValueError(
-                f"dataset {self.dataset!r}: {where} has no column {', '.join(map(repr, missing))}; its columns are "
-                f"{sorted(values)} (set source_column/target_column)"
-            )
-        return _as_text(found[keys[0]], where), _as_text(found[keys[1]], where)
-
-    def _check_columns(self, path: str) -> None:
-        """A file without the pair's columns fails at once, naming the columns it has."""
-        columns = columns_of(path)
-        if columns is None:
-            return
-        if not self.explicit and "translation" in columns:
-            self._read_columns[path] = ["translation"]
-            return
-        super()._check_columns(path)
-        self._read_columns[path] = list(dict.fromkeys(c.split(".")[0] for c in self.columns))
-
-
-def sample_pairs(stream: PairStream, max_chars: int, max_pairs: int | None = None) -> tuple[list[str], list[str]]:
-    """The first training pairs, up to `max_chars` characters (both sides) and `max_pairs` pairs: a bounded sample
-    to train tokenizers on (the training split itself when it is smaller)."""
-    sources, targets, total = [], [], 0
-    for source, target in stream.pairs("train"):
-        if total >= max_chars or (max_pairs is not None and len(sources) >= max_pairs):
-            break
-        sources.append(source)
-        targets.append(target)
-        total += len(source) + len(target)
-    return sources, targets
 
 
 # ---------------------------------------------------------------------------------------------------- samples
