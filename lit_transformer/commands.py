@@ -44,6 +44,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("translate", "lit_transformer.model_commands:translate_main", "Translate text with an encoder-decoder model."),
     Command("export", "lit_transformer.model_commands:export_main", "Write a checkpoint as safetensors, Hugging Face or ONNX."),
     Command("average", "lit_transformer.model_commands:average_main", "Average the weights of a run's last checkpoints."),
+    Command("ablate", "lit_transformer.ablate:main", "Train a grid of variants over seeds on one budget; table and plots."),
+    Command("bench", "lit_transformer.bench:main", "Run a benchmark (speed, startup, nanogpt, ...); JSON names the machine."),
+    Command("digit-strips", "lit_transformer.digit_strips:main", "Write the embedded captioning task's strips as PNGs."),
+    Command("translation-recipe", "lit_transformer.translation_recipe:main", "Test BLEU of last, averaged and EMA weights."),
 )
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 # name -> (module holding `main(argv)`, one line of what it measures)
 BENCHMARKS: dict[str, tuple[str, str]] = {
+    "startup": ("lit_transformer.bench.startup",
+                "each command's start-up (wall time, peak RSS) beside `import torch` and `import lightning`"),
     "speed": ("lit_transformer.bench.speed",
               "training step, generation, int8/ONNX/compiled decoding and memory against peers (HF, litgpt, ...)"),
     "nanogpt": ("lit_transformer.bench.nanogpt",
@@ -37,7 +39,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 
 def command_parser(command: str, doc: str | None) -> argparse.ArgumentParser:
     """A package command's parser: its name as a user types it, its module docstring (with the examples) as --help."""
-    return argparse.ArgumentParser(prog=f"python -m lit_transformer {command}", description=doc,
+    from lit_transformer.commands import program
+
+    return argparse.ArgumentParser(prog=program(command), description=doc, allow_abbrev=False,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
 
 

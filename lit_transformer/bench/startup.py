@@ -1,0 +1,110 @@
+"""Start-up of the command line: each command's wall time and peak RSS as a whole process, beside the yardsticks
+`python -c "import torch"` and `python -c "import lightning"` measured in the same run, interleaved, medians of
+several rounds, from an empty folder. A timed test would be flaky; this is the figure docs/troubleshooting.md quotes.
+
+    python -m lit_transformer bench startup --checkpoint runs/shakespeare/checkpoints/last.ckpt --json docs/startup.json
+
+Targets (ratios to `import torch`): top-level --help and --version under 1x; generate --help and export --help at
+most 1.2x; generating 20 tokens from the main job's checkpoint at most 1.5x.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+YARDSTICKS = {
+    "import torch": ["-c", "import torch"],
+    "import lightning": ["-c", "import lightning"],
+}
+# Targets of the front door, as ratios to `import torch` (None: no target, measured for the record).
+TARGETS = {
+    "--help": 1.0,
+    "--version": 1.0,
+    "generate --help": 1.2,
+    "export --help": 1.2,
+    "generate 20 tokens": 1.5,
+}
+
+
+def commands(checkpoint: str | None) -> dict[str, list[str]]:
+    run = ["-m", "lit_transformer"]
+    out = {
+        "--help": [*run, "--help"],
+        "--version": [*run, "--version"],
+        "generate --help": [*run, "generate", "--help"],
+        "translate --help": [*run, "translate", "--help"],
+        "export --help": [*run, "export", "--help"],
+        "average --help": [*run, "average", "--help"],
+        "fit --help": [*run, "fit", "--help"],
+    }
+    if checkpoint:
+        out["generate 20 tokens"] = [
+            *run, "generate", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--max_new_tokens", "20", "--seed", "1",
+        ]
+    return out
+
+
+def measure(argv: Sequence[str], cwd: str) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of one process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed with status {os.waitstatus_to_exitcode(status)}")
+    return wall, usage.ru_maxrss / 1024  # KB on Linux
+
+
+def run(checkpoint: str | None, rounds: int) -> dict:
+    every = {**YARDSTICKS, **commands(str(Path(checkpoint).resolve()) if checkpoint else None)}
+    walls: dict[str, list[float]] = {name: [] for name in every}
+    rss: dict[str, list[float]] = {name: [] for name in every}
+    with tempfile.TemporaryDirectory() as empty:  # an empty folder, as a new user's
+        for argv in every.values():  # one warm-up each: the page cache, as on a second run
+            measure(argv, empty)
+        for _ in range(rounds):
+            for name, argv in every.items():  # interleaved: a change of load hits every command alike
+                wall, peak = measure(argv, empty)
+                walls[name].append(wall)
+                rss[name].append(peak)
+    torch_s = statistics.median(walls["import torch"])
+    rows = {}
+    for name in every:
+        median = statistics.median(walls[name])
+        rows[name] = {
+            "wall_s": round(median, 3),
+            "wall_min_s": round(min(walls[name]), 3),
+            "wall_max_s": round(max(walls[name]), 3),
+            "peak_rss_mb": round(statistics.median(rss[name]), 1),
+            "x_import_torch": round(median / torch_s, 2),
+            "target_x_import_torch": TARGETS.get(name),
+            "met": None if name not in TARGETS else median / torch_s <= TARGETS[name],
+        }
+    return {"rounds": rounds, "commands": {name: " ".join(argv) for name, argv in every.items()}, "results": rows}
+
+
+def main(argv: Sequence[str]) -> None:
+    from lit_transformer.bench import command_parser
+    from lit_transformer.bench.machine import command_line, machine
+
+    parser = command_parser("bench startup", __doc__)
+    parser.add_argument("--checkpoint", help="a checkpoint of the main job, for `generate 20 tokens`")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after one warm-up)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    record = {"command": command_line("startup", argv), "machine": machine(threads=1)}
+    record.update(run(args.checkpoint, args.rounds))
+    text = json.dumps(record, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
