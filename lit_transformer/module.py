@@ -18,7 +18,8 @@ from typing_extensions import Unpack
 from lit_transformer.checkpointing import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.deprecated import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
-from lit_transformer.lora import LoraAdapters, LoraOptions
+from lit_transformer.lora import LoraOptions
+from lit_transformer.lora_adapters import LoraAdapters
 from lit_transformer.model import Transformer
 from lit_transformer.optim import Optimization, build_optimizer, weight_decay_groups
 from lit_transformer.reliability import clip_gradients, gradient_norm
@@ -89,7 +90,7 @@ class LitTransformer(L.LightningModule):
             quantize: int8: `validate`, `test` and `predict` run dynamic int8 Linear layers (CPU only), e.g.
                 `predict --ckpt_path C --model.quantize int8`; `fit` refuses it.
             lora: Fine-tune low-rank adapters (peft's LoRA) on init_from's weights, which stay frozen (see
-                lit_transformer.lora.LoraAdapters, configs/finetune/lora.yaml): checkpoints hold the adapters, the
+                lit_transformer.lora_adapters.LoraAdapters, configs/finetune/lora.yaml): checkpoints hold the adapters, the
                 extras that train and a fingerprint of the base, which loading reads again from init_from and checks.
             deprecated: The arguments before model.optim and model.task (lr, warmup_steps, label_smoothing, ...):
                 passed on with a warning naming the new key (see lit_transformer.deprecated).

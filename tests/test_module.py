@@ -376,7 +376,7 @@ def test_no_translation_samples_asked_for_translates_nothing(monkeypatch):
 
 def test_the_engine_stays_an_engine():
     """module.py under 450 lines and LitTransformer under 400, with no branch on LoRA: LoRA is a ModelTransform
-    (lit_transformer.lora.LoraAdapters) whose hooks the engine calls as it calls any transform's."""
+    (lit_transformer.lora_adapters.LoraAdapters) whose hooks the engine calls as it calls any transform's."""
     import ast
 
     from lit_transformer import module

@@ -117,8 +117,13 @@ def record_losses(out: Path, fit_args: list[str], ckpt_path: str | None) -> None
     losses: dict[int, float] = {}
 
     class Losses(L.Callback):
+        step_before = -1
+
+        def on_train_batch_start(self, trainer, *args) -> None:
+            self.step_before = trainer.global_step
+
         def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-            if not trainer.fit_loop._should_accumulate():
+            if trainer.global_step != self.step_before:  # an optimizer step ended this batch
                 losses[trainer.global_step] = float(trainer.callback_metrics["train/loss"])
 
     cli = build_cli(fit_args)

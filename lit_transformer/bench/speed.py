@@ -722,11 +722,16 @@ def cli_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock:
     clock = StepClock(warmup, steps, device)
 
     class Clock(L.Callback):
+        step_before = -1
+
         def on_train_start(self, trainer, pl_module) -> None:
             clock.train_start = time.perf_counter()
 
+        def on_train_batch_start(self, trainer, *args) -> None:
+            self.step_before = trainer.global_step
+
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if trainer.fit_loop._should_accumulate():
+            if trainer.global_step == self.step_before:  # a micro-batch of an accumulated step
                 return
             if trainer.global_step == 1:  # the first optimizer step: compilation included
                 _sync(device)
