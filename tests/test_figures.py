@@ -234,14 +234,14 @@ def benchmark_markdown(rows: list[dict]) -> str:
     ],
 )
 def test_benchmark_tables_are_the_rendering_of_their_json(index: int, alias: str, page: str) -> None:
-    """A table pasted from `benchmark.py --render` keeps every row as the JSON renders it."""
+    """A table pasted from `bench speed --render` keeps every row as the JSON renders it."""
     path = registry()[index]["sources"][alias]
     text = squash((ROOT / page).read_text())
     report = load_source(ROOT / path)
     first = report["runs"][0] if "runs" in report else report  # a file of several runs renders its first
     rows = [line for line in benchmark_markdown(first["rows"]).splitlines() if line[:2] == "| "]
     missing = [row for row in rows if row.split(" | ")[0] != "| contender" and squash(row) not in text]
-    assert not missing, f"{page} lacks these rows of {path} as benchmark.py renders them: {missing}"
+    assert not missing, f"{page} lacks these rows of {path} as `bench speed --render` prints them: {missing}"
 
 
 def test_the_registry_checks_what_it_says() -> None:
