@@ -6,7 +6,8 @@ A block is checked as bash sees it (`bash -n`), and then line by line with conti
 into words (shlex, as the shell quotes them) and starts with a command, not an option (a line `--model.lora.rank 16`
 after a line that does not end in a backslash is a command of its own to bash, and fails when run). The commands of
 the pages that tests/test_readme.py, test_lora.py, test_own_data.py and test_multinode.py run or parse already are
-parsed there (PARSED_ELSEWHERE); the others are parsed here.
+parsed there (PARSED_ELSEWHERE); the others are parsed here, and so are the package's commands that are not the
+CLI's (`bench NAME`, `ablate`, ...: each by its own parser) on the pages test_readme.py does not run.
 """
 
 from __future__ import annotations
