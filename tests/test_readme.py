@@ -84,7 +84,7 @@ def adapt(command: str) -> tuple[str, str]:
         return code + " --collect-only -q", "pytest"
     if "tensorboard" in code:
         return code, "tensorboard"
-    match = re.search(r"lit_transformer (\w+)", code)
+    match = re.search(r"lit_transformer ([\w-]+)", code)
     kind = match.group(1) if match else "shell"
     if "--help" in code or "--print_config" in code:
         return code, "parses"
