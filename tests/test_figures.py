@@ -6,6 +6,11 @@ list items whose fields equal it) and, per page, the words the page shows with e
 over those values: "ran {1 / int8:.2f}x faster". The test computes each figure,
 formats it with the field's own rounding and looks for the words on the page, whitespace-insensitively (prose
 wraps). So a rerun that changes a JSON, or an edit that changes a figure, fails here until page and JSON agree.
+
+Each entry also states the machine its JSON records (`machine`: a CPU or GPU model, with "N cores" where the JSON
+records the logical cores, or null where the JSON names none), and the words around each figure (the sentence or
+table row holding it, the table's header, the section heading, the page's opening) may name only that machine: a
+figure under another machine's name, or a ratio of figures from two machines, fails.
 """
 
 from __future__ import annotations
@@ -21,8 +26,27 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "docs" / "figures.yaml"
-SCRIPT = re.compile(r"scripts/\w+\.\w+|-m lit_transformer")
+# A program a command runs: a file under scripts/, or a command of the package (`-m lit_transformer bench lora`,
+# `-m lit_transformer.bench lora`, `-m lit_transformer fit`).
+SCRIPT = re.compile(r"scripts/(\w+)\.(\w+)|-m lit_transformer(\.bench)?\s+((?:bench\s+)?[\w-]+)")
+# The scripts the package's commands replaced (older JSONs recorded the script's command line).
+MOVED = {
+    "benchmark": "bench speed", "nanogpt_compare": "bench nanogpt", "benchmark_prepare": "bench prepare",
+    "benchmark_data_memory": "bench data-memory", "benchmark_lora": "bench lora", "record_run": "bench record",
+    "suite_time": "bench suite-time", "genre_baselines": "bench genre-baselines",
+    "caption_baseline": "bench caption-baseline", "gpu_parts": "bench gpu-parts", "gpu_table": "bench gpu-table",
+    "ablate": "ablate", "digit_strips": "digit-strips", "translation_recipe": "translation-recipe",
+}  # fmt: skip
+CLI_RUNS = {"fit", "validate", "test", "predict"}
 FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+# A machine named in prose: a CPU or GPU vendor or model, or a core count.
+MACHINE = re.compile(
+    r"\b(?:AMD|Zen ?\d|EPYC|Ryzen|Intel|Xeon|Apple M\d|Graviton\d?|NVIDIA|[HA]100|H200|V100|A10G|L40S?|RTX ?\d{4}|MI\d{3}X?)\b"
+    r"|\b(\d+)(?:-core\b| (?:CPU |logical )?cores\b)",
+    re.IGNORECASE,
+)
+CORES = re.compile(r"(\d+) (?:logical )?(?:CPUs|cores)\b")
+ARCH_ONLY = {"", "x86_64", "amd64", "aarch64", "arm64", "unknown"}
 
 
 def plus_minus(values: list[float], digits: int = 3) -> str:
@@ -91,6 +115,52 @@ def render(text: str, names: dict[str, object], where: str) -> str:
     return FIELD.sub(field, text)
 
 
+def recorded_machine(data: object) -> tuple[str, set[int]]:
+    """What a JSON records of its machine: every CPU or GPU description (the `machine` object's `cpu` and `gpu`, older
+    flat `cpu`/`gpu`/`machine` strings anywhere, a benchmark section that names its GPU), joined, and the logical core
+    counts (`logical_cores`, older `cores`/`cpus`/`cpu_count`, or "N logical CPUs" in a description). A bare
+    architecture ("x86_64") names no machine."""
+    texts, cores, stack = [], set(), [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        for key, value in item.items():
+            if key in ("logical_cores", "cores", "cpus", "cpu_count") and isinstance(value, int):
+                cores.add(value)
+            elif key in ("cpu", "gpu", "machine") and isinstance(value, str) and value.strip() not in ARCH_ONLY:
+                texts.append(value)
+            elif key == "machine" and isinstance(value, list):
+                texts += [v for v in value if isinstance(v, str)]
+            elif key == "section" and isinstance(value, str) and MACHINE.search(value):
+                texts.append(value)
+            elif isinstance(value, (dict, list)):
+                stack.append(value)
+    cores |= {int(n) for text in texts for n in CORES.findall(text)}
+    return " ".join(texts), cores
+
+
+def normal(text: str) -> str:
+    return re.sub(r"\(r\)|\(tm\)|[^a-z0-9]", "", text.lower())
+
+
+def label_parts(label: str | None) -> tuple[list[str], set[int]]:
+    """A registry machine label ("Intel Xeon, 2 cores") as its model words and its core count."""
+    if label is None:
+        return [], set()
+    cores = {int(n) for n in re.findall(r"(\d+) cores", label)}
+    words = re.sub(r"\d+ cores", "", label).replace(",", " ").split()
+    return words, cores
+
+
+def machine_label(entry: dict, alias: str) -> str | None:
+    machine = entry["machine"]
+    return machine.get(alias) if isinstance(machine, dict) else machine
+
+
 def registry() -> list[dict]:
     return yaml.safe_load(REGISTRY.read_text())
 
@@ -149,13 +219,22 @@ def test_each_source_is_published_with_the_command_that_wrote_it(index: int) -> 
     scripts = {script for command in entry["commands"] for script in writers(command)}
     for path in entry["sources"].values():
         for recorded in recorded_commands(load_source(ROOT / path)):
-            assert writers(recorded) & scripts, f"{path} was written by {recorded!r}, not {scripts}"
+            ran = writers(recorded)  # or a run of the CLI that the benchmark made and recorded (bench lora's fits)
+            assert ran & scripts or ran <= CLI_RUNS, f"{path} was written by {recorded!r}, not {scripts}"
 
 
 def writers(command: str) -> set[str]:
-    """The scripts a command names; one since moved into the package (scripts/benchmark.py is `bench speed`) counts
-    as `-m lit_transformer`, so a JSON recorded by the script matches the package command that replaced it."""
-    return {s if s.startswith("-m") or (ROOT / s).exists() else "-m lit_transformer" for s in SCRIPT.findall(command)}
+    """The programs a command runs: a script under scripts/, or a package command (`bench lora`, `ablate`, `fit`); a
+    script since moved into the package counts as the command that replaced it (scripts/benchmark.py is `bench
+    speed`), so a JSON recorded by the script matches the command the page now prints."""
+    found = set()
+    for match in SCRIPT.finditer(command):
+        if match[1]:
+            script = f"scripts/{match[1]}.{match[2]}"
+            found.add(script if (ROOT / script).exists() else MOVED.get(match[1], script))
+        else:
+            found.add(("bench " if match[3] else "") + " ".join(match[4].split()))
+    return found
 
 
 def benchmark_markdown(rows: list[dict]) -> str:
@@ -175,14 +254,26 @@ def benchmark_markdown(rows: list[dict]) -> str:
     ],
 )
 def test_benchmark_tables_are_the_rendering_of_their_json(index: int, alias: str, page: str) -> None:
-    """A table pasted from `benchmark.py --render` keeps every row as the JSON renders it."""
+    """A table pasted from `bench speed --render` keeps every row as the JSON renders it."""
     path = registry()[index]["sources"][alias]
     text = squash((ROOT / page).read_text())
     report = load_source(ROOT / path)
     first = report["runs"][0] if "runs" in report else report  # a file of several runs renders its first
     rows = [line for line in benchmark_markdown(first["rows"]).splitlines() if line[:2] == "| "]
     missing = [row for row in rows if row.split(" | ")[0] != "| contender" and squash(row) not in text]
-    assert not missing, f"{page} lacks these rows of {path} as benchmark.py renders them: {missing}"
+    assert not missing, f"{page} lacks these rows of {path} as `bench speed --render` prints them: {missing}"
+
+
+def test_a_json_is_matched_to_the_command_that_wrote_it() -> None:
+    """A moved script's recorded command line is its package command, and no other benchmark's."""
+    assert writers("scripts/benchmark.py --only quantized --json /tmp/x.json") == {"bench speed"}
+    assert writers("python -m lit_transformer bench speed --json docs/benchmark.json") == {"bench speed"}
+    assert writers("python -m lit_transformer.bench lora --json x") == {"bench lora"}
+    assert writers("python scripts/record_run.py --json x --name fit -- fit --config c.yaml") == {"bench record"}
+    assert writers("bash scripts/gpu_check.sh (scripts/translation_recipe.py --flags x)") == {
+        "scripts/gpu_check.sh", "translation-recipe"
+    }  # fmt: skip
+    assert not writers("python scripts/benchmark_lora.py --json x") & writers("python -m lit_transformer bench speed")
 
 
 def test_the_registry_checks_what_it_says() -> None:
@@ -194,3 +285,141 @@ def test_the_registry_checks_what_it_says() -> None:
     assert render("{mean(x):.1f}", {"x": lookup(data, ["run", "seeds", "x"], "t")}, "t") == "1.5"
     with pytest.raises(AssertionError, match="no item matches"):
         lookup(data, ["run", "rows", {"name": "c"}], "t")
+
+
+def page_units(text: str) -> list[tuple[str, str, bool]]:
+    """Each paragraph and table row of a page, squashed, as (unit, the words around it that may name its machine,
+    whether it is a table row). Around it: the headings it sits under, its table's header row, the page's opening."""
+    units, headings, paragraph, header, opening, fenced = [], {}, [], None, [], False
+
+    def around() -> str:
+        return " ".join([*headings.values(), header or "", *opening])
+
+    def close() -> None:
+        if paragraph:
+            units.append((squash(" ".join(paragraph)), around(), False))
+            if not any(level > 1 for level in headings):
+                opening.append(" ".join(paragraph))
+            paragraph.clear()
+
+    for line in text.splitlines():
+        if line.startswith("```"):
+            close()
+            fenced = not fenced
+        elif fenced:
+            continue
+        elif match := re.match(r"(#+) ", line):
+            close()
+            level = len(match[1])
+            headings = {k: v for k, v in headings.items() if k < level} | {level: line}
+            header = None
+        elif line.startswith("|"):
+            close()
+            if header is None:
+                header = line
+            elif not re.fullmatch(r"[|:\- ]+", line):
+                units.append((squash(line), around(), True))
+        elif not line.strip():
+            close()
+            header = None
+        else:
+            paragraph.append(line)
+    close()
+    return units
+
+
+def sentence_around(unit: str, start: int, end: int) -> str:
+    """The sentences of `unit` that hold unit[start:end]."""
+    bounds = [m.end() for m in re.finditer(r"[.!?]\s+(?=[A-Z*(`\[])", unit)]
+    first = max([b for b in bounds if b <= start], default=0)
+    last = min([b for b in bounds if b >= end], default=len(unit))
+    return unit[first:last]
+
+
+def expression_sources(entry: dict, expression: str) -> set[str]:
+    """The source aliases a figure's field reads, through its `let` names (string literals are keys, not names)."""
+    aliases = set()
+    for name in re.findall(r"[A-Za-z_]\w*", re.sub(r"'[^']*'|\"[^\"]*\"", "", expression)):
+        path = entry.get("let", {}).get(name)
+        if path:
+            aliases |= set(path[0]) if isinstance(path[0], list) else {path[0]}
+    return aliases
+
+
+@pytest.mark.parametrize("index", range(len(registry())), ids=[entry_id(e) for e in registry()])
+def test_the_registry_names_the_machine_each_json_records(index: int) -> None:
+    """`machine` is what the JSON records: a model's words appear in its CPU or GPU description, a core count equals
+    its logical cores; null only where the JSON names no machine (so no page may name one for its figures)."""
+    entry = registry()[index]
+    assert "machine" in entry, f"{entry_id(entry)}: state its JSON's machine in docs/figures.yaml (null if it names none)"
+    for alias, path in entry["sources"].items():
+        label = machine_label(entry, alias)
+        recorded, cores = recorded_machine(load_source(ROOT / path))
+        if label is None:
+            assert not recorded, f"{path} records its machine ({recorded!r}): say so in docs/figures.yaml"
+            continue
+        assert recorded, f"{path} names no machine, so its figures cannot name one (docs/figures.yaml says {label!r})"
+        words, label_cores = label_parts(label)
+        missing = [word for word in words if normal(word) not in normal(recorded)]
+        assert not missing, f"{path} records {recorded!r}, not {missing} (docs/figures.yaml: {label!r})"
+        assert label_cores <= cores, f"{path} records {sorted(cores)} logical cores, not {label!r}"
+
+
+def figure_context(page: str, shown: str) -> tuple[str, str]:
+    """(the sentence or table row that holds the figure, the headings, table header and page opening around it)."""
+    for unit, around, row in page_units((ROOT / page).read_text()):
+        at = unit.find(shown)
+        if at >= 0:
+            return (unit if row else sentence_around(unit, at, at + len(shown))), around
+    raise AssertionError(f"{page} should show {shown!r} within one paragraph or table row")
+
+
+def mismatches(context: str, labels: list[tuple[str | None, str]]) -> list[str]:
+    """The machines named in `context` that are not the machine of every (label, recorded description) given."""
+    wrong = []
+    for match in MACHINE.finditer(context):
+        if match[1]:
+            ok = all(int(match[1]) in label_parts(label)[1] for label, _ in labels)
+        else:
+            ok = all(label is not None and normal(match[0]) in normal(f"{label} {recorded}") for label, recorded in labels)
+        if not ok:
+            wrong.append(match[0])
+    return wrong
+
+
+@pytest.mark.parametrize(("index", "page", "text"), figures())
+def test_the_figure_sits_under_its_jsons_machine(index: int, page: str, text: str) -> None:
+    """The sentence (or table row) of a figure, its headings, its table's header and the page's opening name no
+    machine but the one its JSON records; and no field puts figures of two machines into one ratio."""
+    entry = registry()[index]
+    aliases: set[str] = set()
+    for match in FIELD.finditer(text):
+        used = expression_sources(entry, match[1])
+        machines = {machine_label(entry, alias) for alias in used}
+        assert len(machines) <= 1, f"{page}: {match[0]} puts figures of {sorted(map(str, machines))} into one ratio"
+        aliases |= used
+    shown = squash(render(text, values(entry), f"{page}: {text!r}"))
+    sentence, around = figure_context(page, shown)
+    labels = [
+        (machine_label(entry, alias), recorded_machine(load_source(ROOT / entry["sources"][alias]))[0])
+        for alias in sorted(aliases or entry["sources"])
+    ]
+    wrong = mismatches(f"{sentence} {around}", labels)
+    assert not wrong, (
+        f"{page}: {shown[:80]!r} sits under {wrong}, but its JSON records {[label for label, _ in labels]}"
+    )
+
+
+def test_the_machine_check_catches_a_slip() -> None:
+    """A Xeon's figure under "Zen 3", a core count the record lacks, and an unnamed machine's figure under a name fail;
+    the recorded machine passes."""
+    xeon = [("Intel Xeon, 2 cores", "Intel(R) Xeon(R) Processor")]
+    assert mismatches("319 s on 2 cores of an Intel Xeon", xeon) == []
+    assert mismatches("319 s on 2 cores of an AMD Zen 3 CPU", xeon) == ["AMD", "Zen 3"]
+    assert mismatches("on a 16-core Intel Xeon", xeon) == ["16-core"]
+    assert mismatches("on one H100", [(None, "")]) == ["H100"]
+    assert recorded_machine({"machine": {"cpu": "x86_64", "logical_cores": 2}}) == ("", {2})
+    assert recorded_machine({"rows": [{"section": "MFU (NVIDIA H200, bf16)"}]})[0] == "MFU (NVIDIA H200, bf16)"
+    units = page_units("# T\n\nOpening.\n\n## On one H100\n\n| a | b |\n| --- | --- |\n| 1 | 2 |\n\nIt ran. Then 3 s.\n")
+    assert units[1] == ("| 1 | 2 |", "# T ## On one H100 | a | b | Opening.", True)
+    assert sentence_around(units[2][0], units[2][0].index("3 s"), units[2][0].index("3 s") + 3) == "Then 3 s."

@@ -84,7 +84,7 @@ def adapt(command: str) -> tuple[str, str]:
         return code + " --collect-only -q", "pytest"
     if "tensorboard" in code:
         return code, "tensorboard"
-    match = re.search(r"lit_transformer (\w+)", code)
+    match = re.search(r"lit_transformer ([\w-]+)", code)
     kind = match.group(1) if match else "shell"
     if "--help" in code or "--print_config" in code:
         return code, "parses"
@@ -120,6 +120,45 @@ def workdir(tmp_path_factory) -> Path:
     return work
 
 
+# The package's commands that are not the CLI's own (fit, test, generate, ...): their modules, each with `main(argv)`.
+PACKAGE_COMMANDS = {
+    "ablate": "lit_transformer.ablate",
+    "digit-strips": "lit_transformer.digit_strips",
+    "translation-recipe": "lit_transformer.translation_recipe",
+}
+
+
+def command_main(argv: list[str]):
+    """(the `main` that runs `python -m lit_transformer ARGV...`, the arguments it takes): a benchmark's own main for
+    `bench NAME ...` (so its own parser reads every flag), the module's for ablate, digit-strips and
+    translation-recipe, else the CLI's."""
+    import importlib
+
+    if argv[:1] == ["bench"] and len(argv) > 1 and not argv[1].startswith("-"):
+        from lit_transformer.bench import BENCHMARKS
+
+        if argv[1] in BENCHMARKS:
+            return importlib.import_module(BENCHMARKS[argv[1]][0]).main, argv[2:]
+    if argv[:1] and argv[0] in PACKAGE_COMMANDS:
+        return importlib.import_module(PACKAGE_COMMANDS[argv[0]]).main, argv[1:]
+    from lit_transformer.cli import main
+
+    return main, argv
+
+
+def as_module(command: str) -> str:
+    """The command with a package command the program does not list yet (`python -m lit_transformer bench NAME`,
+    `ablate`, ...) run as its module (`python -m lit_transformer.bench NAME`): the same code, either way."""
+    try:
+        from lit_transformer.commands import find
+    except ImportError:
+        find = None
+    for name, module in {"bench": "lit_transformer.bench", **PACKAGE_COMMANDS}.items():
+        if find is None or find(name) is None:
+            command = re.sub(rf"-m lit_transformer {name}(?=\s|$)", f"-m {module}", command)
+    return command
+
+
 def parse_in_process(command: str, cwd: Path) -> subprocess.CompletedProcess | None:
     """A parse-only `python -m lit_transformer ...` command (--help, --print_config) run in this process, as the CLI
     would run it from `cwd`; None for any other command. A parse needs no process of its own, and a new one spends
@@ -127,12 +166,12 @@ def parse_in_process(command: str, cwd: Path) -> subprocess.CompletedProcess | N
     words = shlex.split(command)
     if words[:3] != ["python", "-m", "lit_transformer"]:
         return None
-    from lit_transformer.cli import main
+    main, argv = command_main(words[3:])
 
     out, err, code = io.StringIO(), io.StringIO(), 0
     with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            main(words[3:])
+            main(argv)
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     return subprocess.CompletedProcess(words, code, out.getvalue(), err.getvalue())
@@ -185,8 +224,8 @@ def stop_after_parsing():
 
 def parse_only(command: str, cwd: Path) -> subprocess.CompletedProcess:
     """A long command (`python -m lit_transformer X ...` or `python scripts/X.py ...`) parsed with all its flags by
-    its own parser, in this process, and stopped there; flags it passes on to the CLI (translation_recipe's --flags,
-    nanogpt_compare's fit overrides) are parsed by the CLI too (`--print_config` validates every flag, then exits)."""
+    its own parser, in this process, and stopped there; flags it passes on to the CLI (translation-recipe's --flags,
+    `bench nanogpt`'s fit overrides) are parsed by the CLI too (`--print_config` validates every flag, then exits)."""
     from lit_transformer.cli import main
 
     words = shlex.split(command)
@@ -197,7 +236,8 @@ def parse_only(command: str, cwd: Path) -> subprocess.CompletedProcess:
         try:
             with stop_after_parsing():
                 if words[1:3] == ["-m", "lit_transformer"]:
-                    main(words[3:])
+                    run, args = command_main(words[3:])
+                    run(args)
                 else:
                     sys.argv = words[1:]
                     runpy.run_path(words[1], run_name="__main__")
@@ -220,6 +260,7 @@ def parse_only(command: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    command = as_module(command)
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)

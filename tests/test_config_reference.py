@@ -1,0 +1,50 @@
+"""docs/config.md is what `python -m lit_transformer.docgen` writes from the code today, and it lists every field."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from lit_transformer.docgen import PAGE, main, render
+
+
+def test_the_reference_page_is_current() -> None:
+    assert PAGE.read_text() == render(), "docs/config.md is stale: regenerate it with `python -m lit_transformer.docgen`"
+
+
+def test_every_field_of_the_config_classes_is_listed() -> None:
+    """Every field of the architecture, optimizer, LoRA and decoding classes, and every task's DataModule, is a row."""
+    from lit_transformer import GenerationConfig, TransformerConfig
+    from lit_transformer.lora import LoraOptions
+    from lit_transformer.optim import Optimization
+
+    page = PAGE.read_text()
+    for group, cls in [("config", TransformerConfig), ("optim", Optimization), ("lora", LoraOptions),
+                       ("generation", GenerationConfig)]:  # fmt: skip
+        for field in dataclasses.fields(cls):
+            assert f"| `model.{group}.{field.name}` |" in page, f"docs/config.md lacks model.{group}.{field.name}"
+    for name in ("LanguageModelingDataModule", "TranslationDataModule", "ClassificationDataModule", "CaptioningDataModule"):
+        assert f".{name}`" in page
+    assert "| `data.init_args.dataset` |" in page and "| `checkpoint.every_n_train_steps` |" in page
+
+
+def test_check_fails_on_a_stale_page(tmp_path: Path, capsys) -> None:
+    stale = tmp_path / "config.md"
+    stale.write_text(render().replace("Width of the residual stream.", "Width."))
+    try:
+        main(["--check", "--out", str(stale)])
+    except SystemExit as exit_:
+        assert "is stale" in str(exit_.code)
+    else:
+        raise AssertionError("--check passed a stale page")
+    main(["--out", str(stale)])
+    main(["--check", "--out", str(stale)])
+
+
+def test_the_changelog_names_every_deprecated_key_and_when_it_goes() -> None:
+    from lit_transformer.deprecated import DEPRECATED_NAMES
+
+    changelog = (PAGE.parents[1] / "CHANGELOG.md").read_text()
+    section = changelog.split("### Deprecated (removed in 0.2.0)")[1].split("\n## ")[0]
+    missing = [name for name in DEPRECATED_NAMES if f"`model.{name}`" not in section]
+    assert not missing, f"CHANGELOG.md's deprecations lack {missing}"
