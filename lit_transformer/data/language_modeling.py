@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -58,59 +58,28 @@ class LanguageModelingDataModule(DataModule):
     def __init__(
         self,
         dataset: str = "shakespeare",
-        dataset_config: str | None = None,
-        text_column: str = "text",
-        tokenizer: str = "byte_bpe",
-        vocab_size: int = 8192,
         block_size: int = 256,
-        batch_size: int = 32,
         max_chars: int | None = None,
-        num_workers: int = 0,
-        seed: int = 42,
-        cache_dir: str | None = None,
-        predict_file: str | None = None,
-        predict_batch_size: int = 16,
         mask_token: bool = False,
         sampling: Literal["random", "sequential"] = "random",
-        tokenizer_sample_chars: int = 20_000_000,
-        encoding: str = "utf-8",
+        **kwargs: Any,
     ) -> None:
         """
         Args:
             dataset: "shakespeare" (embedded), a Hugging Face hub name, or a local .txt/.jsonl/.json/.csv/.tsv/.parquet
                 file, folder or glob (a folder's train*/valid*/test* files become the splits).
-            dataset_config: The hub dataset's configuration name (e.g. wikitext-2-raw-v1).
-            text_column: The column that holds the text.
-            tokenizer: A kind to train on the training split (byte_bpe, bpe, char), a tokenizer.json path or a hub
-                tokenizer name.
-            vocab_size: Vocabulary size of a trained tokenizer (char: at most this many characters).
             block_size: Tokens per training sequence (the model's context length).
-            batch_size: Sequences per batch.
             max_chars: Use only the first max_chars characters of the training split (quick CPU runs; ~1M for
                 Shakespeare trains in minutes). None uses it all. Validation and test are never cut.
-            num_workers: DataLoader worker processes (0 loads in the main process; batches are cheap slices).
-            seed: Seed of the shuffle order (saved with checkpoints, so resumed runs see the same order).
-            cache_dir: Where tokenizers and token arrays are cached; default $LIT_TRANSFORMER_CACHE or
-                ~/.cache/lit_transformer.
-            predict_file: Inputs of `predict`: a text file with one prompt per line, or a JSONL file with a
-                "text" field per line; the outputs go to a JSONL file (see --predictions.output).
-            predict_batch_size: Inputs generated for at once by `predict`.
             mask_token: Add a <mask> token after the vocabulary, for masked-LM pretraining of an encoder_only model on
                 this text (head: masked_lm; the packed blocks serve as inputs, their next-token labels are ignored).
             sampling: Training order of the blocks: random (a seeded permutation per epoch) or sequential. Either
                 way the order is a function of (seed, epoch, global sample index), so a run resumes exactly on any
                 number of processes.
-            tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters from the start of
-                the training split (a bounded sample: the whole split when it is smaller).
-            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
-                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
-                naming the file and line; nothing is replaced.
+            **kwargs: The arguments every DataModule shares (batch_size, tokenizer, vocab_size, seed, ...: see
+                DataModule); blocks are packed, so there is no token budget, and the held-out fraction is fixed.
         """
-        super().__init__(
-            dataset, dataset_config, text_column, tokenizer, vocab_size, tokenizer_sample_chars, batch_size,
-            num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
-            predict_batch_size=predict_batch_size, encoding=encoding,
-        )  # fmt: skip
+        super().__init__(dataset=dataset, max_tokens=None, held_out=HELD_OUT, **kwargs)
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be positive")
         if sampling not in ("random", "sequential"):
