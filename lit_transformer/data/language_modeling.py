@@ -328,8 +328,6 @@ class CorpusStream(SplitStream):
                 if text.strip():
                     yield text
 
-    # ------------------------------------------------------------------ checks
-
 
 def sample_texts(stream: CorpusStream, max_chars: int) -> list[str]:
     """The first `max_chars` characters of the training split, as documents: a bounded sample to train a tokenizer
