@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from lit_transformer.data.loaders import ResumableLoader, fixed_size_batches, stack_blocks, token_budget_batches
+from lit_transformer.data.language_modeling import stack_blocks
+from lit_transformer.data.loaders import ResumableLoader, fixed_size_batches, token_budget_batches
 
 
 class BlockDataset(torch.utils.data.Dataset):

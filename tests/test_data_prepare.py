@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lit_transformer import TransformerConfig
-from lit_transformer.data import LanguageModelingDataModule, encode_worker, loaders, shards, sources
+from lit_transformer.data import LanguageModelingDataModule, encode_worker, language_modeling, loaders, shards, sources
 from lit_transformer.data.loaders import BlockStreamLoader, permute
 from lit_transformer.data.text import train_tokenizer
 
@@ -84,7 +84,7 @@ def test_every_local_format_streams_into_shards_that_hold_each_document_then_eos
     docs = paragraphs(240)
     dm = make(tmp_path, write(tmp_path, fmt, docs))
     dm.prepare_data()
-    info, splits = loaders.load_prepared(dm._root)
+    info, splits = loaders.load_prepared(dm._root, language_modeling.TokenShards)
     assert info["held_out"] == "hash" and info["dtype"] == "uint16"
     texts = dm.texts()
     assert sorted(texts["train"] + texts["validation"] + texts["test"]) == sorted(docs)  # by document, disjoint
@@ -117,7 +117,7 @@ def test_a_large_text_file_is_read_in_line_bounded_chunks(tmp_path, monkeypatch)
     monkeypatch.setattr(sources, "CHUNK_BYTES", 1000)
     text = "".join(f"line {i} {' '.join(WORDS[: i % 9])}\n" for i in range(2000))
     (tmp_path / "big.txt").write_text(text)
-    pieces = list(sources._file_chunks(str(tmp_path / "big.txt"), 0))
+    pieces = list(sources.file_chunks(str(tmp_path / "big.txt"), 0))
     assert len(pieces) > 40 and all(p.text.endswith("\n") for p in pieces if p.text)
     assert max(len(p.text) for p in pieces) < 1100 and "".join(p.text for p in pieces) == text
     assert [p.last for p in pieces].count(True) == 1 and pieces[-1].last
@@ -169,7 +169,7 @@ class Killed(Exception):
 
 def _prepare(stream, tokenizer, root, shard_tokens=5000) -> dict:
     uint16 = np.dtype(np.uint16)
-    return shards.prepare_pass(stream, "train", root, shards.TEXT, (tokenizer,), 2, uint16, None, shard_tokens)
+    return shards.prepare_pass(stream, "train", root, language_modeling.TEXT, (tokenizer,), 2, uint16, None, shard_tokens)
 
 
 @pytest.mark.parametrize("kill_at_chunk", [2, 5])
@@ -179,7 +179,7 @@ def test_a_killed_prepare_resumes_after_its_last_finished_shard(tmp_path, monkey
     an uninterrupted run, in every split the pass fills (train and the carved validation and test)."""
     monkeypatch.setattr(shards, "CHUNK_CHARS", 2000)
     path = write(tmp_path, "jsonl", paragraphs(260))
-    stream = sources.CorpusStream(path)
+    stream = language_modeling.CorpusStream(path)
     tokenizer = train_tokenizer(["".join(WORDS) + "0123456789: \n"], "char", 64)
     real_encode, encoded = encode_worker.encode, []
 
@@ -233,7 +233,7 @@ def test_a_second_prepare_is_a_cache_hit_keyed_by_content(tmp_path, monkeypatch)
 
 def test_the_tokenizer_trains_on_a_bounded_sample(tmp_path, monkeypatch):
     seen = []
-    real = sources.sample_texts
+    real = language_modeling.sample_texts
 
     def sample(stream, limit):
         texts = real(stream, limit)
@@ -335,12 +335,12 @@ def test_worker_processes_write_the_same_shards_as_one_process(tmp_path, monkeyp
     """A big source is tokenized by spawned worker processes (in order, a bounded number of chunks in flight)."""
     monkeypatch.setattr(shards, "CHUNK_CHARS", 3000)
     monkeypatch.setattr(shards, "POOL_MIN_BYTES", 0)
-    stream = sources.CorpusStream(write(tmp_path, "jsonl", paragraphs(300)))
+    stream = language_modeling.CorpusStream(write(tmp_path, "jsonl", paragraphs(300)))
     tokenizer = train_tokenizer(["".join(WORDS) + "0123456789: \n"], "char", 64)
     results = {}
     for workers in (1, 2):
         root = tmp_path / f"workers{workers}"
-        args = (root, shards.TEXT, (tokenizer,), 2, np.dtype(np.uint16), None, 4000, workers)
+        args = (root, language_modeling.TEXT, (tokenizer,), 2, np.dtype(np.uint16), None, 4000, workers)
         index = shards.prepare_pass(stream, "train", *args)
         results[workers] = (index, {p.relative_to(root): p.read_bytes() for p in sorted(root.glob("*/*.bin"))})
     assert results[1] == results[2] and len(results[1][1]) > 6
@@ -429,8 +429,8 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
         "".join(json.dumps({"en": f"the house {i}", "es": f"la casa {i}"}) + "\n" for i in range(500))
     )
     tokenizer = train_tokenizer(["document of a corpus the house la casa 0123456789\n"], "char", 64)
-    text = shards.prepare_corpus(
-        sources.CorpusStream(str(tmp_path / "corpus.jsonl")), tokenizer, "tokenizer-key", 2, tmp_path / "c"
+    text = language_modeling.prepare_corpus(
+        language_modeling.CorpusStream(str(tmp_path / "corpus.jsonl")), tokenizer, "tokenizer-key", 2, tmp_path / "c"
     )
     pair_stream = PairStream(str(tmp_path / "pairs.jsonl"))
     pairs = prepare_pairs(
@@ -450,5 +450,5 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
             assert set(index) == {"dtype", "shards", "characters", "bytes", *counts}
             names = {p.name.split(".", 1)[1] for p in (root / split).glob("shard-00000.*")}
             assert names == files | (held_out_files if split != "train" else set())
-    assert loaders.load_prepared(text)[1]["validation"].documents == 13
+    assert loaders.load_prepared(text, language_modeling.TokenShards)[1]["validation"].documents == 13
     assert len(loaders.load_prepared(pairs, PairShards)[1]["train"]) == 400

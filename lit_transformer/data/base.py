@@ -55,7 +55,7 @@ class DataModule(L.LightningDataModule):
         tokenizer: str = "byte_bpe",
         vocab_size: int = 8192,
         tokenizer_sample_chars: int = 20_000_000,
-        batch_size: int | None = 32,
+        batch_size: int = 32,
         max_tokens: int | None = None,
         held_out: float = HELD_OUT,
         num_workers: int = 0,
@@ -65,6 +65,37 @@ class DataModule(L.LightningDataModule):
         predict_batch_size: int = 16,
         encoding: str = ENCODING,
     ) -> None:
+        """The arguments every task shares, declared once: a task's DataModule declares its own ones (and those whose
+        default or meaning is the task's, such as `dataset`) and passes the rest through `**kwargs`; jsonargparse
+        reads these through the `**kwargs`, so `data.init_args.batch_size` and the others stay keys of every task's
+        DataModule. A task that fixes one passes it by name, which takes it off the task's keys.
+
+        Args:
+            dataset: The data: an embedded dataset's name, a Hugging Face hub name, or local files (a file, folder or
+                glob; a folder's train*/valid*/test* files become the splits).
+            dataset_config: The hub dataset's configuration name.
+            text_column: The column that holds the text.
+            tokenizer: A kind to train on the training texts (byte_bpe, bpe, char), a tokenizer.json path or a hub
+                tokenizer name.
+            vocab_size: Vocabulary size of a trained tokenizer.
+            tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters from the start of
+                the training split (a bounded sample: the whole split when it is smaller).
+            batch_size: Examples (sequences, texts, pairs) per batch.
+            max_tokens: Instead of (or besides) batch_size, a token budget per batch: batch size times its longest
+                sequence.
+            held_out: The fraction of the training split each missing validation/test split takes (by a hash of the
+                record).
+            num_workers: DataLoader worker processes (0 loads in the main process).
+            seed: Seed of the batch order (saved with checkpoints, so resumed runs see the same order).
+            cache_dir: Where tokenizers and token shards are cached; default $LIT_TRANSFORMER_CACHE or
+                ~/.cache/lit_transformer.
+            predict_file: Inputs of `predict`: a text file with one input per line, or a JSONL file with a "text"
+                field per line; the outputs go to a JSONL file (see --predictions.output).
+            predict_batch_size: Inputs handled at once by `predict`.
+            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
+                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
+                naming the file and line; nothing is replaced.
+        """
         super().__init__()
         if batch_size is None and max_tokens is None:
             raise ValueError("Give batch_size (examples a batch) or max_tokens (a token budget a batch)")

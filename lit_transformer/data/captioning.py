@@ -230,7 +230,6 @@ class CaptioningDataModule(DataModule):
     def __init__(
         self,
         dataset: str = "digits",
-        dataset_config: str | None = None,
         images_dir: str | None = None,
         features_dir: str | None = None,
         image_column: str = "image",
@@ -244,18 +243,14 @@ class CaptioningDataModule(DataModule):
         held_out: float = 0.1,
         strips: tuple[int, int, int] = (20000, 500, 1000),
         bleu_samples: int | None = None,
-        num_workers: int = 0,
-        seed: int = 42,
-        cache_dir: str | None = None,
         predict_file: str | None = None,
         predict_dir: str | None = None,
-        encoding: str = "utf-8",
+        **kwargs: Any,
     ) -> None:
         """
         Args:
             dataset: digits (the embedded task), a captions file (.csv/.tsv, .jsonl, .parquet), a folder `datasets`
                 saved, or a hub dataset name.
-            dataset_config: The hub dataset's configuration name.
             images_dir: The folder the captions file's image paths are relative to (default: the file's folder).
             features_dir: Precomputed features, <image stem>.npy or .safetensors each, read instead of the pixels.
             image_column: The column of the image: a path, or the image itself (a `datasets` Image).
@@ -270,21 +265,17 @@ class CaptioningDataModule(DataModule):
                 test, chosen by a hash of the image name (stable as the file grows).
             strips: digits: the number of (train, validation, test) strips, each composed from its split's scans.
             bleu_samples: Validation images decoded for BLEU; None decodes all of them.
-            num_workers: DataLoader worker processes.
-            seed: Seed of the training order.
-            cache_dir: Where the trained tokenizer is cached (default $LIT_TRANSFORMER_CACHE or ~/.cache).
             predict_file: A folder of images (or of feature files) for `predict`: one JSONL caption per file.
             predict_dir: Deprecated (dropped in 0.2.0): predict_file.
-            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
-                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
-                naming the file and line; nothing is replaced.
+            **kwargs: The arguments every DataModule shares (dataset_config, num_workers, seed, cache_dir, encoding,
+                ...: see DataModule); batches, predict's too, are counted in images (batch_size).
         """
         if predict_dir is not None:
             warn_deprecated_key("predict_dir", "set data.predict_file")
             predict_file = predict_file or predict_dir
         super().__init__(
-            dataset, dataset_config, text_column, tokenizer, vocab_size, batch_size=batch_size, held_out=held_out,
-            num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file, encoding=encoding,
+            dataset=dataset, text_column=text_column, tokenizer=tokenizer, vocab_size=vocab_size, batch_size=batch_size,
+            max_tokens=None, held_out=held_out, predict_file=predict_file, predict_batch_size=batch_size, **kwargs,
         )  # fmt: skip
         if channels not in (1, 3):
             raise ValueError(f"channels={channels}: images are read as greyscale (1) or RGB (3)")

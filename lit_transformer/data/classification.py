@@ -73,25 +73,14 @@ class ClassificationDataModule(DataModule):
     def __init__(
         self,
         dataset: str = "shakespeare-genre",
-        dataset_config: str | None = None,
-        text_column: str = "text",
         label_column: str = "label",
         label_names: list[str] | None = None,
         multi_label: bool = False,
-        tokenizer: str = "byte_bpe",
-        vocab_size: int = 8192,
         max_length: int = 128,
-        batch_size: int = 32,
-        max_tokens: int | None = None,
         max_examples: int | None = None,
         held_out: float = 0.1,
         lines_per_passage: int = 8,
-        num_workers: int = 0,
-        seed: int = 42,
-        cache_dir: str | None = None,
-        predict_file: str | None = None,
-        predict_batch_size: int = 16,
-        encoding: str = "utf-8",
+        **kwargs: Any,
     ) -> None:
         """
         Args:
@@ -99,42 +88,25 @@ class ClassificationDataModule(DataModule):
                 tragedy, split by play), a hub name (e.g. imdb, or glue with dataset_config sst2) or local
                 .csv/.tsv/.jsonl/.json/.parquet files, folder or glob (a folder's train*/valid*/test* files become
                 the splits; missing validation/test splits are carved from train by a hash of the text).
-            dataset_config: The hub dataset's configuration name.
-            text_column: The column that holds the text (hub sst2: sentence).
             label_column: The column that holds the label: a name, an integer (a hub ClassLabel's names are used),
                 or, with multi_label, a list of them.
             label_names: The classes, in id order; None takes them from the data (a ClassLabel's names, else the
                 sorted distinct labels of the training split). Saved in checkpoints: predict writes these names.
             multi_label: Each text has a set of labels (batches carry (B, num_labels) 0/1 targets).
-            tokenizer: A kind to train on the training texts (byte_bpe, bpe, char), a tokenizer.json path, a .ckpt
-                whose tokenizer to use (fine-tuning a pretrained encoder), or a hub tokenizer name.
-            vocab_size: Vocabulary size of a trained tokenizer (before the added <mask>).
             max_length: Texts are cut to this many tokens.
-            batch_size: Texts per batch (batches group texts of similar length).
-            max_tokens: Instead of batch_size, a token budget per batch (batch size times its longest text).
             max_examples: Use only the first max_examples training texts (quick runs); None uses all.
             held_out: The fraction of the training texts each missing validation/test split takes (by a hash of
                 the text).
             lines_per_passage: shakespeare-genre: non-blank lines per passage.
-            num_workers: DataLoader worker processes (0 collates in the main process).
-            seed: Seed of the batch order (saved with checkpoints, so resumed runs see the same order).
-            cache_dir: Where tokenizers and token arrays are cached; default $LIT_TRANSFORMER_CACHE or
-                ~/.cache/lit_transformer.
-            predict_file: Inputs of `predict`: a text file with one text per line, or a JSONL file with a "text"
-                field per line; each gets its label and probability in the output JSONL (see --predictions.output).
-            predict_batch_size: Inputs classified at once by `predict`.
-            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
-                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
-                naming the file and line; nothing is replaced.
+            **kwargs: The arguments every DataModule shares (text_column, e.g. sentence for hub sst2; tokenizer, a
+                .ckpt's to fine-tune a pretrained encoder; vocab_size, before the added <mask>; batch_size, texts of
+                similar length grouped; max_tokens; seed; predict_file, each input's label and probability written;
+                ...: see DataModule).
         """
-        super().__init__(
-            dataset, dataset_config, text_column, tokenizer, vocab_size, batch_size=batch_size, max_tokens=max_tokens,
-            held_out=held_out, num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
-            predict_batch_size=predict_batch_size, encoding=encoding,
-        )  # fmt: skip
-        if max_length < 1 or (max_tokens is not None and max_tokens < max_length):
+        super().__init__(dataset=dataset, held_out=held_out, **kwargs)
+        if max_length < 1 or (self.max_tokens is not None and self.max_tokens < max_length):
             raise ValueError(
-                f"Need max_length >= 1 and max_tokens >= max_length or None (got {max_length}, {max_tokens})"
+                f"Need max_length >= 1 and max_tokens >= max_length or None (got {max_length}, {self.max_tokens})"
             )
         self.label_column = label_column
         self.requested_label_names = label_names

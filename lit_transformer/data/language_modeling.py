@@ -1,19 +1,50 @@
 """LanguageModelingDataModule: text from the hub, local files or the embedded Shakespeare, streamed into token shards
-once (`python -m lit_transformer prepare`, or the first `fit`), then read as packed blocks through memory maps."""
+once (`python -m lit_transformer prepare`, or the first `fit`), then read as packed blocks through memory maps.
+
+All that is the language-modelling family's own (masked LM reads the same blocks) lives here: its stream of
+document pieces (CorpusStream), its shard kind (TEXT: each document's ids then EOS), its shards read as overlapping
+blocks (TokenShards, ShardBlocks) and the tokenizer's training sample (sample_texts). Reading, carving, the shard
+writer and the loaders are the shared modules'.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer
+from torch.utils.data import Dataset
 
 from . import corpora
 from .base import DataModule
-from .loaders import BlockStreamLoader, ResumableLoader, ShardBlocks, TokenShards, fixed_size_batches, load_prepared
-from .shards import prepare_corpus
-from .sources import SPLITS, CorpusStream, sample_texts
+from .cache import hash_file
+from .loaders import BlockStreamLoader, ResumableLoader, fixed_size_batches, load_prepared
+from .shards import SHARD_TOKENS, RecordKind, prepare
+from .sources import (
+    BUILDERS,
+    ENCODING,
+    HASH_MIN_DOCUMENTS,
+    HELD_OUT,
+    SPLITS,
+    Piece,
+    Source,
+    SplitStream,
+    byte_line_cut,
+    carve,
+    column_value,
+    data_size,
+    digest_bucket,
+    file_chunks,
+    form_suffix,
+    line_cut,
+    line_range,
+    records,
+    table_rows,
+)
 from .text import MASK, special_token_id
 
 
@@ -27,59 +58,28 @@ class LanguageModelingDataModule(DataModule):
     def __init__(
         self,
         dataset: str = "shakespeare",
-        dataset_config: str | None = None,
-        text_column: str = "text",
-        tokenizer: str = "byte_bpe",
-        vocab_size: int = 8192,
         block_size: int = 256,
-        batch_size: int = 32,
         max_chars: int | None = None,
-        num_workers: int = 0,
-        seed: int = 42,
-        cache_dir: str | None = None,
-        predict_file: str | None = None,
-        predict_batch_size: int = 16,
         mask_token: bool = False,
         sampling: Literal["random", "sequential"] = "random",
-        tokenizer_sample_chars: int = 20_000_000,
-        encoding: str = "utf-8",
+        **kwargs: Any,
     ) -> None:
         """
         Args:
             dataset: "shakespeare" (embedded), a Hugging Face hub name, or a local .txt/.jsonl/.json/.csv/.tsv/.parquet
                 file, folder or glob (a folder's train*/valid*/test* files become the splits).
-            dataset_config: The hub dataset's configuration name (e.g. wikitext-2-raw-v1).
-            text_column: The column that holds the text.
-            tokenizer: A kind to train on the training split (byte_bpe, bpe, char), a tokenizer.json path or a hub
-                tokenizer name.
-            vocab_size: Vocabulary size of a trained tokenizer (char: at most this many characters).
             block_size: Tokens per training sequence (the model's context length).
-            batch_size: Sequences per batch.
             max_chars: Use only the first max_chars characters of the training split (quick CPU runs; ~1M for
                 Shakespeare trains in minutes). None uses it all. Validation and test are never cut.
-            num_workers: DataLoader worker processes (0 loads in the main process; batches are cheap slices).
-            seed: Seed of the shuffle order (saved with checkpoints, so resumed runs see the same order).
-            cache_dir: Where tokenizers and token arrays are cached; default $LIT_TRANSFORMER_CACHE or
-                ~/.cache/lit_transformer.
-            predict_file: Inputs of `predict`: a text file with one prompt per line, or a JSONL file with a
-                "text" field per line; the outputs go to a JSONL file (see --predictions.output).
-            predict_batch_size: Inputs generated for at once by `predict`.
             mask_token: Add a <mask> token after the vocabulary, for masked-LM pretraining of an encoder_only model on
                 this text (head: masked_lm; the packed blocks serve as inputs, their next-token labels are ignored).
             sampling: Training order of the blocks: random (a seeded permutation per epoch) or sequential. Either
                 way the order is a function of (seed, epoch, global sample index), so a run resumes exactly on any
                 number of processes.
-            tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters from the start of
-                the training split (a bounded sample: the whole split when it is smaller).
-            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
-                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
-                naming the file and line; nothing is replaced.
+            **kwargs: The arguments every DataModule shares (batch_size, tokenizer, vocab_size, seed, ...: see
+                DataModule); blocks are packed, so there is no token budget, and the held-out fraction is fixed.
         """
-        super().__init__(
-            dataset, dataset_config, text_column, tokenizer, vocab_size, tokenizer_sample_chars, batch_size,
-            num_workers=num_workers, seed=seed, cache_dir=cache_dir, predict_file=predict_file,
-            predict_batch_size=predict_batch_size, encoding=encoding,
-        )  # fmt: skip
+        super().__init__(dataset=dataset, max_tokens=None, held_out=HELD_OUT, **kwargs)
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be positive")
         if sampling not in ("random", "sequential"):
@@ -147,7 +147,7 @@ class LanguageModelingDataModule(DataModule):
                 self._root = prepare_corpus(
                     self.stream, tokenizer, self._tokenizer_keys[0], self.eos_token_id, self.cache_dir, self.max_chars
                 )
-            info, self._splits = load_prepared(self._root)
+            info, self._splits = load_prepared(self._root, TokenShards)
             if len(self._splits["train"]) == 0:
                 raise self._empty()
             sizes = {s: (shards.characters, len(shards)) for s, shards in self._splits.items()}
@@ -205,3 +205,270 @@ class LanguageModelingDataModule(DataModule):
             )
         batches = fixed_size_batches(len(blocks), self.batch_size, self.seed, shuffle=False, drop_last=False)
         return ResumableLoader(blocks, batches, shuffle=False, seed=self.seed, num_workers=self.num_workers)
+
+
+# ---------------------------------------------------------------------------------------------------- a corpus's stream
+
+
+class CorpusStream(SplitStream):
+    """Each split of a corpus as a stream of `Piece`s, with held-out splits carved from train when missing: by
+    document hash, or by lines for a handful of long documents (see the module)."""
+
+    key = "corpus"
+    local_hint = "(.txt, .jsonl/.json, .csv/.tsv, .parquet), a hub dataset name, or an embedded corpus"
+    text_files = True
+    column_hint = " (choose one with --data.init_args.text_column)"
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_config: str | None = None,
+        text_column: str = "text",
+        embedded=None,
+        held_out: float = HELD_OUT,
+        encoding: str = ENCODING,
+    ) -> None:
+        self.text_column = text_column
+        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
+
+    def _columns(self) -> list[str]:
+        return [self.text_column]
+
+    def _settings(self) -> tuple:
+        return (self.text_column,)
+
+    # ------------------------------------------------------------------ the stream of a split
+
+    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Piece]]:
+        """(split, piece) for every piece of one pass over a source split; the first `skip` source documents are
+        read past (a resumed preparation continues where its last finished shard ended). The training source feeds
+        the carved held-out splits too: whole documents by hash, or each document's lines (see the module)."""
+        source = self.sources[source_name]
+        carving = source_name == "train" and bool(self.missing)
+        line_mode = carving and self.mode == "lines"
+        document = 0
+        for kind, payload, digest in self._documents(source):
+            if document < skip:
+                document += 1
+                continue
+            if kind == "file":  # a .txt file: one document, read in line-bounded chunks
+                path = payload
+                if line_mode:
+                    for split in ("train", *self.missing):
+                        for piece in self._file_lines(path, document, *line_range(split, self.missing, self.held_out)):
+                            yield split, piece
+                else:
+                    owner = carve(digest_bucket(digest()), self.missing, self.held_out) if carving else source_name
+                    for piece in file_chunks(path, document, encoding=self.encoding):
+                        yield owner, piece
+            else:
+                text, nbytes = payload
+                if line_mode:
+                    for split in ("train", *self.missing):
+                        start, end = line_range(split, self.missing, self.held_out)
+                        a = 0 if start == 0 else line_cut(text, start)
+                        b = len(text) if end >= 1 else line_cut(text, end)
+                        yield split, Piece(text[a:b], document, True, nbytes if split == "train" else 0)
+                else:
+                    yield self.owner(source_name, text), Piece(text, document, True, nbytes)
+            document += 1
+
+    def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
+        """The lines of a .txt file between two fractions of its bytes, cut at line boundaries."""
+        size = data_size(path)
+        lo = 0 if start == 0 else byte_line_cut(path, int(size * start), size)
+        hi = size if end >= 1 else byte_line_cut(path, int(size * end), size)
+        yield from file_chunks(path, document, lo, hi, self.encoding)
+
+    def _documents(self, source: Source):
+        """(kind, payload, digest) per document: ("file", path, lazy hash) for .txt files, ("row", (text, bytes),
+        None) for rows. Blank rows are dropped."""
+        if source.table is not None:
+            for row in table_rows(source.table):
+                text = self._text(row, self.dataset)
+                if text.strip():
+                    yield "row", (text, len(text)), None
+            return
+        for path in source.files:
+            if form_suffix(path) not in BUILDERS:
+                yield "file", path, lambda path=path: self.file_hashes.get(path) or hash_file(path)
+                continue
+            for row, nbytes, number in records(path, [self.text_column.split(".")[0]], self.encoding):
+                text = self._text(row, f"{path}:{number}")
+                if text.strip():
+                    yield "row", (text, nbytes), None
+
+    # ------------------------------------------------------------------ splits
+
+    def _text(self, row: dict, where: str) -> str:
+        """A row's text ("" when blank or absent in this row: such rows are dropped)."""
+        try:
+            text = column_value(row, self.text_column)
+        except KeyError:
+            return ""
+        return text if isinstance(text, str) else ""
+
+    def _carving_mode(self) -> str:
+        """hash when the training source has at least HASH_MIN_DOCUMENTS documents, else lines."""
+        count = 0
+        for _ in self._documents(self.sources["train"]):
+            count += 1
+            if count >= HASH_MIN_DOCUMENTS:
+                return "hash"
+        return "lines"
+
+    def documents(self, split: str) -> Iterator[str]:
+        """Each document of `split` as one string (for inspection and small corpora: a document is held whole)."""
+        parts: list[str] = []
+        for piece in self.records_of(split):
+            parts.append(piece.text)
+            if piece.last:
+                text = "".join(parts)
+                parts = []
+                if text.strip():
+                    yield text
+
+
+def sample_texts(stream: CorpusStream, max_chars: int) -> list[str]:
+    """The first `max_chars` characters of the training split, as documents: a bounded sample to train a tokenizer
+    on (the training text itself when it is smaller)."""
+    texts, parts, total = [], [], 0
+    for piece in stream.records_of("train"):
+        text = piece.text[: max_chars - total]
+        parts.append(text)
+        total += len(text)
+        if piece.last or total >= max_chars:
+            document = "".join(parts)
+            parts = []
+            if document.strip():
+                texts.append(document)
+            if total >= max_chars:
+                break
+    return texts
+
+
+# ---------------------------------------------------------------------------------------------------- a corpus's documents
+
+
+class TextKind(RecordKind):
+    """A corpus's documents: one side, each document's ids then EOS; `docs.npy` holds where documents start."""
+
+    folder, tag, sides, starts, counter = "shards", "shards", ("",), "docs.npy", "documents"
+    summed = ("tokens", "documents")
+    split_long = True
+
+    def starts_array(self, starts: list[np.ndarray], tokens: list[int]) -> np.ndarray:
+        return starts[0]
+
+    def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
+        return {"file": f"{name}.bin", "tokens": tokens[0], "documents": records}
+
+    def summary(self, indexes: dict[str, dict]) -> str:
+        return f"shards { {s: len(i['shards']) for s, i in indexes.items()} }"
+
+
+TEXT = TextKind()
+
+
+def prepare_corpus(
+    stream: CorpusStream,
+    tokenizer: Tokenizer,
+    tokenizer_key: str,
+    eos_id: int | None,
+    cache_dir: Path,
+    max_chars: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+) -> Path:
+    """Prepare every split of `stream` once (cached by content; resumable; atomic); the prepared corpus's folder.
+    max_chars: the training split is cut after this many characters."""
+    info = {"eos_id": eos_id, "vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
+    return prepare(
+        stream, TEXT, (tokenizer,), (tokenizer_key, eos_id), cache_dir, info, eos_id, max_chars, shard_tokens
+    )
+
+
+def stack_blocks(blocks: np.ndarray) -> dict[str, torch.Tensor]:
+    """(B, T+1) packed tokens to next-token inputs and labels."""
+    tokens = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.int64))
+    return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+
+
+# ---------------------------------------------------------------------------------------------------- a corpus's shards as blocks
+
+
+class TokenShards:
+    """One prepared split: its shards as one sequence of tokens, read through short-lived memory maps."""
+
+    def __init__(self, directory: Path, index: dict) -> None:
+        self.directory = Path(directory)
+        self.dtype = np.dtype(index["dtype"])
+        self.paths = [str(self.directory / s["file"]) for s in index["shards"]]
+        self.counts = np.array([s["tokens"] for s in index["shards"]], dtype=np.int64)
+        self.characters = int(index["characters"])
+        self.documents = int(index["documents"])
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def open(self, shard: int) -> np.memmap | np.ndarray:
+        count = int(self.counts[shard])
+        if not count:  # documents that encode to nothing (a vocabulary without EOS): no byte to map
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(self.paths[shard], dtype=self.dtype, mode="r", shape=(count,))
+
+    def head(self, n: int) -> np.ndarray:
+        """The first n tokens (a copy; for inspection)."""
+        parts, left = [], n
+        for shard in range(len(self.paths)):
+            if left <= 0:
+                break
+            parts.append(np.array(self.open(shard)[:left]))
+            left -= len(parts[-1])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+
+    def texts(self, tokenizer) -> Iterator[str]:
+        """Each document, its ids decoded (EOS and other special tokens left out), blank ones skipped: a split read
+        back for inspection."""
+        for shard in range(len(self.paths)):
+            tokens = np.array(self.open(shard))
+            starts = np.load(Path(self.paths[shard]).with_suffix(".docs.npy")).tolist() if len(tokens) else []
+            for a, b in zip(starts, [*starts[1:], len(tokens)], strict=True):
+                text = tokenizer.decode(tokens[a:b].tolist())
+                if text.strip():
+                    yield text
+
+    def blocks(self, block_size: int) -> ShardBlocks:
+        return ShardBlocks(self, block_size)
+
+
+class ShardBlocks(Dataset):
+    """Blocks of block_size + 1 tokens within each shard, each overlapping the next by one token (as BlockDataset):
+    inputs are a block's first T tokens, labels its last T. A shard's last partial block is left out (under one
+    block per shard of 64M tokens)."""
+
+    def __init__(self, shards: TokenShards, block_size: int) -> None:
+        self.shards = shards
+        self.block_size = block_size
+        per_shard = np.maximum(0, (shards.counts - 1) // block_size)
+        self.first = np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
+        self._offsets = np.arange(block_size + 1)
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"block index out of range [0, {len(self)})")
+        shard_of = np.searchsorted(self.first, indices, side="right") - 1
+        out = np.empty((len(indices), self.block_size + 1), dtype=self.shards.dtype)
+        for shard in np.unique(shard_of):
+            rows = shard_of == shard
+            starts = (indices[rows] - self.first[shard]) * self.block_size
+            tokens = self.shards.open(int(shard))  # mapped for this batch only: no page stays mapped
+            out[rows] = tokens[starts[:, None] + self._offsets]
+            del tokens
+        return stack_blocks(out)

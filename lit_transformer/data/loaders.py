@@ -1,7 +1,7 @@
 """Token shards -> batches: resumable, elastic loaders and the batch layouts behind them.
 
-A training loader reads an endless stream of items (precomputed batches for translation and classification, blocks
-of tokens for language modelling). The item at global position p is a pure function of (seed, epoch = p // n,
+A training loader reads an endless stream of items (precomputed batches of records, or blocks
+of tokens). The item at global position p is a pure function of (seed, epoch = p // n,
 p % n): a seeded permutation of the n items per epoch. Each optimizer step consumes the next `per_rank * world_size`
 positions, rank r taking its `per_rank` consecutive ones, so the global sequence of items does not depend on the
 number of processes. The checkpointed state is the number of positions consumed (plus the steps taken in Lightning's
@@ -16,8 +16,8 @@ Evaluation loaders (`shuffle=False`) read their items in order from the start at
 every world_size-th batch.
 
 Shards are read through short-lived memory maps: a map is opened for the rows of one batch and dropped, so the
-resident memory stays flat however much of the corpus is read (TokenShards and ShardBlocks: a corpus as blocks;
-`map_file` for a task's own shard reader, e.g. translation.PairShards).
+resident memory stays flat however much of the corpus is read (`map_file`, for
+a task's own shard reader).
 """
 
 from __future__ import annotations
@@ -407,96 +407,9 @@ def token_budget_batches(
     return list(token_budget_plan(src_lengths, tgt_lengths, max_tokens, seed, max_sentences))
 
 
-def stack_blocks(blocks: np.ndarray) -> dict[str, torch.Tensor]:
-    """(B, T+1) packed tokens to next-token inputs and labels."""
-    tokens = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.int64))
-    return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
-
-
-# ---------------------------------------------------------------------------------------------------- a corpus's shards as blocks
-
-
-class TokenShards:
-    """One prepared split: its shards as one sequence of tokens, read through short-lived memory maps."""
-
-    def __init__(self, directory: Path, index: dict) -> None:
-        self.directory = Path(directory)
-        self.dtype = np.dtype(index["dtype"])
-        self.paths = [str(self.directory / s["file"]) for s in index["shards"]]
-        self.counts = np.array([s["tokens"] for s in index["shards"]], dtype=np.int64)
-        self.characters = int(index["characters"])
-        self.documents = int(index["documents"])
-
-    def __len__(self) -> int:
-        return int(self.counts.sum())
-
-    def open(self, shard: int) -> np.memmap | np.ndarray:
-        count = int(self.counts[shard])
-        if not count:  # documents that encode to nothing (a vocabulary without EOS): no byte to map
-            return np.zeros(0, dtype=self.dtype)
-        return np.memmap(self.paths[shard], dtype=self.dtype, mode="r", shape=(count,))
-
-    def head(self, n: int) -> np.ndarray:
-        """The first n tokens (a copy; for inspection)."""
-        parts, left = [], n
-        for shard in range(len(self.paths)):
-            if left <= 0:
-                break
-            parts.append(np.array(self.open(shard)[:left]))
-            left -= len(parts[-1])
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
-
-    def texts(self, tokenizer) -> Iterator[str]:
-        """Each document, its ids decoded (EOS and other special tokens left out), blank ones skipped: a split read
-        back for inspection."""
-        for shard in range(len(self.paths)):
-            tokens = np.array(self.open(shard))
-            starts = np.load(Path(self.paths[shard]).with_suffix(".docs.npy")).tolist() if len(tokens) else []
-            for a, b in zip(starts, [*starts[1:], len(tokens)], strict=True):
-                text = tokenizer.decode(tokens[a:b].tolist())
-                if text.strip():
-                    yield text
-
-    def blocks(self, block_size: int) -> ShardBlocks:
-        return ShardBlocks(self, block_size)
-
-
-class ShardBlocks(Dataset):
-    """Blocks of block_size + 1 tokens within each shard, each overlapping the next by one token (as BlockDataset):
-    inputs are a block's first T tokens, labels its last T. A shard's last partial block is left out (under one
-    block per shard of 64M tokens)."""
-
-    def __init__(self, shards: TokenShards, block_size: int) -> None:
-        self.shards = shards
-        self.block_size = block_size
-        per_shard = np.maximum(0, (shards.counts - 1) // block_size)
-        self.first = np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
-        self._offsets = np.arange(block_size + 1)
-
-    def __len__(self) -> int:
-        return int(self.first[-1])
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {k: v[0] for k, v in self.__getitems__([index]).items()}
-
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        indices = np.asarray(indices, dtype=np.int64)
-        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
-            raise IndexError(f"block index out of range [0, {len(self)})")
-        shard_of = np.searchsorted(self.first, indices, side="right") - 1
-        out = np.empty((len(indices), self.block_size + 1), dtype=self.shards.dtype)
-        for shard in np.unique(shard_of):
-            rows = shard_of == shard
-            starts = (indices[rows] - self.first[shard]) * self.block_size
-            tokens = self.shards.open(int(shard))  # mapped for this batch only: no page stays mapped
-            out[rows] = tokens[starts[:, None] + self._offsets]
-            del tokens
-        return stack_blocks(out)
-
-
-def load_prepared(root: Path, shards: type = TokenShards) -> tuple[dict, dict[str, Any]]:
-    """A prepared dataset's manifest and its splits, each read as `shards` (TokenShards for a corpus, RecordShards,
-    or a task's own reader)."""
+def load_prepared(root: Path, shards: type) -> tuple[dict, dict[str, Any]]:
+    """A prepared dataset's manifest and its splits, each read as `shards` (RecordShards, or a task's own
+    reader)."""
     info = json.loads((Path(root) / "manifest.json").read_text())
     return info, {split: shards(Path(root) / split, info["splits"][split]) for split in info["splits"]}
 

@@ -1,4 +1,4 @@
-"""Records -> token shards on disk, for every kind of record (a corpus's documents, a translation's sentence pairs): a
+"""Records -> token shards on disk, for every kind of record (each task declares its kind in its own file): a
 stream of records cut into chunks, tokenized in worker processes, appended to token shards on disk, once.
 
 A prepared dataset lives under <cache>/<kind.folder>/<key>/, the key a hash of the dataset's content, the
@@ -19,8 +19,9 @@ parsing ahead). A shard is written to temporary files, fsynced and renamed only 
 `progress.json` is updated after it: a killed run resumes after its last finished shard, and no reader ever sees a
 half-written shard. Shards end at record boundaries.
 
-The kinds: TEXT, a corpus's documents (shard-N.bin, each document's ids then EOS; docs.npy, where documents start);
-a task with records of its own declares its kind in its own file (translation.PAIRS: two sides, held-out text kept).
+The kinds: a task declares its kind (a RecordKind) in its own file, e.g. a corpus's documents (one side, each
+document's ids then EOS, docs.npy where documents start) or sentence pairs (two sides, held-out text kept); TextsKind,
+here, is one text and a JSON value per record, which a task's kind specialises.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tokenizers import Tokenizer
 
 from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
-from .sources import SPLITS, CorpusStream
+from .sources import SPLITS, SplitStream
 from .text import line_pieces
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class Record(Protocol):
 
 class RecordKind:
     """What sets a kind of record apart on disk: its sides, the file of record starts, its progress and index
-    entries. One instance per kind (shards.TEXT, pairs.PAIRS); everything else is shared."""
+    entries. One instance per kind, in its task's file; everything else is shared."""
 
     folder: str  # the prepared datasets' folder in the cache
     tag: str  # the cache key's tag
@@ -484,7 +485,7 @@ def _write_indexes(root: Path, indexes: dict[str, dict]) -> dict[str, dict]:
 
 
 def prepare_pass(
-    stream,
+    stream: SplitStream,
     source: str,
     root: Path,
     kind: RecordKind,
@@ -577,7 +578,7 @@ def prepare_pass(
 
 
 def prepare(
-    stream,
+    stream: SplitStream,
     kind: RecordKind,
     tokenizers: Sequence[Tokenizer],
     settings: tuple,
@@ -612,46 +613,6 @@ def prepare(
         content = {**head, **info, "splits": {split: splits[split] for split in SPLITS}}
         atomic_write(manifest, lambda tmp: Path(tmp).write_text(json.dumps(content, indent=1)))
     return root
-
-
-# ---------------------------------------------------------------------------------------------------- a corpus's documents
-
-
-class TextKind(RecordKind):
-    """A corpus's documents: one side, each document's ids then EOS; `docs.npy` holds where documents start."""
-
-    folder, tag, sides, starts, counter = "shards", "shards", ("",), "docs.npy", "documents"
-    summed = ("tokens", "documents")
-    split_long = True
-
-    def starts_array(self, starts: list[np.ndarray], tokens: list[int]) -> np.ndarray:
-        return starts[0]
-
-    def shard_entry(self, name: str, tokens: list[int], records: int) -> dict:
-        return {"file": f"{name}.bin", "tokens": tokens[0], "documents": records}
-
-    def summary(self, indexes: dict[str, dict]) -> str:
-        return f"shards { {s: len(i['shards']) for s, i in indexes.items()} }"
-
-
-TEXT = TextKind()
-
-
-def prepare_corpus(
-    stream: CorpusStream,
-    tokenizer: Tokenizer,
-    tokenizer_key: str,
-    eos_id: int | None,
-    cache_dir: Path,
-    max_chars: int | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-) -> Path:
-    """Prepare every split of `stream` once (cached by content; resumable; atomic); the prepared corpus's folder.
-    max_chars: the training split is cut after this many characters."""
-    info = {"eos_id": eos_id, "vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
-    return prepare(
-        stream, TEXT, (tokenizer,), (tokenizer_key, eos_id), cache_dir, info, eos_id, max_chars, shard_tokens
-    )
 
 
 # ---------------------------------------------------------------------------------------------------- texts with a value

@@ -6,8 +6,8 @@
   streaming=True); offline it fails within seconds and says how to use local files instead. An embedded corpus
   (corpora.EMBEDDED), given as its DatasetDict.
 - A column may be dotted to reach into a nested field (`translation.en`).
-- A stream says what a record is: CorpusStream (pieces of documents), RowStream (rows of named columns); a task with
-  records of its own subclasses SplitStream (or RowStream) in its own file.
+- A stream says what a record is: RowStream (rows of named columns) here; a task with records of its own (pieces of
+  documents, pairs, ...) subclasses SplitStream (or RowStream) in its own file.
 - Held-out splits, for a source without them, are carved from train by one function, `held_out_split`: by a hash of
   the record's content, so its duplicates land in the same split and its position in the source does not matter; each
   missing held-out split takes `held_out` of the hash buckets. A handful of long documents (fewer than
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .cache import fingerprint, hash_file, hash_texts
+from .cache import fingerprint, hash_texts
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
@@ -392,7 +392,7 @@ class SplitStream:
     dataset: a local file, folder or glob (a folder's train*/valid*/test* files become the splits); a folder that
     `datasets` saved; a hub name; or an embedded corpus's DatasetDict (given as `embedded`). A subclass says what a
     record is: `routed` yields each record of one pass over a source split with the split it belongs to
-    (CorpusStream: pieces of documents; a task's own stream in the task's file).
+    (RowStream: rows; a task's own stream in the task's file).
     """
 
     key: str  # the content key's tag
@@ -575,127 +575,6 @@ class SplitStream:
                 yield record
 
 
-class CorpusStream(SplitStream):
-    """Each split of a corpus as a stream of `Piece`s, with held-out splits carved from train when missing: by
-    document hash, or by lines for a handful of long documents (see the module)."""
-
-    key = "corpus"
-    local_hint = "(.txt, .jsonl/.json, .csv/.tsv, .parquet), a hub dataset name, or an embedded corpus"
-    text_files = True
-    column_hint = " (choose one with --data.init_args.text_column)"
-
-    def __init__(
-        self,
-        dataset: str,
-        dataset_config: str | None = None,
-        text_column: str = "text",
-        embedded=None,
-        held_out: float = HELD_OUT,
-        encoding: str = ENCODING,
-    ) -> None:
-        self.text_column = text_column
-        super().__init__(dataset, dataset_config, embedded, held_out, encoding)
-
-    def _columns(self) -> list[str]:
-        return [self.text_column]
-
-    def _settings(self) -> tuple:
-        return (self.text_column,)
-
-    # ------------------------------------------------------------------ the stream of a split
-
-    def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Piece]]:
-        """(split, piece) for every piece of one pass over a source split; the first `skip` source documents are
-        read past (a resumed preparation continues where its last finished shard ended). The training source feeds
-        the carved held-out splits too: whole documents by hash, or each document's lines (see the module)."""
-        source = self.sources[source_name]
-        carving = source_name == "train" and bool(self.missing)
-        line_mode = carving and self.mode == "lines"
-        document = 0
-        for kind, payload, digest in self._documents(source):
-            if document < skip:
-                document += 1
-                continue
-            if kind == "file":  # a .txt file: one document, read in line-bounded chunks
-                path = payload
-                if line_mode:
-                    for split in ("train", *self.missing):
-                        for piece in self._file_lines(path, document, *line_range(split, self.missing, self.held_out)):
-                            yield split, piece
-                else:
-                    owner = carve(digest_bucket(digest()), self.missing, self.held_out) if carving else source_name
-                    for piece in _file_chunks(path, document, encoding=self.encoding):
-                        yield owner, piece
-            else:
-                text, nbytes = payload
-                if line_mode:
-                    for split in ("train", *self.missing):
-                        start, end = line_range(split, self.missing, self.held_out)
-                        a = 0 if start == 0 else _line_cut(text, start)
-                        b = len(text) if end >= 1 else _line_cut(text, end)
-                        yield split, Piece(text[a:b], document, True, nbytes if split == "train" else 0)
-                else:
-                    yield self.owner(source_name, text), Piece(text, document, True, nbytes)
-            document += 1
-
-    def _file_lines(self, path: str, document: int, start: float, end: float) -> Iterator[Piece]:
-        """The lines of a .txt file between two fractions of its bytes, cut at line boundaries."""
-        size = data_size(path)
-        lo = 0 if start == 0 else _byte_line_cut(path, int(size * start), size)
-        hi = size if end >= 1 else _byte_line_cut(path, int(size * end), size)
-        yield from _file_chunks(path, document, lo, hi, self.encoding)
-
-    def _documents(self, source: Source):
-        """(kind, payload, digest) per document: ("file", path, lazy hash) for .txt files, ("row", (text, bytes),
-        None) for rows. Blank rows are dropped."""
-        if source.table is not None:
-            for row in table_rows(source.table):
-                text = self._text(row, self.dataset)
-                if text.strip():
-                    yield "row", (text, len(text)), None
-            return
-        for path in source.files:
-            if form_suffix(path) not in BUILDERS:
-                yield "file", path, lambda path=path: self.file_hashes.get(path) or hash_file(path)
-                continue
-            for row, nbytes, number in records(path, [self.text_column.split(".")[0]], self.encoding):
-                text = self._text(row, f"{path}:{number}")
-                if text.strip():
-                    yield "row", (text, nbytes), None
-
-    # ------------------------------------------------------------------ splits
-
-    def _text(self, row: dict, where: str) -> str:
-        """A row's text ("" when blank or absent in this row: such rows are dropped)."""
-        try:
-            text = column_value(row, self.text_column)
-        except KeyError:
-            return ""
-        return text if isinstance(text, str) else ""
-
-    def _carving_mode(self) -> str:
-        """hash when the training source has at least HASH_MIN_DOCUMENTS documents, else lines."""
-        count = 0
-        for _ in self._documents(self.sources["train"]):
-            count += 1
-            if count >= HASH_MIN_DOCUMENTS:
-                return "hash"
-        return "lines"
-
-    def documents(self, split: str) -> Iterator[str]:
-        """Each document of `split` as one string (for inspection and small corpora: a document is held whole)."""
-        parts: list[str] = []
-        for piece in self.records_of(split):
-            parts.append(piece.text)
-            if piece.last:
-                text = "".join(parts)
-                parts = []
-                if text.strip():
-                    yield text
-
-    # ------------------------------------------------------------------ checks
-
-
 # ---------------------------------------------------------------------------------------------------- readers
 
 
@@ -740,7 +619,7 @@ def _looks_like_a_path(spec: str) -> bool:
     return spec.startswith(("/", "./", "../", "~")) or form_suffix(spec) in suffixes
 
 
-def _line_cut(text: str, fraction: float) -> int:
+def line_cut(text: str, fraction: float) -> int:
     at = text.find("\n", int(len(text) * fraction))
     return len(text) if at < 0 else at + 1
 
@@ -757,7 +636,7 @@ def _skip(handle: IO[bytes], offset: int) -> None:
             offset -= len(block)
 
 
-def _byte_line_cut(path: str, offset: int, size: int) -> int:
+def byte_line_cut(path: str, offset: int, size: int) -> int:
     """The first line start at or after byte `offset` of a file of `size` (decompressed) bytes."""
     with open_data(path) as handle:
         _skip(handle, offset)
@@ -784,7 +663,7 @@ def _line_at(path: str, offset: int) -> int:
     return lines
 
 
-def _file_chunks(
+def file_chunks(
     path: str, document: int, start: int = 0, end: int | None = None, encoding: str = ENCODING
 ) -> Iterator[Piece]:
     """A text file (decompressed bytes start..end) in chunks of about CHUNK_BYTES that end at line boundaries.
@@ -993,24 +872,3 @@ class RowStream(SplitStream):
                 if row.get("split") not in (None, ""):
                     values["split"] = row["split"]
                 yield Row(values, where, str(Path(path).parent), number, nbytes)
-
-
-# ---------------------------------------------------------------------------------------------------- samples
-
-
-def sample_texts(stream: CorpusStream, max_chars: int) -> list[str]:
-    """The first `max_chars` characters of the training split, as documents: a bounded sample to train a tokenizer
-    on (the training text itself when it is smaller)."""
-    texts, parts, total = [], [], 0
-    for piece in stream.records_of("train"):
-        text = piece.text[: max_chars - total]
-        parts.append(text)
-        total += len(text)
-        if piece.last or total >= max_chars:
-            document = "".join(parts)
-            parts = []
-            if document.strip():
-                texts.append(document)
-            if total >= max_chars:
-                break
-    return texts

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -61,7 +61,6 @@ class TranslationDataModule(DataModule):
     def __init__(
         self,
         dataset: str = "kjv-rv1909",
-        dataset_config: str | None = None,
         source_lang: str = "en",
         target_lang: str = "es",
         source_column: str | None = None,
@@ -74,21 +73,13 @@ class TranslationDataModule(DataModule):
         max_length: int = 128,
         max_pairs: int | None = None,
         bleu_samples: int = 200,
-        held_out: float = HELD_OUT,
-        num_workers: int = 0,
-        seed: int = 42,
-        cache_dir: str | None = None,
-        predict_file: str | None = None,
-        predict_batch_size: int = 16,
-        tokenizer_sample_chars: int = 20_000_000,
         storage: Literal["shards", "memory"] | None = None,
-        encoding: str = "utf-8",
+        **kwargs: Any,
     ) -> None:
         """
         Args:
             dataset: "kjv-rv1909" (embedded English-Spanish Bible), a hub translation dataset (e.g. wmt14, with a
                 `translation` dict column), or local .tsv/.csv/.jsonl/.parquet pair files (folder, glob or file).
-            dataset_config: The hub dataset's configuration name (e.g. de-en).
             source_lang: Source language code: the key in a `translation` column, or the source column's name.
             target_lang: Target language code, likewise.
             source_column: The source text column when it is not named after source_lang.
@@ -103,26 +94,15 @@ class TranslationDataModule(DataModule):
             max_length: Pairs with more tokens than this on either side (with bos/eos) are dropped, and counted.
             max_pairs: Use only the first max_pairs training pairs (quick CPU runs); None uses all.
             bleu_samples: How many validation pairs the LightningModule decodes with beam search for BLEU.
-            num_workers: DataLoader worker processes (0 collates in the main process).
-            seed: Seed of the batch order (saved with checkpoints, so resumed runs see the same order).
-            cache_dir: Where tokenizers, extracted corpora and token arrays are cached; default
-                $LIT_TRANSFORMER_CACHE or ~/.cache/lit_transformer.
-            predict_file: Inputs of `predict`: a text file with one source sentence per line, or a JSONL file with a
-                "text" field per line; the outputs go to a JSONL file (see --predictions.output).
-            predict_batch_size: Inputs generated for at once by `predict`.
             batch_size: At most this many pairs a batch besides the token budget (None: the budget alone).
-            held_out: The fraction of the pairs each missing validation/test split takes (by a hash of the pair).
-            tokenizer_sample_chars: A tokenizer kind is trained on at most this many characters (both sides) of the
-                first training pairs (the whole split when it is smaller).
             storage: Deprecated (dropped in 0.2.0): pairs always stream into token shards (any value is accepted
                 with a warning).
-            encoding: The text encoding of the data files (and predict_file): utf-8 (a byte order mark is dropped), or
-                another that the files use, e.g. latin-1 or cp1252. Bytes that are not this encoding stop the run,
-                naming the file and line; nothing is replaced.
+            **kwargs: The arguments every DataModule shares (dataset_config, held_out, seed, predict_file, ...: see
+                DataModule); a pair's texts come from source_column/target_column, not text_column.
         """
         super().__init__(
-            dataset, dataset_config, "text", tokenizer, vocab_size, tokenizer_sample_chars, batch_size, max_tokens,
-            held_out, num_workers, seed, cache_dir, predict_file, predict_batch_size, encoding,
+            dataset=dataset, text_column="text", tokenizer=tokenizer, vocab_size=vocab_size, batch_size=batch_size,
+            max_tokens=max_tokens, **kwargs,
         )  # fmt: skip
         if max_length < 2 or max_tokens < max_length:
             raise ValueError(f"Need max_length >= 2 and max_tokens >= max_length (got {max_length}, {max_tokens})")
