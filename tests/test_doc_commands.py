@@ -22,6 +22,8 @@ import yaml
 from test_readme import PAGES as README_RUN
 from test_readme import page_commands, parse_only
 
+from lit_transformer.arguments import resolve_config
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *[ROOT / n for n in ("CONTRIBUTING.md",) if (ROOT / n).is_file()]]
 PAGES += sorted((ROOT / "docs").glob("*.md"))
@@ -111,6 +113,7 @@ def unmade_reads(pages: list[Path]) -> list[str]:
                         or (ROOT / path).exists()
                         or ("/" not in path and "." not in path)  # an embedded corpus, a hub name, a kind
                         or OWN.search(path)
+                        or resolve_config(path) != path  # a config that ships in the package, by name
                         or any(path == m or path.startswith(m + "/") for m in made)
                     )
                     if not known:
