@@ -3,7 +3,7 @@
     python -m lit_transformer.plots                 # docs/main_job.jsonl -> docs/main_job.png
     python -m lit_transformer.plots --jsonl RUNS.jsonl --out FIGURE.png
 
-Each point is one line of the JSON-lines file that `scripts/nanogpt_compare.py --json FILE` appends to: validation
+Each point is one line of the JSON-lines file that `python -m lit_transformer bench nanogpt --json FILE` appends to: validation
 bits per character over the whole split against the run's wall time. matplotlib's object API draws it (no pyplot, no
 global backend), and the PNG carries no date or version, so the same JSON gives the same picture.
 """

@@ -20,7 +20,7 @@ from lit_transformer.cli import main, run_cli
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 FRAGMENTS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name in ("variants", "trainer"))
-# configs/ablations holds grids for scripts/ablate.py, not CLI configs (tests/test_ablate.py covers them).
+# configs/ablations holds grids for `python -m lit_transformer ablate`, not CLI configs (tests/test_ablate.py covers them).
 STANDALONE = sorted(
     p
     for p in CONFIGS.rglob("*.yaml")
@@ -189,7 +189,7 @@ def test_validate_and_test_run_from_the_checkpoint(tiny_run: Path):
 
 
 def test_validate_scores_a_checkpoint_at_another_context_length(tiny_run: Path):
-    """The evaluation of a trained model at context N is `validate` with blocks of N tokens (scripts/ablate.py's
+    """The evaluation of a trained model at context N is `validate` with blocks of N tokens (`python -m lit_transformer ablate`'s
     `evaluate`); the tiny run's learned position table (64) refuses 128-token blocks, saying why."""
     common = _tiny_common(tiny_run)
     failed = _cli("validate", *common, "--data.init_args.block_size", "128", cwd=tiny_run, ok=False)
