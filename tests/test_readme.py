@@ -355,8 +355,9 @@ def check_generate(command: str, result, workdir: Path) -> None:
 
 def check_predict(command: str, result, workdir: Path) -> None:
     words = shlex.split(command)
-    if "--data.init_args.predict_dir" in words:  # captioning: one caption per image of the folder, in name order
-        folder = workdir / words[words.index("--data.init_args.predict_dir") + 1]
+    given = words[words.index("--data.init_args.predict_file") + 1] if "--data.init_args.predict_file" in words else ""
+    if (workdir / given).is_dir():  # captioning: one caption per image of the folder, in name order
+        folder = workdir / given
         rows = [json.loads(line) for line in (workdir / words[words.index("--predictions.output") + 1]).open()]
         assert [r["image"] for r in rows] == sorted(p.name for p in folder.glob("*.png"))
         assert all(isinstance(r["caption"], str) for r in rows)
