@@ -148,6 +148,15 @@ def run(command: Command, argv: Sequence[str]) -> None:
         refuse(f"{error}", status=1)
 
 
+def _print(text: str) -> None:
+    """Print to stdout; a reader that closed the pipe early (`--help | head`) ends the program quietly."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush cannot fail again
+        raise SystemExit(0) from None
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """The `lit-transformer` console script and `python -m lit_transformer`."""
     argv = list(sys.argv[1:] if args is None else args)
@@ -161,10 +170,10 @@ def main(args: Sequence[str] | None = None) -> None:
     if first in ("-h", "--help", "help"):
         if first == "help" and rest and find(rest[0]):
             return run(find(rest[0]), ["--help"])
-        print(overview())
+        _print(overview())
         return
     if first in ("-V", "--version", "version"):
-        print(version_line())
+        _print(version_line())
         return
     command = find(first)
     if command is None:
