@@ -341,22 +341,17 @@ def _default(owner: Callable | type, name: str) -> object:
 def link_context_length(config, subcommand: str | None) -> None:
     """The model's context (model.config.max_seq_len) and the data's (data.init_args.block_size, where the data has
     one) are one value: the one given sets the other; given both, `fit` needs them equal. (validate/test may read
-    longer blocks than the model was trained on: that is how length extrapolation is measured.)"""
+    longer blocks than the model was trained on: that is how length extrapolation is measured.) The data's
+    block_size defaults to None, so any value given, the model's default 256 included, counts as given; the model's
+    context counts as given when it differs from TransformerConfig's default."""
     from lit_transformer.config import TransformerConfig
 
     data, model = config.get("data"), config.get("model")
     init_args = getattr(data, "init_args", None)
     if init_args is None or "block_size" not in init_args or model is None or model.get("config") is None:
         return
-    try:
-        cls = _data_class(data)
-        if cls is None:
-            return
-        block_default = _default(cls, "block_size")
-    except (ImportError, AttributeError, ValueError):
-        return
     block, context = init_args.block_size, model.config.max_seq_len
-    block_given = block != block_default
+    block_given = block is not None
     context_given = context != _default(TransformerConfig, "max_seq_len")
     if block_given and not context_given:
         model.config.max_seq_len = block

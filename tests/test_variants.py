@@ -231,9 +231,27 @@ def test_context_length_is_set_once(parser) -> None:
         link_context_length(fit, "fit")  # both given, different: refused, naming both
     link_context_length(fit, "validate")  # validate may read longer blocks (length extrapolation)
     assert (fit.data.init_args.block_size, fit.model.config.max_seq_len) == (64, 32)
-    fit.data.init_args.block_size = 256  # the data's default: not given
+    fit.data.init_args.block_size = None  # the data's default: not given
     link_context_length(fit, "fit")
     assert fit.data.init_args.block_size == 32  # the data follow the model
+
+
+def test_a_given_block_size_is_kept_even_when_it_equals_the_models_default_context(parser) -> None:
+    """Length extrapolation reads a 128-token model's validation split in blocks of 256, 512, 1024: 256, the value
+    TransformerConfig defaults to, is given like the others (it was once taken for "not given" and silently replaced
+    by the model's 128, so a grid's N = 256 column repeated N = 128)."""
+    for n in (256, 512):
+        with contextlib.chdir(ROOT):
+            given = parser.parse_args(
+                ["fit", "--config", "configs/base.yaml", "--model.config.max_seq_len", "128",
+                 "--data.init_args.block_size", str(n)]
+            ).fit  # fmt: skip
+        link_context_length(given, "validate")
+        assert (given.data.init_args.block_size, given.model.config.max_seq_len) == (n, 128)
+    with contextlib.chdir(ROOT):
+        fit = parser.parse_args(["fit", "--config", "configs/base.yaml", "--data.init_args.block_size", "256"]).fit
+    link_context_length(fit, "fit")  # the model follows
+    assert (fit.data.init_args.block_size, fit.model.config.max_seq_len) == (256, 256)
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from ..config import TransformerConfig
 from . import corpora
 from .base import DataModule
 from .cache import hash_file
@@ -58,7 +59,7 @@ class LanguageModelingDataModule(DataModule):
     def __init__(
         self,
         dataset: str = "shakespeare",
-        block_size: int = 256,
+        block_size: int | None = None,
         max_chars: int | None = None,
         mask_token: bool = False,
         sampling: Literal["random", "sequential"] = "random",
@@ -68,7 +69,9 @@ class LanguageModelingDataModule(DataModule):
         Args:
             dataset: "shakespeare" (embedded), a Hugging Face hub name, or a local .txt/.jsonl/.json/.csv/.tsv/.parquet
                 file, folder or glob (a folder's train*/valid*/test* files become the splits).
-            block_size: Tokens per training sequence (the model's context length).
+            block_size: Tokens per sequence. None: the model's context (model.config.max_seq_len; 256 without a
+                model). Given to `validate`/`test` of a trained model, it may exceed the model's context: that is how
+                length extrapolation is measured.
             max_chars: Use only the first max_chars characters of the training split (quick CPU runs; ~1M for
                 Shakespeare trains in minutes). None uses it all. Validation and test are never cut.
             mask_token: Add a <mask> token after the vocabulary, for masked-LM pretraining of an encoder_only model on
@@ -80,6 +83,8 @@ class LanguageModelingDataModule(DataModule):
                 DataModule); blocks are packed, so there is no token budget, and the held-out fraction is fixed.
         """
         super().__init__(dataset=dataset, max_tokens=None, held_out=HELD_OUT, **kwargs)
+        if block_size is None:
+            block_size = TransformerConfig.max_seq_len  # the model's default context
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be positive")
         if sampling not in ("random", "sequential"):
