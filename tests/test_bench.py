@@ -126,11 +126,30 @@ def _machines(data: object) -> list[object]:
     return found
 
 
-def test_speed_renders_any_run_of_a_file_of_several(capsys):
-    """docs/benchmark.json holds the full run and two reruns; --render --run N prints the table of run N."""
-    main(["speed", "--render", str(ROOT / "docs" / "benchmark.json"), "--run", "1"])
+def test_speed_renders_any_run_of_a_file_of_several(capsys, tmp_path: Path):
+    """A file of a full run and a rerun of one section (as `--only` writes it): --render --run N prints run N."""
+    full = json.loads((ROOT / "docs" / "benchmark.json").read_text())["runs"][0]
+    path = tmp_path / "benchmark.json"
+    add_run(path, full)
+    add_run(path, {**full, "rows": [r for r in full["rows"] if r["section"] == "encoder-decoder train step"]})
+    main(["speed", "--render", str(path), "--run", "1"])
     rerun = capsys.readouterr().out
-    main(["speed", "--render", str(ROOT / "docs" / "benchmark.json")])
+    main(["speed", "--render", str(path)])
     first = capsys.readouterr().out
-    assert "encoder-decoder train step" in rerun and "beam search" not in rerun  # the rerun's two sections only
+    assert "encoder-decoder train step" in rerun and "beam search" not in rerun  # the rerun's section only
     assert "beam search" in first and "decoder-only train step" in first
+
+
+def test_speed_refuses_a_missing_peer_before_timing_anything(monkeypatch):
+    """A peer that is not installed stops `bench speed` at once with the line that installs it, not after minutes of
+    timing with a traceback from deep inside a section."""
+    import importlib.util
+
+    from lit_transformer.bench import peers
+    from lit_transformer.errors import UserError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "litgpt" else real(name, *a))
+    with pytest.raises(UserError, match=r"litgpt, which is not installed: pip install --no-deps litgpt==0\.5\.13"):
+        peers.require_peers(["decoder", "seq2seq"])
+    peers.require_peers(["seq2seq", "memory", "lightning"])  # sections that do not build litgpt run

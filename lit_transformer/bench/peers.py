@@ -6,10 +6,36 @@ same loss, backward and optimizer. Dropout is 0 everywhere: the comparison is of
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
 from torch import Tensor, nn
+
+from lit_transformer.errors import UserError
+
+# The peers each CPU section of `bench speed` builds, as (module, how to install it).
+PEERS = {
+    "transformers": 'pip install -e ".[bench]"',
+    "x_transformers": 'pip install -e ".[bench]"',
+    "litgpt": "pip install --no-deps litgpt==0.5.13  (litgpt's own pins would downgrade jsonargparse)",
+    "onnxruntime": 'pip install -e ".[interop]"',
+}
+SECTION_PEERS = {
+    "decoder": ["transformers", "x_transformers", "litgpt"],
+    "seq2seq": ["transformers", "x_transformers"],
+    "greedy": ["transformers"],
+    "beam": ["transformers"],
+    "quantized": ["transformers", "onnxruntime"],
+}
+
+
+def require_peers(sections: list[str]) -> None:
+    """Refuse before minutes of timing are spent when a peer the sections build is not installed."""
+    missing = sorted({m for s in sections for m in SECTION_PEERS.get(s, []) if importlib.util.find_spec(m) is None})
+    if missing:
+        steps = "; ".join(sorted({PEERS[m] for m in missing}))
+        raise UserError(f"bench speed compares against {', '.join(missing)}, which is not installed: {steps}")
 
 # ---------------------------------------------------------------------------------------------- decoder-only
 

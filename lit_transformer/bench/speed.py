@@ -998,6 +998,7 @@ def main(argv: list[str] | None = None) -> None:
         if "mfu" in only:
             rows += bench_cuda(reps, args.gpu_batches)
     else:
+        peers.require_peers(only)
         peak = matmul_peak_flops("cpu")
         flops_per_step: dict[str, float] = {}
         if "decoder" in only:
