@@ -43,7 +43,9 @@ def main_job_figure(runs: list[dict], out: Path) -> Path:
     axes.annotate(f"{run['bpc']:.3f}", (run["wall_s"], run["bpc"]), textcoords="offset points", xytext=(0, 8),
                   ha="center", fontsize=8, color="tab:blue")  # fmt: skip
     axes.margins(x=0.12, y=0.15)
-    axes.set_xlabel(f"wall time (s), {run['threads']} threads, tokenizer training and validation included")
+    cpu = (run.get("machine") or {}).get("cpu")
+    where = f" of a {run['machine']['logical_cores']}-core {cpu}" if cpu else ""
+    axes.set_xlabel(f"wall time (s), tokenizer training and validation included\n{run['threads']} threads{where}")
     axes.set_ylabel("validation bits per character")
     axes.set_title("The main job against nanoGPT on the same text (lower is better)", fontsize=10)
     axes.grid(alpha=0.3)
