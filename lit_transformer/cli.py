@@ -353,10 +353,10 @@ def link_context_length(config, subcommand: str | None) -> None:
     block, context = init_args.block_size, model.config.max_seq_len
     block_given = block is not None
     context_given = context != _default(TransformerConfig, "max_seq_len")
-    if block_given and not context_given:
-        model.config.max_seq_len = block
-    elif context_given and not block_given:
+    if not block_given:
         init_args.block_size = context
+    elif not context_given:
+        model.config.max_seq_len = block
     elif block != context and subcommand == "fit":
         raise ConfigError(
             f"data.init_args.block_size={block} and model.config.max_seq_len={context} disagree: the model trains on "

@@ -234,6 +234,9 @@ def test_context_length_is_set_once(parser) -> None:
     fit.data.init_args.block_size = None  # the data's default: not given
     link_context_length(fit, "fit")
     assert fit.data.init_args.block_size == 32  # the data follow the model
+    fit.data.init_args.block_size, fit.model.config.max_seq_len = None, 256  # neither given: the model's default
+    link_context_length(fit, "fit")
+    assert (fit.data.init_args.block_size, fit.model.config.max_seq_len) == (256, 256)
 
 
 def test_a_given_block_size_is_kept_even_when_it_equals_the_models_default_context(parser) -> None:
