@@ -148,8 +148,11 @@ def test_speed_refuses_a_missing_peer_before_timing_anything(monkeypatch):
     from lit_transformer.bench import peers
     from lit_transformer.errors import UserError
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "litgpt" else real(name, *a))
-    with pytest.raises(UserError, match=r"litgpt, which is not installed: pip install --no-deps litgpt==0\.5\.13"):
+    installed = {"transformers", "x_transformers", "onnxruntime"}  # every peer but litgpt, whatever this venv holds
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
+    with pytest.raises(UserError, match=r"against litgpt, not installed here\. Install: pip install --no-deps litgpt==0\.5\.13"):
         peers.require_peers(["decoder", "seq2seq"])
     peers.require_peers(["seq2seq", "memory", "lightning"])  # sections that do not build litgpt run
+    installed.clear()
+    with pytest.raises(UserError, match=r"against onnxruntime, transformers, not installed here\. Install: .*bench.*interop"):
+        peers.require_peers(["quantized"])

@@ -35,7 +35,7 @@ def require_peers(sections: list[str]) -> None:
     missing = sorted({m for s in sections for m in SECTION_PEERS.get(s, []) if importlib.util.find_spec(m) is None})
     if missing:
         steps = "; ".join(sorted({PEERS[m] for m in missing}))
-        raise UserError(f"bench speed compares against {', '.join(missing)}, which is not installed: {steps}")
+        raise UserError(f"bench speed compares against {', '.join(missing)}, not installed here. Install: {steps}")
 
 # ---------------------------------------------------------------------------------------------- decoder-only
 
