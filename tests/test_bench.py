@@ -148,11 +148,11 @@ def test_speed_refuses_a_missing_peer_before_timing_anything(monkeypatch):
     from lit_transformer.bench import peers
     from lit_transformer.errors import UserError
 
-    installed = {"transformers", "x_transformers", "onnxruntime"}  # every peer but litgpt, whatever this venv holds
+    installed = {"transformers", "x_transformers", "onnx", "onnxscript", "onnxruntime"}  # all but litgpt, in any venv
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
     with pytest.raises(UserError, match=r"against litgpt, not installed here\. Install: pip install --no-deps litgpt==0\.5\.13"):
         peers.require_peers(["decoder", "seq2seq"])
     peers.require_peers(["seq2seq", "memory", "lightning"])  # sections that do not build litgpt run
     installed.clear()
-    with pytest.raises(UserError, match=r"against onnxruntime, transformers, not installed here\. Install: .*bench.*interop"):
+    with pytest.raises(UserError, match=r"against onnx, onnxruntime, onnxscript, transformers, not installed here\. Install: .*bench.*interop"):
         peers.require_peers(["quantized"])

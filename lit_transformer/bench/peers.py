@@ -19,6 +19,8 @@ PEERS = {
     "transformers": 'pip install -e ".[bench]"',
     "x_transformers": 'pip install -e ".[bench]"',
     "litgpt": "pip install --no-deps litgpt==0.5.13  (litgpt's own pins would downgrade jsonargparse)",
+    "onnx": 'pip install -e ".[interop]"',
+    "onnxscript": 'pip install -e ".[interop]"',  # torch.onnx.export's dynamo exporter
     "onnxruntime": 'pip install -e ".[interop]"',
 }
 SECTION_PEERS = {
@@ -26,7 +28,7 @@ SECTION_PEERS = {
     "seq2seq": ["transformers", "x_transformers"],
     "greedy": ["transformers"],
     "beam": ["transformers"],
-    "quantized": ["transformers", "onnxruntime"],
+    "quantized": ["transformers", "onnx", "onnxscript", "onnxruntime"],
 }
 
 
