@@ -2,14 +2,17 @@
 
 from typing import TYPE_CHECKING
 
+from lit_transformer import moved
 from lit_transformer.config import PRESETS, GenerationConfig, TransformerConfig
+
+moved.install()  # the module paths of earlier releases, named by saved configs and checkpoints, keep resolving
 
 __version__ = "0.1.0"
 __all__ = ["PRESETS", "GenerationConfig", "LitTransformer", "Transformer", "TransformerConfig"]
 
 if TYPE_CHECKING:
+    from lit_transformer.engine.lightning_module import LitTransformer
     from lit_transformer.model import Transformer
-    from lit_transformer.module import LitTransformer
 
 
 def __getattr__(name: str):
@@ -19,7 +22,7 @@ def __getattr__(name: str):
 
         return Transformer
     if name == "LitTransformer":
-        from lit_transformer.module import LitTransformer
+        from lit_transformer.engine.lightning_module import LitTransformer
 
         return LitTransformer
     raise AttributeError(f"module 'lit_transformer' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-from lit_transformer.commands import main
+from lit_transformer.cli.program import main
 
 if __name__ == "__main__":
     main()

@@ -29,13 +29,13 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     asked: a command that never loaded the data code does not import it to learn its error type."""
     types: list[type[BaseException]] = [FileNotFoundError]
     for module, name in (
-        ("lit_transformer.checkpoint_file", "CheckpointError"),
+        ("lit_transformer.checkpoints.files", "CheckpointError"),
         ("lit_transformer.data.sources", "DataFileError"),
         ("lit_transformer.data.sources", "OfflineError"),
         ("lit_transformer.data.cache", "UnguardedMainError"),
-        ("lit_transformer.reliability", "DeviceOptionError"),
-        ("lit_transformer.reliability", "NonFiniteLossError"),
-        ("lit_transformer.quantization", "QuantizationError"),
+        ("lit_transformer.engine.devices", "DeviceOptionError"),
+        ("lit_transformer.engine.nonfinite_guard", "NonFiniteLossError"),
+        ("lit_transformer.transforms.int8", "QuantizationError"),
         ("jsonargparse", "ArgumentError"),
     ):
         found = getattr(sys.modules.get(module), name, None)

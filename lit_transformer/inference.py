@@ -1,5 +1,5 @@
 """Load a trained checkpoint for inference, and run the `generate` / `translate` commands (their options are parsed
-in model_commands.py, before torch is imported).
+in cli/model_commands.py, before torch is imported).
 
 A checkpoint holds everything needed: the architecture (hyper_parameters.config) and the tokenizer(s) as JSON.
 Decoding settings are a GenerationConfig; every one of its fields is a flag of both commands.
@@ -18,10 +18,9 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
-from lit_transformer.data.text import pad_right
+from lit_transformer.data.text import TextStream, pad_right
 from lit_transformer.model import Transformer
 from lit_transformer.tasks import Task, build_task, default_task
-from lit_transformer.text_stream import TextStream
 
 
 @dataclass
@@ -72,7 +71,7 @@ def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
 
 def _refuse_other_kinds(path: Path) -> None:
     """Exports and foreign files are not checkpoints: say what the file is and what to do instead."""
-    from lit_transformer.checkpoint_file import CheckpointError
+    from lit_transformer.checkpoints.files import CheckpointError
 
     if path.is_dir():
         kind = "a Hugging Face model folder" if (path / "config.json").is_file() else "a folder"
@@ -94,7 +93,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", base: str |
     """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it.
     `base`: where a LoRA checkpoint's base is now, if it moved from the recorded init_from (its fingerprint is
     checked all the same)."""
-    from lit_transformer.checkpoint_file import CheckpointError, load_checkpoint
+    from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
     from lit_transformer.interop.pretrained import checkpoint_weights
 
     _refuse_other_kinds(Path(path))
@@ -159,7 +158,7 @@ def quantize_loaded(loaded: LoadedModel, quantize: str) -> LoadedModel:
     """`loaded` with its model quantized as --quantize says; a QuantizationError becomes the command's error."""
     if quantize == "none":
         return loaded
-    from lit_transformer.quantization import QuantizationError, quantize_int8
+    from lit_transformer.transforms.int8 import QuantizationError, quantize_int8
 
     try:
         return dataclasses.replace(loaded, model=quantize_int8(loaded.model, inplace=True))
@@ -168,7 +167,7 @@ def quantize_loaded(loaded: LoadedModel, quantize: str) -> LoadedModel:
 
 
 def _load(args) -> LoadedModel:
-    from lit_transformer.checkpoint_file import CheckpointError
+    from lit_transformer.checkpoints.files import CheckpointError
 
     device = args.device
     if device == "auto" and args.quantize != "none":

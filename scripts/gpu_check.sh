@@ -45,7 +45,7 @@ ROWS=$OUT/rows.jsonl
 : > "$ROWS"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 
-# The machine, once (lit_transformer.bench.machine); the run is appended to $JSON at exit, whatever ends the script.
+# The machine, once (lit_transformer.records); the run is appended to $JSON at exit, whatever ends the script.
 META=(--nanogpt "$NANOGPT" --command "bash scripts/gpu_check.sh $*"); (( DRY )) && META+=(--dry-run)
 "${BENCH[@]}" gpu-table meta "$OUT/meta.json" "${META[@]}"
 finish() {

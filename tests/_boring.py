@@ -18,8 +18,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lit_transformer.checkpointing import AtomicCheckpointIO
-from lit_transformer.reliability import NonFiniteLossGuard, PreemptionCheckpoint, StepSeed
+from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
+from lit_transformer.engine.nonfinite_guard import NonFiniteLossGuard
+from lit_transformer.engine.preemption import PreemptionCheckpoint
+from lit_transformer.engine.step_seed import StepSeed
 
 
 class ResumableBatches:
@@ -162,7 +164,7 @@ def read_losses(root: Path) -> dict[int, float]:
 
 def slow_saves_from(count: int) -> None:
     """From the ``count``-th torch.save on, write half of the bytes, announce it, then hang (for kill-during-save tests)."""
-    import lit_transformer.checkpoint_file as checkpointing  # where atomic_save calls torch.save
+    import lit_transformer.checkpoints.files as checkpointing  # where atomic_save calls torch.save
 
     real_save, calls = torch.save, [0]
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
-from lit_transformer.checkpointing import AtomicCheckpointIO
+from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
 
 
 class LoseRank(Callback):

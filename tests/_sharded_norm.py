@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.engine.gradients import gradient_norm
 from lit_transformer.model import Transformer
-from lit_transformer.reliability import gradient_norm
 
 
 def _model() -> Transformer:

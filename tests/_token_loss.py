@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.module import LitTransformer
+from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.tasks.losses import IGNORE_INDEX
 
 CONFIG = TransformerConfig.preset("tiny")  # dropout 0: the gradient is a function of the batches alone

@@ -1,4 +1,4 @@
-"""`python -m lit_transformer ablate` (lit_transformer/ablate.py): every shipped grid expands to valid commands, and a
+"""`python -m lit_transformer ablate` (lit_transformer/recipes/ablate.py): every shipped grid expands to valid commands, and a
 tiny grid runs end to end, resumably, each run recording its machine."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_transformer import ablate
+from lit_transformer.recipes import ablate
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = sorted((ROOT / "configs" / "ablations").glob("*.yaml"))
@@ -107,7 +107,7 @@ def test_every_cell_parses_as_a_fit_config(path: Path, capsys):
     """Every key a grid sets exists and every value lies inside its choices: all cells' flags parsed in one go."""
     import yaml
 
-    from lit_transformer.cli import run_cli
+    from lit_transformer.cli.lightning_cli import run_cli
 
     grid = ablate.Grid.load(path)
     args = ablate.Grid.runs(grid, Path("/tmp/ablate-parse"), extra=[])[0].command("fit")[4:]
@@ -157,6 +157,6 @@ def test_a_failed_run_makes_the_command_exit_1_after_reporting(tmp_path: Path, m
 
 
 def test_the_command_has_its_own_help():
-    done = subprocess.run([sys.executable, "-m", "lit_transformer.ablate", "--help"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "lit_transformer.recipes.ablate", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)  # fmt: skip
     assert done.returncode == 0 and "python -m lit_transformer ablate" in done.stdout and "--dry-run" in done.stdout

@@ -10,7 +10,7 @@ import pytest
 import torch
 from matplotlib import colormaps
 
-from lit_transformer.callbacks import _CELL, AttentionMaps, _heads_frame, heads_image
+from lit_transformer.engine.task_outputs import _CELL, AttentionMaps, _heads_frame, heads_image
 
 LONG = ["ĠROMEO", ":", "\\n", "Ġextraordinarily", "Ġinterchangeably", "$x$", "<|endoftext|>", "Ġ" + "a" * 30]
 
@@ -64,7 +64,7 @@ def test_images_are_tagged_by_kind_and_layer_and_the_model_keeps_its_mode():
 
 
 def test_max_layers_zero_turns_the_maps_off_without_a_forward_pass(monkeypatch):
-    import lit_transformer.callbacks as callbacks
+    from lit_transformer.engine import task_outputs as callbacks
 
     calls = []
     writer = SimpleNamespace(add_image=lambda *args, **kwargs: calls.append("image"))

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_transformer.averaging import average_checkpoints, parse_steps, select_checkpoints
-from lit_transformer.checkpointing import CheckpointError, load_checkpoint
+from lit_transformer.checkpoints.averaging import average_checkpoints, parse_steps, select_checkpoints
+from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
+from lit_transformer.cli.model_commands import average_main
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
 from lit_transformer.inference import load_model
 from lit_transformer.model import Transformer
-from lit_transformer.model_commands import average_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TRANSLATE = ROOT / "configs" / "presets" / "tiny-translate.yaml"
@@ -109,7 +109,7 @@ def test_the_command_writes_a_checkpoint_that_generate_loads(tmp_path, tokenizer
 
 
 def _run(*args: str) -> None:
-    from lit_transformer.cli import run_cli
+    from lit_transformer.cli.lightning_cli import run_cli
 
     run_cli([*args, "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"])
 
@@ -146,7 +146,7 @@ def test_the_best_checkpoint_is_chosen_by_validation_bleu(ema_run):
 
 
 def test_the_average_of_an_ema_run_loads_in_test_translate_predict_and_export(ema_run, capsys, monkeypatch):
-    from lit_transformer.model_commands import export_main, translate_main
+    from lit_transformer.cli.model_commands import export_main, translate_main
 
     monkeypatch.chdir(ema_run)
     ckpts = ema_run / "checkpoints"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lit_transformer.bench import BENCHMARKS, main
-from lit_transformer.bench.machine import add_run, command_line, machine, spread, tree_rss_kb
+from lit_transformer.records import add_run, command_line, machine, spread, tree_rss_kb
 
 ROOT = Path(__file__).resolve().parents[1]
 

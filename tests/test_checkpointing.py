@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_transformer.checkpointing import (
-    AtomicCheckpointIO,
+from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
+from lit_transformer.checkpoints.files import (
     CheckpointError,
     atomic_save,
     check_architecture,

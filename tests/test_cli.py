@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lit_transformer.cli import main, run_cli
+from lit_transformer.cli.lightning_cli import main, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -150,7 +150,7 @@ def tiny_run(tmp_path_factory) -> Path:
 
 
 def test_fit_writes_a_last_checkpoint_with_the_tokenizer(tiny_run: Path):
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     checkpoint = load_checkpoint(tiny_run / "checkpoints" / "last.ckpt")
     assert checkpoint["global_step"] == 20

@@ -55,7 +55,7 @@ def test_fit_logs_caption_metrics_and_images_with_attention(caption_run: Path):
 def test_test_and_predict_on_a_folder_of_images(caption_run: Path, tmp_path: Path):
     from PIL import Image
 
-    from lit_transformer.data.corpora import digit_strips
+    from lit_transformer.data.corpora.digits import digit_strips
 
     ckpt = ["--ckpt_path", str(caption_run / "checkpoints" / "last.ckpt")]
     out = _cli("test", "--config", PRESET, *_small(caption_run), *ckpt, cwd=ROOT).stdout
@@ -108,10 +108,10 @@ def test_export_to_safetensors_and_int8_decoding(caption_run: Path, tmp_path: Pa
     """The safetensors export gives back the same model (same greedy captions); int8 layers decode it too."""
     import torch
 
-    from lit_transformer.data.corpora import digit_strips
+    from lit_transformer.data.corpora.digits import digit_strips
     from lit_transformer.inference import load_model
     from lit_transformer.interop.native import load_safetensors
-    from lit_transformer.quantization import quantize_int8
+    from lit_transformer.transforms.int8 import quantize_int8
 
     ckpt = caption_run / "checkpoints" / "last.ckpt"
     _cli("export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "export"), cwd=ROOT)

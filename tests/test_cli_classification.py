@@ -67,7 +67,7 @@ def test_masked_lm_logs_accuracy_and_perplexity(runs: Path):
 
 
 def test_fine_tuning_loads_the_pretrained_encoder_and_a_fresh_head(runs: Path):
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
     from lit_transformer.config import TransformerConfig
     from lit_transformer.interop.pretrained import load_pretrained_encoder
 

@@ -16,7 +16,7 @@ from model_variants import GPT2, PAPER, build, single_thread, tokens  # noqa: F4
 from torch import nn
 
 from lit_transformer.data.text import train_tokenizer
-from lit_transformer.quantization import (
+from lit_transformer.transforms.int8 import (
     Int8Linear,
     input_qparams,
     int8_matmul,
@@ -157,7 +157,7 @@ def _checkpoint(path: Path, model, tokenizer) -> Path:
 def test_translate_and_generate_take_compile(tmp_path, capsys):
     """`translate --compile true` (fp32: beam search over a padded batch, the command's defaults) prints what it prints
     without it; `generate --quantize int8 --compile true` continues the prompt compiled."""
-    from lit_transformer.model_commands import generate_main, translate_main
+    from lit_transformer.cli.model_commands import generate_main, translate_main
 
     mt = _checkpoint(tmp_path / "mt.ckpt", build(PAPER, **SMALL, **IDS), TOKENIZER)
     (tmp_path / "src.txt").write_text("hello there\nhi\nhow are you today\n")

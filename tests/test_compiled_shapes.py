@@ -3,7 +3,7 @@
 Token-budget batches (translation, classification) bring a new (rows, source length, target length) at almost every
 step; each graph torch.compile builds costs what the first compile costs (tens of seconds for the paper's model on a
 GPU), so a step that recompiles per shape never gets going. Graphs are counted with dynamo's CompileCounter backend,
-injected where the package compiles (parallelize.compile_function): it counts each compiled frame and runs the graph
+injected where the package compiles (compilation.compile_function): it counts each compiled frame and runs the graph
 eagerly, so the count costs no code generation.
 """
 
@@ -17,7 +17,7 @@ import torch
 from test_fast_path import SyncTrap, cli
 from torch._dynamo.testing import CompileCounter
 
-from lit_transformer import parallelize
+from lit_transformer.transforms import compilation
 
 TINY = ("--model.config.d_model=16", "--model.config.n_heads=2", "--model.config.n_layers=1", "--model.config.d_ff=32")
 QUIET = ("--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.logger=false")
@@ -46,7 +46,7 @@ def counting_compiler(monkeypatch, backend=None) -> CompileCounter:
     def compile_function(fn, mode=None, fullgraph=False):
         return torch.compile(fn, mode=mode, fullgraph=fullgraph, backend=backend or counter)
 
-    monkeypatch.setattr(parallelize, "compile_function", compile_function)
+    monkeypatch.setattr(compilation, "compile_function", compile_function)
     torch._dynamo.reset()
     return counter
 
@@ -144,7 +144,7 @@ def test_compiled_translation_trains_with_the_eager_losses(tmp_path: Path, monke
     order; too slow to build in a test), step 1 equal, then relative drifts of 1.6e-7 growing to 2.3e-4 by step 12
     (these two fits, _translation_losses, with backend="inductor" in compile_function; torch 2.13 CPU)."""
     steps = 12
-    monkeypatch.setattr(parallelize, "compile_function",
+    monkeypatch.setattr(compilation, "compile_function",
                         lambda fn, mode=None, fullgraph=False: torch.compile(fn, fullgraph=fullgraph, backend="aot_eager"))  # fmt: skip
     torch._dynamo.reset()
     compiled, shapes = _translation_losses(tmp_path / "compiled", True, steps)

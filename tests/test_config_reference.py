@@ -1,22 +1,22 @@
-"""docs/config.md is what `python -m lit_transformer.docgen` writes from the code today, and it lists every field."""
+"""docs/config.md is what `python -m lit_transformer.pages.docgen` writes from the code today, and it lists every field."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from lit_transformer.docgen import PAGE, main, render
+from lit_transformer.pages.docgen import PAGE, main, render
 
 
 def test_the_reference_page_is_current() -> None:
-    assert PAGE.read_text() == render(), "docs/config.md is stale: regenerate it with `python -m lit_transformer.docgen`"
+    assert PAGE.read_text() == render(), "docs/config.md is stale: regenerate it with `python -m lit_transformer.pages.docgen`"
 
 
 def test_every_field_of_the_config_classes_is_listed() -> None:
     """Every field of the architecture, optimizer, LoRA and decoding classes, and every task's DataModule, is a row."""
     from lit_transformer import GenerationConfig, TransformerConfig
-    from lit_transformer.lora import LoraOptions
-    from lit_transformer.optim import Optimization
+    from lit_transformer.engine.optimizers import Optimization
+    from lit_transformer.transforms.lora import LoraOptions
 
     page = PAGE.read_text()
     for group, cls in [("config", TransformerConfig), ("optim", Optimization), ("lora", LoraOptions),
@@ -42,7 +42,7 @@ def test_check_fails_on_a_stale_page(tmp_path: Path, capsys) -> None:
 
 
 def test_the_changelog_names_every_deprecated_key_and_when_it_goes() -> None:
-    from lit_transformer.deprecated import DEPRECATED_NAMES
+    from lit_transformer.engine.deprecated_options import DEPRECATED_NAMES
 
     changelog = (PAGE.parents[1] / "CHANGELOG.md").read_text()
     section = changelog.split("### Deprecated (removed in 0.2.0)")[1].split("\n## ")[0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lit_transformer.data.captioning import CaptioningDataModule
-from lit_transformer.data.corpora import DIGIT_WORDS, digit_scans, digit_strips, scan_split
+from lit_transformer.data.corpora.digits import DIGIT_WORDS, digit_scans, digit_strips, scan_split
 from lit_transformer.data.loaders import target_batch
 from lit_transformer.data.sources import OfflineError
 from lit_transformer.data.text import token_ids

@@ -106,7 +106,7 @@ def test_val_bpc_is_the_per_token_nll_in_bits_times_tokens_per_character(tmp_pat
     import lightning as L
 
     from lit_transformer.config import TransformerConfig
-    from lit_transformer.module import LitTransformer
+    from lit_transformer.engine.lightning_module import LitTransformer
 
     dm = make(tmp_path, corpus(tmp_path, lines=400, unicode=True), batch_size=3)
     ids = {name: getattr(dm, name) for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}

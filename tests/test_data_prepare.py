@@ -132,7 +132,7 @@ def test_a_250_paragraph_jsonl_prepares_and_trains(tmp_path):
     assert 90_000 < os.path.getsize(path) < 120_000
     dm = make(tmp_path, path, tokenizer="byte_bpe", vocab_size=512, block_size=128, batch_size=8)
     config = TransformerConfig.preset("tiny", vocab_size=dm.vocab_size, max_seq_len=128)
-    from lit_transformer.module import LitTransformer
+    from lit_transformer.engine.lightning_module import LitTransformer
 
     trainer = L.Trainer(
         default_root_dir=tmp_path,  # the run writes its tokenizer.json there
@@ -311,7 +311,7 @@ def test_elastic_resume_continues_the_same_global_sequence(monkeypatch, before, 
 
 
 def test_the_prepare_command_fills_the_cache_that_fit_then_reads(tmp_path, capsys, monkeypatch):
-    from lit_transformer.cli import main
+    from lit_transformer.cli.lightning_cli import main
 
     path = write(tmp_path, "jsonl", paragraphs(220))
     config = tmp_path / "run.yaml"

@@ -92,7 +92,7 @@ def _config(data_class: str, data_args: dict, model_config: dict):
 
 
 def test_the_data_sets_the_image_geometry_once_and_a_mismatch_names_both_keys():
-    from lit_transformer.cli import set_once
+    from lit_transformer.cli.lightning_cli import set_once
 
     data = {"image_size": (8, 48), "channels": 1, "features_dir": None, "max_caption_tokens": 16}
     config = _config("CaptioningDataModule", data, {"source": "patches", "image_size": None, "image_channels": 3,
@@ -110,7 +110,7 @@ def test_the_features_width_sets_source_dim_once_and_a_mismatch_names_the_folder
     import torch
     from safetensors.torch import save_file
 
-    from lit_transformer.cli import set_once
+    from lit_transformer.cli.lightning_cli import set_once
 
     features = tmp_path / "features"
     features.mkdir()
@@ -134,7 +134,7 @@ def test_the_features_width_sets_source_dim_once_and_a_mismatch_names_the_folder
 
 
 def test_learned_positions_too_few_for_the_data_name_both_keys():
-    from lit_transformer.cli import set_once
+    from lit_transformer.cli.lightning_cli import set_once
 
     config = _config("TranslationDataModule", {"max_length": 256}, {"max_seq_len": 128, "positions": "learned"})
     with pytest.raises(ValueError, match=r"data.init_args.max_length=256 needs 256 .* model.config.max_seq_len=128"):

@@ -163,7 +163,7 @@ def test_kjv_module_pads_little_within_the_token_budget(kjv_cache):
 
 
 def test_missing_sword_modules_name_the_install_command(monkeypatch, tmp_path):
-    monkeypatch.setattr(corpora, "SWORD_LIBRARIES", [str(tmp_path)])
+    monkeypatch.setattr(corpora.bible, "SWORD_LIBRARIES", [str(tmp_path)])
     monkeypatch.delenv("SWORD_PATH", raising=False)
     with pytest.raises(FileNotFoundError, match="apt-get install -y sword-text-kjv sword-text-sparv"):
         corpora.kjv_rv1909(tmp_path)

@@ -22,7 +22,7 @@ import yaml
 from test_readme import PAGES as README_RUN
 from test_readme import page_commands, parse_only
 
-from lit_transformer.arguments import resolve_config
+from lit_transformer.cli.arguments import resolve_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *[ROOT / n for n in ("CONTRIBUTING.md",) if (ROOT / n).is_file()]]

@@ -191,7 +191,7 @@ def test_onnx_export_matches_pytorch_with_padding(tmp_path, head: str):
 def test_balanced_class_weights_come_from_the_training_label_counts():
     from types import SimpleNamespace
 
-    from lit_transformer.module import LitTransformer
+    from lit_transformer.engine.lightning_module import LitTransformer
     from lit_transformer.tasks import Classification
 
     config = TransformerConfig.preset("tiny", topology="encoder_only", num_labels=3)
@@ -207,7 +207,7 @@ def test_a_masked_lm_trains_on_packed_language_model_blocks(tmp_path):
     """With mask_token, the language-model data serves masked-LM pretraining: its blocks are the inputs, and the
     loss is taken at the masked positions only (about 15% of the tokens), never at its next-token labels."""
     from lit_transformer.data import LanguageModelingDataModule
-    from lit_transformer.module import LitTransformer
+    from lit_transformer.engine.lightning_module import LitTransformer
 
     text = tmp_path / "corpus.txt"
     text.write_text("to be or not to be, that is the question.\n" * 400)

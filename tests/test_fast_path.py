@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from lit_transformer.cli import TransformerCLI, run_cli
+from lit_transformer.cli.lightning_cli import TransformerCLI, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "configs" / "presets"
@@ -201,7 +201,7 @@ def test_the_trap_catches_each_kind_of_synchronisation(call) -> None:
 
 def test_the_stock_throughput_monitor_and_progress_bar_would_read_the_device(tmp_path: Path, monkeypatch) -> None:
     """The control for the CLI test: with a per-batch token count read on the host, the trap fires."""
-    from lit_transformer import callbacks
+    from lit_transformer.engine import monitoring as callbacks
 
     monkeypatch.setattr(callbacks, "_token_count", lambda batch: int((batch["labels"] != -100).sum()))
     run = cli(tmp_path, "tiny.yaml", *FAST_PATH, "--trainer.max_steps=6")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lit_transformer.arguments import packaged_configs, resolve_config
-from lit_transformer.commands import main
+from lit_transformer.cli.arguments import packaged_configs, resolve_config
+from lit_transformer.cli.program import main
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -86,7 +86,7 @@ def test_a_command_that_does_not_train_imports_no_lightning(argv: list[str]):
     code = textwrap.dedent(
         f"""
         import sys
-        from lit_transformer.commands import main
+        from lit_transformer.cli.program import main
         try:
             main({argv!r})
         except SystemExit:
@@ -115,7 +115,7 @@ def test_fit_help_is_plain_and_describes_the_package_defaults():
         import contextlib, io, sys
         import lightning  # its own imports (torchmetrics brings transformers and matplotlib when installed) are its cost
         before = set(sys.modules)
-        from lit_transformer.commands import main
+        from lit_transformer.cli.program import main
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             try:

@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import Logger
 
-from lit_transformer.callbacks import HostMemoryMonitor
+from lit_transformer.engine.monitoring import HostMemoryMonitor
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -98,8 +98,8 @@ def test_the_package_has_no_import_loop():
 @pytest.mark.parametrize(
     ("source", "target"),
     [
-        ("lit_transformer.model.generation", "lit_transformer.quantization"),  # decoding: a hook on the layer
-        ("lit_transformer.quantization", "lit_transformer.model"),  # quantization: annotations only
+        ("lit_transformer.model.generation", "lit_transformer.transforms.int8"),  # decoding: a hook on the layer
+        ("lit_transformer.transforms.int8", "lit_transformer.model"),  # quantization: annotations only
     ],
 )
 def test_modules_that_must_not_import_each_other(source, target):
@@ -129,7 +129,7 @@ def test_no_two_rooms_import_each_other():
 
 # What the data layer may import outside itself: the plain model config and the safe reading of a checkpoint (a
 # tokenizer may come from a .ckpt). Never the tasks, the engine or interop: what they need of the data they hand it.
-DATA_MAY_IMPORT = {"lit_transformer.config", "lit_transformer.checkpoint_file"}
+DATA_MAY_IMPORT = {"lit_transformer.config", "lit_transformer.checkpoints.files"}
 
 
 def test_the_data_layer_imports_nothing_above_it():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from model_variants import build, single_thread, tokens  # noqa: F401 (autouse fixture)
 
+from lit_transformer.cli.model_commands import export_main
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
 from lit_transformer.interop import (
@@ -24,7 +25,6 @@ from lit_transformer.interop import (
     save_safetensors,
 )
 from lit_transformer.model import Transformer
-from lit_transformer.model_commands import export_main
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
@@ -265,7 +265,7 @@ def test_export_command_sends_the_encoder_decoder_to_marian(tmp_path, tokenizer)
 
 
 def test_init_from_takes_architecture_weights_and_records_them(tmp_path, tokenizer):
-    from lit_transformer.module import LitTransformer
+    from lit_transformer.engine.lightning_module import LitTransformer
 
     pretrained = large(build({**GPT2, "activation": "gelu_tanh"}, n_layers=3, d_model=48, pad_token_id=None))
     save_hf_gpt2(pretrained, tmp_path, tokenizer)
@@ -279,7 +279,7 @@ def test_init_from_takes_architecture_weights_and_records_them(tmp_path, tokeniz
 
 
 def test_fit_init_from_a_gpt2_folder(tmp_path, tokenizer):
-    from lit_transformer.cli import run_cli
+    from lit_transformer.cli.lightning_cli import run_cli
 
     pretrained = large(build(GPT2, pad_token_id=None))
     folder = save_hf_gpt2(pretrained, tmp_path / "gpt2", tokenizer)
@@ -309,7 +309,7 @@ def test_a_checkpoint_of_an_init_from_model_loads_without_the_folder(tmp_path, t
     """The folder is read once: the checkpoint holds the resolved architecture, init_from=None, and the source."""
     import lightning
 
-    from lit_transformer.module import LitTransformer
+    from lit_transformer.engine.lightning_module import LitTransformer
 
     folder = tmp_path / "gpt2"
     pretrained = large(build({**GPT2, "activation": "gelu_tanh"}, n_layers=3, d_model=48, pad_token_id=None))
@@ -334,8 +334,8 @@ def test_a_checkpoint_of_an_init_from_model_loads_without_the_folder(tmp_path, t
 
 def test_resuming_an_init_from_run_does_not_read_the_folder_again(tmp_path, tokenizer):
     """fit --ckpt_path FILE takes init_from=None and the resolved config from the checkpoint: the folder may be gone."""
-    from lit_transformer.checkpointing import load_checkpoint
-    from lit_transformer.cli import run_cli
+    from lit_transformer.checkpoints.files import load_checkpoint
+    from lit_transformer.cli.lightning_cli import run_cli
 
     pretrained = large(build(GPT2, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None))
     folder = save_hf_gpt2(pretrained, tmp_path / "gpt2", tokenizer)

@@ -158,8 +158,8 @@ def _pairs(folder: Path) -> Path:
 
 
 def test_fit_starts_from_a_marian_folder_with_its_tokenizer(tmp_path, monkeypatch):
-    from lit_transformer.checkpointing import load_checkpoint
-    from lit_transformer.cli import run_cli
+    from lit_transformer.checkpoints.files import load_checkpoint
+    from lit_transformer.cli.lightning_cli import run_cli
 
     tokenizer = train_tokenizer([string.printable * 3], kind="char", vocab_size=128)
     model = build({**PAPER, "scale_embeddings": True, "d_model": 48}, vocab_size=tokenizer.get_vocab_size())
@@ -205,7 +205,7 @@ def test_fit_and_translate_from_an_opus_mt_folder_start_decoding_from_its_pad_to
     """`fit --model.init_from DIR --data.init_args.tokenizer DIR` on an OPUS-MT folder: targets start from <pad>
     (Marian's decoder_start_token_id) as Marian's training shifts them, so the loss is Hugging Face's on the same
     batch; `translate` starts from <pad> too, and greedy decoding gives Hugging Face's tokens."""
-    from lit_transformer.cli import main, run_cli
+    from lit_transformer.cli.lightning_cli import main, run_cli
     from lit_transformer.inference import load_model
     from lit_transformer.model import Transformer
 

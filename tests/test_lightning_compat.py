@@ -1,4 +1,4 @@
-"""lit_transformer/lightning_compat.py holds every use of Lightning's private API: these tests fail on a Lightning
+"""lit_transformer/engine/lightning_compat.py holds every use of Lightning's private API: these tests fail on a Lightning
 release it was not checked against, and when a private name it relies on is gone or takes other parameters. The
 collective timeout reaches a named strategy through its public `timeout` argument."""
 
@@ -14,8 +14,8 @@ import lightning as L
 import pytest
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy, StrategyRegistry
 
-from lit_transformer import lightning_compat
-from lit_transformer.lightning_compat import (
+from lit_transformer.engine import lightning_compat
+from lit_transformer.engine.lightning_compat import (
     CHECKED_VERSIONS,
     PRIVATE,
     TIMEOUT_ATTRIBUTE,
@@ -26,7 +26,7 @@ from lit_transformer.lightning_compat import (
     version_checked,
 )
 
-PACKAGE = Path(lightning_compat.__file__).parent
+PACKAGE = Path(lightning_compat.__file__).parents[1]
 
 
 def _resolve(name: str):
@@ -57,7 +57,7 @@ def private_name_problems(private: dict[str, tuple[str, ...]]) -> list[str]:
 
 def test_the_installed_lightning_is_a_checked_version():
     assert version_checked(L.__version__), (
-        f"lightning {L.__version__} is not one lit_transformer/lightning_compat.py was checked against "
+        f"lightning {L.__version__} is not one lit_transformer/engine/lightning_compat.py was checked against "
         f"({', '.join(CHECKED_VERSIONS)}): check each name in its PRIVATE and TIMEOUT_ATTRIBUTE on this release "
         "(this file's tests), adapt that module, then add the version to CHECKED_VERSIONS"
     )
@@ -117,8 +117,8 @@ def test_a_strategy_lightning_chose_gets_the_timeout_set():
 
 def test_the_cli_builds_a_named_strategy_with_the_collective_timeout(tmp_path, monkeypatch):
     """`--trainer.strategy ddp --collective_timeout 7`: the trainer's strategy is built with timeout=7 s."""
-    from lit_transformer.cli import TransformerCLI, _trainer_defaults
-    from lit_transformer.module import LitTransformer
+    from lit_transformer.cli.lightning_cli import TransformerCLI, _trainer_defaults
+    from lit_transformer.engine.lightning_module import LitTransformer
 
     monkeypatch.chdir(Path(__file__).parents[1])
 
@@ -156,7 +156,7 @@ def test_no_other_module_of_the_package_touches_lightning_private_names():
 
 @pytest.mark.parametrize("hook", ["build_trainer", "run_subcommand", "parse_checkpoint_hyperparameters"])
 def test_the_cli_overrides_public_hooks_only(hook):
-    from lit_transformer.cli import TransformerCLI
+    from lit_transformer.cli.lightning_cli import TransformerCLI
 
     assert hook in vars(TransformerCLI)
     assert not {"_instantiate_trainer", "_run_subcommand", "_parse_ckpt_path"} & set(vars(TransformerCLI))

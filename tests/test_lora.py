@@ -1,4 +1,4 @@
-"""LoRA through peft (lit_transformer/lora.py): only the adapters and the named extras train; a checkpoint holds them
+"""LoRA through peft (lit_transformer/transforms/lora.py): only the adapters and the named extras train; a checkpoint holds them
 and the base's fingerprint; the merged model (generate, translate, export) equals the adapted one for every topology
 and task; resume is exact; every task's CLI path runs from a LoRA checkpoint, also under DDP, activation
 checkpointing and compile. Tiny models on bases written in tmp dirs; CLI runs of a few steps."""
@@ -17,12 +17,12 @@ import yaml
 from model_variants import PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
 from test_cli import CONFIGS, ENV, ROOT, _cli, _process
 
-from lit_transformer.checkpointing import CheckpointError, load_checkpoint
+from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
+from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.inference import load_model
-from lit_transformer.lora import LoraOptions
-from lit_transformer.module import LitTransformer
+from lit_transformer.transforms.lora import LoraOptions
 
 pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -69,7 +69,7 @@ def _lora_checkpoint(path: Path, lit: LitTransformer, tokenizer) -> Path:
 
 
 def _adapted(config: TransformerConfig, init_from: Path, task: str | None = None, **lora) -> LitTransformer:
-    from lit_transformer.optim import Optimization
+    from lit_transformer.engine.optimizers import Optimization
 
     optim = Optimization(schedule_steps=10)
     lit = LitTransformer(config, task=task, init_from=str(init_from), lora=LoraOptions(**lora), optim=optim)
@@ -196,8 +196,8 @@ def test_the_merged_model_equals_the_adapted_one(tmp_path, tokenizer, case):
         adapted = lit.model.eval()(*x)
         torch.testing.assert_close(merged(*x), adapted, atol=1e-5, rtol=1e-5)
     # Every export format takes the merged model.
+    from lit_transformer.cli.model_commands import export_main
     from lit_transformer.interop import load_safetensors
-    from lit_transformer.model_commands import export_main
 
     export_main(["--checkpoint", str(path), "--format", "safetensors", "--out", str(tmp_path / "st")])
     with torch.no_grad():
@@ -241,8 +241,8 @@ def test_a_base_that_moved_is_named_and_found_again_with_base(tmp_path, tokenize
     same fingerprint (other weights there are refused)."""
     import shutil
 
+    from lit_transformer.cli.model_commands import generate_main
     from lit_transformer.interop import save_hf_gpt2
-    from lit_transformer.model_commands import generate_main
 
     folder = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
     lit = _adapted(TransformerConfig.preset("tiny"), folder, rank=2)
@@ -489,8 +489,8 @@ def test_every_command_of_the_finetuning_page_parses(monkeypatch) -> None:
 
     from test_multinode import Parsed, lit_transformer_words, parse
 
+    import lit_transformer.cli.model_commands as model_commands
     import lit_transformer.inference as inference
-    import lit_transformer.model_commands as model_commands
 
     text = (ROOT / "docs" / "finetuning.md").read_text()
     lines = [re.sub(r"\\\n\s*", "", b).splitlines() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]

@@ -9,7 +9,7 @@ from model_variants import FIRST_TOKEN, PAPER, build, single_thread, tokens  # n
 
 from lit_transformer.config import TransformerConfig
 from lit_transformer.model import Transformer
-from lit_transformer.model.sources import sinusoids_2d
+from lit_transformer.model.encoder_inputs import sinusoids_2d
 
 SOURCE_DIM = 12
 IMAGE = {"source": "patches", "image_size": (8, 12), "patch_size": 4, "image_channels": 3}

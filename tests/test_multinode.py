@@ -338,7 +338,7 @@ def parse(words: list[str]) -> str:
     there; the resolved config (fit: --print_config) or ''."""
     import jsonargparse
 
-    from lit_transformer.cli import main
+    from lit_transformer.cli.lightning_cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()) as err:
@@ -400,7 +400,7 @@ def test_every_command_of_the_clusters_page_parses() -> None:
 def test_a_fit_under_torchrun_with_restarts_resumes_from_the_last_checkpoint_if_there_is_one(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from lit_transformer.reliability import resume_after_restart
+    from lit_transformer.engine.devices import resume_after_restart
 
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # a node restarted because another left keeps count 0
@@ -419,7 +419,7 @@ def test_fit_restarted_by_torchrun_finds_last_ckpt_in_the_default_run_folder(
     trainer.default_root_dir), a fit restarted under --max-restarts resumes from that folder's last.ckpt."""
     from test_cli import _cli
 
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     common = ["fit", "--config", str(REPO / "configs/presets/tiny.yaml"), "--trainer.default_root_dir", str(tmp_path),
               "--trainer.logger", "false", "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
@@ -442,7 +442,7 @@ def test_with_more_than_two_ranks_the_lost_ones_are_those_that_do_not_check_in(m
 
     from torch.distributed import TCPStore, distributed_c10d
 
-    from lit_transformer.reliability import _PROBE, _silent_ranks
+    from lit_transformer.engine.devices import _PROBE, _silent_ranks
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: store)

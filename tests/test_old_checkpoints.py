@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from lit_transformer.config import GenerationConfig
+from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.inference import load_model
-from lit_transformer.module import LitTransformer
 from lit_transformer.tasks import Classification, LanguageModeling, MaskedLM, Translation
 
 FIXTURES = Path(__file__).parent / "fixtures" / "old_checkpoints"
@@ -82,7 +82,7 @@ def test_the_command_line_validates_and_resumes_an_old_checkpoint(tmp_path) -> N
     assert "val/nll" in out and "val/bpc" in out
     _cli("fit", *tiny, "--ckpt_path", str(ckpt), "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0",
          "--checkpoint.every_n_train_steps", "3", cwd=tmp_path)  # fmt: skip
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     resumed = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
     assert resumed["global_step"] == 3

@@ -14,8 +14,8 @@ import torch
 from model_variants import GPT2, PAPER, single_thread  # noqa: F401 (autouse fixture)
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.model.positions import LearnedPositions
-from lit_transformer.module import LitTransformer
 
 WEIGHT_DECAY = 0.1
 VARIANTS = {

@@ -291,7 +291,7 @@ def _fit_and_predict(task: str, work: Path, run: Path, dataset: Path | str, *ext
     out = _run(task, work, run, dataset, *extra)
     ckpt = run / "checkpoints" / "last.ckpt"
     assert ckpt.is_file(), out.stderr[-2000:]
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     assert load_checkpoint(ckpt)["global_step"] == 2
     # validation ran after step 2: the best checkpoint is named by its validation NLL, a finite positive number

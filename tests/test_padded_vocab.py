@@ -18,13 +18,13 @@ from safetensors.torch import load_file
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_transformer.checkpointing import CheckpointError, check_tokenizer_vocabulary
+from lit_transformer.checkpoints.files import CheckpointError, check_tokenizer_vocabulary
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
+from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.inference import load_model
 from lit_transformer.interop import load_hf_gpt2, load_safetensors, save_hf_gpt2, save_hf_marian, save_safetensors
 from lit_transformer.model import Transformer
-from lit_transformer.module import LitTransformer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_variants import single_thread, tokens  # noqa: E402, F401 (autouse fixture)

@@ -8,7 +8,9 @@ import pytest
 import torch
 from model_variants import build, run, single_thread, tokens  # noqa: F401 (autouse fixture)
 
-from lit_transformer.parallelize import apply_activation_checkpointing, blocks, compile_blocks
+from lit_transformer.transforms.activation_checkpointing import apply_activation_checkpointing
+from lit_transformer.transforms.base import blocks
+from lit_transformer.transforms.compilation import compile_blocks
 
 TOPOLOGIES = ["decoder_only", "encoder_decoder"]
 
@@ -53,7 +55,7 @@ def test_activation_checkpointing_gives_the_gradients_of_the_plain_model_with_dr
 def test_selective_checkpointing_keeps_the_attention_outputs_and_recomputes_the_rest():
     from torch.utils.checkpoint import CheckpointPolicy
 
-    from lit_transformer.parallelize import _keep_attention
+    from lit_transformer.transforms.activation_checkpointing import _keep_attention
 
     attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     assert _keep_attention(None, attention) == CheckpointPolicy.MUST_SAVE
@@ -82,7 +84,7 @@ def test_attention_kernels_hold_for_the_run_and_are_restored_after(tmp_path) -> 
     teardown; a name that is no kernel fails when the config is read."""
     import lightning as L
 
-    from lit_transformer.parallelize import AttentionKernels
+    from lit_transformer.engine.attention_kernels import AttentionKernels
 
     before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
     seen = []

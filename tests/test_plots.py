@@ -1,4 +1,4 @@
-"""The README's figure is what `python -m lit_transformer.plots` draws from the committed docs/main_job.jsonl."""
+"""The README's figure is what `python -m lit_transformer.pages.plots` draws from the committed docs/main_job.jsonl."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from lit_transformer.plots import DOCS, main, main_job_figure, read_runs
+from lit_transformer.pages.plots import DOCS, main, main_job_figure, read_runs
 
 
 def test_the_committed_figure_is_redrawn_from_its_json(tmp_path: Path) -> None:
     main(["--jsonl", str(DOCS / "main_job.jsonl"), "--out", str(tmp_path / "main_job.png")])
     assert np.array_equal(imread(tmp_path / "main_job.png"), imread(DOCS / "main_job.png")), (
-        "docs/main_job.png is not what docs/main_job.jsonl draws: regenerate it with `python -m lit_transformer.plots`"
+        "docs/main_job.png is not what docs/main_job.jsonl draws: regenerate it with `python -m lit_transformer.pages.plots`"
     )
     assert "docs/main_job.png" in (DOCS.parent / "README.md").read_text()
 

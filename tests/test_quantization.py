@@ -1,4 +1,4 @@
-"""int8 dynamic quantization (lit_transformer.quantization): the quantized model decodes with the KV cache and beam
+"""int8 dynamic quantization (lit_transformer.transforms.int8): the quantized model decodes with the KV cache and beam
 search, stays close to fp32, saves and loads as int8, refuses what it cannot serve, and every command's --quantize
 flag works end to end on tiny checkpoints. Behaviour only: the speed-up is measured by `bench speed --only quantized`."""
 
@@ -13,11 +13,11 @@ import torch
 from _int8_bound import SIGMAS, linear_error_sigma
 from model_variants import GPT2, PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
 
+from lit_transformer.cli.model_commands import export_main
 from lit_transformer.data.text import train_tokenizer
 from lit_transformer.interop import OnnxModel, load_safetensors
 from lit_transformer.model import Transformer
-from lit_transformer.model_commands import export_main
-from lit_transformer.quantization import Int8Linear, QuantizationError, is_quantized, quantize_int8
+from lit_transformer.transforms.int8 import Int8Linear, QuantizationError, is_quantized, quantize_int8
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -113,7 +113,7 @@ def test_int8_linear_equals_torchs_dynamic_linear():
     the same weights, bit for bit, in its current and its older (version < 4, no reduce_range) serialisation."""
     import torch.ao.nn.quantized.dynamic as nnqd
 
-    from lit_transformer.quantization import Int8Linear
+    from lit_transformer.transforms.int8 import Int8Linear
 
     q = quantize_int8(build(PAPER, vocab_size=100).eval())
     ours = q.decoder_blocks[0].ff.up
@@ -188,7 +188,7 @@ def _checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
 
 
 def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, capsys):
-    from lit_transformer.model_commands import generate_main, translate_main
+    from lit_transformer.cli.model_commands import generate_main, translate_main
 
     vocab = tokenizer.get_vocab_size()
     lm = _checkpoint(tmp_path / "lm.ckpt", build(GPT2, vocab_size=vocab, pad_token_id=0, eos_token_id=2), tokenizer)
@@ -225,7 +225,7 @@ def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, c
 def test_predict_quantizes_and_fit_refuses(tmp_path, monkeypatch):
     """predict --model.quantize int8 runs an int8 model on the checkpoint's weights (the checkpoint's own quantize
     value does not override the command line); fit refuses the flag with a message that says what to do."""
-    from lit_transformer.cli import run_cli
+    from lit_transformer.cli.lightning_cli import run_cli
 
     monkeypatch.chdir(tmp_path)
     base = ["--config", str(ROOT / "configs" / "presets" / "tiny.yaml"), "--trainer.logger", "false"]

@@ -122,9 +122,9 @@ def workdir(tmp_path_factory) -> Path:
 
 # The package's commands that are not the CLI's own (fit, test, generate, ...): their modules, each with `main(argv)`.
 PACKAGE_COMMANDS = {
-    "ablate": "lit_transformer.ablate",
-    "digit-strips": "lit_transformer.digit_strips",
-    "translation-recipe": "lit_transformer.translation_recipe",
+    "ablate": "lit_transformer.recipes.ablate",
+    "digit-strips": "lit_transformer.recipes.digit_strips",
+    "translation-recipe": "lit_transformer.recipes.translation_recipe",
 }
 
 
@@ -141,7 +141,7 @@ def command_main(argv: list[str]):
             return importlib.import_module(BENCHMARKS[argv[1]][0]).main, argv[2:]
     if argv[:1] and argv[0] in PACKAGE_COMMANDS:
         return importlib.import_module(PACKAGE_COMMANDS[argv[0]]).main, argv[1:]
-    from lit_transformer.cli import main
+    from lit_transformer.cli.lightning_cli import main
 
     return main, argv
 
@@ -150,7 +150,7 @@ def as_module(command: str) -> str:
     """The command with a package command the program does not list yet (`python -m lit_transformer bench NAME`,
     `ablate`, ...) run as its module (`python -m lit_transformer.bench NAME`): the same code, either way."""
     try:
-        from lit_transformer.commands import find
+        from lit_transformer.cli.program import find
     except ImportError:
         find = None
     for name, module in {"bench": "lit_transformer.bench", **PACKAGE_COMMANDS}.items():
@@ -226,7 +226,7 @@ def parse_only(command: str, cwd: Path) -> subprocess.CompletedProcess:
     """A long command (`python -m lit_transformer X ...` or `python scripts/X.py ...`) parsed with all its flags by
     its own parser, in this process, and stopped there; flags it passes on to the CLI (translation-recipe's --flags,
     `bench nanogpt`'s fit overrides) are parsed by the CLI too (`--print_config` validates every flag, then exits)."""
-    from lit_transformer.cli import main
+    from lit_transformer.cli.lightning_cli import main
 
     words = shlex.split(command)
     assert words[0] == "python", command
@@ -319,14 +319,14 @@ def _checkpoint_dir(command: str) -> str:
 
 
 def check_fit(command: str, result, workdir: Path) -> None:
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     checkpoint = load_checkpoint(workdir / _checkpoint_dir(command) / "last.ckpt")
     assert checkpoint["global_step"] == 4 and "tokenizer" in checkpoint, command
 
 
 def check_resume(command: str, result, workdir: Path) -> None:
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     assert "Restored all states from the checkpoint" in result.stdout + result.stderr, command
     assert load_checkpoint(workdir / _checkpoint_dir(command) / "last.ckpt")["global_step"] == 6

@@ -13,15 +13,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_transformer.checkpointing import load_checkpoint, non_finite_tensors
-from lit_transformer.reliability import (
-    DeviceOptionError,
-    NonFiniteLossError,
-    NonFiniteLossGuard,
-    StepSeed,
-    check_device_options,
-    step_seed,
-)
+from lit_transformer.checkpoints.files import load_checkpoint, non_finite_tensors
+from lit_transformer.engine.devices import DeviceOptionError, check_device_options
+from lit_transformer.engine.nonfinite_guard import NonFiniteLossError, NonFiniteLossGuard
+from lit_transformer.engine.step_seed import StepSeed, step_seed
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent

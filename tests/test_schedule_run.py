@@ -1,6 +1,6 @@
 """The learning rate a run actually gets: a tiny `fit` through the command line, every schedule, with and without
 gradient accumulation, the rate the optimizer holds at each optimizer step (and after the last) read by a callback,
-against each schedule's formula written out here (not lit_transformer/schedules.py's)."""
+against each schedule's formula written out here (not lit_transformer/engine/schedules.py's)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import lightning as L
 import pytest
 from test_cli import CONFIGS, ROOT, _cli
 
-from lit_transformer.schedules import ScheduleName
+from lit_transformer.engine.schedules import ScheduleName
 
 LR, WARMUP, STEPS, D_MODEL, MIN_RATIO = 2e-3, 3, 10, 32, 0.2
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lit_transformer.schedules import build_schedule, noam, warmup_constant, warmup_cosine
+from lit_transformer.engine.schedules import build_schedule, noam, warmup_constant, warmup_cosine
 
 
 def _lrs(name: str, steps: int, base_lr: float = 1.0, **kwargs) -> list[float]:

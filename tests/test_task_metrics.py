@@ -23,7 +23,7 @@ import torch
 from sklearn.metrics import accuracy_score, f1_score
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.module import LitTransformer
+from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.tasks import (
     IGNORE_INDEX,
     TASKS,

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from test_cli import CONFIGS, ROOT, _cli
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.module import LitTransformer
-from lit_transformer.optim import Optimization
+from lit_transformer.engine.lightning_module import LitTransformer
+from lit_transformer.engine.optimizers import Optimization
 from lit_transformer.tasks import (
     IGNORE_INDEX,
     TASKS,
@@ -163,7 +163,7 @@ class EchoTask(Task):
 
 
 def test_a_new_task_trains_through_the_cli_without_touching_the_package(tmp_path) -> None:
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     where = ["--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
     where += ["--checkpoint.dirpath", str(tmp_path / "ckpt"), "--data.init_args.cache_dir", str(tmp_path / "cache")]
@@ -204,7 +204,7 @@ class _TokenData(L.LightningDataModule):
 
 
 def test_a_checkpoint_holds_the_tokenizer_once_and_the_datamodule_its_own_state(tmp_path) -> None:
-    from lit_transformer.checkpointing import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     def trainer(steps: int) -> L.Trainer:
         return L.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_progress_bar=False,

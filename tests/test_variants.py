@@ -19,12 +19,18 @@ import pytest
 import torch
 import yaml
 
-from lit_transformer.checkpointing import load_checkpoint
-from lit_transformer.cli import TransformerCLI, _trainer_defaults, link_context_length, resolve_run_folder, run_cli
+from lit_transformer.checkpoints.files import load_checkpoint
+from lit_transformer.cli.lightning_cli import (
+    TransformerCLI,
+    _trainer_defaults,
+    link_context_length,
+    resolve_run_folder,
+    run_cli,
+)
 from lit_transformer.config import TransformerConfig
+from lit_transformer.engine.lightning_module import LitTransformer
+from lit_transformer.engine.optimizers import Optimization, build_optimizer
 from lit_transformer.model.transformer import Transformer
-from lit_transformer.module import LitTransformer
-from lit_transformer.optim import Optimization, build_optimizer
 from lit_transformer.tasks import build_task
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,7 +30,7 @@ KNOWN = [
     r"(Restoring states|Loaded model weights) from the checkpoint (path )?at .*",
     r"Restored all states from the checkpoint at .*",
     r"`Trainer\.fit` stopped: `max_steps=\d+` reached\.",
-    # Lightning's progress bars (tqdm redraws) and the model summary (without the FLOPs column: console.py)
+    # Lightning's progress bars (tqdm redraws) and the model summary (without the FLOPs column: cli/console.py)
     r"(Epoch \d+|Training|Sanity Checking|Validation|Testing|Predicting)( DataLoader \d+)?: .*",
     r"\s*\| Name\s+\| Type\s+\| Params\s+\| Mode\s*",
     r"-+",
@@ -150,7 +150,7 @@ def test_translate_prints_only_its_translation(translation_checkpoint: Path) -> 
 
 def test_an_unknown_line_is_caught() -> None:
     """The allowlist is a fence, not a sieve: Lightning's tip, the echo of limit_val_batches and torch's deprecation
-    (what a plain fit printed before console.py) each fail."""
+    (what a plain fit printed before cli/console.py) each fail."""
     printed = [
         "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger](...)",
         "`Trainer(limit_val_batches=1.0)` was configured so 100% of the batches will be used..",

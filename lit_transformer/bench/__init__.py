@@ -1,7 +1,7 @@
 """The package's benchmarks: `python -m lit_transformer bench NAME [ARGS]` (`bench NAME --help` for each).
 
 Each benchmark drives the package (its CLI in a child process or in this one, its model and inference objects) and
-writes JSON that records the machine (lit_transformer.bench.machine). This module imports nothing heavy: the table
+writes JSON that records the machine (lit_transformer.records). This module imports nothing heavy: the table
 below names each benchmark's module, imported only when that benchmark runs, so `bench --help` stays instant.
 """
 
@@ -20,12 +20,12 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
               "training step, generation, int8/ONNX/compiled decoding and memory against peers (HF, litgpt, ...)"),
     "nanogpt": ("lit_transformer.bench.nanogpt",
                 "the main job (configs/base.yaml) beside nanoGPT's CPU recipe in bits per character; nanoGPT's bench.py"),
-    "prepare": ("lit_transformer.bench.prepare",
+    "prepare": ("lit_transformer.bench.prepare_scale",
                 "data preparation at scale: `prepare` against nanoGPT's openwebtext recipe, time and peak memory"),
     "data-memory": ("lit_transformer.bench.data_memory",
                     "peak memory of `prepare` and `fit` on a user's own classification and captioning files"),
-    "lora": ("lit_transformer.bench.lora", "LoRA against full fine-tuning: quality, trainable parameters, memory"),
-    "record": ("lit_transformer.bench.record", "run one fit/validate/test of the CLI and record its metrics as JSON"),
+    "lora": ("lit_transformer.bench.lora_finetune", "LoRA against full fine-tuning: quality, trainable parameters, memory"),
+    "record": ("lit_transformer.bench.record_run", "run one fit/validate/test of the CLI and record its metrics as JSON"),
     "suite-time": ("lit_transformer.bench.suite_time", "the test suite's wall and CPU time as CI runs it"),
     "genre-baselines": ("lit_transformer.bench.genre_baselines",
                         "majority-class and bag-of-words baselines of the embedded genre task"),
@@ -39,7 +39,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 
 def command_parser(command: str, doc: str | None) -> argparse.ArgumentParser:
     """A package command's parser: its name as a user types it, its module docstring (with the examples) as --help."""
-    from lit_transformer.commands import program
+    from lit_transformer.cli.program import program
 
     return argparse.ArgumentParser(prog=program(command), description=doc, allow_abbrev=False,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip

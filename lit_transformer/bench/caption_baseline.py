@@ -19,8 +19,8 @@ import sacrebleu
 from sklearn.linear_model import LogisticRegression
 
 from lit_transformer.bench import command_parser
-from lit_transformer.bench.machine import command_line, machine
-from lit_transformer.data.corpora import DIGIT_WORDS, digit_strips
+from lit_transformer.data.corpora.digits import DIGIT_WORDS, digit_strips
+from lit_transformer.records import command_line, machine
 
 BLANK = 10
 

@@ -40,7 +40,7 @@ from collections import Counter
 from pathlib import Path
 
 from lit_transformer.bench import command_parser
-from lit_transformer.bench.machine import command_line, machine, tree_rss_kb
+from lit_transformer.records import command_line, machine, tree_rss_kb
 
 REPO = Path(__file__).resolve().parents[2]
 LABELS = ("positive", "negative", "mixed, unsure")

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from lit_transformer.bench import command_parser
-from lit_transformer.bench.machine import command_line, machine
-from lit_transformer.data import corpora
+from lit_transformer.data.corpora import shakespeare as corpora
+from lit_transformer.records import command_line, machine
 
 WORD = re.compile(r"[a-z']+")
 

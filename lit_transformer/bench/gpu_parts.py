@@ -33,7 +33,7 @@ def preset_rate(fit_args: list[str]) -> dict:
     import lightning as L
 
     from lit_transformer.bench.speed import build_cli
-    from lit_transformer.callbacks import TokenThroughputMonitor
+    from lit_transformer.engine.monitoring import TokenThroughputMonitor
 
     rates: list[tuple[int, float]] = []
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_transformer.bench import command_parser
-from lit_transformer.bench.machine import machine
+from lit_transformer.records import machine
 
 START, END = "<!-- gpu-check:start -->", "<!-- gpu-check:end -->"
 Row = dict[str, Any]

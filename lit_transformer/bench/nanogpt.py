@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from lit_transformer.bench import command_parser
-from lit_transformer.bench.machine import command_line, machine
+from lit_transformer.records import command_line, machine
 
 NANOGPT_DATASET = "lit_shakespeare_char"
 NANOGPT_OUT = "out-lit-shakespeare-char"

@@ -34,10 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_transformer.bench import command_parser, peers
-from lit_transformer.bench.machine import add_run, command_line, machine
 from lit_transformer.config import TransformerConfig
+from lit_transformer.engine.monitoring import matmul_peak_flops
 from lit_transformer.model import Transformer
-from lit_transformer.parallelize import apply_activation_checkpointing, matmul_peak_flops
+from lit_transformer.records import add_run, command_line, machine
+from lit_transformer.transforms.activation_checkpointing import apply_activation_checkpointing
 
 OURS = "lit_transformer"
 Row = dict[str, object]
@@ -361,12 +362,12 @@ def _with_compiled(models: dict[str, nn.Module], flags: dict) -> tuple[dict[str,
 
 
 def bench_quantized(s: dict[str, int], t: dict[str, int], g: dict[str, int], reps: int, threads: int) -> list[Row]:
-    """Greedy generation, batch 1, fp32 vs int8 dynamic quantization (lit_transformer.quantization), our decoder-only
+    """Greedy generation, batch 1, fp32 vs int8 dynamic quantization (lit_transformer.transforms.int8), our decoder-only
     model against HF GPT-2 generate and our translation-preset-sized encoder-decoder against HF Marian generate, each
     with and without the same int8 quantization of its Linear layers; our fp32 and int8 models with compile=True
     (GenerationConfig.compile); and our exported ONNX decoding graphs in onnxruntime (fp32, and int8 by
     onnxruntime's quantize_dynamic)."""
-    from lit_transformer.quantization import quantize_int8
+    from lit_transformer.transforms.int8 import quantize_int8
 
     n = g["new"]
     rows: list[Row] = []
@@ -487,7 +488,7 @@ def bench_lightning(s: dict[str, int], steps: int, reps: int) -> list[Row]:
     """
     import lightning as L
 
-    from lit_transformer.module import LitTransformer
+    from lit_transformer.engine.lightning_module import LitTransformer
     from lit_transformer.tasks.losses import smoothed_cross_entropy
 
     torch.manual_seed(0)
@@ -710,7 +711,7 @@ class StepClock:
 
 def build_cli(args: list[str]):
     """The CLI's own objects (LitTransformer, DataModule, Trainer with every default callback), not yet fitting."""
-    from lit_transformer.cli import run_cli
+    from lit_transformer.cli.lightning_cli import run_cli
 
     return run_cli(args, run=False)
 
@@ -751,7 +752,7 @@ def hand_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock
     F.cross_entropy in one graph, bf16 autocast when the run asks for it, a fused optimizer on CUDA, nothing else."""
     from contextlib import nullcontext
 
-    from lit_transformer.optim import weight_decay_groups
+    from lit_transformer.engine.optimizers import weight_decay_groups
 
     cli = build_cli(args)
     lit, data = cli.model, cli.datamodule

@@ -95,7 +95,7 @@ def run(checkpoint: str | None, rounds: int) -> dict:
 
 def main(argv: Sequence[str]) -> None:
     from lit_transformer.bench import command_parser
-    from lit_transformer.bench.machine import command_line, machine
+    from lit_transformer.records import command_line, machine
 
     parser = command_parser("bench startup", __doc__)
     parser.add_argument("--checkpoint", help="a checkpoint of the main job, for `generate 20 tokens`")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from lit_transformer.bench import command_parser
-from lit_transformer.bench.machine import command_line, machine
+from lit_transformer.records import command_line, machine
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,12 +1,20 @@
-"""Data: tokenizers, embedded corpora and the DataModules (language modelling, translation, classification,
-captioning).
+"""Data: one reader for every file form (sources.py), token shards and loaders, tokenizers, the embedded corpora
+(corpora/), and one DataModule per task (language_modeling, translation, classification, captioning).
 
 The DataModules are imported lazily: inference (`generate`, `translate`) needs only the encoding helpers, not
 Lightning or `datasets`.
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
+# Each DataModule by the module of its task.
+DATA_MODULES = {
+    "LanguageModelingDataModule": "language_modeling",
+    "TranslationDataModule": "translation",
+    "ClassificationDataModule": "classification",
+    "CaptioningDataModule": "captioning",
+}
 __all__ = ["CaptioningDataModule", "ClassificationDataModule", "LanguageModelingDataModule", "TranslationDataModule"]
 
 if TYPE_CHECKING:
@@ -17,20 +25,6 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
-    if name == "LanguageModelingDataModule":
-        from .language_modeling import LanguageModelingDataModule
-
-        return LanguageModelingDataModule
-    if name == "TranslationDataModule":
-        from .translation import TranslationDataModule
-
-        return TranslationDataModule
-    if name == "CaptioningDataModule":
-        from .captioning import CaptioningDataModule
-
-        return CaptioningDataModule
-    if name == "ClassificationDataModule":
-        from .classification import ClassificationDataModule
-
-        return ClassificationDataModule
+    if name in DATA_MODULES:
+        return getattr(importlib.import_module(f"{__name__}.{DATA_MODULES[name]}"), name)
     raise AttributeError(f"module 'lit_transformer.data' has no attribute {name!r}")

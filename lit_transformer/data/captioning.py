@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import corpora
 from .base import DataModule, warn_deprecated_key
-from .corpora import DigitStrips
+from .corpora.digits import DigitStrips
 from .loaders import RecordShards, ResumableLoader, fixed_size_batches, load_prepared, target_batch
 from .shards import SHARD_TOKENS, TextsKind, prepare
 from .sources import ENCODING, HELD_OUT, SPLIT_ALIASES, SPLITS, RowStream

@@ -184,6 +184,12 @@ def decode(
         ) from None
 
 
+def is_local_name(name: str) -> bool:
+    """Whether `name` can only be a local path, never a hub name (`owner/model`): relative, absolute, home-relative,
+    or more than one slash deep."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
 class OfflineError(ConnectionError):
     """The hub cannot be reached and the requested name is not a local path."""
 

@@ -8,11 +8,10 @@ models, converted). Encoding leaves out the tokenizer's own special tokens: the 
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TextIO
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -149,7 +148,7 @@ def load_or_train_tokenizer(
     tokenizer to use (to fine-tune its model on other data), or a hub tokenizer name.
     """
     if spec.endswith(".ckpt"):
-        from lit_transformer.checkpoint_file import load_checkpoint
+        from lit_transformer.checkpoints.files import load_checkpoint
 
         saved = load_checkpoint(spec).get("tokenizer")
         if saved is None:
@@ -189,85 +188,73 @@ def special_token_id(tokenizer: Tokenizer, role: str) -> int | None:
     return None
 
 
-# ---------------------------------------------------------------- the tokenizers of a Marian folder
-# Read here, below the interop package that writes and imports Marian models, because the translation DataModule reads
-# them too (a Marian folder as its tokenizer: fine-tuning OPUS-MT).
 
+class TextStream:
+    """Follows each row's new tokens as text while they are generated (a `streamer` for Transformer.generate).
 
-def is_marian_folder(path: str | os.PathLike) -> bool:
-    """Whether `path` is a local folder whose config.json describes a Marian model."""
-    config = Path(path) / "config.json"
-    return config.is_file() and json.loads(config.read_text()).get("model_type") == "marian"
+    A row ends at a stop id or when its text contains a stop string (cut from `texts()`); `echo` receives row 0's
+    text as it grows, holding back an incomplete UTF-8 character.
+    """
 
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        rows: int,
+        stop: Sequence[str] = (),
+        stop_ids: Sequence[int | None] = (),
+        echo: TextIO | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.stop_ids = {i for i in stop_ids if i is not None}
+        self.echo = echo
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.done = [False] * rows
+        self.echoed = 0
 
-def marian_decoder_start_token_id(path: str | os.PathLike) -> int | None:
-    """The id a Marian folder's decoder starts from (config.json's decoder_start_token_id, else its pad token as in
-    Marian); None when `path` is no Marian folder. OPUS-MT starts from its pad token: it has no BOS."""
-    if not is_marian_folder(path):
-        return None
-    return decoder_start_token_id(json.loads((Path(path) / "config.json").read_text()))
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        for row, token in enumerate(tokens.tolist()):
+            if self.done[row]:
+                continue
+            if token in self.stop_ids:
+                self.done[row] = True
+                continue
+            self.ids[row].append(token)
+            if self.stop and self._cut(self._text(row)) is not None:
+                self.done[row] = True
+        if self.echo is not None:
+            self._echo(final=False)
+        return torch.tensor(self.done, device=tokens.device)
 
+    def _text(self, row: int) -> str:
+        return self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
 
-def decoder_start_token_id(hf: Mapping) -> int | None:
-    start = hf.get("decoder_start_token_id")
-    return hf.get("pad_token_id") if start is None else start
+    def _cut(self, text: str) -> int | None:
+        hits = [text.find(s) for s in self.stop if s in text]
+        return min(hits) if hits else None
 
+    def texts(self) -> list[str]:
+        """Each row's text, cut before its first stop string."""
+        out = []
+        for row in range(len(self.ids)):
+            text = self._text(row)
+            cut = self._cut(text)
+            out.append(text if cut is None else text[:cut])
+        return out
 
-def load_hf_marian_tokenizers(directory: str | os.PathLike) -> tuple[Tokenizer, Tokenizer]:
-    """(source, target) tokenizers of a Marian folder: tokenizer.json (and target_tokenizer/tokenizer.json) as
-    save_hf_marian writes them, else OPUS-MT's SentencePiece models source.spm / target.spm with the shared id table
-    vocab.json (target_vocab.json when the vocabularies are separate), converted to `tokenizers` Unigram models."""
-    folder = Path(directory)
-    if (folder / "tokenizer.json").is_file():
-        source = _without_post_processor(Tokenizer.from_file(str(folder / "tokenizer.json")))
-        target_file = folder / "target_tokenizer" / "tokenizer.json"
-        return source, Tokenizer.from_file(str(target_file)) if target_file.is_file() else source
-    if (folder / "source.spm").is_file() and (folder / "vocab.json").is_file():
-        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-        target_vocab_file = folder / "target_vocab.json"
-        target_vocab = (
-            json.loads(target_vocab_file.read_text(encoding="utf-8")) if target_vocab_file.is_file() else vocab
-        )
-        target_spm = folder / "target.spm" if (folder / "target.spm").is_file() else folder / "source.spm"
-        return spm_tokenizer(folder / "source.spm", vocab), spm_tokenizer(target_spm, target_vocab)
-    raise FileNotFoundError(
-        f"{folder} holds neither tokenizer.json nor OPUS-MT's source.spm + vocab.json: no tokenizer to load"
-    )
+    def _echo(self, final: bool) -> None:
+        text = self.texts()[0] if final or self.done[0] else self._text(0)
+        if not final:
+            text = text.rstrip("\ufffd")  # a multi-byte character still arriving
+            if self.stop:  # hold back what could be the start of a stop string
+                longest = max(map(len, self.stop)) - 1
+                text = text[: max(self.echoed, len(text) - longest)]
+        if len(text) > self.echoed:
+            self.echo.write(text[self.echoed :])
+            self.echo.flush()
+            self.echoed = len(text)
 
-
-def _without_post_processor(tokenizer: Tokenizer) -> Tokenizer:
-    """save_hf_marian's tokenizer appends EOS for transformers' sake; our encoding appends it itself."""
-    tokenizer.post_processor = None
-    return tokenizer
-
-
-def spm_tokenizer(spm_file: str | os.PathLike, vocab: Mapping[str, int]) -> Tokenizer:
-    """A `tokenizers` Unigram tokenizer that segments as the SentencePiece model `spm_file` does and numbers pieces
-    as Marian's `vocab` (piece -> id) does. Read with the protobuf schema transformers ships, so the sentencepiece
-    package is not needed. Pieces of the id table the model lacks (the other language's) get a score below every
-    real piece, so segmentation prefers the model's own; the control tokens are special (skipped when decoding)."""
-    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import Unigram
-    from transformers.convert_slow_tokenizer import import_protobuf
-
-    proto = import_protobuf().ModelProto()
-    proto.ParseFromString(Path(spm_file).read_bytes())
-    scores = {p.piece: p.score for p in proto.pieces}
-    floor = min(scores.values(), default=0.0) - 10.0
-    ordered = sorted(vocab.items(), key=lambda item: item[1])
-    if [i for _, i in ordered] != list(range(len(ordered))):
-        raise ValueError(f"The id table beside {spm_file} does not number its pieces 0..{len(ordered) - 1}")
-    unk = vocab.get(proto.trainer_spec.unk_piece or "<unk>", vocab.get("<unk>"))
-    tokenizer = Tokenizer(Unigram([(piece, scores.get(piece, floor)) for piece, _ in ordered], unk_id=unk))
-    steps = []
-    if proto.normalizer_spec.precompiled_charsmap:
-        steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
-    steps.append(normalizers.Replace(Regex(" {2,}"), " "))
-    tokenizer.normalizer = normalizers.Sequence(steps)
-    prepend = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    control = [p.piece for p in proto.pieces if p.type in (2, 3)] + ["<pad>"]  # UNKNOWN, CONTROL
-
-    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in dict.fromkeys(control) if t in vocab])
-    return tokenizer
+    def finish(self) -> None:
+        """Echo whatever was held back."""
+        if self.echo is not None:
+            self._echo(final=True)

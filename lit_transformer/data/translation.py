@@ -29,6 +29,7 @@ from . import corpora
 from .base import DataModule, warn_deprecated_key
 from .cache import fingerprint
 from .loaders import ResumableLoader, load_prepared, map_file, target_batch, token_budget_plan
+from .marian_tokenizers import load_hf_marian_tokenizers, marian_decoder_start_token_id
 from .shards import SHARD_TOKENS, RecordKind, prepare
 from .sources import (
     ENCODING,
@@ -41,7 +42,7 @@ from .sources import (
     records,
     table_rows,
 )
-from .text import KINDS, load_hf_marian_tokenizers, load_or_train_tokenizer, marian_decoder_start_token_id
+from .text import KINDS, load_or_train_tokenizer
 
 
 def _collate(batch: dict) -> dict:

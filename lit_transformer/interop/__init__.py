@@ -1,6 +1,6 @@
 """Meet the ecosystem: Hugging Face folders (GPT-2, Llama, Marian), our safetensors folder, ONNX.
 
-The `export` command that writes them from a checkpoint is lit_transformer.export.
+The `export` command that writes them from a checkpoint is lit_transformer.cli.export_command.
 
 transformers is needed for the Hugging Face tokenizer files and Marian; onnx and onnxscript for ONNX. Each is
 imported only by the function that needs it.

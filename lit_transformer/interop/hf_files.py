@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.data.sources import is_local_name
 
 WEIGHT_PATTERNS = [
     "config.json",
@@ -21,12 +22,6 @@ WEIGHT_PATTERNS = [
     "tokenizer*",
     "special_tokens_map.json",
 ]
-
-
-def is_local_name(name: str) -> bool:
-    """Whether `name` can only be a local path, never a hub name (`owner/model`): relative, absolute, home-relative,
-    or more than one slash deep."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
 def resolve_folder(name: str, what: str) -> Path:

@@ -23,7 +23,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.data.text import (  # noqa: F401 - the Marian readers of tokenizers live below data
+from lit_transformer.data.marian_tokenizers import (  # noqa: F401 - the Marian readers of tokenizers live below data
     decoder_start_token_id,
     is_marian_folder,
     load_hf_marian_tokenizers,

@@ -1,6 +1,6 @@
 """Our own portable format: a folder with model.safetensors (our parameter names), config.json (TransformerConfig)
 and tokenizer.json (plus target_tokenizer.json for a separate target vocabulary). No pickle anywhere. An int8 model
-(lit_transformer.quantization) is written as int8 weights with per-channel scales and loads back int8."""
+(lit_transformer.transforms.int8) is written as int8 weights with per-channel scales and loads back int8."""
 
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ def save_safetensors(
     target_tokenizer: Tokenizer | None = None,
 ) -> Path:
     """Write the folder; tied matrices are stored once (safetensors refuses aliased tensors)."""
-    from lit_transformer.quantization import is_quantized, quantized_state
+    from lit_transformer.transforms.int8 import is_quantized, quantized_state
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {"format": FORMAT, **model.config.to_dict()}
     metadata = {"format": "pt", "library": FORMAT}
-    if is_quantized(model):  # int8 weights with per-channel scales, as plain tensors (see quantization.py)
+    if is_quantized(model):  # int8 weights with per-channel scales, as plain tensors (see transforms/int8.py)
         config["quantization"] = dict(model.quantization)
         save_file(quantized_state(model), os.fspath(directory / "model.safetensors"), metadata=metadata)
     else:
@@ -52,7 +52,7 @@ def load_safetensors(directory: str | os.PathLike) -> Transformer:
     quantization = config.pop("quantization", None)
     model = Transformer(TransformerConfig(**config))
     if quantization is not None:  # an int8 export: the model comes back int8 (CPU)
-        from lit_transformer.quantization import load_quantized_state
+        from lit_transformer.transforms.int8 import load_quantized_state
 
         tensors = load_file(os.fspath(directory / "model.safetensors"))
         return load_quantized_state(model, tensors, lm_head=quantization["lm_head"])

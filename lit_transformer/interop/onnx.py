@@ -289,7 +289,7 @@ def export_onnx_folder(
     encoder.onnx and decoder.onnx; encoder-only: model.onnx. quantize="int8" quantizes every graph's weights with
     onnxruntime (quantize_onnx_int8). logits_graph=False leaves out a decoder-only model's model.onnx (generation
     needs decoder.onnx alone)."""
-    from lit_transformer.quantization import is_quantized
+    from lit_transformer.transforms.int8 import is_quantized
 
     cfg = model.config
     if is_quantized(model):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.model import Transformer
+from lit_transformer.model import ENCODER_PREFIXES, Transformer
+from lit_transformer.transforms.lora import locate_lora_base, new_parameters
 
 # Fields that shape the encoder's weights or their meaning: a fine-tuned model takes them from the pretrained one.
 ENCODER_FIELDS = (
@@ -37,7 +38,6 @@ ENCODER_FIELDS = (
     "eos_token_id",
     "mask_token_id",
 )
-ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_blocks.", "encoder_norm.")
 
 
 def load_init_from(init_from: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
@@ -72,7 +72,7 @@ TRAINING_FIELDS = ("dropout", "attention_dropout", "classifier_dropout")
 def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
     """The whole model of one of our checkpoints (a LoRA checkpoint's merged), to continue training it, with this
     run's dropout; and its tokenizer (JSON), which the data must use."""
-    from lit_transformer.checkpoint_file import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     checkpoint = load_checkpoint(path)
     saved = _saved_config(checkpoint)
@@ -90,41 +90,10 @@ def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transfo
 
 
 def _saved_config(checkpoint: dict) -> TransformerConfig | None:
-    from lit_transformer.checkpoint_file import saved_config
+    from lit_transformer.checkpoints.files import saved_config
 
     saved = saved_config(checkpoint)
     return TransformerConfig(**saved) if isinstance(saved, dict) else saved
-
-
-def is_missing_path(init_from: str) -> bool:
-    """Whether `init_from` names a local file or folder (a .ckpt, or a path as resolve_folder tells one from a hub
-    name) that is not there: a base that moved, or a run on another machine."""
-    from pathlib import Path
-
-    from lit_transformer.interop.hf_files import is_local_name
-
-    name = str(init_from)
-    local = name.endswith(".ckpt") or is_local_name(name)
-    return local and not Path(name).expanduser().exists()
-
-
-def locate_lora_base(recorded: str | None, given: str | None, what: str, flag: str | None) -> str:
-    """The base a LoRA checkpoint's adapters are read onto: `given` (where it is now) over the `recorded` init_from.
-    FileNotFoundError names the missing path and `flag`, the way to say where the base is now (one message for the
-    CLI, inference and the Python API)."""
-    from lit_transformer.lora import missing_base_message
-
-    if given:
-        if is_missing_path(given):
-            raise FileNotFoundError(
-                f"the LoRA base {given} does not exist (given for {what}, whose recorded base is {recorded})"
-            )
-        return given
-    if not recorded:
-        raise FileNotFoundError(f"{what} holds LoRA adapters but names no base (init_from) to apply them to")
-    if is_missing_path(recorded):
-        raise FileNotFoundError(missing_base_message(what, recorded, flag))
-    return recorded
 
 
 def checkpoint_weights(
@@ -137,13 +106,13 @@ def checkpoint_weights(
     """The model a checkpoint holds: its weights, or (LoRA) its base read again from init_from (or from `base`, where
     it is now), the base's fingerprint checked, and the adapters merged in. `flag`: how the caller's user names the
     base's new location, for the message when the recorded one is gone."""
-    from lit_transformer.checkpoint_file import CheckpointError, load_model_state
+    from lit_transformer.checkpoints.files import CheckpointError, load_model_state
 
     if "lora" not in checkpoint:
         model = Transformer(config)
         load_model_state(model, checkpoint, current=config, prefix="model.")
         return model
-    from lit_transformer.lora import load_adapted
+    from lit_transformer.transforms.lora import load_adapted
 
     try:
         base = locate_lora_base(checkpoint["lora"].get("base"), base, str(path), flag)
@@ -156,13 +125,6 @@ def checkpoint_weights(
             f"{path} holds LoRA adapters for the base {base}, which cannot be read: {error}"
         ) from None
     return load_adapted(model, checkpoint, new_parameters(model, base), str(path), base)
-
-
-def new_parameters(model: Transformer, init_from: str | None) -> set[str]:
-    """Parameters the base does not supply: a new head over an encoder checkpoint (see load_pretrained_encoder)."""
-    if not init_from or not str(init_from).endswith(".ckpt") or not model.config.is_encoder_only:
-        return set()
-    return {n for n, _ in model.named_parameters() if not n.startswith(ENCODER_PREFIXES)}
 
 
 def _same_segmentation(tokenizer_json: str, other_json: str) -> bool:
@@ -193,7 +155,7 @@ def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Trans
     The architecture comes from the checkpoint (ENCODER_FIELDS); the task (head, num_labels, pooling, classifier
     fields, dropout, init) from `config`, so `fit --model.init_from mlm.ckpt` turns a masked LM into a classifier.
     """
-    from lit_transformer.checkpoint_file import load_checkpoint
+    from lit_transformer.checkpoints.files import load_checkpoint
 
     checkpoint = load_checkpoint(path)
     saved = _saved_config(checkpoint)

@@ -151,7 +151,7 @@ class CompiledPasses:
     both ways). A decoding's distinct graphs (the first pass, later steps, padding or
     not) and several models in one process need more than dynamo's default of 8 graphs per function, so the limit
     is raised to COMPILED_GRAPHS; past it dynamo runs the function eagerly, with the same results. A layer with a
-    compilable form of its own (the int8 Linear of lit_transformer.quantization) says so with a `compile_ready()`
+    compilable form of its own (the int8 Linear of lit_transformer.transforms.int8) says so with a `compile_ready()`
     method (`CompileReady`), called here before the first compiled pass: decoding knows no layer class.
     """
 

@@ -17,9 +17,9 @@ from lit_transformer.config import TransformerConfig
 from lit_transformer.model import generation
 from lit_transformer.model.attention import KVCache, Rope
 from lit_transformer.model.blocks import NORM_CLASSES, DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
+from lit_transformer.model.encoder_inputs import build_source, build_source_positions
 from lit_transformer.model.heads import ClassificationHead, pool
 from lit_transformer.model.positions import AlibiBias, LearnedPositions, RotaryEmbedding, build_positions
-from lit_transformer.model.sources import build_source, build_source_positions
 
 Attentions = dict[str, list[Tensor]]
 
@@ -46,6 +46,10 @@ def causal_self_mask(t: int, total: int, keep: Tensor | None, device: torch.devi
     # Its output is never used, and real queries are unaffected (their own key is real).
     itself = causal & ~torch.ones_like(causal).tril(total - t - 1)
     return (causal & keep[:, None, None, :]) | itself, False
+
+
+# The encoder's parameters, by the start of their names: what an encoder checkpoint gives a new head.
+ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_blocks.", "encoder_norm.")
 
 
 class Transformer(nn.Module):

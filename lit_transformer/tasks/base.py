@@ -64,7 +64,7 @@ def token_labels(tokenizer: Tokenizer, ids: torch.Tensor) -> list[str]:
 def generated_rows(module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
     """{"input", "output", "tokens"} per input of a predict batch, decoded as the module's GenerationConfig says and
     cut by its stop strings and ids."""
-    from lit_transformer.text_stream import TextStream
+    from lit_transformer.data.text import TextStream
 
     ids, mask, generation = batch["input_ids"], batch["attention_mask"], module.generation
     stream = TextStream(module.target_tokenizer, len(ids), generation.stop, [module.config.eos_token_id])

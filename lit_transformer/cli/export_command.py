@@ -1,0 +1,67 @@
+"""`python -m lit_transformer export --checkpoint PATH --format hf|onnx|safetensors --out DIR`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from lit_transformer.inference import (
+    LoadedModel,
+    load_model,
+    quantize_loaded,
+)
+from lit_transformer.transforms.int8 import Quantize
+
+Format = Literal["hf", "onnx", "safetensors"]
+
+
+def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Quantize = "none") -> Path:
+    """Write `loaded` to the folder `out`; returns the main file or folder written. onnx_quantize="int8" quantizes
+    the ONNX graphs with onnxruntime's own tools (the PyTorch int8 model does not export to ONNX)."""
+    from lit_transformer.interop.hf_gpt2 import save_hf_gpt2
+    from lit_transformer.interop.hf_llama import save_hf_llama
+    from lit_transformer.interop.hf_marian import save_hf_marian
+    from lit_transformer.interop.native import save_safetensors
+    from lit_transformer.interop.onnx import export_onnx_folder
+    from lit_transformer.transforms.int8 import is_quantized
+
+    out = Path(out)
+    model, source, target = loaded.model.cpu().eval(), loaded.tokenizer, loaded.target_tokenizer
+    if is_quantized(model) and fmt != "safetensors":
+        raise ValueError(
+            f"an int8 PyTorch model exports as --format safetensors (int8 weights and their scales, our layout); "
+            f"--format {fmt} takes the fp32 model (for int8 ONNX graphs: export(..., onnx_quantize='int8'), or "
+            "`export --format onnx --quantize int8`)"
+        )
+    if fmt == "safetensors":
+        return save_safetensors(model, out, source, target)
+    if fmt == "hf":
+        if model.config.is_encoder_only:
+            raise ValueError(
+                "--format hf covers GPT-2, Llama and Marian layouts; an encoder_only model exports as onnx or safetensors "
+                "(BERT's layout differs: an embedding LayerNorm, token-type embeddings and a transform before its "
+                "masked-LM output, see docs/classification.md)"
+            )
+        if model.config.is_encoder_decoder:
+            return save_hf_marian(model, out, source, target)
+        if model.config.positions == "rope":  # the Llama family; save_hf_llama names any field Llama cannot express
+            return save_hf_llama(model, out, source)
+        return save_hf_gpt2(model, out, source)
+    return export_onnx_folder(model, out, source, target, quantize=onnx_quantize)
+
+
+def run_export(args) -> None:
+    """`export` with its parsed options (model_commands.export_main): write the export."""
+    if args.quantize != "none" and args.format == "hf":
+        raise SystemExit(f"error: --quantize {args.quantize} exports as --format safetensors or onnx, not hf")
+    from lit_transformer.checkpoints.files import CheckpointError
+
+    try:
+        loaded = load_model(args.checkpoint, base=args.base)
+    except CheckpointError as error:
+        raise SystemExit(f"error: {error}") from None
+    if args.format == "onnx":  # the fp32 graphs are traced, then onnxruntime quantizes them
+        path = export(loaded, args.format, args.out, onnx_quantize=args.quantize)
+    else:
+        path = export(quantize_loaded(loaded, args.quantize), args.format, args.out)
+    print(f"Wrote {path}")

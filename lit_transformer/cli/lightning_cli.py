@@ -1,0 +1,488 @@
+"""fit, validate, test and predict: LightningCLI with the package's links, run folder and callbacks.
+
+The program's entry point, its other commands and its refusals live in program.py and arguments.py; this module
+(and so Lightning) is imported only by these four commands.
+
+python -m lit_transformer fit --config configs/base.yaml
+python -m lit_transformer fit --config configs/base.yaml --config configs/variants/post_ln.yaml
+python -m lit_transformer generate --checkpoint runs/shakespeare/checkpoints/last.ckpt --prompt "ROMEO:"
+python -m lit_transformer translate --checkpoint runs/en-es/checkpoints/last.ckpt --text "In the beginning"
+python -m lit_transformer prepare --config configs/base.yaml   # the data once: token shards that fit then reads
+python -m lit_transformer average --checkpoints runs/en-es/checkpoints --last 5 --output runs/en-es/avg.ckpt
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import logging
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import docstring_parser
+import jsonargparse
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
+from lit_transformer.checkpoints.files import load_checkpoint
+from lit_transformer.cli.arguments import parser_options, refusal, resolve_configs
+from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
+from lit_transformer.cli.program import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
+from lit_transformer.config import SOURCE_FIELDS, TransformerConfig
+from lit_transformer.engine.devices import check_device_options, lost_peer_message, resume_after_restart
+from lit_transformer.engine.lightning_compat import LightningCLIHooks, set_collective_timeout, strategy_with_timeout
+from lit_transformer.engine.lightning_module import LitTransformer
+from lit_transformer.engine.monitoring import LearningRateLogger, SyncFreeProgressBar, TokenThroughputMonitor
+from lit_transformer.engine.nonfinite_guard import NonFiniteLossGuard
+from lit_transformer.engine.preemption import PreemptionCheckpoint, exit_on_signals
+from lit_transformer.engine.step_seed import StepSeed
+from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
+from lit_transformer.errors import ConfigError
+
+# Field docstrings of TransformerConfig become --help text.
+jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+
+def _parse_once(parse: Callable) -> Callable:
+    """docstring_parser.parse_from_object, each (object, style) parsed once per process. jsonargparse reads attribute
+    docstrings from source (inspect.getsource, then compile) for every class it adds, and again for each of fit,
+    validate, test and predict: without this, two thirds of the CLI's start-up (about 2 s of CPU of a 3 s parse)."""
+    cache: dict = {}
+
+    @functools.wraps(parse)
+    def parse_from_object(obj, *args, **kwargs):
+        try:
+            key = (obj, args, tuple(sorted(kwargs.items())))
+            hash(key)
+        except TypeError:
+            return parse(obj, *args, **kwargs)
+        if key not in cache:
+            cache[key] = parse(obj, *args, **kwargs)
+        return cache[key]
+
+    return parse_from_object
+
+
+if not hasattr(docstring_parser.parse_from_object, "__wrapped__"):
+    docstring_parser.parse_from_object = _parse_once(docstring_parser.parse_from_object)
+
+# How long a collective (all-reduce, barrier) waits for a peer before the run fails: a hung or unreachable node ends
+# the others within this, not torch's 30 minutes. Data preparation waits without limit (Lightning's own barrier).
+COLLECTIVE_TIMEOUT_S = 600.0
+
+# What the tokenizer decides, the model config must follow: linked once the DataModule exists.
+TOKENIZER_LINKS = ("vocab_size", "target_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id")
+# What the data decides of the architecture: the number of classes (None for language-model and translation data).
+# What it decides of the task (label names, multi_label, bits per character, ...) the task reads itself (Task.reads).
+DATA_LINKS = ("num_labels",)
+# The run folder is one value, trainer.default_root_dir: the TensorBoard logger's save_dir and the checkpoints' dirpath
+# default to this placeholder, which resolve_run_folder replaces by it. A value given explicitly is kept.
+RUN_FOLDER = "${trainer.default_root_dir}"
+
+
+class TransformerCLI(LightningCLIHooks):
+    """LightningCLI with the tokenizer linked into the model config and the run's standard callbacks. Only the
+    parser of the command that runs is built (LightningCLI builds all four, a second each)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        given = kwargs.get("args")
+        argv = list(sys.argv[1:] if given is None else given) if isinstance(given, list | tuple | None) else []
+        self._only = argv[0] if argv and argv[0] in LightningCLI.subcommands() else None
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override] - LightningCLI's is a staticmethod
+        every = LightningCLI.subcommands()
+        only = getattr(self, "_only", None)
+        return {only: every[only]} if only else every
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """A parse error becomes a UserError naming the key, where it was given and the nearest valid keys."""
+        argv = list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
+        subparser = _subcommand_parser(parser, argv[0] if argv else None)
+        describe_package_defaults(subparser or parser)
+        try:
+            super().parse_arguments(parser, args)
+        except jsonargparse.ArgumentError as error:
+            raise refusal(str(error), subparser or parser, argv[1:]) from None
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for name in TOKENIZER_LINKS + DATA_LINKS:
+            parser.link_arguments(f"data.{name}", f"model.config.{name}", apply_on="instantiate")
+        # Each callback gets its own group (--checkpoint.*, --samples.*, ...), so YAMLs and flags can tune it.
+        # Two checkpointers in one folder. `checkpoint` writes last.ckpt every N steps whatever the metrics (a
+        # ModelCheckpoint that monitors a validation metric defers even last.ckpt until the first validation, which
+        # loses work); `best_checkpoint` keeps the best by the validation split's per-token NLL (the loss without label
+        # smoothing); for translation `--best_checkpoint.monitor val/bleu --best_checkpoint.mode max` selects by BLEU.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(ModelCheckpoint, "best_checkpoint")
+        parser.link_arguments("checkpoint.dirpath", "best_checkpoint.dirpath")
+        parser.set_defaults(
+            {
+                "checkpoint.dirpath": f"{RUN_FOLDER}/checkpoints",
+                "checkpoint.monitor": None,
+                "checkpoint.save_last": True,
+                "checkpoint.save_top_k": 0,
+                "checkpoint.every_n_train_steps": 100,
+                "best_checkpoint.filename": "best-step{step:06d}-val_nll{val/nll:.3f}",
+                "best_checkpoint.auto_insert_metric_name": False,
+                "best_checkpoint.monitor": "val/nll",
+                "best_checkpoint.mode": "min",
+                "best_checkpoint.save_top_k": 1,
+                "best_checkpoint.save_last": False,
+            }
+        )
+        # Reliability: exact resume (per-step seeding), skipped non-finite steps, a checkpoint on SIGTERM/SIGINT.
+        parser.add_lightning_class_args(StepSeed, "step_seed")
+        parser.add_lightning_class_args(NonFiniteLossGuard, "nonfinite")
+        parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+        parser.link_arguments("checkpoint.dirpath", "preemption.dirpath")
+        parser.add_lightning_class_args(GenerateSamples, "samples")
+        parser.add_lightning_class_args(AttentionMaps, "attention")
+        parser.add_lightning_class_args(TokenThroughputMonitor, "throughput")
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
+        parser.add_argument(
+            "--collective_timeout",
+            type=float | None,
+            default=COLLECTIVE_TIMEOUT_S,
+            help="Seconds a collective waits for a peer (another process or node) before the run fails with one line "
+            "naming the lost rank; None keeps the strategy's own (torch's 30 minutes).",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        resolve_run_folder(config)
+        link_context_length(config, self.subcommand)
+        set_once(config)
+        trainer = config.trainer
+        strategy = trainer.strategy
+        if not isinstance(strategy, str):  # a {class_path, init_args} mapping
+            strategy = getattr(strategy, "class_path", None) or str(strategy)
+        check_device_options(trainer.accelerator, strategy, trainer.precision)
+
+    def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+        config, callbacks = switched_off(config, callbacks)
+        # The progress bar reads its metrics only when the trainer logs (see SyncFreeProgressBar), unless the run
+        # turned the bar off or brought its own.
+        existing = config.get("callbacks") or []
+        given = [*callbacks, *(existing if isinstance(existing, list) else [existing])]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, SyncFreeProgressBar()]
+        # Lightning's default summary shows a FLOPs column of zeros: ours leaves it out (see console.py).
+        if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in given):
+            callbacks = [*callbacks, ModelSummaryWithoutFlops()]
+            config = {**config, "enable_model_summary": False}  # the default's place is taken, without a notice
+        seconds = (self.config[self.subcommand] if self.subcommand else self.config).get("collective_timeout")
+        if seconds is None:
+            return super().build_trainer(config, callbacks)
+        # What init_process_group is given: through a named strategy's `timeout` argument, or set on the one the
+        # trainer chose (auto) or that was built from a class path.
+        timeout = timedelta(seconds=seconds)
+        config = {**config, "strategy": strategy_with_timeout(config.get("strategy", "auto"), timeout)}
+        trainer = super().build_trainer(config, callbacks)
+        set_collective_timeout(trainer.strategy, timeout)
+        return trainer
+
+    def run_subcommand(self, subcommand: str) -> None:
+        """A collective that fails because a peer died or hung ends this process with one line (which rank was
+        lost, how to resume) and exit status 1, not a traceback from inside gloo or NCCL."""
+        try:
+            super().run_subcommand(subcommand)
+        except RuntimeError as error:
+            message = lost_peer_message(error, self.trainer)
+            if message is None:
+                raise
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+            raise SystemExit(1) from None
+
+    def parse_checkpoint_hyperparameters(self) -> None:
+        """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
+        load the file safely first (a corrupt, truncated or hostile file fails with a message that says what is
+        wrong, and nothing in it ever runs), and keep the command line's `generation` and `quantize`: how to decode is
+        chosen per run (`predict --model.generation.temperature 0`), not inherited from training."""
+        subcommand = self.config.get("subcommand")
+        if subcommand:  # first: the checkpoint folder below is read as a path, not as its RUN_FOLDER placeholder
+            resolve_run_folder(self.config[subcommand])
+        if subcommand == "fit":  # restarted by torchrun (--max-restarts): go on from the run's last checkpoint
+            dirpath = (self.config.fit.get("checkpoint") or {}).get("dirpath")
+            self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
+            dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
+            path = Path(dirpath) / "last.ckpt" if dirpath and (Path(dirpath) / "last.ckpt").is_file() else None
+        if not path or path in ("best", "hpc", "registry") or str(path).startswith("registry:"):
+            return
+        hparams = dict(load_checkpoint(path).get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        hparams.pop("generation", None)
+        hparams.pop("quantize", None)  # like generation: a choice of this run (predict --model.quantize int8)
+        if hparams.get("lora") and hparams.get("init_from"):  # a LoRA checkpoint: its base is read again
+            check_lora_base(self.config[subcommand].model, hparams, str(path))
+        if hparams:
+            try:
+                self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+            except SystemExit:
+                sys.stderr.write(f"The hyperparameters saved in {path} do not parse as this LitTransformer's\n")
+                raise
+
+
+def check_lora_base(model, hparams: dict, path: str) -> None:
+    """A LoRA checkpoint records its base (init_from): `--model.init_from PATH` given with --ckpt_path says where that
+    base is now (it moved, or this is another machine) and wins over the record; the fingerprint is checked all the
+    same. A recorded base that is gone ends the command with one line naming it and that flag."""
+    from lit_transformer.transforms.lora import locate_lora_base
+
+    given = model.get("init_from") if model is not None else None
+    try:
+        hparams["init_from"] = locate_lora_base(hparams["init_from"], given, path, "--model.init_from PATH")
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def _listed(value):
+    """A tuple as the list a config holds (image_size), other values as they are."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _data_class(data) -> type | None:
+    """The DataModule class that a config's data.class_path names; None without one."""
+    class_path = getattr(data, "class_path", None) if data is not None else None
+    if not class_path:
+        return None
+    module, _, name = str(class_path).rpartition(".")
+    return getattr(importlib.import_module(module), name, None)
+
+
+def set_once(config) -> None:
+    """What the data decides of the architecture is set once: each model config field the data decides (its
+    `model_fields`) is filled from the data when the model leaves it unset or at its default, and a different value
+    fails naming both keys; a model with learned positions must hold the data's longest sequence."""
+    data, model = config.get("data"), config.get("model")
+    architecture = getattr(model, "config", None) if model is not None else None
+    if architecture is None:
+        return
+    cls = _data_class(data)
+    if cls is None or not hasattr(cls, "model_fields"):
+        return
+    args = dict(data.init_args or {})
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    source = architecture.get("source") or "tokens"
+    for field, (key, value) in cls.model_fields(args).items():
+        if any(field in fields for fields in SOURCE_FIELDS.values()) and field not in SOURCE_FIELDS.get(source, ()):
+            continue  # a field of another source (a features model and the images' geometry): not this model's
+        current = _listed(architecture.get(field))
+        if current is None or current == defaults.get(field) or current == value:
+            architecture[field] = value
+        elif _listed(args.get(key)) != value:  # read from what the argument names (source_dim: the feature files)
+            raise ConfigError(
+                f"data.init_args.{key}={args[key]} gives {field}={value} and model.config.{field}={current}: the data "
+                f"decides it, so leave model.config.{field} unset (or set it to {value})"
+            )
+        else:
+            raise ConfigError(
+                f"data.init_args.{key}={value} and model.config.{field}={current} differ: the data decides it, so set "
+                f"data.init_args.{key} alone (or both alike)"
+            )
+    longest = cls.longest_sequence(args)
+    max_seq_len = architecture.get("max_seq_len")
+    learned = architecture.get("positions") == "learned"  # the only positions that cannot go past max_seq_len
+    if learned and longest is not None and max_seq_len is not None and longest[1] > max_seq_len:
+        key, need = longest
+        raise ConfigError(
+            f"data.init_args.{key}={args[key]} needs {need} positions but model.config.max_seq_len={max_seq_len}: "
+            f"raise model.config.max_seq_len to {need} or more, or lower data.init_args.{key}"
+        )
+
+
+def resolve_run_folder(config) -> None:
+    """Put trainer.default_root_dir (the working directory when unset) wherever RUN_FOLDER stands: the logger's
+    save_dir, the checkpoint folders. So `--trainer.default_root_dir DIR` alone moves logs, TensorBoard and
+    checkpoints into DIR, while `--checkpoint.dirpath X` or `--trainer.logger.init_args.save_dir X` still win."""
+    root = str(config.trainer.get("default_root_dir") or ".")
+
+    def resolve(value):
+        return value.replace(RUN_FOLDER, root) if isinstance(value, str) and RUN_FOLDER in value else value
+
+    logger = config.trainer.get("logger")
+    for spec in logger if isinstance(logger, list) else [logger]:
+        init_args = getattr(spec, "init_args", None)
+        if init_args is not None and "save_dir" in init_args:
+            init_args.save_dir = resolve(init_args.save_dir)
+    for group in ("checkpoint", "best_checkpoint", "preemption"):
+        if config.get(group) is not None and "dirpath" in config[group]:
+            config[group].dirpath = resolve(config[group].dirpath)
+
+
+def _default(owner: Callable | type, name: str) -> object:
+    if dataclasses.is_dataclass(owner):
+        field = {f.name: f for f in dataclasses.fields(owner)}.get(name)
+        return field.default if field is not None else inspect.Parameter.empty
+    parameter = inspect.signature(owner).parameters.get(name)
+    return parameter.default if parameter is not None else inspect.Parameter.empty
+
+
+def link_context_length(config, subcommand: str | None) -> None:
+    """The model's context (model.config.max_seq_len) and the data's (data.init_args.block_size, where the data has
+    one) are one value: the one given sets the other; given both, `fit` needs them equal. (validate/test may read
+    longer blocks than the model was trained on: that is how length extrapolation is measured.) The data's
+    block_size defaults to None, so any value given, the model's default 256 included, counts as given; the model's
+    context counts as given when it differs from TransformerConfig's default."""
+    from lit_transformer.config import TransformerConfig
+
+    data, model = config.get("data"), config.get("model")
+    init_args = getattr(data, "init_args", None)
+    if init_args is None or "block_size" not in init_args or model is None or model.get("config") is None:
+        return
+    block, context = init_args.block_size, model.config.max_seq_len
+    block_given = block is not None
+    context_given = context != _default(TransformerConfig, "max_seq_len")
+    if not block_given:
+        init_args.block_size = context
+    elif not context_given:
+        model.config.max_seq_len = block
+    elif block != context and subcommand == "fit":
+        raise ConfigError(
+            f"data.init_args.block_size={block} and model.config.max_seq_len={context} disagree: the model trains on "
+            "blocks of its context length. Give one of them (the other follows) or the same value to both"
+        )
+
+
+def _trainer_defaults() -> dict:
+    # Every checkpoint is written atomically: a crash at any moment leaves the previous one loadable.
+    return {
+        "callbacks": [LearningRateLogger()],
+        # TensorBoard in <run folder>/tensorboard/version_N (resolve_run_folder fills in the run folder).
+        "logger": {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": RUN_FOLDER, "name": "tensorboard"},
+        },
+        # A class path, not an instance: the run's saved config.yaml can name it (an instance is "Unable to serialize").
+        "plugins": [{"class_path": f"{AtomicCheckpointIO.__module__}.{AtomicCheckpointIO.__qualname__}"}],
+    }
+
+
+def run_cli(args: Sequence[str] | None = None, run: bool = True) -> TransformerCLI:
+    """The command line's LightningCLI; with run=False its objects (model, data, trainer) are built, not fitted.
+    Keys are exact (no abbreviation) and a parse error raises a UserError (arguments.refusal)."""
+    argv = list(sys.argv[1:] if args is None else args)
+    options = parser_options(program())
+    if argv and argv[0] in LightningCLI.subcommands():  # the command's own parser: its usage line says its name
+        usage = f"{program(argv[0])} [--config FILE_OR_NAME ...] [--KEY VALUE ...]"
+        summary = next(c.summary for c in COMMANDS if c.name == argv[0])
+        options[argv[0]] = parser_options(program(argv[0]), description=summary, usage=usage)
+    return TransformerCLI(
+        LitTransformer,
+        L.LightningDataModule,
+        subclass_mode_data=True,
+        trainer_defaults=_trainer_defaults(),
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs=options,
+        args=args,
+        auto_configure_optimizers=False,
+        run=run,
+    )
+
+
+def _subcommand_parser(parser, name: str | None):
+    """The parser of one subcommand (fit, ...) under LightningCLI's main parser, for the keys it takes."""
+    for action in parser._actions:  # argparse keeps its subparsers action there; it has no public accessor
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict) and name in choices:
+            return choices[name]
+    return None
+
+
+# Help text of the package's own defaults, where Lightning's docstring describes another default.
+PACKAGE_HELP = {
+    "checkpoint.dirpath": "Folder of last.ckpt (written every checkpoint.every_n_train_steps steps) and the best "
+    "checkpoint; by default <trainer.default_root_dir>/checkpoints.",
+    "checkpoint.every_n_train_steps": "Write last.ckpt every N optimizer steps, whatever the metrics.",
+    "best_checkpoint.dirpath": "Folder of the best checkpoint: checkpoint.dirpath unless given.",
+    "best_checkpoint.monitor": "The metric that selects the best checkpoint: val/nll (the validation split's "
+    "per-token negative log-likelihood), or val/bleu with best_checkpoint.mode max for translation.",
+    "checkpoint.filename": "File name of the periodic checkpoint besides last.ckpt (with checkpoint.save_top_k > 0), "
+    "a pattern such as step{step:06d}.",
+    "best_checkpoint.filename": "File name of the best checkpoint, a pattern of the step and metrics.",
+    "preemption.dirpath": "Folder of the checkpoint written on SIGTERM/SIGINT: checkpoint.dirpath unless given.",
+    "trainer.default_root_dir": "The run folder: TensorBoard logs go to its tensorboard/, checkpoints to its "
+    "checkpoints/, predictions to its predictions.jsonl (default: the working folder).",
+    "trainer.logger": "The logger: by default TensorBoard in <trainer.default_root_dir>/tensorboard; false turns "
+    "logging (and the callbacks that log) off.",
+    "weights_only": "Checkpoints are always read with torch.load(weights_only=True), so a file never runs code; the "
+    "package's own plain types are allowed by name (false is not honoured).",
+    "trainer.enable_checkpointing": "false turns the package's checkpoint callbacks (checkpoint, best_checkpoint, "
+    "preemption) off.",
+}
+
+
+def describe_package_defaults(parser) -> None:
+    """fit --help as a user needs it: the package's defaults described as they are, deprecated keys hidden (they are
+    still accepted, each with a FutureWarning naming its new key)."""
+    import argparse
+
+    from lit_transformer.engine.deprecated_options import DEPRECATED_NAMES
+
+    hidden = {f"model.{name}" for name in DEPRECATED_NAMES}
+    for action in parser._actions:  # argparse keeps the options there; help is set on each action
+        if action.dest in hidden:
+            action.help = argparse.SUPPRESS
+        elif action.dest in PACKAGE_HELP:
+            action.help = PACKAGE_HELP[action.dest]
+
+
+LOGGING_CALLBACKS = (LearningRateLogger, GenerateSamples, AttentionMaps, TokenThroughputMonitor)
+CHECKPOINT_CALLBACKS = (ModelCheckpoint, PreemptionCheckpoint)
+
+
+def switched_off(config: dict, callbacks: list) -> tuple[dict, list]:
+    """Lightning's switches mean what they say: `trainer.enable_checkpointing false` drops the package's own
+    checkpoint callbacks (Lightning refuses a ModelCheckpoint beside it), and `trainer.logger false` the callbacks
+    that only log (a LearningRateMonitor without a logger fails)."""
+    drop: tuple[type, ...] = ()
+    if config.get("enable_checkpointing") is False:
+        drop += CHECKPOINT_CALLBACKS
+    if config.get("logger") is False:
+        drop += LOGGING_CALLBACKS
+    if not drop:
+        return config, callbacks
+    given = config.get("callbacks")
+    if isinstance(given, list):
+        config = {**config, "callbacks": [c for c in given if not isinstance(c, drop)]}
+    elif isinstance(given, drop):
+        config = {**config, "callbacks": None}
+    return config, [c for c in callbacks if not isinstance(c, drop)]
+
+
+def show_package_info_logs() -> None:
+    """Let the package's INFO records reach stderr, as Lightning's own do, unless logging was configured already.
+
+    Without it `fit` prepares a big corpus in silence wherever stderr is not a terminal (a log file, nohup, a batch
+    job: the progress bars are off there): the per-split summaries of the preparation (MB, MB/s, tokens, tokens/s)
+    and its "resuming after shard N" went nowhere, while `prepare` printed them.
+    """
+    logger = logging.getLogger("lit_transformer")
+    if logger.handlers or logger.level != logging.NOTSET or logging.getLogger().hasHandlers():
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def lightning_main(argv: Sequence[str]) -> None:
+    """fit, validate, test or predict (argv[0]): packaged configs found by name, the package's logs shown, a signal
+    before the first step ending the run at once."""
+    argv = resolve_configs(argv)
+    quiet_dependencies()
+    show_package_info_logs()
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    with exit_on_signals():  # a signal before the first step ends the run at once (nothing to save yet)
+        run_cli(argv)

@@ -1,0 +1,185 @@
+"""The program: one entry point that lists every command, answers --version, and starts only what a command needs.
+
+`python -m lit_transformer` and the `lit-transformer` console script both land in `main`. It imports nothing heavy
+itself: `--help` and `--version` cost less than `import torch`, and a command that does not train (generate,
+translate, export, average) never imports Lightning. The four Lightning commands (fit, validate, test, predict) go
+to LightningCLI in lightning_cli.py.
+
+A user's mistake (an unknown key, a wrong type, a missing file, a malformed data file, a checkpoint that is not one)
+ends in a few lines that name the problem, where it is and the fix, with a non-zero exit status and no traceback.
+`--debug` (anywhere on the line) or LIT_TRANSFORMER_DEBUG=1 shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+
+from lit_transformer.errors import UserError, user_error_types
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    target: str  # "module:function", imported only when the command runs
+    summary: str
+
+    def load(self) -> Callable[[Sequence[str]], None]:
+        module, _, function = self.target.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("fit", "lit_transformer.cli.lightning_cli:lightning_main", "Train a model from YAML configs and flags."),
+    Command("validate", "lit_transformer.cli.lightning_cli:lightning_main", "Evaluate a checkpoint on the validation split."),
+    Command("test", "lit_transformer.cli.lightning_cli:lightning_main", "Evaluate a checkpoint on the test split."),
+    Command("predict", "lit_transformer.cli.lightning_cli:lightning_main", "Write a checkpoint's predictions as JSON lines."),
+    Command("prepare", "lit_transformer.cli.prepare_command:prepare_main", "Tokenize a config's data into shards, once, before fit."),
+    Command("generate", "lit_transformer.cli.model_commands:generate_main", "Continue a prompt with a language model."),
+    Command("translate", "lit_transformer.cli.model_commands:translate_main", "Translate text with an encoder-decoder model."),
+    Command("export", "lit_transformer.cli.model_commands:export_main", "Write a checkpoint as safetensors, Hugging Face or ONNX."),
+    Command("average", "lit_transformer.cli.model_commands:average_main", "Average the weights of a run's last checkpoints."),
+    Command("ablate", "lit_transformer.recipes.ablate:main", "Train a grid of variants over seeds on one budget; table and plots."),
+    Command("bench", "lit_transformer.bench:main", "Run a benchmark (speed, startup, nanogpt, ...); JSON names the machine."),
+    Command("digit-strips", "lit_transformer.recipes.digit_strips:main", "Write the embedded captioning task's strips as PNGs."),
+    Command("translation-recipe", "lit_transformer.recipes.translation_recipe:main", "Test BLEU of last, averaged and EMA weights."),
+)
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "LIT_TRANSFORMER_DEBUG"
+
+_program: str | None = None
+
+
+def program(command: str | None = None) -> str:
+    """The program's name as the user typed it (`python -m lit_transformer` or `lit-transformer`), with the command."""
+    name = _program or _typed_program()
+    return f"{name} {command}" if command else name
+
+
+def _typed_program() -> str:
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if argv0 in ("__main__.py", "-c", "") or argv0.startswith("pytest") or argv0.endswith(".py"):
+        return "python -m lit_transformer"
+    return argv0
+
+
+def debug_requested() -> bool:
+    return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
+
+
+def version_line() -> str:
+    def version(distribution: str) -> str:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    import lit_transformer
+
+    python = ".".join(str(n) for n in sys.version_info[:3])
+    return f"lit_transformer {lit_transformer.__version__} (torch {version('torch')}, lightning {version('lightning')}, Python {python})"
+
+
+def overview() -> str:
+    width = max(len(c.name) for c in COMMANDS)
+    lines = [
+        f"usage: {program()} COMMAND [options]",
+        "",
+        "Train, evaluate and run Transformers whose every architectural choice is a config switch.",
+        "",
+        "commands:",
+        *(f"  {c.name:<{width}}  {c.summary}" for c in COMMANDS),
+        "",
+        "options:",
+        "  -h, --help     show this list and exit",
+        "  -V, --version  print the versions of lit_transformer, torch, Lightning and Python, and exit",
+        f"  {DEBUG_FLAG}        show the traceback of a refusal too (or set {DEBUG_ENV}=1)",
+        "",
+        f"Run '{program('COMMAND')} --help' for a command's options, for example:",
+        f"  {program('fit')} --config configs/base.yaml",
+        f"  {program('fit')} --config presets/tiny --trainer.max_steps 10",
+    ]
+    return "\n".join(lines)
+
+
+def find(name: str) -> Command | None:
+    return next((c for c in COMMANDS if c.name == name), None)
+
+
+def suggest(word: str, choices: Sequence[str]) -> str:
+    """' Did you mean X?' for the nearest choices, or nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+
+
+def refuse(message: str, *, hint: str | None = None, status: int = 2) -> None:
+    """End with `error: message` (and one hint line): the refusal of a user's mistake, no traceback."""
+    text = message if message.startswith("error:") else f"error: {message}"
+    sys.stderr.write(text.rstrip() + "\n")
+    if hint:
+        sys.stderr.write(hint.rstrip() + "\n")
+    sys.stderr.flush()
+    raise SystemExit(status)
+
+
+def run(command: Command, argv: Sequence[str]) -> None:
+    """Run one command; a user's mistake ends in its message, other errors (bugs) keep their traceback."""
+    global _program
+    _program = _program or _typed_program()
+    debug = debug_requested()
+    try:
+        command.load()(list(argv) if command.name not in LIGHTNING_COMMANDS else [command.name, *argv])
+    except UserError as error:
+        if debug:
+            raise
+        refuse(str(error), hint=error.hint, status=error.status)
+    except user_error_types() as error:  # noqa: B030 - a tuple computed once the heavy modules are loaded
+        if debug:
+            raise
+        refuse(f"{error}", status=1)
+
+
+def _print(text: str) -> None:
+    """Print to stdout; a reader that closed the pipe early (`--help | head`) ends the program quietly."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush cannot fail again
+        raise SystemExit(0) from None
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """The `lit-transformer` console script and `python -m lit_transformer`."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if DEBUG_FLAG in argv:
+        argv.remove(DEBUG_FLAG)
+        os.environ[DEBUG_ENV] = "1"
+    if not argv:
+        sys.stderr.write(overview() + "\n")
+        raise SystemExit(2)
+    first, rest = argv[0], argv[1:]
+    if first in ("-h", "--help", "help"):
+        if first == "help" and rest and find(rest[0]):
+            return run(find(rest[0]), ["--help"])
+        _print(overview())
+        return
+    if first in ("-V", "--version", "version"):
+        _print(version_line())
+        return
+    command = find(first)
+    if command is None:
+        what = "option" if first.startswith("-") else "command"
+        refuse(
+            f"unknown {what} '{first}'.{suggest(first, [c.name for c in COMMANDS])}",
+            hint=f"Run '{program()} --help' for the commands.",
+        )
+    run(command, rest)

@@ -1,0 +1,66 @@
+"""The README's figure, drawn from committed JSON: the main job against nanoGPT's CPU recipe.
+
+    python -m lit_transformer.pages.plots                 # docs/main_job.jsonl -> docs/main_job.png
+    python -m lit_transformer.pages.plots --jsonl RUNS.jsonl --out FIGURE.png
+
+Each point is one line of the JSON-lines file that `python -m lit_transformer bench nanogpt --json FILE` appends to: validation
+bits per character over the whole split against the run's wall time. matplotlib's object API draws it (no pyplot, no
+global backend), and the PNG carries no date or version, so the same JSON gives the same picture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def read_runs(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main_job_figure(runs: list[dict], out: Path) -> Path:
+    """Bits per character against wall time: our fresh-cache run of configs/base.yaml as one point, nanoGPT's recipe
+    as a line through its runs in order of iterations."""
+    from matplotlib.figure import Figure
+
+    ours = [r for r in runs if r["run"] == "ours" and r.get("fresh_cache") and r.get("config") == "configs/base.yaml"]
+    nano = sorted((r for r in runs if r["run"] == "nanoGPT"), key=lambda r: r["max_iters"])
+    if not ours or not nano:
+        raise ValueError("The runs need one fresh-cache `ours` run of configs/base.yaml and at least one nanoGPT run")
+    figure = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
+    axes = figure.add_subplot()
+    axes.plot([r["wall_s"] for r in nano], [r["bpc"] for r in nano], "o-", color="tab:gray",
+              label="nanoGPT, README CPU recipe")  # fmt: skip
+    for r in nano:
+        axes.annotate(f"{r['max_iters']:,} iterations", (r["wall_s"], r["bpc"]), textcoords="offset points",
+                      xytext=(0, 8), ha="center", fontsize=8, color="tab:gray")  # fmt: skip
+    run = ours[-1]
+    axes.plot([run["wall_s"]], [run["bpc"]], "o", color="tab:blue", markersize=8,
+              label="lit_transformer, configs/base.yaml")  # fmt: skip
+    axes.annotate(f"{run['bpc']:.3f}", (run["wall_s"], run["bpc"]), textcoords="offset points", xytext=(0, 8),
+                  ha="center", fontsize=8, color="tab:blue")  # fmt: skip
+    axes.margins(x=0.12, y=0.15)
+    cpu = (run.get("machine") or {}).get("cpu")
+    where = f" of a {run['machine']['logical_cores']}-core {cpu}" if cpu else ""
+    axes.set_xlabel(f"wall time (s), tokenizer training and validation included\n{run['threads']} threads{where}")
+    axes.set_ylabel("validation bits per character")
+    axes.set_title("The main job against nanoGPT on the same text (lower is better)", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="upper right")
+    figure.savefig(out, metadata={"Software": None})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jsonl", type=Path, default=DOCS / "main_job.jsonl", help="the runs (one JSON per line)")
+    parser.add_argument("--out", type=Path, default=DOCS / "main_job.png", help="the PNG to write")
+    args = parser.parse_args(argv)
+    print(f"wrote {main_job_figure(read_runs(args.jsonl), args.out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,545 @@
+"""Paper-style ablations: run a grid of `fit` overrides over seeds, then tabulate and plot the validation curves.
+
+Each cell x seed is an ordinary `python -m lit_transformer fit` in its own run folder (fixed checkpoint dirpath and
+TensorBoard version), so a run is exactly what a user would type, a finished run is skipped (marker file) and an
+interrupted one resumes from its last checkpoint. Results are read back from the TensorBoard event files.
+
+    python -m lit_transformer ablate configs/ablations/heads.yaml --jobs 2     # run (or resume), then report
+    python -m lit_transformer ablate configs/ablations/*.yaml --dry-run        # print the commands only
+    python -m lit_transformer ablate configs/ablations/heads.yaml --report-only # table and plots from what has run
+
+A grid file (YAML):
+
+    description: what the grid shows
+    base: [configs/presets/translate-en-es.yaml, configs/ablations/base/en-es-cpu.yaml]   # --config, in order
+    overrides: {trainer.max_steps: 600}          # flags common to every cell (mapping, or a list of "--flag value")
+    seeds: [1, 2]
+    seed_flags: [seed_everything, data.init_args.seed]   # flags that receive the seed
+    test: true                                   # then `test` from the best checkpoint: BLEU on the test split
+    evaluate: [128, 256, 512, 1024]              # then `validate` from last.ckpt at each context length (LM data)
+    cells:                                       # name -> flags (mapping, or a list of "--flag value" strings)
+      heads-1: {model.config.n_heads: 1}
+      pre-ln: ["--config configs/variants/pre_ln.yaml"]
+
+Outputs, in --out (default runs/ablations/<grid name>): <cell>/seed-<n>/ run folders, results.md (mean ± sample
+standard deviation over seeds), results.json (every run's numbers) and one PNG per curve (mean over seeds, band
+from min to max); with `evaluate`, a second table and eval_bpc.png: validation bits per character against the
+context length each checkpoint was scored at. A model that refuses a length (learned positions past max_seq_len)
+is reported as "cannot extrapolate".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lit_transformer.bench import command_parser
+from lit_transformer.records import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
+# What a model that cannot take a longer context says (positions.LearnedPositions): recorded as such, not a failure.
+REFUSED = "cannot extrapolate"
+EVAL_FLAG = "data.init_args.block_size"
+CURVES = ("val/loss", "val/ppl", "val/bleu", "train/loss")
+# (column title, run folder's TensorBoard version, tag, digits)
+COLUMNS = (
+    ("val loss", "fit", "val/loss", 3),
+    ("val ppl", "fit", "val/ppl", 2),
+    ("val BLEU", "fit", "val/bleu", 2),
+    ("test ppl", "test", "test/ppl", 2),
+    ("test BLEU", "test", "test/bleu", 2),
+)
+
+
+# ---- the grid -----------------------------------------------------------------------------------------------------
+
+
+def to_flags(spec: dict[str, Any] | list[str] | None) -> list[str]:
+    """A mapping {dotted.key: value} or a list of "--flag value" strings, as argv for LightningCLI."""
+    if not spec:
+        return []
+    if isinstance(spec, dict):
+        flags: list[str] = []
+        for key, value in spec.items():
+            for item in value if isinstance(value, list) and key == "config" else [value]:
+                flags += [f"--{key.removeprefix('--')}", _cli_value(item)]
+        return _resolve_configs(flags)
+    return _resolve_configs([token for item in spec for token in shlex.split(str(item))])
+
+
+def _resolve_configs(flags: list[str]) -> list[str]:
+    return [_resolve(t) if i and flags[i - 1] == "--config" else t for i, t in enumerate(flags)]
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _resolve(path: str) -> str:
+    """A config path as given, or relative to the repository when it is not found from the working directory."""
+    if Path(path).is_absolute() or Path(path).exists() or not (ROOT / path).exists():
+        return path
+    return str(ROOT / path)
+
+
+@dataclass
+class Grid:
+    """One ablation: base configs, common overrides, named cells of overrides, seeds."""
+
+    name: str
+    path: Path
+    cells: dict[str, list[str]]
+    base: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [1])
+    seed_flags: list[str] = field(default_factory=lambda: ["seed_everything"])
+    test: bool = False
+    description: str = ""
+    evaluate: list[int] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Grid:
+        path = Path(path)
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict) or not raw.get("cells"):
+            raise ValueError(f"{path} is not an ablation grid: it needs a non-empty `cells:` mapping")
+        unknown = set(raw) - {
+            "name", "description", "base", "overrides", "cells", "seeds", "seed_flags", "test", "evaluate"
+        }  # fmt: skip
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+        base = raw.get("base") or []
+        return cls(
+            name=raw.get("name") or path.stem,
+            path=path,
+            cells={str(name): to_flags(spec) for name, spec in raw["cells"].items()},
+            base=[_resolve(p) for p in ([base] if isinstance(base, str) else base)],
+            overrides=to_flags(raw.get("overrides")),
+            seeds=[int(s) for s in raw.get("seeds", [1])],
+            seed_flags=[f.removeprefix("--") for f in raw.get("seed_flags", ["seed_everything"])],
+            test=bool(raw.get("test", False)),
+            description=str(raw.get("description", "")).strip(),
+            evaluate=[int(n) for n in raw.get("evaluate") or []],
+        )
+
+    def runs(self, out: Path, extra: list[str]) -> list[Run]:
+        return [
+            Run(self, cell, seed, out / re.sub(r"[^\w.+-]+", "_", cell).strip("_") / f"seed-{seed}", extra)
+            for cell in self.cells
+            for seed in self.seeds
+        ]
+
+
+# ---- one run: a cell with a seed ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    grid: Grid
+    cell: str
+    seed: int
+    folder: Path
+    extra: list[str]
+
+    @property
+    def label(self) -> str:
+        return f"{self.grid.name}/{self.cell}/seed-{self.seed}"
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.folder / "checkpoints" / "last.ckpt"
+
+    def done(self, stage: str) -> bool:
+        return (self.folder / f"{stage}.done").exists()
+
+    def stages(self) -> list[str]:
+        wanted = ["fit", *(["test"] if self.grid.test else []), *(f"eval-{n}" for n in self.grid.evaluate)]
+        return [s for s in wanted if not self.done(s)]
+
+    def _common(self, stage: str) -> list[str]:
+        configs = [token for path in self.grid.base for token in ("--config", path)]
+        seed = [token for flag in self.grid.seed_flags for token in (f"--{flag}", str(self.seed))]
+        logger = {"class_path": LOGGER, "init_args": {"save_dir": str(self.folder), "name": "tb", "version": stage}}
+        return [
+            *configs,
+            *self.grid.overrides,
+            *self.grid.cells[self.cell],
+            *self.extra,
+            *seed,
+            "--trainer.default_root_dir",
+            str(self.folder),
+            "--trainer.logger",
+            json.dumps(logger),
+            "--checkpoint.dirpath",
+            str(self.folder / "checkpoints"),
+        ]
+
+    def command(self, stage: str) -> list[str]:
+        """The `fit` (resuming from last.ckpt when there is one), `test` (from the best checkpoint) or `eval-N`
+        (`validate` from last.ckpt with the data in blocks of N tokens: the trained model scored at context N)."""
+        if stage.startswith("eval-"):
+            return [
+                *[sys.executable, "-m", "lit_transformer", "validate", *self._common(stage)],
+                *["--ckpt_path", str(self.last_checkpoint), f"--{EVAL_FLAG}", stage.removeprefix("eval-")],
+            ]
+        argv = [sys.executable, "-m", "lit_transformer", stage, *self._common(stage)]
+        if stage == "fit" and self.last_checkpoint.exists():
+            argv += ["--ckpt_path", str(self.last_checkpoint)]
+        if stage == "test":
+            argv += ["--ckpt_path", str(self.best_checkpoint())]
+        return argv
+
+    def best_checkpoint(self) -> Path:
+        """The top-1 monitored checkpoint (its name carries the validation NLL), else last.ckpt."""
+        candidates = [p for p in (self.folder / "checkpoints").glob("*.ckpt") if not p.name.startswith("last")]
+
+        def loss_in_name(path: Path) -> float:
+            _, _, tail = path.stem.partition("val_nll")
+            try:
+                return float(tail.split("-")[0])
+            except ValueError:
+                return math.inf
+
+        return (
+            min(candidates, key=lambda p: (loss_in_name(p), -p.stat().st_mtime)) if candidates else self.last_checkpoint
+        )
+
+    def execute(self, stage: str, env: dict[str, str]) -> int:
+        """Run one stage, appending its log and wall time; a success leaves the stage's marker file."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        argv = self.command(stage)
+        start = time.monotonic()
+        with open(self.folder / f"{stage}.log", "a") as log:
+            log.write(f"$ {shlex.join(argv)}\n")
+            log.flush()
+            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        wall = time.monotonic() - start
+        with open(self.folder / "timings.jsonl", "a") as timings:
+            facts = machine(threads=int(env.get("OMP_NUM_THREADS", 0)) or None, command=shlex.join(argv))
+            record = {"stage": stage, "wall_s": round(wall, 2), "returncode": code, "machine": facts}
+            timings.write(json.dumps(record) + "\n")
+        refused = code != 0 and stage.startswith("eval-") and REFUSED in (self.folder / f"{stage}.log").read_text()
+        if code == 0 or refused:
+            marker = {"wall_s": round(wall, 2)} | ({"refused": True} if refused else {})
+            (self.folder / f"{stage}.done").write_text(json.dumps(marker) + "\n")
+            if stage == "fit":  # a new fit makes earlier scores stale
+                for stale in self.folder.glob("*.done"):
+                    if stale.name != "fit.done":
+                        stale.unlink()
+        return 0 if refused else code
+
+    def refused(self, stage: str) -> bool:
+        return self.done(stage) and bool(json.loads((self.folder / f"{stage}.done").read_text()).get("refused"))
+
+    def machine(self, stage: str = "fit") -> dict[str, Any] | None:
+        """The machine the stage last ran on (as timings.jsonl recorded it), None for runs from before it did."""
+        path = self.folder / "timings.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return next((r["machine"] for r in reversed(rows) if r["stage"] == stage and "machine" in r), None)
+
+    def wall_seconds(self, stage: str = "fit") -> float | None:
+        """Wall time of a stage, summed over attempts (an interrupted run counts what it spent)."""
+        path = self.folder / "timings.jsonl"
+        if not path.exists():
+            return None
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return sum(r["wall_s"] for r in rows if r["stage"] == stage) or None
+
+
+# ---- running ------------------------------------------------------------------------------------------------------
+
+
+def thread_env(jobs: int, threads: int | None) -> dict[str, str]:
+    """Split the cores across parallel jobs: oversubscribed torch threads are far slower than fewer threads."""
+    per_job = str(threads or max(1, (os.cpu_count() or 1) // jobs))
+    return {**os.environ, "OMP_NUM_THREADS": per_job, "MKL_NUM_THREADS": per_job, "PYTHONUNBUFFERED": "1"}
+
+
+def run_all(runs: list[Run], jobs: int, env: dict[str, str]) -> list[str]:
+    """Run every unfinished stage, `jobs` runs at a time; returns the labels of the runs that failed."""
+    pending = [r for r in runs if r.stages()]
+    print(f"{len(runs) - len(pending)} of {len(runs)} runs already finished; running {len(pending)}", flush=True)
+    failed: list[str] = []
+    lock = threading.Lock()
+
+    def work(run: Run) -> None:
+        for stage in run.stages():
+            resumed = " (resuming)" if stage == "fit" and run.last_checkpoint.exists() else ""
+            with lock:
+                print(f"start {run.label} {stage}{resumed}", flush=True)
+            code = run.execute(stage, env)
+            with lock:
+                status = "ok" if code == 0 else f"FAILED (exit {code}, see {run.folder / (stage + '.log')})"
+                print(f"{status}: {run.label} {stage}", flush=True)
+            if code != 0:
+                failed.append(run.label)
+                return
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for future in as_completed([pool.submit(work, run) for run in pending]):
+            future.result()
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        raise SystemExit(130) from None
+    pool.shutdown()
+    return failed
+
+
+# ---- reading results back -----------------------------------------------------------------------------------------
+
+
+def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag in a TensorBoard folder as sorted (step, value); a step logged twice (resume) keeps the last."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not folder.is_dir():
+        return {}
+    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    curves = {}
+    for tag in accumulator.Tags()["scalars"]:
+        by_step = {event.step: event.value for event in accumulator.Scalars(tag)}
+        curves[tag] = sorted(by_step.items())
+    return curves
+
+
+def run_results(run: Run) -> dict[str, Any]:
+    scalars = {stage: read_scalars(run.folder / "tb" / stage) for stage in ("fit", "test")}
+    row: dict[str, Any] = {"cell": run.cell, "seed": run.seed, "wall_s": run.wall_seconds("fit"), "machine": run.machine()}
+    for _, stage, tag, _ in COLUMNS:
+        curve = scalars[stage].get(tag)
+        row[tag] = curve[-1][1] if curve else None
+    row["curves"] = {tag: scalars["fit"][tag] for tag in CURVES if tag in scalars["fit"]}
+    row["eval"] = {}
+    for n in run.grid.evaluate:
+        stage = f"eval-{n}"
+        curve = read_scalars(run.folder / "tb" / stage).get("val/bpc")
+        row["eval"][str(n)] = REFUSED if run.refused(stage) else (curve[-1][1] if curve else None)
+    return row
+
+
+def summarize(values: Iterable[float | None], digits: int) -> str:
+    """mean ± sample standard deviation over the finite values; diverged (non-finite) seeds are counted."""
+    present = [v for v in values if v is not None]
+    finite = [v for v in present if math.isfinite(v)]
+    if not present:
+        return "–"
+    text = "diverged" if not finite else f"{statistics.fmean(finite):.{digits}f}"
+    if len(finite) > 1:
+        text += f" ± {statistics.stdev(finite):.{digits}f}"
+    if len(finite) < len(present):
+        text += f" ({len(present) - len(finite)}/{len(present)} diverged)" if finite else ""
+    return text
+
+
+def markdown_table(grid: Grid, rows: list[dict[str, Any]]) -> str:
+    columns = [c for c in COLUMNS if any(r[c[2]] is not None for r in rows)]
+    header = ["cell", "seeds", *(c[0] for c in columns), "fit wall (min)", "overrides"]
+    lines = [f"## {grid.name}", ""]
+    if grid.description:
+        lines += [grid.description, ""]
+    common = shlex.join([t for p in grid.base for t in ("--config", p)] + grid.overrides)
+    lines += [f"Base: `{common}`", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for cell, flags in grid.cells.items():
+        mine = [r for r in rows if r["cell"] == cell]
+        seeds = [r for r in mine if r["val/loss"] is not None]
+        walls = [r["wall_s"] / 60 if r["wall_s"] else None for r in mine]
+        cells = [summarize((r[tag] for r in mine), digits) for _, _, tag, digits in columns]
+        lines.append(
+            "| "
+            + " | ".join(
+                [cell, str(len(seeds)), *cells, summarize(walls, 1), f"`{shlex.join(flags)}`" if flags else ""]
+            )
+            + " |"
+        )
+    if grid.evaluate:
+        lines += ["", f"Validation bits per character by evaluation context (`validate --{EVAL_FLAG} N`):", ""]
+        header = ["cell", *(f"N={n}" for n in grid.evaluate)]
+        lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        for cell in grid.cells:
+            mine = [r for r in rows if r["cell"] == cell]
+            cells = []
+            for n in grid.evaluate:
+                values = [r["eval"].get(str(n)) for r in mine]
+                cells.append(REFUSED if REFUSED in values else summarize(values, 3))
+            lines.append("| " + " | ".join([cell, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_evaluation(grid: Grid, rows: list[dict[str, Any]], out: Path) -> Path | None:
+    """eval_bpc.png: bits per character against evaluation context, one line per cell (mean, band min-max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    for cell in grid.cells:
+        points = []
+        for n in grid.evaluate:
+            values = [r["eval"].get(str(n)) for r in rows if r["cell"] == cell]
+            values = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+            if values:
+                points.append((n, statistics.fmean(values), min(values), max(values)))
+        if not points:
+            continue
+        ns, mean, low, high = zip(*points, strict=True)
+        (line,) = axes.plot(ns, mean, marker="o", label=cell)
+        axes.fill_between(ns, low, high, color=line.get_color(), alpha=0.2)
+        drawn = True
+    path = None
+    if drawn:
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(grid.evaluate, [str(n) for n in grid.evaluate])
+        axes.set(xlabel="evaluation context (tokens)", ylabel="val bits per character", title=f"{grid.name}")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+        path = out / "eval_bpc.png"
+        figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return path
+
+
+def mean_curve(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Mean, min and max over seeds at the steps every seed logged."""
+    steps = sorted(set.intersection(*(set(s for s, _ in c) for c in curves)))
+    values = [[dict(c)[s] for c in curves] for s in steps]
+    return steps, [statistics.fmean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def plot_curves(grid: Grid, rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per curve: one line per cell (mean over seeds), a band from the lowest to the highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for tag in CURVES:
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        drawn = False
+        for cell in grid.cells:
+            curves = [r["curves"][tag] for r in rows if r["cell"] == cell and r["curves"].get(tag)]
+            if not curves:
+                continue
+            steps, mean, low, high = mean_curve(curves)
+            (line,) = axes.plot(steps, mean, marker="." if len(steps) < 30 else None, label=f"{cell} (n={len(curves)})")
+            if len(curves) > 1:
+                axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+            drawn = True
+        if drawn:
+            if tag.endswith("ppl"):
+                axes.set_yscale("log")
+            axes.set(xlabel="optimizer step", ylabel=tag, title=f"{grid.name}: {tag}")
+            axes.grid(alpha=0.3)
+            axes.legend(fontsize="small")
+            path = out / f"{tag.replace('/', '_')}.png"
+            figure.savefig(path, dpi=110, bbox_inches="tight")
+            written.append(path)
+        plt.close(figure)
+    return written
+
+
+def report(grid: Grid, runs: list[Run], out: Path) -> Path:
+    rows = [run_results(r) for r in runs]
+    out.mkdir(parents=True, exist_ok=True)
+    table = out / "results.md"
+    table.write_text(markdown_table(grid, rows))
+    (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    plots = plot_curves(grid, rows, out)
+    if grid.evaluate and (evaluation := plot_evaluation(grid, rows, out)) is not None:
+        plots.append(evaluation)
+    print(table.read_text())
+    print("plots: " + ", ".join(str(p) for p in plots))
+    return table
+
+
+# ---- command line -------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = command_parser("ablate", __doc__)
+    parser.epilog = "Arguments after `--` are appended to every run (e.g. -- --trainer.max_steps 50)."
+    parser.add_argument("grids", nargs="+", type=Path, help="grid YAML files")
+    parser.add_argument("--out", type=Path, help="output folder (one grid) or parent folder (several grids)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once; the cores are split between them")
+    parser.add_argument("--threads", type=int, help="torch threads per run (default: cores // jobs)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="replace the grids' seeds")
+    parser.add_argument("--cells", nargs="+", help="only these cells")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands that would run, run nothing")
+    parser.add_argument("--report-only", action="store_true", help="only read the logs: table and plots")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    return args, extra
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`ablate GRID... [options] [-- fit flags]`; exits 1 when a run failed (the others still report)."""
+    code = ablate(argv)
+    if code:
+        raise SystemExit(code)
+
+
+def ablate(argv: list[str] | None = None) -> int:
+    """Run (or resume) the grids, then write their tables and plots; 0, or 1 when a run failed."""
+    args, extra = parse_args(argv)
+    grids = [Grid.load(path) for path in args.grids]
+    plan: list[tuple[Grid, Path, list[Run]]] = []
+    for grid in grids:
+        if args.seeds:
+            grid.seeds = args.seeds
+        if args.cells:
+            grid.cells = {name: flags for name, flags in grid.cells.items() if name in args.cells}
+        if args.out is None:
+            out = Path("runs/ablations") / grid.name
+        else:
+            out = args.out / grid.name if len(grids) > 1 else args.out
+        out = out.resolve()
+        plan.append((grid, out, grid.runs(out, extra)))
+
+    all_runs = [run for _, _, runs in plan for run in runs]
+    if args.dry_run:
+        env = thread_env(args.jobs, args.threads)
+        print(f"# {len(all_runs)} runs, {args.jobs} at a time, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+        for run in all_runs:
+            for stage in run.stages():
+                print(f"# {run.label} {stage}\n{shlex.join(run.command(stage))}")
+        return 0
+    failed = [] if args.report_only else run_all(all_runs, args.jobs, thread_env(args.jobs, args.threads))
+    for grid, out, runs in plan:
+        report(grid, runs, out)
+    if failed:
+        print(f"{len(failed)} runs failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    main()

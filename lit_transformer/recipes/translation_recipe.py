@@ -1,0 +1,208 @@
+"""The paper's recipe, evaluated: test BLEU of one run's last checkpoint, of the average of its last N, and of its EMA,
+each with greedy decoding and with the paper's rules; plus the validation BLEU curve as a PNG.
+
+The run must have been trained with step checkpoints kept and Lightning's EMAWeightAveraging (as
+configs/presets/translate-en-es-gpu.yaml does; docs/translation.md), so each checkpoint holds the EMA (state_dict)
+and the optimizer's weights (current_model_state):
+
+    python -m lit_transformer translation-recipe --run runs/en-es-long --config configs/presets/translate-en-es.yaml --last 5
+
+Writes RUN/recipe/{single,average,ema}.ckpt, RUN/recipe/results.json (one row per checkpoint and decoding), and the
+curve to --plot. Each `test` runs in its own process (the CLI, exactly as a user would run it), --jobs at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from lit_transformer.bench import command_parser
+from lit_transformer.records import machine
+
+ROOT = Path(__file__).resolve().parents[2]
+DECODINGS = {
+    "beam 1 (greedy)": ["--model.generation.num_beams", "1"],
+    "beam 4, GNMT alpha 0.6 (paper)": [
+        "--model.generation.num_beams=4",
+        "--model.generation.length_penalty=0.6",
+        "--model.generation.length_penalty_form=gnmt",
+        "--model.generation.early_stopping=true",
+    ],
+}
+
+
+def _cli(*args: str) -> str:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "lit_transformer", *args], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:3])} failed:\n{done.stderr[-3000:]}")
+    return done.stdout + done.stderr
+
+
+def _metric(output: str, name: str) -> float:
+    match = re.search(rf"{re.escape(name)}\s*[│|]\s*([0-9.]+)", output)
+    if not match:
+        raise RuntimeError(f"{name} not found in the test output:\n{output[-2000:]}")
+    return float(match[1])
+
+
+def build_checkpoints(run: Path, last: int) -> dict[str, Path]:
+    """single: the optimizer's weights at the last step; average: the mean of the last N steps' optimizer weights;
+    ema: the EMA the callback kept (the last checkpoint's state_dict)."""
+    out = run / "recipe"
+    out.mkdir(exist_ok=True)
+    ckpts = run / "checkpoints"
+    steps = sorted(ckpts.glob("step*.ckpt"))
+    paths = {"single": out / "single.ckpt", "average": out / f"average-last{last}.ckpt", "ema": out / "ema.ckpt"}
+    _cli("average", "--checkpoints", str(steps[-1]), "--weights", "trained", "--output", str(paths["single"]))
+    _cli(
+        "average",
+        "--checkpoints",
+        str(ckpts),
+        "--last",
+        str(last),
+        "--weights",
+        "trained",
+        "--output",
+        str(paths["average"]),
+    )
+    _cli("average", "--checkpoints", str(steps[-1]), "--weights", "saved", "--output", str(paths["ema"]))
+    return paths
+
+
+def evaluate(config: Path, checkpoint: Path, decoding: list[str], flags: list[str] = ()) -> dict:
+    start = time.perf_counter()
+    output = _cli(
+        "test", "--config", str(config), "--ckpt_path", str(checkpoint), "--trainer.logger", "false", *flags, *decoding
+    )
+    return {
+        "bleu": _metric(output, "test/bleu"),
+        "ppl": _metric(output, "test/ppl"),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def raw_curve(run: Path, config: Path, jobs: int, flags: list[str] = ()) -> list[tuple[int, float]]:
+    """Validation BLEU of the optimizer's own weights at every step checkpoint (the logged curve is the EMA's)."""
+    out = run / "recipe" / "raw"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def one(step_file: Path) -> tuple[int, float]:
+        raw = out / step_file.name
+        _cli("average", "--checkpoints", str(step_file), "--weights", "trained", "--output", str(raw))
+        output = _cli("validate", "--config", str(config), "--ckpt_path", str(raw), "--trainer.logger", "false", *flags)
+        return int(re.search(r"(\d+)", step_file.stem)[1]), _metric(output, "val/bleu")
+
+    steps = sorted((run / "checkpoints").glob("step*.ckpt"))
+    with ThreadPoolExecutor(jobs) as pool:
+        return sorted(pool.map(one, steps[1::2]))  # every 200 steps, where the logged validations are
+
+
+def plot_curve(
+    run: Path, plot: Path, title: str = "", raw: list[tuple[int, float]] | None = None
+) -> list[tuple[int, float]]:
+    """Validation BLEU (and perplexity) against steps, from the run's TensorBoard events. With an EMA callback,
+    validation sees the EMA weights, which hold the initial weights until the EMA starts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = {p.parent for p in run.rglob("events.out.tfevents.*")}
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    acc.Reload()
+    bleu = [(e.step + 1, e.value) for e in acc.Scalars("val/bleu")]
+    ppl = [(e.step + 1, e.value) for e in acc.Scalars("val/ppl")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(
+        *zip(*bleu, strict=True),
+        marker="o",
+        label="validation BLEU, EMA weights (as logged: the first 100 pairs, the run's decoding)",
+    )
+    if raw:
+        ax.plot(
+            *zip(*raw, strict=True), marker="s", label="validation BLEU, the optimizer's weights (paper's decoding)"
+        )
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("BLEU")
+    ax.grid(alpha=0.3)
+    twin = ax.twinx()
+    twin.plot(
+        *zip(*[(s, p) for s, p in ppl if p < 1000], strict=True),
+        color="gray",
+        ls="--",
+        label="validation ppl, EMA weights",
+    )
+    twin.set_ylabel("perplexity")
+    twin.set_yscale("log")
+    fig.legend(loc="upper left", bbox_to_anchor=(0.08, 0.9), fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(plot, dpi=110)
+    return bleu
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = command_parser("translation-recipe", __doc__)
+    parser.add_argument("--run", type=Path, required=True, help="The run folder (checkpoints/, tensorboard/).")
+    parser.add_argument("--config", type=Path, required=True, help="The config the run was trained with.")
+    parser.add_argument("--last", type=int, default=5, help="How many of the last checkpoints to average.")
+    parser.add_argument("--jobs", type=int, default=2, help="`test` processes at a time.")
+    parser.add_argument("--plot", type=Path, default=None, help="The curve's PNG (default: RUN/recipe/val-bleu.png).")
+    parser.add_argument("--title", default="", help="The plot's title.")
+    parser.add_argument(
+        "--flags",
+        default="",
+        help="More flags for every `test`/`validate`, e.g. '--trainer.accelerator gpu' (the config's device is the fit's).",
+    )
+    parser.add_argument("--plot_only", action="store_true", help="Draw the curve and stop.")
+    parser.add_argument("--raw_curve", action="store_true", help="Also validate the optimizer's weights per step.")
+    args = parser.parse_args(argv)
+    args.plot = args.plot or args.run / "recipe" / "val-bleu.png"
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    flags = shlex.split(args.flags)
+    saved = args.run / "recipe" / "raw_validation_bleu.json"
+    raw = raw_curve(args.run, args.config, args.jobs, flags) if args.raw_curve else None
+    if raw:
+        saved.write_text(json.dumps(raw) + "\n")
+    elif saved.is_file():  # drawn again from an earlier --raw_curve
+        raw = [tuple(point) for point in json.loads(saved.read_text())]
+    curve = plot_curve(args.run, args.plot, args.title, raw)
+    if args.plot_only:
+        return
+    paths = build_checkpoints(args.run, args.last)
+    jobs = [(name, path, label, flags) for name, path in paths.items() for label, flags in DECODINGS.items()]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda job: evaluate(args.config, job[1], job[3], flags), jobs))
+    rows = [
+        {"weights": name, "decoding": label, **result}
+        for (name, _, label, _), result in zip(jobs, results, strict=True)
+    ]
+    command = shlex.join(["python", "-m", "lit_transformer", "translation-recipe", *argv])
+    summary = {"command": command, "machine": machine(), "validation_bleu": curve, "results": rows}
+    (args.run / "recipe" / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for row in rows:
+        print(
+            f"{row['weights']:8s} {row['decoding']:32s} BLEU {row['bleu']:6.2f}  ppl {row['ppl']:7.2f}  {row['seconds']:.0f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()
