@@ -70,7 +70,9 @@ class MovedModule(types.ModuleType):
             module = importlib.import_module(home)
             if hasattr(module, name):
                 return getattr(module, name)
-        raise AttributeError(f"module {self.__name__!r} (now {', '.join(MOVED[self.__name__])}) has no attribute {name!r}")
+        raise AttributeError(
+            f"module {self.__name__!r} (now {', '.join(MOVED[self.__name__])}) has no attribute {name!r}"
+        )
 
     def __dir__(self) -> list[str]:
         return sorted({n for home in MOVED[self.__name__] for n in dir(importlib.import_module(home))})

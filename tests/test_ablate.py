@@ -71,7 +71,10 @@ def test_summary_is_mean_and_spread_and_counts_divergence(values, expected):
 
 
 def test_dry_run_prints_commands_and_runs_nothing(tmp_path: Path, capsys):
-    assert ablate.ablate([str(ROOT / "configs/ablations/smoke.yaml"), "--out", str(tmp_path), "--dry-run", "--jobs", "2"]) == 0
+    assert (
+        ablate.ablate([str(ROOT / "configs/ablations/smoke.yaml"), "--out", str(tmp_path), "--dry-run", "--jobs", "2"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("-m lit_transformer fit") == 2 and "OMP_NUM_THREADS=1" in out
     assert not any(tmp_path.iterdir())

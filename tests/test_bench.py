@@ -63,7 +63,9 @@ def test_the_machine_names_cpu_cores_gpus_memory_versions_commit_and_date():
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", facts["commit"])
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", facts["date"])
     assert len(facts["load_average_before"]) == 3 and facts["threads"] == 3
-    assert command_line("speed", ["--only", "greedy beam"]) == "python -m lit_transformer bench speed --only 'greedy beam'"
+    assert (
+        command_line("speed", ["--only", "greedy beam"]) == "python -m lit_transformer bench speed --only 'greedy beam'"
+    )
 
 
 def test_a_rerun_is_one_more_run_in_the_same_file_with_median_and_spread(tmp_path: Path):
@@ -107,7 +109,11 @@ def test_every_benchmark_json_under_docs_names_its_machine():
     missing = []
     for path in sorted([*(ROOT / "docs").rglob("*.json"), *(ROOT / "docs").rglob("*.jsonl")]):
         text = path.read_text()
-        records = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" else [json.loads(text)]
+        records = (
+            [json.loads(line) for line in text.splitlines() if line.strip()]
+            if path.suffix == ".jsonl"
+            else [json.loads(text)]
+        )
         for record in records:
             if not any(isinstance(m, dict) and "cpu" in m for m in _machines(record)):
                 missing.append(str(path.relative_to(ROOT)))
@@ -150,9 +156,14 @@ def test_speed_refuses_a_missing_peer_before_timing_anything(monkeypatch):
 
     installed = {"transformers", "x_transformers", "onnx", "onnxscript", "onnxruntime"}  # all but litgpt, in any venv
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
-    with pytest.raises(UserError, match=r"against litgpt, not installed here\. Install: pip install --no-deps litgpt==0\.5\.13"):
+    with pytest.raises(
+        UserError, match=r"against litgpt, not installed here\. Install: pip install --no-deps litgpt==0\.5\.13"
+    ):
         peers.require_peers(["decoder", "seq2seq"])
     peers.require_peers(["seq2seq", "memory", "lightning"])  # sections that do not build litgpt run
     installed.clear()
-    with pytest.raises(UserError, match=r"against onnx, onnxruntime, onnxscript, transformers, not installed here\. Install: .*bench.*interop"):
+    with pytest.raises(
+        UserError,
+        match=r"against onnx, onnxruntime, onnxscript, transformers, not installed here\. Install: .*bench.*interop",
+    ):
         peers.require_peers(["quantized"])

@@ -9,7 +9,9 @@ from lit_transformer.pages.docgen import PAGE, main, render
 
 
 def test_the_reference_page_is_current() -> None:
-    assert PAGE.read_text() == render(), "docs/config.md is stale: regenerate it with `python -m lit_transformer.pages.docgen`"
+    assert PAGE.read_text() == render(), (
+        "docs/config.md is stale: regenerate it with `python -m lit_transformer.pages.docgen`"
+    )
 
 
 def test_every_field_of_the_config_classes_is_listed() -> None:
@@ -23,7 +25,12 @@ def test_every_field_of_the_config_classes_is_listed() -> None:
                        ("generation", GenerationConfig)]:  # fmt: skip
         for field in dataclasses.fields(cls):
             assert f"| `model.{group}.{field.name}` |" in page, f"docs/config.md lacks model.{group}.{field.name}"
-    for name in ("LanguageModelingDataModule", "TranslationDataModule", "ClassificationDataModule", "CaptioningDataModule"):
+    for name in (
+        "LanguageModelingDataModule",
+        "TranslationDataModule",
+        "ClassificationDataModule",
+        "CaptioningDataModule",
+    ):
         assert f".{name}`" in page
     assert "| `data.init_args.dataset` |" in page and "| `checkpoint.every_n_train_steps` |" in page
 

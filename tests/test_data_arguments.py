@@ -29,7 +29,15 @@ REDECLARED = {
     LanguageModelingDataModule: {"dataset"},
     TranslationDataModule: {"dataset", "tokenizer", "vocab_size", "max_tokens", "batch_size"},
     ClassificationDataModule: {"dataset", "held_out"},
-    CaptioningDataModule: {"dataset", "text_column", "tokenizer", "vocab_size", "batch_size", "held_out", "predict_file"},
+    CaptioningDataModule: {
+        "dataset",
+        "text_column",
+        "tokenizer",
+        "vocab_size",
+        "batch_size",
+        "held_out",
+        "predict_file",
+    },
 }
 
 
@@ -66,4 +74,6 @@ def test_a_shared_key_fills_the_datamodule(tmp_path):
     dm = parser.instantiate(config).data
     assert (dm.batch_size, dm.seed, dm.block_size, str(dm.cache_dir)) == (4, 7, 16, str(tmp_path))
     with pytest.raises(SystemExit):  # a key the task fixes is refused
-        parser.parse_args(["--data", "lit_transformer.data.LanguageModelingDataModule", "--data.init_args.max_tokens", "9"])
+        parser.parse_args(
+            ["--data", "lit_transformer.data.LanguageModelingDataModule", "--data.init_args.max_tokens", "9"]
+        )

@@ -169,7 +169,9 @@ class Killed(Exception):
 
 def _prepare(stream, tokenizer, root, shard_tokens=5000) -> dict:
     uint16 = np.dtype(np.uint16)
-    return shards.prepare_pass(stream, "train", root, language_modeling.TEXT, (tokenizer,), 2, uint16, None, shard_tokens)
+    return shards.prepare_pass(
+        stream, "train", root, language_modeling.TEXT, (tokenizer,), 2, uint16, None, shard_tokens
+    )
 
 
 @pytest.mark.parametrize("kill_at_chunk", [2, 5])

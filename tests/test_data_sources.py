@@ -290,7 +290,13 @@ def test_the_shared_modules_import_no_task_and_define_no_tasks_records():
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not imported & tasks, (name, imported & tasks)
         classes = [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
-        assert not [c for c in classes if any(word in c for word in ("Pair", "Label", "Caption", "Corpus", "TokenShards", "ShardBlocks", "TextKind"))], (name, classes)
+        assert not [
+            c
+            for c in classes
+            if any(
+                word in c for word in ("Pair", "Label", "Caption", "Corpus", "TokenShards", "ShardBlocks", "TextKind")
+            )
+        ], (name, classes)
 
 
 def test_predict_inputs_read_as_users_keep_them(tmp_path):

@@ -147,7 +147,9 @@ def test_every_path_a_command_reads_is_made_before_it_or_the_readers_own(page: P
 def package_command(command: str) -> bool:
     """A command of the package that is not the CLI's own: a benchmark (`bench NAME`), `ablate`, `digit-strips`,
     `translation-recipe`; the other tests parse only the CLI's commands, so this file parses these on every page."""
-    return re.match(r"python -m lit_transformer (bench|ablate|digit-strips|translation-recipe)(\s|$)", command) is not None
+    return (
+        re.match(r"python -m lit_transformer (bench|ablate|digit-strips|translation-recipe)(\s|$)", command) is not None
+    )
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if p not in README_RUN], ids=rel)

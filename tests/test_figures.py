@@ -384,7 +384,9 @@ def mismatches(context: str, labels: list[tuple[str | None, str]]) -> list[str]:
         if match[1]:
             ok = all(int(match[1]) in label_parts(label)[1] for label, _ in labels)
         else:
-            ok = all(label is not None and normal(match[0]) in normal(f"{label} {recorded}") for label, recorded in labels)
+            ok = all(
+                label is not None and normal(match[0]) in normal(f"{label} {recorded}") for label, recorded in labels
+            )
         if not ok:
             wrong.append(match[0])
     return wrong
@@ -423,6 +425,8 @@ def test_the_machine_check_catches_a_slip() -> None:
     assert mismatches("on one H100", [(None, "")]) == ["H100"]
     assert recorded_machine({"machine": {"cpu": "x86_64", "logical_cores": 2}}) == ("", {2})
     assert recorded_machine({"rows": [{"section": "MFU (NVIDIA H200, bf16)"}]})[0] == "MFU (NVIDIA H200, bf16)"
-    units = page_units("# T\n\nOpening.\n\n## On one H100\n\n| a | b |\n| --- | --- |\n| 1 | 2 |\n\nIt ran. Then 3 s.\n")
+    units = page_units(
+        "# T\n\nOpening.\n\n## On one H100\n\n| a | b |\n| --- | --- |\n| 1 | 2 |\n\nIt ran. Then 3 s.\n"
+    )
     assert units[1] == ("| 1 | 2 |", "# T ## On one H100 | a | b | Opening.", True)
     assert sentence_around(units[2][0], units[2][0].index("3 s"), units[2][0].index("3 s") + 3) == "Then 3 s."

@@ -78,8 +78,14 @@ def test_a_mistyped_command_is_answered_in_one_line_with_the_nearest():
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["--version"], ["generate", "--help"], ["translate", "--help"], ["export", "--help"],
-     ["average", "--help"]],
+    [
+        ["--help"],
+        ["--version"],
+        ["generate", "--help"],
+        ["translate", "--help"],
+        ["export", "--help"],
+        ["average", "--help"],
+    ],
     ids=lambda argv: " ".join(argv),
 )
 def test_a_command_that_does_not_train_imports_no_lightning(argv: list[str]):
@@ -179,14 +185,19 @@ def _tiny(*args: str) -> list[str]:
 )
 def test_each_kind_of_mistake_is_refused_in_a_few_lines(tmp_path: Path, case: str, expect: str):
     (tmp_path / "bad.ckpt").write_text("garbage\n")
-    (tmp_path / "bad.csv").write_bytes(b"text,label\n\x00\xff\xfe\x01\"\r\n,\n")
+    (tmp_path / "bad.csv").write_bytes(b'text,label\n\x00\xff\xfe\x01"\r\n,\n')
     argv = {
         "wrong type": ["fit", "--config", "presets/tiny", "--trainer.max_steps", "abc"],
         "missing config": ["fit", "--config", "nope.yaml"],
         "missing dataset file": _tiny("--data.init_args.dataset", "missing.txt"),
         "malformed data file": [
-            "fit", "--config", "presets/classify-genre", "--data.init_args.dataset", "bad.csv",
-            "--trainer.max_steps", "1",
+            "fit",
+            "--config",
+            "presets/classify-genre",
+            "--data.init_args.dataset",
+            "bad.csv",
+            "--trainer.max_steps",
+            "1",
         ],
         "not a checkpoint": _tiny("--ckpt_path", "bad.ckpt"),
         "generate from a file that is not a checkpoint": ["generate", "--checkpoint", "bad.ckpt"],
@@ -213,8 +224,10 @@ def test_lightning_switches_turn_the_package_callbacks_off(tmp_path: Path, switc
     run = tmp_path / "run"
     from test_cli import _cli
 
-    result = _cli(*_tiny("--trainer.max_steps", "2", f"--trainer.{switch}", "false", "--trainer.default_root_dir",
-                         str(run)), cwd=tmp_path)
+    result = _cli(
+        *_tiny("--trainer.max_steps", "2", f"--trainer.{switch}", "false", "--trainer.default_root_dir", str(run)),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     if switch == "enable_checkpointing":
         assert not list(tmp_path.rglob("*.ckpt"))
@@ -254,9 +267,21 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
         (source / name).write_bytes(path.read_bytes())
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-         str(source)],
-        check=True, capture_output=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     (wheel,) = wheels.glob("lit_transformer-*.whl")
     import zipfile
@@ -268,35 +293,69 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     import sysconfig
 
     Path(site, "parent_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch, Lightning, ...
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-        check=True, capture_output=True, timeout=600,
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     empty = tmp_path / "empty"
     empty.mkdir()
     script = venv / "bin" / "lit-transformer"
-    where = subprocess.run([str(python), "-c", "import lit_transformer; print(lit_transformer.__file__)"], cwd=empty,
-                           capture_output=True, text=True, env=ENV).stdout
+    where = subprocess.run(
+        [str(python), "-c", "import lit_transformer; print(lit_transformer.__file__)"],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        env=ENV,
+    ).stdout
     assert where.startswith(str(venv)), where  # the installed package, not the repository's
 
     version = subprocess.run([str(script), "--version"], cwd=empty, capture_output=True, text=True, env=ENV)
     assert version.returncode == 0 and version.stdout.startswith("lit_transformer ")
     fit = subprocess.run(
-        [str(script), "fit", "--config", "presets/tiny", "--trainer.max_steps", "2", "--trainer.default_root_dir",
-         "run"],
-        cwd=empty, capture_output=True, text=True, env=ENV, timeout=600,
+        [
+            str(script),
+            "fit",
+            "--config",
+            "presets/tiny",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.default_root_dir",
+            "run",
+        ],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
     last = empty / "run" / "checkpoints" / "last.ckpt"
     assert last.is_file()
     generate = subprocess.run(
-        [str(script), "generate", "--checkpoint", str(last), "--prompt", "ROMEO:", "--max_new_tokens", "8",
-         "--seed", "1"],
-        cwd=empty, capture_output=True, text=True, env=ENV, timeout=300,
+        [
+            str(script),
+            "generate",
+            "--checkpoint",
+            str(last),
+            "--prompt",
+            "ROMEO:",
+            "--max_new_tokens",
+            "8",
+            "--seed",
+            "1",
+        ],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
     )
     assert generate.returncode == 0 and generate.stdout.startswith("ROMEO:"), generate.stderr[-2000:]

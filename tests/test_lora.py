@@ -495,7 +495,9 @@ def test_every_command_of_the_finetuning_page_parses(monkeypatch) -> None:
     text = (ROOT / "docs" / "finetuning.md").read_text()
     lines = [re.sub(r"\\\n\s*", "", b).splitlines() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S)]
     # the CLI's commands (`bench lora`, the benchmark's, is parsed by tests/test_doc_commands.py)
-    commands = [line.strip() for block in lines for line in block if "lit_transformer" in line and " bench " not in line]
+    commands = [
+        line.strip() for block in lines for line in block if "lit_transformer" in line and " bench " not in line
+    ]
     assert len(commands) == 6, commands
     monkeypatch.setattr(inference, "_load", lambda args: (_ for _ in ()).throw(Parsed(args)))
     for command in commands:

@@ -390,7 +390,9 @@ def test_the_engine_stays_an_engine():
     assert engine.end_lineno - engine.lineno + 1 < 400
     tests = [n.test for n in ast.walk(tree) if isinstance(n, ast.If | ast.IfExp | ast.While | ast.Assert)]
     tests += [t for n in ast.walk(tree) if isinstance(n, ast.comprehension) for t in n.ifs]
-    assert [ast.unparse(t) for t in tests if any(w in ast.unparse(t).lower() for w in ("lora", "quantiz", "int8"))] == []
+    assert [
+        ast.unparse(t) for t in tests if any(w in ast.unparse(t).lower() for w in ("lora", "quantiz", "int8"))
+    ] == []
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not {m for m in imported if m and ("lora" in m or "int8" in m or "quantiz" in m)}, imported

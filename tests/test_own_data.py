@@ -783,7 +783,9 @@ def test_every_command_of_the_data_page_parses_and_sets_what_it_says() -> None:
     text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     # the CLI's commands (`bench data-memory`, the benchmark's, is parsed by tests/test_doc_commands.py)
-    commands = [line.strip() for b in blocks for line in b.splitlines() if "lit_transformer" in line and " bench " not in line]
+    commands = [
+        line.strip() for b in blocks for line in b.splitlines() if "lit_transformer" in line and " bench " not in line
+    ]
     assert len(commands) == 11, commands
     for command in commands:
         words = lit_transformer_words(command)[2]

@@ -254,7 +254,9 @@ def run_ours(args: argparse.Namespace, argv: list[str]) -> None:
         seconds = timed(command, None, env, Path(args.root) / "fit.log")
     checkpoint = args.checkpoint
     result = {"run": "ours", "config": args.config, "overrides": " ".join(args.overrides), "threads": args.threads}
-    report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint), args.json, argv)
+    report(
+        result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint), args.json, argv
+    )
 
 
 def report(result: dict, log: Path, argv: list[str]) -> None:

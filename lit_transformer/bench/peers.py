@@ -39,6 +39,7 @@ def require_peers(sections: list[str]) -> None:
         steps = "; ".join(sorted({PEERS[m] for m in missing}))
         raise UserError(f"bench speed compares against {', '.join(missing)}, not installed here. Install: {steps}")
 
+
 # ---------------------------------------------------------------------------------------------- decoder-only
 
 

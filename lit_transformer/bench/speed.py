@@ -464,7 +464,16 @@ def bench_memory(m: dict[str, int], reps: int, quick: bool, threads: int) -> lis
     modes = ["none", "block", "selective"]
     memory = {}
     for mode in modes:
-        cmd = [sys.executable, "-m", "lit_transformer.bench", "speed", "--memory-child", mode, "--threads", str(threads)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lit_transformer.bench",
+            "speed",
+            "--memory-child",
+            mode,
+            "--threads",
+            str(threads),
+        ]
         cmd += ["--quick"] if quick else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
         memory[mode] = json.loads(out.strip().splitlines()[-1])
@@ -1024,8 +1033,12 @@ def main(argv: list[str] | None = None) -> None:
             if row["section"] == "decoder-only train step":
                 row["mfu"] = flops_per_step["decoder"] / row["median_s"] / peak
     facts["load_average_end"] = list(os.getloadavg())
-    print(f"{facts['cpu']}, torch {facts['torch']}, {args.threads} threads, load average {facts['load_average_before']}")
-    print(f"at start, {facts['load_average_end']} at end; fp32 matmul peak {facts.get('fp32_matmul_peak_gflops', 0):.0f} GFLOP/s")
+    print(
+        f"{facts['cpu']}, torch {facts['torch']}, {args.threads} threads, load average {facts['load_average_before']}"
+    )
+    print(
+        f"at start, {facts['load_average_end']} at end; fp32 matmul peak {facts.get('fp32_matmul_peak_gflops', 0):.0f} GFLOP/s"
+    )
     print(markdown(rows))
     if args.json:
         add_run(args.json, {"command": command, "machine": facts, "rows": rows})

@@ -47,7 +47,16 @@ def commands(checkpoint: str | None) -> dict[str, list[str]]:
     }
     if checkpoint:
         out["generate 20 tokens"] = [
-            *run, "generate", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--max_new_tokens", "20", "--seed", "1",
+            *run,
+            "generate",
+            "--checkpoint",
+            checkpoint,
+            "--prompt",
+            "ROMEO:",
+            "--max_new_tokens",
+            "20",
+            "--seed",
+            "1",
         ]
     return out
 
@@ -56,8 +65,9 @@ def measure(argv: Sequence[str], cwd: str) -> tuple[float, float]:
     """(wall seconds, peak RSS in MB) of one process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:

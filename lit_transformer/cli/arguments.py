@@ -223,8 +223,9 @@ def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> UserEr
     if parser_key and expected:
         key = parser_key.group(1)
         kind = expected.group(1) or expected.group(2)
-        return UserError(f"{key}: expected {_article(kind)}, got {expected.group(3).strip()!r} ({_where(key, argv)})",
-                         hint=help_hint)
+        return UserError(
+            f"{key}: expected {_article(kind)}, got {expected.group(3).strip()!r} ({_where(key, argv)})", hint=help_hint
+        )
     if parser_key and "File does not exist" in message:
         return UserError(message.split(":", 1)[1].strip(), hint=help_hint)
     lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()]

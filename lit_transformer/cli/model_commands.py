@@ -25,6 +25,7 @@ Weights = Literal["saved", "trained"]
 """average --weights: saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA
 weights); trained: the optimizer's own weights, which an EMA (WeightAveraging) callback moves to current_model_state."""
 
+
 def _field_docs(cls: type) -> dict[str, str]:
     """The docstring under each dataclass field: the one description of a field, shown as its --help text."""
     body = ast.parse(inspect.getsource(cls)).body[0].body
@@ -76,8 +77,6 @@ def add_quantize_argument(parser: ArgumentParser) -> None:
         default="none",
         help="int8: dynamic int8 Linear layers (lit_transformer.transforms.int8), CPU only; faster decoding on a CPU.",
     )
-
-
 
 
 def generate_main(argv: Sequence[str]) -> None:

@@ -36,18 +36,50 @@ class Command:
 
 COMMANDS: tuple[Command, ...] = (
     Command("fit", "lit_transformer.cli.lightning_cli:lightning_main", "Train a model from YAML configs and flags."),
-    Command("validate", "lit_transformer.cli.lightning_cli:lightning_main", "Evaluate a checkpoint on the validation split."),
+    Command(
+        "validate", "lit_transformer.cli.lightning_cli:lightning_main", "Evaluate a checkpoint on the validation split."
+    ),
     Command("test", "lit_transformer.cli.lightning_cli:lightning_main", "Evaluate a checkpoint on the test split."),
-    Command("predict", "lit_transformer.cli.lightning_cli:lightning_main", "Write a checkpoint's predictions as JSON lines."),
-    Command("prepare", "lit_transformer.cli.prepare_command:prepare_main", "Tokenize a config's data into shards, once, before fit."),
+    Command(
+        "predict", "lit_transformer.cli.lightning_cli:lightning_main", "Write a checkpoint's predictions as JSON lines."
+    ),
+    Command(
+        "prepare",
+        "lit_transformer.cli.prepare_command:prepare_main",
+        "Tokenize a config's data into shards, once, before fit.",
+    ),
     Command("generate", "lit_transformer.cli.model_commands:generate_main", "Continue a prompt with a language model."),
-    Command("translate", "lit_transformer.cli.model_commands:translate_main", "Translate text with an encoder-decoder model."),
-    Command("export", "lit_transformer.cli.model_commands:export_main", "Write a checkpoint as safetensors, Hugging Face or ONNX."),
-    Command("average", "lit_transformer.cli.model_commands:average_main", "Average the weights of a run's last checkpoints."),
-    Command("ablate", "lit_transformer.recipes.ablate:main", "Train a grid of variants over seeds on one budget; table and plots."),
-    Command("bench", "lit_transformer.bench:main", "Run a benchmark (speed, startup, nanogpt, ...); JSON names the machine."),
-    Command("digit-strips", "lit_transformer.recipes.digit_strips:main", "Write the embedded captioning task's strips as PNGs."),
-    Command("translation-recipe", "lit_transformer.recipes.translation_recipe:main", "Test BLEU of last, averaged and EMA weights."),
+    Command(
+        "translate",
+        "lit_transformer.cli.model_commands:translate_main",
+        "Translate text with an encoder-decoder model.",
+    ),
+    Command(
+        "export",
+        "lit_transformer.cli.model_commands:export_main",
+        "Write a checkpoint as safetensors, Hugging Face or ONNX.",
+    ),
+    Command(
+        "average", "lit_transformer.cli.model_commands:average_main", "Average the weights of a run's last checkpoints."
+    ),
+    Command(
+        "ablate",
+        "lit_transformer.recipes.ablate:main",
+        "Train a grid of variants over seeds on one budget; table and plots.",
+    ),
+    Command(
+        "bench", "lit_transformer.bench:main", "Run a benchmark (speed, startup, nanogpt, ...); JSON names the machine."
+    ),
+    Command(
+        "digit-strips",
+        "lit_transformer.recipes.digit_strips:main",
+        "Write the embedded captioning task's strips as PNGs.",
+    ),
+    Command(
+        "translation-recipe",
+        "lit_transformer.recipes.translation_recipe:main",
+        "Test BLEU of last, averaged and EMA weights.",
+    ),
 )
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 

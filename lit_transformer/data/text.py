@@ -188,7 +188,6 @@ def special_token_id(tokenizer: Tokenizer, role: str) -> int | None:
     return None
 
 
-
 class TextStream:
     """Follows each row's new tokens as text while they are generated (a `streamer` for Transformer.generate).
 

@@ -34,7 +34,12 @@ PRIVATE: dict[str, tuple[str, ...]] = {
     "lightning.pytorch.cli:LightningCLI._run_subcommand": ("self", "subcommand"),
     "lightning.pytorch.cli:LightningCLI._parse_ckpt_path": ("self",),
     "lightning.pytorch.utilities.model_summary.model_summary:_format_summary_table": (
-        "total_parameters", "trainable_parameters", "model_size", "total_training_modes", "total_flops", "cols",
+        "total_parameters",
+        "trainable_parameters",
+        "model_size",
+        "total_training_modes",
+        "total_flops",
+        "cols",
     ),  # fmt: skip
     "lightning.pytorch.callbacks.throughput_monitor:_plugin_to_compute_dtype": ("plugin",),
 }

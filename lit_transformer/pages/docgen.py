@@ -141,7 +141,9 @@ def dataclass_fields(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
 
     reader = ArgumentParser(exit_on_error=False)
     reader.add_class_arguments(cls, "fields")
-    return [(prefix + n.removeprefix("fields"), k, d, t) for n, k, d, t in fields(reader, "fields.", reader.get_defaults())]
+    return [
+        (prefix + n.removeprefix("fields"), k, d, t) for n, k, d, t in fields(reader, "fields.", reader.get_defaults())
+    ]
 
 
 def _data_modules() -> list[type]:

@@ -330,7 +330,12 @@ def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
 def run_results(run: Run) -> dict[str, Any]:
     scalars = {stage: read_scalars(run.folder / "tb" / stage) for stage in ("fit", "test")}
-    row: dict[str, Any] = {"cell": run.cell, "seed": run.seed, "wall_s": run.wall_seconds("fit"), "machine": run.machine()}
+    row: dict[str, Any] = {
+        "cell": run.cell,
+        "seed": run.seed,
+        "wall_s": run.wall_seconds("fit"),
+        "machine": run.machine(),
+    }
     for _, stage, tag, _ in COLUMNS:
         curve = scalars[stage].get(tag)
         row[tag] = curve[-1][1] if curve else None

@@ -17,9 +17,22 @@ from .digits import DIGIT_WORDS, SCAN_SPLITS, DigitStrips, digit_captions, digit
 from .shakespeare import FOLIO_GENRES, shakespeare, shakespeare_files, shakespeare_genre
 
 __all__ = [
-    "DIGIT_WORDS", "EMBEDDED", "FOLIO_GENRES", "SCAN_SPLITS", "DigitStrips", "clean_verse", "digit_captions",
-    "digit_scans", "digit_strips", "embedded", "kjv_rv1909", "scan_split", "shakespeare", "shakespeare_files",
-    "shakespeare_genre", "split_of",
+    "DIGIT_WORDS",
+    "EMBEDDED",
+    "FOLIO_GENRES",
+    "SCAN_SPLITS",
+    "DigitStrips",
+    "clean_verse",
+    "digit_captions",
+    "digit_scans",
+    "digit_strips",
+    "embedded",
+    "kjv_rv1909",
+    "scan_split",
+    "shakespeare",
+    "shakespeare_files",
+    "shakespeare_genre",
+    "split_of",
 ]
 
 
