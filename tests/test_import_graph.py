@@ -176,3 +176,37 @@ def test_no_module_imports_a_private_name_of_another():
                 base = _absolute(node, name, path)
                 private += [f"{name}: {base}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert not private, private
+
+
+def test_the_top_level_reads_as_a_table_of_contents():
+    """At most 8 modules beside the folders; a module's folder and name say what it is for, so no two modules share a
+    name, but for the parallel rooms (a task's file in tasks/ and in data/) and each folder's base.py."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, top
+    parallel = {p.stem for p in (PACKAGE / "tasks").glob("*.py")} & {p.stem for p in (PACKAGE / "data").glob("*.py")}
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.stem not in ("__init__", "__main__", "base") and path.stem not in parallel:
+            seen.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_every_moved_module_path_resolves_to_its_new_homes():
+    """Each module path of the flat layout (lit_transformer.moved.MOVED) imports, and the names configs and
+    checkpoints of that layout name resolve to today's classes."""
+    import importlib
+
+    from lit_transformer.engine.monitoring import LearningRateLogger
+    from lit_transformer.moved import MOVED
+
+    for old, homes in MOVED.items():
+        assert not (PACKAGE.parent / (old.replace(".", "/") + ".py")).exists(), (
+            f"{old} exists again: drop it from MOVED"
+        )
+        module = importlib.import_module(old)
+        assert set(dir(module)) >= set(dir(importlib.import_module(homes[0]))) - {"__builtins__"}
+    assert importlib.import_module("lit_transformer.callbacks").LearningRateLogger is LearningRateLogger
+    assert (
+        importlib.import_module("lit_transformer.data").LanguageModelingDataModule.__name__
+        == "LanguageModelingDataModule"
+    )

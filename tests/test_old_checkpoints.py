@@ -88,3 +88,42 @@ def test_the_command_line_validates_and_resumes_an_old_checkpoint(tmp_path) -> N
     assert resumed["global_step"] == 3
     assert resumed["hyper_parameters"]["task"]["class_path"].endswith("LanguageModeling")
     assert "lr" not in resumed["hyper_parameters"] and resumed["hyper_parameters"]["optim"]["lr"] == 3e-3
+
+
+# ---------------------------------------------------------------------------------------------- the flat layout's files
+
+OLD_LAYOUT = Path(__file__).parent / "fixtures" / "old_layout"
+
+
+def test_a_run_config_and_checkpoint_of_the_flat_layout_resume(tmp_path, monkeypatch):
+    """tests/fixtures/old_layout/ holds what commit ed5e012 (the package's modules still side by side at the top)
+    wrote for `fit --config configs/presets/tiny.yaml --trainer.max_steps 4` with three callbacks named by their class
+    paths of then (lit_transformer.callbacks.*, lit_transformer.parallelize.AttentionKernels): its run config, whose
+    trainer plugin is lit_transformer.checkpointing.AtomicCheckpointIO, and its last.ckpt. The config's class paths
+    resolve to today's classes, and the run resumes from the checkpoint where it stopped."""
+    from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
+    from lit_transformer.cli.lightning_cli import run_cli
+    from lit_transformer.engine.attention_kernels import AttentionKernels
+    from lit_transformer.engine.monitoring import HostMemoryMonitor, LearningRateLogger
+
+    monkeypatch.chdir(tmp_path)
+    run = run_cli(
+        ["fit", "--config", str(OLD_LAYOUT / "config.yaml"), "--ckpt_path", str(OLD_LAYOUT / "last.ckpt"),
+         "--trainer.max_steps", "6", "--trainer.val_check_interval", "6", "--trainer.enable_progress_bar", "false"]
+    )  # fmt: skip
+    kinds = {type(c) for c in run.trainer.callbacks}
+    assert {LearningRateLogger, HostMemoryMonitor, AttentionKernels} <= kinds
+    assert isinstance(run.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    assert run.trainer.global_step == 6
+    assert (tmp_path / "runs" / "old_layout" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_checkpoint_of_the_flat_layout_loads_and_decodes():
+    """The same last.ckpt loads through the Python API and the inference path, with the tokenizer it holds."""
+    module = LitTransformer.load_from_checkpoint(OLD_LAYOUT / "last.ckpt", map_location="cpu")
+    assert module.hparams["optim"]["lr"] == 3.0e-3 and module.tokenizer is not None
+    loaded = load_model(OLD_LAYOUT / "last.ckpt")
+    prompt = torch.tensor([loaded.tokenizer.encode("ROMEO:").ids])
+    logits = loaded.model(prompt)
+    assert logits.shape == (1, prompt.size(1), loaded.model.config.vocab_size)
+    assert torch.allclose(logits, module.model.eval()(prompt), atol=1e-6)
