@@ -148,7 +148,7 @@ def score_in_transformers(cli, folder: str, checkpoint: Path) -> dict:
             mask = labels != -100
             nll += torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum").item()
             tokens += int(mask.sum())
-    chars_per_token = cli.model.task._characters_per_token("validation")
+    chars_per_token = cli.datamodule.characters_per_token("validation")  # what the task divides val/nll by
     return {
         "val_bpc": nll / tokens / math.log(2) / chars_per_token,
         "max_abs_logit_difference_vs_adapted": max_diff,
