@@ -95,7 +95,7 @@ def test_a_tiny_grid_runs_tabulates_plots_and_skips_finished_cells(tmp_path: Pat
         assert len(row["curves"]["val/loss"]) == 2 and row["val/loss"] == row["curves"]["val/loss"][-1][1]
         assert math.isfinite(row["val/loss"]) and row["wall_s"] > 0
         assert row["machine"]["cpu"] and row["machine"]["logical_cores"] >= 1 and row["machine"]["threads"] >= 1
-        assert " fit " in row["machine"]["command"] and row["machine"]["torch"] and row["machine"]["date"]
+        assert " fit " in row["cli"] and "command" not in row and row["machine"]["torch"] and row["machine"]["date"]
 
     capsys.readouterr()
     assert ablate.ablate([grid, "--out", str(tmp_path), "--jobs", "2"]) == 0
@@ -103,6 +103,8 @@ def test_a_tiny_grid_runs_tabulates_plots_and_skips_finished_cells(tmp_path: Pat
     for cell in ("post-ln", "pre-ln"):
         timings = (tmp_path / cell / "seed-1" / "timings.jsonl").read_text().splitlines()
         assert len(timings) == 1  # the second invocation started no process
+        (timing,) = map(json.loads, timings)  # one run, as the one record writer writes it
+        assert timing["stage"] == "fit" and timing["returncode"] == 0 and timing["date"] == timing["machine"]["date"]
 
 
 @pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.name)

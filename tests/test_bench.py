@@ -1,19 +1,33 @@
-"""The benchmarks as package commands (`python -m lit_transformer bench NAME`): a dispatcher that lists them all
-without importing Lightning, each with its own --help, the one machine helper every JSON records, reruns kept as runs
-of one file, and scripts/ holding set-up and developer tools only."""
+"""The benchmarks as package commands (`python -m lit_transformer bench NAME`) on one harness: a dispatcher that lists
+them all without importing Lightning, each with its own --help and the strict parser (exact keys, a mistake answered in
+a few lines), the one record writer (machine, command, date; a rerun is one more run of the same file, in every form a
+committed file has), the one memory sampler, a benchmark that needs a source checkout refusing elsewhere, nothing
+outside bench/ importing it, and scripts/ holding set-up and developer tools only."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from lit_transformer.bench import BENCHMARKS, main
-from lit_transformer.records import add_run, command_line, machine, spread, tree_rss_kb
+from lit_transformer.errors import UserError
+from lit_transformer.records import (
+    command_line,
+    machine,
+    process_rss_mb,
+    read_runs,
+    run_child,
+    spread,
+    tree_rss_kb,
+    write_run,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +44,8 @@ def test_bench_help_lists_every_benchmark_without_importing_lightning():
     text = "\n".join(help_lines)
     assert "python -m lit_transformer bench" in text
     for name, (_, summary) in BENCHMARKS.items():
-        assert re.search(rf"^\s+{re.escape(name)}\s+{re.escape(summary[:30])}", text, re.MULTILINE), name
+        shown = summary.replace("`", "")[:30]  # help text is plain: no markup
+        assert re.search(rf"^\s+{re.escape(name)}\s+{re.escape(shown)}", text, re.MULTILINE), name
 
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
@@ -41,12 +56,9 @@ def test_each_benchmark_has_its_own_help(name: str, capsys):
     assert f"python -m lit_transformer bench {name}" in capsys.readouterr().out
 
 
-def test_an_unknown_benchmark_is_refused_with_the_names(capsys):
-    with pytest.raises(SystemExit) as exit_info:
+def test_an_unknown_benchmark_is_refused_with_the_nearest_name():
+    with pytest.raises(UserError, match=r"unknown benchmark 'sped'\. Did you mean 'speed'\?"):
         main(["sped"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "invalid choice: 'sped'" in err and "speed" in err
 
 
 def test_the_module_runs_as_the_bench_command():
@@ -64,32 +76,19 @@ def test_the_machine_names_cpu_cores_gpus_memory_versions_commit_and_date():
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", facts["date"])
     assert len(facts["load_average_before"]) == 3 and facts["threads"] == 3
     assert (
-        command_line("speed", ["--only", "greedy beam"]) == "python -m lit_transformer bench speed --only 'greedy beam'"
+        command_line("bench speed", ["--only", "greedy beam"])
+        == "python -m lit_transformer bench speed --only 'greedy beam'"
     )
-
-
-def test_a_rerun_is_one_more_run_in_the_same_file_with_median_and_spread(tmp_path: Path):
-    path = tmp_path / "bench.json"
-    row = {"section": "s", "contender": "c"}
-    path.write_text(json.dumps({"machine": {"cpu": "x"}, "rows": [{**row, "ratio": 1.0, "median_s": 0.5}]}))
-    add_run(path, {"machine": {"cpu": "x"}, "rows": [{**row, "ratio": 3.0, "median_s": 0.25}]})
-    data = add_run(path, {"machine": {"cpu": "x"}, "rows": [{**row, "ratio": 2.0, "median_s": 1.0}]})
-    assert json.loads(path.read_text()) == data and len(data["runs"]) == 3  # the older one-run file became run 0
-    (summary,) = data["summary"]
-    assert summary["ratio"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
-    assert summary["median_s"]["median"] == 0.5 and spread([4, 1, 2]) == {"median": 2, "min": 1, "max": 4, "n": 3}
 
 
 def test_the_process_tree_rss_includes_children():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        import os
-
         for _ in range(50):
             tree = tree_rss_kb(os.getpid())
             if tree.get(child.pid):
                 break
-            __import__("time").sleep(0.1)
+            time.sleep(0.1)
         assert tree[os.getpid()] > 0 and tree[child.pid] > 0
     finally:
         child.kill()
@@ -136,8 +135,9 @@ def test_speed_renders_any_run_of_a_file_of_several(capsys, tmp_path: Path):
     """A file of a full run and a rerun of one section (as `--only` writes it): --render --run N prints run N."""
     full = json.loads((ROOT / "docs" / "benchmark.json").read_text())["runs"][0]
     path = tmp_path / "benchmark.json"
-    add_run(path, full)
-    add_run(path, {**full, "rows": [r for r in full["rows"] if r["section"] == "encoder-decoder train step"]})
+    stamp = {"command": full["command"], "machine": full["machine"]}
+    write_run(path, {"rows": full["rows"]}, **stamp)
+    write_run(path, {"rows": [r for r in full["rows"] if r["section"] == "encoder-decoder train step"]}, **stamp)
     main(["speed", "--render", str(path), "--run", "1"])
     rerun = capsys.readouterr().out
     main(["speed", "--render", str(path)])
@@ -151,19 +151,274 @@ def test_speed_refuses_a_missing_peer_before_timing_anything(monkeypatch):
     timing with a traceback from deep inside a section."""
     import importlib.util
 
-    from lit_transformer.bench import peers
-    from lit_transformer.errors import UserError
+    from lit_transformer.bench.speed import require_peers
 
     installed = {"transformers", "x_transformers", "onnx", "onnxscript", "onnxruntime"}  # all but litgpt, in any venv
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
     with pytest.raises(
         UserError, match=r"against litgpt, not installed here\. Install: pip install --no-deps litgpt==0\.5\.13"
     ):
-        peers.require_peers(["decoder", "seq2seq"])
-    peers.require_peers(["seq2seq", "memory", "lightning"])  # sections that do not build litgpt run
+        require_peers(["decoder", "seq2seq"])
+    require_peers(["seq2seq", "memory", "lightning"])  # sections that do not build litgpt run
     installed.clear()
     with pytest.raises(
         UserError,
         match=r"against onnx, onnxruntime, onnxscript, transformers, not installed here\. Install: .*bench.*interop",
     ):
-        peers.require_peers(["quantized"])
+        require_peers(["quantized"])
+
+
+# ---- the one record writer ---------------------------------------------------------------------------------------
+
+
+def _stamp(cpu: str = "x") -> dict:
+    return {"command": "python -m lit_transformer bench speed", "machine": {"cpu": cpu, "date": "2026-01-01T00:00:00Z"}}
+
+
+def test_the_writer_appends_each_run_with_its_command_machine_and_date(tmp_path: Path):
+    path = tmp_path / "out" / "bench.json"
+    row = {"section": "s", "contender": "c"}
+    write_run(path, {"rows": [{**row, "ratio": 1.0, "median_s": 0.5}]}, **_stamp(), summary=("ratio", "median_s"))
+    write_run(path, {"rows": [{**row, "ratio": 3.0, "median_s": 0.25}]}, **_stamp(), summary=("ratio", "median_s"))
+    facts = machine()
+    run = write_run(path, {"rows": [{**row, "ratio": 2.0, "median_s": 1.0}]}, command="python -m x", machine=facts,
+                    summary=("ratio", "median_s"))  # fmt: skip
+    data = json.loads(path.read_text())
+    assert len(data["runs"]) == 3 and data["runs"][-1] == run
+    assert run["command"] == "python -m x" and run["machine"] == facts and run["date"] == facts["date"]
+    assert all({"command", "date", "machine", "rows"} <= set(r) for r in data["runs"])
+    (summary,) = data["summary"]
+    assert summary["ratio"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert summary["median_s"]["median"] == 0.5 and spread([4, 1, 2]) == {"median": 2, "min": 1, "max": 4, "n": 3}
+    assert read_runs(path) == data["runs"] and not list(path.parent.glob("*.part"))
+
+
+def test_a_file_an_older_writer_left_as_one_run_becomes_the_first_of_its_runs(tmp_path: Path):
+    path = tmp_path / "startup.json"
+    old = {"command": "old", "machine": {"cpu": "y"}, "results": {"--help": {"wall_s": 0.1}}}
+    path.write_text(json.dumps(old))
+    write_run(path, {"results": {"--help": {"wall_s": 0.2}}}, **_stamp())
+    first, second = json.loads(path.read_text())["runs"]
+    assert first == old and second["results"]["--help"]["wall_s"] == 0.2
+
+
+def test_a_list_of_runs_and_a_json_lines_file_each_take_one_more(tmp_path: Path):
+    listed, lines = tmp_path / "data_memory.json", tmp_path / "main_job.jsonl"
+    listed.write_text(json.dumps([{"task": "a", "command": "c", "machine": {"cpu": "x"}}]))
+    write_run(listed, {"task": "b"}, **_stamp())
+    assert [r["task"] for r in json.loads(listed.read_text())] == ["a", "b"]
+    write_run(lines, {"run": "ours", "bpc": 2.0}, **_stamp())
+    write_run(lines, {"run": "ours", "bpc": 1.9}, **_stamp())
+    rows = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert [r["bpc"] for r in rows] == [2.0, 1.9] and rows == read_runs(lines) and rows[0]["date"]
+
+
+def test_named_records_each_take_their_runs_and_keep_the_others(tmp_path: Path):
+    """bench record's fit and test, and genre-baselines' baselines, in one file: each name its own record of runs."""
+    path = tmp_path / "genre.json"
+    path.write_text(json.dumps({"fit": {"command": "c", "machine": {"cpu": "x"}, "global_step": 5}}))
+    write_run(path, {"rows": [1]}, **_stamp(), name="baselines")
+    write_run(path, {"global_step": 7}, **_stamp(), name="fit")
+    data = json.loads(path.read_text())
+    assert [r["global_step"] for r in data["fit"]["runs"]] == [5, 7] and len(data["baselines"]["runs"]) == 1
+    assert [r["global_step"] for r in read_runs(path, "fit")] == [5, 7]
+    with pytest.raises(UserError, match="holds named records"):
+        write_run(path, {"x": 1}, **_stamp())  # a benchmark of one record pointed at a file of named ones
+    write_run(tmp_path / "bench.json", {"x": 1}, **_stamp())
+    with pytest.raises(UserError, match="not named records"):  # a named record pointed at a file of one benchmark
+        write_run(tmp_path / "bench.json", {"x": 2}, **_stamp(), name="fit")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(UserError, match="is not JSON"):
+        write_run(tmp_path / "broken.json", {"x": 1}, **_stamp())
+
+
+def test_a_benchmark_run_on_tiny_settings_appends_a_run_to_its_file(tmp_path: Path, capsys):
+    """caption-baseline on 300 training and 40 test strips, twice into one file: two runs, each naming its machine."""
+    path = tmp_path / "caption_baseline.json"
+    for _ in range(2):
+        main(["caption-baseline", "--train", "300", "--test", "40", "--json", str(path)])
+    runs = json.loads(path.read_text())["runs"]
+    assert len(runs) == 2 and runs[0]["test_strips"] == 40 and 0 <= runs[1]["exact_match"] <= 1
+    assert runs[1]["command"] == f"python -m lit_transformer bench caption-baseline --train 300 --test 40 --json {path}"
+    assert runs[1]["machine"]["cpu"] and runs[1]["date"]
+
+
+# ---- the one memory sampler ----------------------------------------------------------------------------------------
+
+HOLD = "import sys, time; block = bytearray(int(sys.argv[1]) * 1_000_000); block[::4096] = b'x' * len(block[::4096]); time.sleep(float(sys.argv[2]))"
+
+
+def test_the_sampler_reports_a_childs_peak_memory_wall_and_cpu_time():
+    done = run_child([sys.executable, "-c", HOLD, "120", "0.6"], interval=0.05)
+    assert done.returncode == 0 and not done.exceeded and done.wall_s >= 0.6 and done.cpu_s > 0
+    assert done.peak_rss_mb >= 120 and done.peak_tree_mb is not None and done.peak_tree_mb >= 120
+    assert len(done.samples) >= 3 and max(mb for _, mb in done.samples) == done.peak_tree_mb
+
+
+def test_the_sampler_counts_the_tree_and_kills_it_past_a_cap():
+    """A child whose own child holds the memory: the tree's sum sees it; past the cap the whole tree is killed."""
+    grandchild = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {HOLD!r}, '150', '30'])"
+    done = run_child([sys.executable, "-c", grandchild], interval=0.05, cap_mb=100)
+    assert done.exceeded and done.returncode != 0 and done.wall_s < 20
+    assert done.peak_tree_mb is not None and done.peak_tree_mb > 100
+
+
+def test_the_sampler_times_without_sampling_when_asked():
+    done = run_child([sys.executable, "-c", HOLD, "60", "0"], interval=None)
+    assert done.returncode == 0 and done.samples == [] and done.peak_tree_mb is None and done.peak_rss_mb >= 60
+
+
+def test_the_one_proc_reader_reads_this_process():
+    """records.process_rss_mb is the one /proc reader; the engine's memory monitor reads through it."""
+    from lit_transformer.engine import monitoring
+
+    assert monitoring.process_rss_mb is process_rss_mb
+    now, peak = process_rss_mb(), process_rss_mb(field="VmHWM")
+    assert 10 < now <= peak and process_rss_mb(pid=2**22 + 7) is None
+
+
+# ---- a benchmark that needs a source checkout ----------------------------------------------------------------------
+
+
+def test_suite_time_refuses_outside_a_source_checkout_in_one_line(tmp_path: Path):
+    """The package alone (as a wheel installs it): `bench suite-time` says it needs a checkout, exit 2, no traceback."""
+    import shutil
+
+    shutil.copytree(
+        ROOT / "lit_transformer", tmp_path / "lit_transformer", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("LIT_TRANSFORMER_DEBUG", None)
+    done = subprocess.run([sys.executable, "-m", "lit_transformer", "bench", "suite-time", "--json", "x.json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "bench suite-time needs a source checkout" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 2 and not (tmp_path / "x.json").exists()
+
+
+# ---- one parser for every command: the strict one ------------------------------------------------------------------
+
+MISTAKES = {  # a command and an abbreviation of one of its own flags (argparse would have taken it for the flag)
+    "bench startup": ["--round", "2"],
+    "bench speed": ["--quic"],
+    "bench nanogpt": ["score", "--checkpoin", "x.ckpt"],
+    "bench prepare": ["corpus", "--size", "1", "--out", "x.jsonl"],
+    "bench data-memory": ["--size", "1"],
+    "bench lora": ["--pretrain", "3"],
+    "bench record": ["--jso", "x.json", "--name", "fit", "--", "fit"],
+    "bench suite-time": ["--jso", "x.json"],
+    "bench genre-baselines": ["--jso", "x.json"],
+    "bench caption-baseline": ["--tes", "5"],
+    "bench gpu-parts": ["resume", "--step", "3"],
+    "bench gpu-table": ["render", "x.json", "--readm", "y.md"],
+    "ablate": ["configs/ablations/smoke.yaml", "--dry"],
+    "digit-strips": ["--coun", "3"],
+    "translation-recipe": ["--ru", "runs/x", "--config", "base"],
+}
+
+
+def _refusal(argv: list[str], capsys) -> tuple[int, str]:
+    from lit_transformer.cli.program import main as program
+
+    with pytest.raises(SystemExit) as exit_info:
+        program(argv)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_every_benchmark_and_recipe_is_in_the_table_of_mistakes():
+    from lit_transformer.cli.program import COMMANDS
+
+    package = {c.name for c in COMMANDS if not c.target.startswith("lit_transformer.cli.")} - {"bench"}
+    assert set(MISTAKES) == {f"bench {name}" for name in BENCHMARKS} | package
+
+
+@pytest.mark.parametrize("kind", ["abbreviated", "unknown"])
+@pytest.mark.parametrize("command", sorted(MISTAKES))
+def test_a_mistyped_flag_is_refused_in_a_few_lines_with_status_2(command: str, kind: str, capsys):
+    """Keys are exact: an abbreviation is not taken for the flag it starts, an unknown flag is named; either way the
+    command ends with status 2 in a few lines, no traceback, and does nothing."""
+    argv = [*command.split(), *MISTAKES[command]]
+    if kind == "unknown":
+        at = next(i for i, a in enumerate(argv) if a.startswith("--") and a != "--")
+        argv[at] = "--no_such_flag"
+    code, err = _refusal(argv, capsys)
+    flag = next(a for a in argv if a.startswith("--") and a != "--")
+    assert code == 2 and "Traceback" not in err and 1 <= len(err.strip().splitlines()) <= 4, err
+    assert f"unknown key {flag[2:]}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["bench", "speed", "--only", "decodr"], "only: 'decodr' is not one of decoder, seq2seq"),
+        (["bench", "startup", "--rounds", "many"], "rounds: expected an integer, got 'many'"),
+        (["bench", "nanogpt", "scor"], "unknown subcommand 'scor'"),
+        (["bench", "record", "--json", "x.json", "--name", "fit"], "give it after --, starting with fit"),
+        (["digit-strips", "--split", "tst"], "split: 'tst' is not one of train, validation, test"),
+    ],
+)
+def test_a_wrong_value_is_refused_in_a_few_lines(argv: list[str], expect: str, capsys):
+    code, err = _refusal(argv, capsys)
+    assert code == 2 and expect in err and len(err.strip().splitlines()) <= 4, err
+
+
+def test_digit_strips_offers_the_corpus_splits():
+    import typing
+
+    from lit_transformer.data.corpora.digits import SCAN_SPLITS
+    from lit_transformer.recipes import digit_strips
+
+    source = Path(digit_strips.__file__).read_text()
+    (choices,) = re.findall(r"type=(Literal\[[^\]]*\])", source)
+    assert typing.get_args(eval(choices, {"Literal": typing.Literal})) == tuple(SCAN_SPLITS)
+
+
+def test_every_command_parses_before_importing_torch():
+    """--help of `bench`, of every benchmark and of every recipe answers without importing torch or Lightning."""
+    names = [["bench"], *(["bench", n] for n in BENCHMARKS), ["ablate"], ["digit-strips"], ["translation-recipe"]]
+    code = (
+        "import contextlib, io, sys\nfrom lit_transformer.cli.program import main\n"
+        f"for argv in {names!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n            main([*argv, '--help'])\n        except SystemExit as e:\n"
+        "            assert e.code == 0, (argv, e.code)\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'numpy', 'sklearn') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+# ---- bench/ is the benchmarks' own ---------------------------------------------------------------------------------
+
+
+def test_no_module_outside_bench_imports_it():
+    """The user's commands (recipes, the CLI) share the records writer, never a benchmark: bench/ can be left out of
+    an install without breaking them. The program names it as a string, `lit_transformer.bench:main`."""
+    from test_import_graph import import_graph
+
+    outside = {
+        f"{source} -> {target}"
+        for source, targets in import_graph().items()
+        if not (source == "lit_transformer.bench" or source.startswith("lit_transformer.bench."))
+        for target in targets
+        if target == "lit_transformer.bench" or target.startswith("lit_transformer.bench.")
+    }
+    assert not outside, sorted(outside)
+
+
+def test_the_import_check_sees_a_deferred_import_of_bench(tmp_path: Path):
+    from test_import_graph import imported
+
+    path = tmp_path / "ablate.py"
+    path.write_text("def main():\n    from lit_transformer.bench import speed\n")
+    modules = {"lit_transformer.bench": Path("x"), "lit_transformer.bench.speed": Path("y")}
+    assert imported("lit_transformer.recipes.ablate", path, modules) == {"lit_transformer.bench.speed"}
+
+
+def test_the_source_root_is_computed_once():
+    """The benchmarks and recipes find the repository (or the installed package) through records.IMPORT_ROOT."""
+    modules = [*(ROOT / "lit_transformer" / "bench").glob("*.py"), *(ROOT / "lit_transformer" / "recipes").glob("*.py")]
+    found = [
+        str(p.relative_to(ROOT)) for p in modules if re.search(r"__file__\)?\.resolve\(\)\.parents", p.read_text())
+    ]
+    assert found == []

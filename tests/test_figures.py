@@ -7,6 +7,12 @@ over those values: "ran {1 / int8:.2f}x faster". The test computes each figure,
 formats it with the field's own rounding and looks for the words on the page, whitespace-insensitively (prose
 wraps). So a rerun that changes a JSON, or an edit that changes a figure, fails here until page and JSON agree.
 
+A rerun is one more run of the same file (lit_transformer.records.write_run), so a path reads runs as their newest:
+a record of runs ({"runs": [...]}, as a rerun leaves a file or a named record that held one run) stands for its
+newest run, unless the path names `runs` (or `summary`) itself; and a filter that matches several runs of one
+measurement (items that record their command and machine) takes the newest. Items that are not runs (an ablation's
+seeds) stay a list.
+
 Each entry also states the machine its JSON records (`machine`: a CPU or GPU model, with "N cores" where the JSON
 records the logical cores, or null where the JSON names none), and the words around each figure (the sentence or
 table row holding it, the table's header, the section heading, the page's opening) may name only that machine: a
@@ -77,29 +83,46 @@ def load_source(path: Path) -> object:
     return json.loads(path.read_text())
 
 
+def is_runs(value: object) -> bool:
+    """A record of runs: {"runs": [...], maybe "summary"} (a rerun appends to its runs)."""
+    return isinstance(value, dict) and isinstance(value.get("runs"), list) and set(value) <= {"runs", "summary"}
+
+
+def is_run(item: object) -> bool:
+    """One run of a benchmark, as a writer records it: its command and its machine beside its figures."""
+    return isinstance(item, dict) and "command" in item and "machine" in item
+
+
 def lookup(data: object, path: list, where: str) -> object:
     """Follow `path` through `data`: a key or index, or a mapping that filters a list by field values. A list of
-    source aliases first follows the rest of the path in each source: a list, one value per source."""
+    source aliases first follows the rest of the path in each source: a list, one value per source. A record of runs
+    is read as its newest run (but for its own keys, `runs` and `summary`), and of several runs a filter matches the
+    newest."""
     if isinstance(path[0], list):
         return [lookup(data, [alias, *path[1:]], where) for alias in path[0]]
     value = data
     for step in path:
-        if isinstance(step, dict) and value and all(isinstance(item, list) for item in value):
+        if isinstance(step, dict) and value and isinstance(value, list) and all(isinstance(i, list) for i in value):
             value = [lookup(item, [step], where) for item in value]  # one list per run: filter each
         elif isinstance(step, dict):
+            value = value["runs"] if is_runs(value) else value  # a filter on a record of runs filters its runs
             assert isinstance(value, list), f"{where}: {step} filters a list, found {type(value).__name__}"
             value = [item for item in value if all(item.get(k) == v for k, v in step.items())]
             assert value, f"{where}: no item matches {step}"
+            if len(value) > 1 and all(is_run(item) for item in value):
+                value = value[-1:]  # reruns of one measurement: the newest
             if len(value) == 1:
                 value = value[0]
         elif isinstance(value, list) and isinstance(step, str):  # a key of every selected item
             value = [item[step] for item in value]
         else:
+            if is_runs(value) and step not in value:
+                value = value["runs"][-1]  # a key of a record of runs: its newest run's
             try:
                 value = value[step]
             except (KeyError, IndexError, TypeError) as error:
                 raise AssertionError(f"{where}: no {step!r} in {str(value)[:200]}") from error
-    return value
+    return value["runs"][-1] if is_runs(value) else value
 
 
 def render(text: str, names: dict[str, object], where: str) -> str:
@@ -207,6 +230,42 @@ def test_page_shows_the_figure_its_json_gives(index: int, page: str, text: str) 
     assert shown in squash((ROOT / page).read_text()), f"{page} should show {shown!r} (from {entry_id(entry)})"
 
 
+# Reports an ablation writes whole from its runs' logs (`ablate` rewrites them): not files of runs.
+REPORTS = ("docs/ablations/",)
+
+
+def rerun(path: Path, into: Path) -> Path:
+    """`into`: the file at `path` after each measurement in it ran again and was recorded by the one writer (a copy of
+    the newest run of the file, or of each named record; of every run, where the file is a list of them)."""
+    from lit_transformer.records import read_runs, write_run
+
+    into.write_bytes(path.read_bytes())
+    data = load_source(path)
+    named = isinstance(data, dict) and "runs" not in data and "machine" not in data
+    for name in list(data) if named else [None]:
+        runs = read_runs(path, name)
+        for run in runs if isinstance(data, list) else runs[-1:]:
+            figures = {k: v for k, v in run.items() if k not in ("command", "date", "machine")}
+            write_run(into, figures, command=run.get("command", "rerun"), machine=run["machine"], name=name)
+    return into
+
+
+@pytest.mark.parametrize("index", range(len(registry())), ids=[entry_id(e) for e in registry()])
+def test_a_rerun_into_each_source_keeps_every_figure_readable(index: int, tmp_path: Path) -> None:
+    """Each benchmark reruns into its committed file as one more run (lit_transformer.records.write_run) in whatever
+    form the file has (runs, one older run, named records, a list, JSON lines): the registry still reads every figure,
+    now from the newest run, and a rerun that measured the same shows the same words."""
+    entry = registry()[index]
+    sources = {
+        alias: path if path.startswith(REPORTS) else str(rerun(ROOT / path, tmp_path / f"{alias}-{Path(path).name}"))
+        for alias, path in entry["sources"].items()
+    }
+    before, after = values(entry), values({**entry, "sources": sources})
+    for page, texts in entry.get("figures", {}).items():
+        for text in texts:
+            assert render(text, after, page) == render(text, before, page), (page, text[:80])
+
+
 @pytest.mark.parametrize("index", range(len(registry())), ids=[entry_id(e) for e in registry()])
 def test_each_source_is_published_with_the_command_that_wrote_it(index: int) -> None:
     """Each command is printed on a page, and a JSON that recorded its writer's command line names the same script
@@ -240,7 +299,7 @@ def writers(command: str) -> set[str]:
 
 def benchmark_markdown(rows: list[dict]) -> str:
     """`bench speed`'s own table of its --json rows (what `bench speed --render FILE` prints)."""
-    from lit_transformer.bench.speed import markdown
+    from lit_transformer.bench.speed_sections import markdown
 
     return markdown(rows)
 

@@ -319,6 +319,11 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
 
     version = subprocess.run([str(script), "--version"], cwd=empty, capture_output=True, text=True, env=ENV)
     assert version.returncode == 0 and version.stdout.startswith("lit_transformer ")
+    # A benchmark that runs the repository's tests/ says so in one line, and writes nothing.
+    suite = subprocess.run([str(script), "bench", "suite-time", "--json", "suite.json"], cwd=empty,
+                           capture_output=True, text=True, env=ENV)  # fmt: skip
+    assert suite.returncode == 2 and "needs a source checkout" in suite.stderr and _is_short(suite.stderr)
+    assert not (empty / "suite.json").exists()
     fit = subprocess.run(
         [
             str(script),

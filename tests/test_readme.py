@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lit_transformer.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 # The pages whose commands run after the README's, in this order (they use the checkpoints the README's commands write).
@@ -245,6 +247,9 @@ def parse_only(command: str, cwd: Path) -> subprocess.CompletedProcess:
             code = 1
         except Parsed as parsed:
             namespace = parsed.namespace
+        except UserError as error:  # a refusal, as the program would print it (status 2)
+            print(f"error: {error}", file=sys.stderr)
+            code = error.status
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
         finally:

@@ -1,13 +1,15 @@
 """The package's benchmarks: `python -m lit_transformer bench NAME [ARGS]` (`bench NAME --help` for each).
 
-Each benchmark drives the package (its CLI in a child process or in this one, its model and inference objects) and
-writes JSON that records the machine (lit_transformer.records). This module imports nothing heavy: the table
-below names each benchmark's module, imported only when that benchmark runs, so `bench --help` stays instant.
+One harness under all of them: each parses its options with the strict parser of every command
+(lit_transformer.cli.arguments.command_parser) before it imports torch, writes its runs through the one record writer
+(lit_transformer.records.write_run: machine, command, date, a rerun appended to the same file) and runs a child
+process through the one memory sampler (lit_transformer.records.run_child). This module imports nothing heavy: the
+table below names each benchmark's module, imported only when that benchmark runs, so `bench --help` stays instant.
+No module outside bench/ imports it (the program names it by its path, `lit_transformer.bench:main`).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from collections.abc import Sequence
@@ -26,7 +28,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                     "peak memory of `prepare` and `fit` on a user's own classification and captioning files"),
     "lora": ("lit_transformer.bench.lora_finetune", "LoRA against full fine-tuning: quality, trainable parameters, memory"),
     "record": ("lit_transformer.bench.record_run", "run one fit/validate/test of the CLI and record its metrics as JSON"),
-    "suite-time": ("lit_transformer.bench.suite_time", "the test suite's wall and CPU time as CI runs it"),
+    "suite-time": ("lit_transformer.bench.suite_time",
+                   "the test suite's wall and CPU time as CI runs it (in a source checkout: it runs its tests/)"),
     "genre-baselines": ("lit_transformer.bench.genre_baselines",
                         "majority-class and bag-of-words baselines of the embedded genre task"),
     "caption-baseline": ("lit_transformer.bench.caption_baseline",
@@ -37,14 +40,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 
 
-def command_parser(command: str, doc: str | None) -> argparse.ArgumentParser:
-    """A package command's parser: its name as a user types it, its module docstring (with the examples) as --help."""
-    from lit_transformer.cli.program import program
-
-    return argparse.ArgumentParser(prog=program(command), description=doc, allow_abbrev=False,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-
-
 def describe() -> str:
     width = max(map(len, BENCHMARKS))
     return "benchmarks:\n" + "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in BENCHMARKS.items())
@@ -52,14 +47,26 @@ def describe() -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`bench NAME ARGS...`: run benchmark NAME with its own arguments (its --help lists them)."""
+    from lit_transformer.cli.program import program, suggest
+    from lit_transformer.errors import UserError
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = command_parser("bench", "Run one of the package's benchmarks; each writes JSON that names its machine.")
-    parser.epilog = describe()
-    parser.add_argument("name", choices=sorted(BENCHMARKS), metavar="NAME", help="the benchmark (listed below)")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="its own arguments (bench NAME --help)")
     if not argv or argv[0] in ("-h", "--help"):
-        parser.print_help()
+        from lit_transformer.cli.arguments import command_parser
+
+        parser = command_parser(
+            "bench",
+            "Run one of the package's benchmarks; each appends its runs, with the machine, to JSON.",
+            describe(),
+        )
+        parser.add_argument("name", metavar="NAME", help="the benchmark (listed below)")
+        parser.usage = f"{program('bench')} NAME [ARGS]  ({program('bench')} NAME --help for its own)"
+        parser.print_help(sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
-    args = parser.parse_args(argv[:1])
-    module = importlib.import_module(BENCHMARKS[args.name][0])
-    module.main(argv[1:])
+    name = argv[0]
+    if name not in BENCHMARKS:
+        raise UserError(
+            f"unknown benchmark {name!r}.{suggest(name, list(BENCHMARKS))}",
+            hint=f"Run '{program('bench')} --help' for the benchmarks.",
+        )
+    importlib.import_module(BENCHMARKS[name][0]).main(argv[1:])

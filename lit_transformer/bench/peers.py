@@ -1,4 +1,5 @@
-"""Peer implementations at equal dimensions, for `bench speed` (lit_transformer/bench/speed.py).
+"""Peer implementations at equal dimensions, for `bench speed` (lit_transformer/bench/speed_sections.py; which peer
+each section needs, and how to install it: speed.py).
 
 Each builder returns a module whose call maps token ids to logits (B, T, V), so every contender is timed through the
 same loss, backward and optimizer. Dropout is 0 everywhere: the comparison is of the arithmetic, not of the RNG.
@@ -6,39 +7,10 @@ same loss, backward and optimizer. Dropout is 0 everywhere: the comparison is of
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import torch
 from torch import Tensor, nn
-
-from lit_transformer.errors import UserError
-
-# The peers each CPU section of `bench speed` builds, as (module, how to install it).
-PEERS = {
-    "transformers": 'pip install -e ".[bench]"',
-    "x_transformers": 'pip install -e ".[bench]"',
-    "litgpt": "pip install --no-deps litgpt==0.5.13  (litgpt's own pins would downgrade jsonargparse)",
-    "onnx": 'pip install -e ".[interop]"',
-    "onnxscript": 'pip install -e ".[interop]"',  # torch.onnx.export's dynamo exporter
-    "onnxruntime": 'pip install -e ".[interop]"',
-}
-SECTION_PEERS = {
-    "decoder": ["transformers", "x_transformers", "litgpt"],
-    "seq2seq": ["transformers", "x_transformers"],
-    "greedy": ["transformers"],
-    "beam": ["transformers"],
-    "quantized": ["transformers", "onnx", "onnxscript", "onnxruntime"],
-}
-
-
-def require_peers(sections: list[str]) -> None:
-    """Refuse before minutes of timing are spent when a peer the sections build is not installed."""
-    missing = sorted({m for s in sections for m in SECTION_PEERS.get(s, []) if importlib.util.find_spec(m) is None})
-    if missing:
-        steps = "; ".join(sorted({PEERS[m] for m in missing}))
-        raise UserError(f"bench speed compares against {', '.join(missing)}, not installed here. Install: {steps}")
-
 
 # ---------------------------------------------------------------------------------------------- decoder-only
 

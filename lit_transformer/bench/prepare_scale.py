@@ -16,8 +16,8 @@ Translation (pairs through token shards):
     python -m lit_transformer bench prepare pairs_tokenizer --out /tmp/bench/pairs-tokenizer.json
     python -m lit_transformer bench prepare pairs --corpus /tmp/bench/pairs-200 --tokenizer /tmp/bench/pairs-tokenizer.json
 
-`--json FILE` (before the subcommand) appends each result of ours, nanogpt and pairs, with its command and machine,
-as one line of FILE.
+`--json FILE` (before the subcommand) adds each measurement (ours, nanogpt, pairs, train_rss, pairs_loader_rss,
+cli_rss), with its command and machine, to the runs of FILE (one line each in a .jsonl).
 
 `corpus` writes JSON lines {"text": ...} of documents of a few KB (1-6 KB windows of whole lines from the 42
 Shakespeare works, drawn with a fixed seed) up to the size asked. `tokenizer` trains one byte-level BPE of 8,192
@@ -25,8 +25,8 @@ tokens on the Shakespeare training split: both preparations use that same file. 
 `python -m lit_transformer prepare` on a fresh cache; `nanogpt` runs nanoGPT's data/openwebtext/prepare.py recipe
 (load_dataset, train_test_split(test_size=0.0005, seed=2357), datasets.map with num_proc=2 that encodes each document
 and appends the end-of-text id, then each split concatenated into a uint16 np.memmap in 1,024 batches), with the
-same tokenizer in place of tiktoken. Each runs in a subprocess; wall time, CPU time (user + system, all processes), MB/s of JSONL and the
-peak resident memory are reported: the largest single process (getrusage) and the sum over the process tree (sampled every 0.1 s; forked
+same tokenizer in place of tiktoken. Each runs in a subprocess (lit_transformer.records.run_child); wall time, CPU time (user + system, all processes), MB/s of JSONL and the
+peak resident memory are reported: the largest single process (wait4's ru_maxrss) and the sum over the process tree (sampled every 0.1 s; forked
 workers share pages, so the sum overstates). `train_rss` trains a tiny model from the prepared shards and reports
 the resident memory after 100 steps and after the last. `cli_rss` writes a corpus under --out, runs
 `python -m lit_transformer fit --config configs/base.yaml` on it in a fresh cache (base.yaml's own tokenizer unless
@@ -41,19 +41,16 @@ import itertools
 import json
 import os
 import random
-import resource
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from lit_transformer.bench import command_parser
-from lit_transformer.records import command_line, machine, tree_rss_kb
+from lit_transformer.cli.arguments import chosen, command_parser, packaged_configs, parse, subcommand_parser
+from lit_transformer.errors import UserError
+from lit_transformer.records import child_env, command_line, machine, process_rss_mb, run_child, write_run
 
-REPO = Path(__file__).resolve().parents[2]
-COMMAND = [""]  # this run's command line, as a user types it (set by main)
+STAMP: dict = {}  # this run's command line, as a user types it, and its machine as it starts (set by main)
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -82,7 +79,7 @@ def make_corpus(size_mb: float, out: Path, seed: int = 0) -> None:
 
 
 def make_tokenizer(out: Path, vocab_size: int = 8192) -> None:
-    from lit_transformer.data.corpora import shakespeare as corpora
+    from lit_transformer.data import corpora
     from lit_transformer.data.text import train_tokenizer
 
     tokenizer = train_tokenizer(corpora.shakespeare()["train"]["text"], "byte_bpe", vocab_size)
@@ -94,8 +91,8 @@ def make_tokenizer(out: Path, vocab_size: int = 8192) -> None:
 def make_pair_corpus(size_mb: float, out: Path, seed: int = 0, held_out: int = 1000) -> None:
     """A folder of JSON lines {"en", "es"}: valid.jsonl and test.jsonl of `held_out` pairs and train.jsonl of about
     `size_mb`; each pair is 1-3 consecutive verses of the embedded KJV-RV1909 training split, drawn with a fixed seed."""
+    from lit_transformer.data import corpora
     from lit_transformer.data.cache import resolve_cache_dir
-    from lit_transformer.data.corpora import shakespeare as corpora
 
     train = corpora.kjv_rv1909(resolve_cache_dir())["train"]
     en, es = list(train["en"]), list(train["es"])
@@ -119,8 +116,8 @@ def make_pair_corpus(size_mb: float, out: Path, seed: int = 0, held_out: int = 1
 
 
 def make_pair_tokenizer(out: Path, vocab_size: int = 8000) -> None:
+    from lit_transformer.data import corpora
     from lit_transformer.data.cache import resolve_cache_dir
-    from lit_transformer.data.corpora import shakespeare as corpora
     from lit_transformer.data.text import train_tokenizer
 
     train = corpora.kjv_rv1909(resolve_cache_dir())["train"]
@@ -134,47 +131,27 @@ def make_pair_tokenizer(out: Path, vocab_size: int = 8000) -> None:
 
 
 def measure(command: list[str], env: dict | None = None) -> dict:
-    """Run `command`; its wall time, the largest process's peak RSS and the sampled peak of the tree's sum."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    before, cpu_before = usage.ru_maxrss, usage.ru_utime + usage.ru_stime
-    started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **(env or {})})
-    peak_tree = 0
-    stop = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak_tree
-        while not stop.is_set():
-            peak_tree = max(peak_tree, sum(tree_rss_kb(process.pid).values()))
-            stop.wait(0.1)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    code = process.wait()
-    stop.set()
-    thread.join()
-    wall = time.perf_counter() - started
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    peak_process = usage.ru_maxrss
-    if code != 0:
-        raise SystemExit(f"{command} failed with exit code {code}")
+    """Run `command`; its wall time, CPU time, the largest process's peak RSS and the sampled peak of the tree's sum."""
+    done = run_child(command, env=child_env(**(env or {})), interval=0.1)
+    if done.returncode != 0:
+        raise SystemExit(f"{command} failed with exit code {done.returncode}")
     return {
-        "wall_s": round(wall, 1),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime - cpu_before, 1),  # all processes, user + system
-        "peak_rss_process_gb": round(peak_process / 1e6, 3) if peak_process > before else None,
-        "peak_rss_tree_gb": round(peak_tree / 1e6, 3),
+        "wall_s": round(done.wall_s, 1),
+        "cpu_s": round(done.cpu_s, 1),  # all processes, user + system
+        "peak_rss_process_gb": round(done.peak_rss_mb / 1e3, 3),
+        "peak_rss_tree_gb": round((done.peak_tree_mb or 0) / 1e3, 3),
     }
 
 
-def _report(name: str, corpus: Path, result: dict, log: Path | None) -> None:
-    """Print the run's result; with --json, append it (its command and machine beside it) as one JSON line."""
-    size = corpus.stat().st_size / 1e6
-    result = {"run": name, "corpus_mb": round(size, 1), **result, "mb_per_s": round(size / result["wall_s"], 2)}
+def _report(name: str, corpus: Path | None, result: dict, log: Path | None) -> None:
+    """Print the run's result; with --json, add it (its command and machine beside it) to the runs of that file."""
+    if corpus is not None:
+        size = corpus.stat().st_size / 1e6
+        result = {"corpus_mb": round(size, 1), **result, "mb_per_s": round(size / result["wall_s"], 2)}
+    result = {"run": name, **result}
     print(json.dumps(result), flush=True)
     if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("a") as handle:
-            handle.write(json.dumps({**result, "command": COMMAND[0], "machine": machine()}) + "\n")
+        write_run(log, result, **STAMP)
 
 
 # ---------------------------------------------------------------------------------------------------- the two recipes
@@ -195,7 +172,7 @@ def run_ours(corpus: Path, tokenizer: Path, cache_dir: Path | None, threads: int
         )
     )
     command = [sys.executable, "-m", "lit_transformer", "prepare", "--config", str(config)]
-    env = {"PYTHONPATH": str(REPO), "RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
+    env = {"RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
     _report("ours", corpus, measure(command, env), log)
 
 
@@ -236,7 +213,7 @@ def run_nanogpt(corpus: Path, tokenizer: Path, out: Path | None, num_proc: int, 
     out = out or Path(tempfile.mkdtemp(prefix="bench-nanogpt-"))
     command = [sys.executable, "-m", "lit_transformer.bench", "prepare", "_nanogpt", str(corpus), str(tokenizer),
                str(out), str(num_proc)]  # fmt: skip
-    _report("nanogpt", corpus, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}), log)
+    _report("nanogpt", corpus, measure(command, {"HF_DATASETS_OFFLINE": "1"}), log)
 
 
 # ---------------------------------------------------------------------------------------------------- translation
@@ -254,10 +231,10 @@ def run_pairs(corpus: Path, tokenizer: Path, cache_dir: Path | None, log: Path |
     )
     command = [sys.executable, "-m", "lit_transformer", "prepare", "--config", str(config)]
     train = corpus / "train.jsonl" if corpus.is_dir() else corpus
-    _report("pairs", train, measure(command, {"PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}), log)
+    _report("pairs", train, measure(command, {"HF_DATASETS_OFFLINE": "1"}), log)
 
 
-def run_pairs_loader_rss(corpus: Path, tokenizer: Path, cache_dir: Path, batches: int) -> None:
+def run_pairs_loader_rss(corpus: Path, tokenizer: Path, cache_dir: Path, batches: int, log: Path | None) -> None:
     """Training batches read from prepared pair shards: setup time (the plan from the index) and the resident memory
     after 100 batches and after `batches` (the loader alone: no model)."""
     import torch
@@ -265,87 +242,76 @@ def run_pairs_loader_rss(corpus: Path, tokenizer: Path, cache_dir: Path, batches
     from lit_transformer.data import TranslationDataModule
 
     torch.set_num_threads(1)
-
-    from lit_transformer.engine.monitoring import process_rss_mb as rss_mb
-
-    before = rss_mb()
+    before = process_rss_mb()
     started = time.perf_counter()
     dm = TranslationDataModule(str(corpus), tokenizer=str(tokenizer), max_length=256, max_tokens=4096,
                                cache_dir=str(cache_dir))  # fmt: skip
     dm.setup()
     loader = dm.train_dataloader()
     setup = time.perf_counter() - started
-    rss, started = {"setup": rss_mb()}, time.perf_counter()
+    rss, started = {"setup": process_rss_mb()}, time.perf_counter()
     for step, _ in enumerate(itertools.islice(itertools.chain.from_iterable(itertools.repeat(loader)), batches), 1):
         if step in (100, 1000, batches):
-            rss[str(step)] = rss_mb()
+            rss[str(step)] = process_rss_mb()
     took = time.perf_counter() - started
-    print(json.dumps({"run": "pairs_loader_rss", "train_pairs": len(dm._datasets["train"]),
-                      "batches_per_epoch": len(loader), "setup_s": round(setup, 2), "rss_before_mb": round(before, 1),
-                      "rss_mb": {k: round(v, 1) for k, v in rss.items()}, "ms_per_batch": round(1e3 * took / batches, 2),
-                      "growth_100_to_last": f"{(rss[str(batches)] - rss['100']) / rss['100']:+.2%}"}))  # fmt: skip
+    _report("pairs_loader_rss", None, {"train_pairs": len(loader.dataset), "batches_per_epoch": len(loader),
+                                       "setup_s": round(setup, 2), "rss_before_mb": round(before, 1),
+                                       "rss_mb": {k: round(v, 1) for k, v in rss.items()},
+                                       "ms_per_batch": round(1e3 * took / batches, 2),
+                                       "growth_100_to_last": f"{(rss[str(batches)] - rss['100']) / rss['100']:+.2%}"},
+            log)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- training memory
 
 
-def run_train_rss(corpus: Path, tokenizer: Path, cache_dir: Path, steps: int) -> None:
-    """A tiny model trained from the prepared shards: resident memory after 100 steps and after `steps`."""
+def run_train_rss(corpus: Path, tokenizer: Path, cache_dir: Path, steps: int, log: Path | None) -> None:
+    """The tiny preset trained from the prepared shards, through the CLI's own objects: resident memory after 100
+    steps and after `steps`."""
     import lightning as L
     import torch
 
-    from lit_transformer import TransformerConfig
-    from lit_transformer.data import LanguageModelingDataModule
-    from lit_transformer.engine.lightning_module import LitTransformer
+    from lit_transformer.cli.lightning_cli import run_cli
 
     torch.set_num_threads(1)
-    data = LanguageModelingDataModule(
-        dataset=str(corpus), tokenizer=str(tokenizer), block_size=64, batch_size=8, cache_dir=str(cache_dir)
-    )
-    config = TransformerConfig.preset(
-        "tiny", vocab_size=data.vocab_size, pad_token_id=data.pad_token_id, eos_token_id=data.eos_token_id
-    )
     rss: dict[int, float] = {}
 
     class Probe(L.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
             step = trainer.global_step
             if step in (100, 500, steps):
-                with open("/proc/self/status") as handle:
-                    kb = next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
-                rss[step] = kb / 1e3
+                rss[step] = process_rss_mb()
 
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[Probe()],
-    )
+    data = [
+        "--data.init_args.dataset",
+        str(corpus),
+        "--data.init_args.tokenizer",
+        str(tokenizer),
+        "--data.init_args.max_chars",
+        "null",
+        "--data.init_args.cache_dir",
+        str(cache_dir),
+    ]
+    quiet = ["--trainer.max_steps", str(steps), "--trainer.limit_val_batches", "0", "--trainer.logger", "false",
+             "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false",
+             "--model.optim.warmup_steps", "10"]  # fmt: skip
+    cli = run_cli(["--config", str(packaged_configs() / "presets" / "tiny.yaml"), *data, *quiet], run=False)
+    cli.trainer.callbacks.append(Probe())
     started = time.perf_counter()
-    trainer.fit(LitTransformer(config, warmup_steps=10), data)
-    blocks = len(data._blocks["train"])
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     growth = (rss[steps] - rss[100]) / rss[100]
-    print(
-        json.dumps(
-            {
-                "run": "train_rss",
-                "train_blocks": blocks,
-                "rss_mb": {str(k): round(v, 1) for k, v in sorted(rss.items())},
-                "growth_100_to_last": f"{growth:+.2%}",
-                "wall_s": round(time.perf_counter() - started, 1),
-            }
-        )
-    )
+    _report("train_rss", None, {"train_blocks": len(cli.trainer.train_dataloader.dataset),
+                                "rss_mb": {str(k): round(v, 1) for k, v in sorted(rss.items())},
+                                "growth_100_to_last": f"{growth:+.2%}",
+                                "wall_s": round(time.perf_counter() - started, 1)}, log)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- the user's path
 
 
-def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, interval: float, keep: bool) -> None:
+def run_cli_rss(
+    size_mb: float, out: Path, steps: int, tokenizer: Path | None, interval: float, keep: bool, log: Path | None
+) -> None:
     """`python -m lit_transformer fit --config configs/base.yaml` on a generated JSONL of `size_mb`, in a fresh cache:
     the command line prepares the corpus (streaming, token shards) and then trains `steps` steps from the shards.
     The resident memory of the whole process tree (the CLI and the preparation's worker processes) is sampled every
@@ -354,7 +320,8 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
     import shutil
 
     if steps < 100 or steps % 100:
-        raise SystemExit(f"--steps must be a multiple of 100 (the monitor records every 100 steps), not {steps}")
+        raise UserError(f"--steps must be a multiple of 100 (the monitor records every 100 steps), not {steps}")
+    out = out.resolve()  # the child runs in it
     out.mkdir(parents=True, exist_ok=True)
     corpus = out / f"corpus-{size_mb:g}.jsonl"
     if not corpus.exists():
@@ -363,7 +330,8 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
     records.unlink(missing_ok=True)
     monitor = {"class_path": "lit_transformer.engine.monitoring.HostMemoryMonitor",
                "init_args": {"every_n_steps": 100, "path": str(records)}}  # fmt: skip
-    command = [sys.executable, "-m", "lit_transformer", "fit", "--config", "configs/base.yaml",
+    base = str(packaged_configs() / "base.yaml")
+    command = [sys.executable, "-m", "lit_transformer", "fit", "--config", base,
                "--data.init_args.dataset", str(corpus), "--data.init_args.cache_dir", str(out / "cache"),
                *(["--data.init_args.tokenizer", str(tokenizer)] if tokenizer else []),
                "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
@@ -372,49 +340,33 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
                "--checkpoint.dirpath", str(out / "run" / "checkpoints"), "--checkpoint.every_n_train_steps", str(steps),
                f"--trainer.callbacks+={json.dumps(monitor)}"]  # fmt: skip
     print("$ " + " ".join(command), flush=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}
-    samples: list[tuple[float, int]] = []  # (time, KB of the tree)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     load = [os.getloadavg()[0]]  # the machine is shared: the 1-minute load average at the start, setup and end
     started = time.time()
-    process = subprocess.Popen(command, cwd=REPO, env=env)
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            samples.append((time.time(), sum(tree_rss_kb(process.pid).values())))
-            stop.wait(interval)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    code = process.wait()
-    stop.set()
-    thread.join()
+    done = run_child(command, cwd=out, env=child_env(HF_DATASETS_OFFLINE="1"), interval=interval)
     ended = time.time()
     load.append(os.getloadavg()[0])
-    largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KB: the largest process of the tree, whole run
-    if code != 0:
-        raise SystemExit(f"fit failed with exit code {code}")
+    if done.returncode != 0:
+        raise SystemExit(f"fit failed with exit code {done.returncode}")
+    samples = done.samples  # (time, MB of the tree)
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     setup = next(row for row in rows if row["stage"] == "setup")
     train = {row["step"]: row for row in rows if row["stage"] == "train"}
-    prep = [kb for t, kb in samples if t <= setup["time"]]
-    after = [kb for t, kb in samples if t > setup["time"]]
+    prep = [mb for t, mb in samples if t <= setup["time"]]
+    after = [mb for t, mb in samples if t > setup["time"]]
     rss = {str(step): row["rss_mb"] for step, row in sorted(train.items())}
     first, last = train[100]["rss_mb"], train[steps]["rss_mb"]
     shards = sum(f.stat().st_size for f in (out / "cache").rglob("*") if f.is_file())
-    result = {"run": "cli_rss", "corpus_mb": round(corpus.stat().st_size / 1e6, 1), "samples": len(samples),
+    result = {"corpus_mb": round(corpus.stat().st_size / 1e6, 1), "samples": len(samples),
               "prepare_s": round(setup["time"] - started, 1), "train_s": round(ended - setup["time"], 1),
-              "peak_rss_prepare_tree_gb": round(max(prep) / 1e6, 3),
+              "peak_rss_prepare_tree_gb": round(max(prep) / 1e3, 3),
               "peak_rss_prepare_main_gb": round(setup["peak_rss_mb"] / 1e3, 3),
-              "peak_rss_largest_process_gb": round(largest / 1e6, 3) if largest > before else None,
-              "peak_rss_train_tree_gb": round(max(after) / 1e6, 3) if after else None,
+              "peak_rss_largest_process_gb": round(done.peak_rss_mb / 1e3, 3),
+              "peak_rss_train_tree_gb": round(max(after) / 1e3, 3) if after else None,
               "rss_setup_mb": setup["rss_mb"], "rss_mb_by_step": rss,
               "children_rss_mb_last": train[steps]["children_rss_mb"],
               "growth_100_to_last": f"{(last - first) / first:+.2%}", "cache_mb": round(shards / 1e6, 1),
               "load_average_start_end": [round(x, 1) for x in load]}  # fmt: skip
-    print(json.dumps(result), flush=True)
-    (out / "result.json").write_text(json.dumps(result) + "\n")
+    _report("cli_rss", None, result, log)
     if not keep:
         corpus.unlink()
         shutil.rmtree(out / "cache", ignore_errors=True)
@@ -423,65 +375,74 @@ def run_cli_rss(size_mb: float, out: Path, steps: int, tokenizer: Path | None, i
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["_nanogpt"]:
+    if argv[:1] == ["_nanogpt"]:  # the child process of `nanogpt`: its recipe, timed from outside
         corpus, tokenizer, out, num_proc = argv[1:5]
         nanogpt_recipe(corpus, tokenizer, out, int(num_proc))
         return
-    COMMAND[0] = command_line("prepare", argv)
+    STAMP.update(command=command_line("bench prepare", argv))
     parser = command_parser("bench prepare", __doc__)
-    parser.add_argument("--json", type=Path, default=None, help="append each result (with its machine) to this JSONL")
-    sub = parser.add_subparsers(dest="command", required=True)
-    corpus = sub.add_parser("corpus", help="write a JSONL corpus of documents of a few KB")
-    corpus.add_argument("--size_mb", type=float, required=True)
-    corpus.add_argument("--out", type=Path, required=True)
-    tok = sub.add_parser("tokenizer", help="the fixed byte-level BPE both recipes use")
-    tok.add_argument("--out", type=Path, required=True)
-    pairs_corpus = sub.add_parser("pairs_corpus", help="write a folder of JSON-lines pairs (train/valid/test)")
-    pairs_corpus.add_argument("--size_mb", type=float, required=True)
-    pairs_corpus.add_argument("--out", type=Path, required=True)
-    pairs_tok = sub.add_parser("pairs_tokenizer", help="the fixed BPE both translation storages use")
-    pairs_tok.add_argument("--out", type=Path, required=True)
-    pairs = sub.add_parser("pairs", help="prepare a folder of pairs into token shards")
-    pairs.add_argument("--corpus", type=Path, required=True)
-    pairs.add_argument("--tokenizer", type=Path, required=True)
-    pairs.add_argument("--out", type=Path, default=None, help="cache folder (default: a fresh temporary one)")
-    loader_rss = sub.add_parser("pairs_loader_rss", help="read training batches from prepared pair shards")
-    loader_rss.add_argument("--corpus", type=Path, required=True)
-    loader_rss.add_argument("--tokenizer", type=Path, required=True)
-    loader_rss.add_argument("--out", type=Path, required=True, help="the cache `pairs --storage shards` prepared")
-    loader_rss.add_argument("--batches", type=int, default=5000)
-    cli = sub.add_parser("cli_rss", help="`fit --config configs/base.yaml` on a generated JSONL: RSS of both phases")
-    cli.add_argument("--size_mb", type=float, default=1000)
-    cli.add_argument("--out", type=Path, required=True, help="a scratch folder: corpus, cache and run go there")
-    cli.add_argument("--steps", type=int, default=1000)
-    cli.add_argument("--tokenizer", type=Path, default=None, help="a tokenizer.json (default: base.yaml's byte_bpe)")
-    cli.add_argument("--interval", type=float, default=0.25, help="seconds between samples of the tree's RSS")
-    cli.add_argument("--keep", action="store_true", help="keep the corpus, cache and run (default: deleted)")
-    for name in ("ours", "nanogpt", "train_rss"):
-        run = sub.add_parser(name)
-        run.add_argument("--corpus", type=Path, required=True)
-        run.add_argument("--tokenizer", type=Path, required=True)
-        run.add_argument("--out", type=Path, default=None, help="cache (ours, train_rss) or output folder")
-        run.add_argument("--threads", type=int, default=2, help="tokenizer threads (ours) / map processes (nanogpt)")
-        run.add_argument("--steps", type=int, default=1000)
-    args = parser.parse_args(argv)
-    if args.command == "corpus":
-        make_corpus(args.size_mb, args.out)
-    elif args.command == "tokenizer":
-        make_tokenizer(args.out)
-    elif args.command == "pairs_corpus":
-        make_pair_corpus(args.size_mb, args.out)
-    elif args.command == "pairs_tokenizer":
-        make_pair_tokenizer(args.out)
-    elif args.command == "pairs":
-        run_pairs(args.corpus, args.tokenizer, args.out, args.json)
-    elif args.command == "pairs_loader_rss":
-        run_pairs_loader_rss(args.corpus, args.tokenizer, args.out, args.batches)
-    elif args.command == "cli_rss":
-        run_cli_rss(args.size_mb, args.out, args.steps, args.tokenizer, args.interval, args.keep)
-    elif args.command == "ours":
-        run_ours(args.corpus, args.tokenizer, args.out, args.threads, args.json)
-    elif args.command == "nanogpt":
-        run_nanogpt(args.corpus, args.tokenizer, args.out, args.threads, args.json)
+    parser.add_argument("--json", type=Path | None, default=None, help="add each measurement to the runs of this file")
+    commands = parser.add_subcommands(dest="command", required=True)
+
+    def add(name: str, summary: str, *options: tuple[str, object, object, str]) -> None:
+        """A subcommand with its options, each (flag, type, default (... for required, False for a switch), help)."""
+        command = subcommand_parser(name, summary[:1].upper() + summary[1:] + ".")
+        for flag, kind, default, text in options:
+            if default is False:
+                command.add_argument(flag, action="store_true", help=text)
+            elif default is ...:
+                command.add_argument(flag, type=kind, required=True, help=text)
+            else:
+                command.add_argument(flag, type=kind, default=default, help=text)
+        commands.add_subcommand(name, command, help=summary)
+
+    corpus = ("--corpus", Path, ..., "the JSONL corpus (`corpus`), or the folder of pairs (`pairs_corpus`)")
+    tokenizer = ("--tokenizer", Path, ..., "the tokenizer.json both recipes use (`tokenizer`, `pairs_tokenizer`)")
+    add("corpus", "write a JSONL corpus of documents of a few KB",
+        ("--size_mb", float, ..., "its size"), ("--out", Path, ..., "the JSONL file"))  # fmt: skip
+    add("tokenizer", "the fixed byte-level BPE both recipes use", ("--out", Path, ..., "the tokenizer.json"))
+    add("pairs_corpus", "write a folder of JSON-lines pairs (train/valid/test)",
+        ("--size_mb", float, ..., "train.jsonl's size"), ("--out", Path, ..., "the folder"))  # fmt: skip
+    add("pairs_tokenizer", "the fixed BPE both translation storages use", ("--out", Path, ..., "the tokenizer.json"))
+    add("pairs", "prepare a folder of pairs into token shards", corpus, tokenizer,
+        ("--out", Path | None, None, "cache folder (default: a fresh temporary one)"))  # fmt: skip
+    add("pairs_loader_rss", "read training batches from prepared pair shards", corpus, tokenizer,
+        ("--out", Path, ..., "the cache `pairs` prepared"), ("--batches", int, 5000, "batches to read"))  # fmt: skip
+    add("cli_rss", "`fit --config configs/base.yaml` on a generated JSONL: RSS of both phases",
+        ("--size_mb", float, 1000.0, "the corpus's size"),
+        ("--out", Path, ..., "a scratch folder: corpus, cache and run go there"),
+        ("--steps", int, 1000, "optimizer steps (a multiple of 100)"),
+        ("--tokenizer", Path | None, None, "a tokenizer.json (default: base.yaml's byte_bpe)"),
+        ("--interval", float, 0.25, "seconds between samples of the tree's RSS"),
+        ("--keep", bool, False, "keep the corpus, cache and run (default: deleted)"))  # fmt: skip
+    for name, summary in (("ours", "`prepare` on a fresh cache"), ("nanogpt", "nanoGPT's openwebtext recipe"),
+                          ("train_rss", "the tiny preset trained from the prepared shards: RSS")):  # fmt: skip
+        add(name, summary, corpus, tokenizer,
+            ("--out", Path | None, None, "cache (ours, train_rss) or output folder"),
+            ("--threads", int, 2, "tokenizer threads (ours) / map processes (nanogpt)"),
+            ("--steps", int, 1000, "training steps (train_rss)"))  # fmt: skip
+    args = parse(parser, argv)
+    name, options = chosen(args)
+    STAMP.update(machine=machine())
+    if name == "corpus":
+        make_corpus(options.size_mb, options.out)
+    elif name == "tokenizer":
+        make_tokenizer(options.out)
+    elif name == "pairs_corpus":
+        make_pair_corpus(options.size_mb, options.out)
+    elif name == "pairs_tokenizer":
+        make_pair_tokenizer(options.out)
+    elif name == "pairs":
+        run_pairs(options.corpus, options.tokenizer, options.out, args.json)
+    elif name == "pairs_loader_rss":
+        run_pairs_loader_rss(options.corpus, options.tokenizer, options.out, options.batches, args.json)
+    elif name == "cli_rss":
+        run_cli_rss(options.size_mb, options.out, options.steps, options.tokenizer, options.interval, options.keep,
+                    args.json)  # fmt: skip
+    elif name == "ours":
+        run_ours(options.corpus, options.tokenizer, options.out, options.threads, args.json)
+    elif name == "nanogpt":
+        run_nanogpt(options.corpus, options.tokenizer, options.out, options.threads, args.json)
     else:
-        run_train_rss(args.corpus, args.tokenizer, args.out or Path(tempfile.mkdtemp()), args.steps)
+        run_train_rss(options.corpus, options.tokenizer, options.out or Path(tempfile.mkdtemp()), options.steps,
+                      args.json)  # fmt: skip

@@ -10,12 +10,12 @@ the trainer's final metrics, the wall time, the thread count and the host's load
     python -m lit_transformer bench record --json docs/translation_cpu.json --name test -- \
         test --config configs/presets/translate-en-es.yaml --ckpt_path runs/en-es/checkpoints/last.ckpt
 
-Entries under other names are kept, so one file can hold a run's `fit` and each of its `test`s.
+One file holds named records, so a run's `fit` and each of its `test`s sit side by side; a rerun under the same name
+is one more run of that record (lit_transformer.records.write_run), the pages quoting its newest.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -23,8 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from lit_transformer.bench import command_parser
-from lit_transformer.records import command_line, machine
+from lit_transformer.cli.arguments import command_parser, parse, split_passed_on
+from lit_transformer.errors import UserError
+from lit_transformer.records import command_line, machine, write_run
 
 
 def _number(value: object) -> float | None:
@@ -36,7 +37,7 @@ def _number(value: object) -> float | None:
 
 
 def record(json_path: Path, name: str, cli_args: list[str], command: str) -> dict:
-    """Run `python -m lit_transformer CLI_ARGS` in this process; write its metrics to json_path under `name`."""
+    """Run `python -m lit_transformer CLI_ARGS` in this process; add its metrics to json_path's record `name`."""
     import torch
 
     from lit_transformer.cli.lightning_cli import run_cli, show_package_info_logs
@@ -48,33 +49,28 @@ def record(json_path: Path, name: str, cli_args: list[str], command: str) -> dic
     cli = run_cli()
     seconds = time.perf_counter() - start
     metrics = {key: _number(value) for key, value in cli.trainer.callback_metrics.items()}
-    entry = {
-        "command": command,  # this script's own command line, as the docs print it
+    figures = {
         "cli": "python -m lit_transformer " + shlex.join(cli_args),
         "metrics": {key: value for key, value in sorted(metrics.items()) if value is not None},
         "global_step": cli.trainer.global_step,
         "wall_s": seconds,
         "threads": facts["threads"],  # also in the machine; the pages quote it from here
-        "date": facts["date"],
         "load_average_end": list(os.getloadavg()),
-        "machine": facts,
     }
-    recorded = json.loads(json_path.read_text()) if json_path.exists() else {}
-    recorded[name] = entry
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(recorded, indent=1) + "\n")
-    return entry
+    return write_run(json_path, figures, command=command, machine=facts, name=name)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    own, cli_args = split_passed_on(argv)
     parser = command_parser("bench record", __doc__)
-    parser.add_argument("--json", type=Path, required=True, help="the JSON file to write (kept entries are merged)")
-    parser.add_argument("--name", required=True, help="the entry's name in that file, e.g. fit or test")
-    parser.add_argument("cli_args", nargs=argparse.REMAINDER, help="after --: the CLI's arguments, fit/test/...")
-    args = parser.parse_args(argv)
-    cli_args = args.cli_args[1:] if args.cli_args[:1] == ["--"] else args.cli_args
+    parser.add_argument("--json", type=Path, required=True, help="the JSON file its record is added to")
+    parser.add_argument("--name", type=str, required=True, help="the record's name in that file, e.g. fit or test")
+    args = parse(parser, own)
     if not cli_args or cli_args[0] not in ("fit", "validate", "test"):
-        parser.error("give the CLI command after --, starting with fit, validate or test")
-    entry = record(args.json, args.name, cli_args, command_line("record", argv))
-    print(json.dumps({args.name: entry["metrics"], "wall_s": entry["wall_s"]}, indent=1))
+        raise UserError(
+            "bench record runs a command of the CLI: give it after --, starting with fit, validate or test",
+            hint="For example: bench record --json runs/x.json --name fit -- fit --config configs/presets/tiny.yaml",
+        )
+    run = record(args.json, args.name, cli_args, command_line("bench record", argv))
+    print(json.dumps({args.name: run["metrics"], "wall_s": run["wall_s"]}, indent=1))

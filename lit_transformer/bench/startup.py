@@ -11,14 +11,15 @@ most 1.2x; generating 20 tokens from the main job's checkpoint at most 1.5x.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from lit_transformer.cli.arguments import command_parser, parse
+from lit_transformer.records import child_env, command_line, machine, run_child, write_run
 
 YARDSTICKS = {
     "import torch": ["-c", "import torch"],
@@ -62,17 +63,13 @@ def commands(checkpoint: str | None) -> dict[str, list[str]]:
 
 
 def measure(argv: Sequence[str], cwd: str) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of one process."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    start = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed with status {os.waitstatus_to_exitcode(status)}")
-    return wall, usage.ru_maxrss / 1024  # KB on Linux
+    """(wall seconds, peak RSS in MB) of one process, not sampled (a sampler would share the cores it is timed on)."""
+    env = child_env(OMP_NUM_THREADS="1")
+    done = run_child([sys.executable, *argv], cwd=cwd, env=env, interval=None, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed with status {done.returncode}")
+    return done.wall_s, done.peak_rss_mb * 1e3 / 1024  # MiB, as this benchmark has always reported
 
 
 def run(checkpoint: str | None, rounds: int) -> dict:
@@ -104,17 +101,16 @@ def run(checkpoint: str | None, rounds: int) -> dict:
 
 
 def main(argv: Sequence[str]) -> None:
-    from lit_transformer.bench import command_parser
-    from lit_transformer.records import command_line, machine
-
     parser = command_parser("bench startup", __doc__)
-    parser.add_argument("--checkpoint", help="a checkpoint of the main job, for `generate 20 tokens`")
+    parser.add_argument(
+        "--checkpoint", type=str | None, default=None, help="a checkpoint of the main job, for `generate 20 tokens`"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after one warm-up)")
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    record = {"command": command_line("startup", argv), "machine": machine(threads=1)}
-    record.update(run(args.checkpoint, args.rounds))
-    text = json.dumps(record, indent=2)
-    print(text)
+    parser.add_argument("--json", type=Path | None, default=None, help="add this run to the runs of this file")
+    args = parse(parser, argv)
+    facts = machine(threads=1)
+    figures = run(args.checkpoint, args.rounds)
+    command = command_line("bench startup", argv)
+    print(json.dumps({"command": command, "machine": facts, **figures}, indent=2))
     if args.json:
-        args.json.write_text(text + "\n")
+        write_run(args.json, figures, command=command, machine=facts)

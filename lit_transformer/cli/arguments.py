@@ -5,7 +5,8 @@ trains with `n_layers`), answer a typo with a page of usage, and print Lightning
 - `parser_options` makes a parser refuse abbreviations and raise instead of printing usage;
 - `refusal` turns a parse error into a `UserError` that names the key, where it came from (the flag, or the YAML
   file and key path), the nearest valid keys, and the fix;
-- `PlainHelpFormatter` shows docstrings as plain text;
+- `PlainHelpFormatter` shows docstrings as plain text (`CommandHelpFormatter`: a command's description with its
+  examples kept as written);
 - `resolve_config` finds a packaged config by name (`--config base`, `--config presets/tiny`).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+import textwrap
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -55,25 +57,67 @@ class PlainHelpFormatter(DefaultHelpFormatter):
         super().start_section(plain(heading) if heading else heading)
 
 
-def parser_options(prog: str, description: str | None = None, usage: str | None = None) -> dict[str, Any]:
+class CommandHelpFormatter(PlainHelpFormatter):
+    """A command's help: the description's prose paragraphs wrapped to the terminal, and its indented blocks (the
+    example command lines of a module docstring) and lists kept line for line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        blocks = []
+        for block in re.split(r"\n\s*\n", textwrap.dedent(text).strip("\n")):
+            lines = block.splitlines()
+            if any(line[:1].isspace() or line.lstrip().startswith(("- ", "* ")) for line in lines):
+                blocks.append("\n".join(indent + line.rstrip() for line in lines))
+            else:
+                blocks.append(textwrap.fill(" ".join(block.split()), width, initial_indent=indent,
+                                            subsequent_indent=indent))  # fmt: skip
+        return "\n\n".join(blocks)
+
+
+def parser_options(
+    prog: str, description: str | None = None, usage: str | None = None, formatter: type = PlainHelpFormatter
+) -> dict[str, Any]:
     """Keyword arguments for a jsonargparse ArgumentParser of the package: no abbreviations, errors raised."""
     options: dict[str, Any] = {
         "prog": prog,
         "usage": usage,
         "exit_on_error": False,
         "allow_abbrev": False,
-        "formatter_class": PlainHelpFormatter,
+        "formatter_class": formatter,
     }
     if description is not None:
         options["description"] = description
     return options
 
 
-def command_parser(command: str, description: str) -> ArgumentParser:
-    """The parser of one of the package's own commands (generate, translate, export, average)."""
+def command_parser(command: str, description: str | None, epilog: str | None = None) -> ArgumentParser:
+    """The parser of one of the package's own commands (generate, translate, export, average, ablate, every
+    `bench NAME`, ...): `command` as the user types it after the program, `description` (a module docstring with
+    its examples, or a sentence) as the head of its --help."""
     from lit_transformer.cli.program import program
 
-    return ArgumentParser(**parser_options(program(command), description))
+    parser = ArgumentParser(**parser_options(program(command), description, formatter=CommandHelpFormatter))
+    parser.epilog = epilog
+    return parser
+
+
+def subcommand_parser(command: str, description: str | None = None) -> ArgumentParser:
+    """The parser of a subcommand (`bench nanogpt ours`), for `add_subcommands().add_subcommand(name, parser)`."""
+    return ArgumentParser(**parser_options(command, description, formatter=CommandHelpFormatter))
+
+
+def chosen(namespace) -> tuple[str, Any]:
+    """(the subcommand given, its own options) of a namespace parsed with subcommands (dest "command")."""
+    name = namespace.command
+    return name, namespace[name]
+
+
+def split_passed_on(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """argv before the first `--` (the command's own options) and after it (arguments it passes on, e.g. to fit)."""
+    items = list(argv)
+    if "--" not in items:
+        return items, []
+    at = items.index("--")
+    return items[:at], items[at + 1 :]
 
 
 def parse(parser: ArgumentParser, argv: Sequence[str]):
@@ -159,17 +203,22 @@ _UNKNOWN = (
     re.compile(r"Key '([\w.\-]+)' is not expected"),
 )
 _NESTED = re.compile(r"Problem with given class_path '([\w.]+)':\s*\n\s*Option '([\w.\-]+)' is not accepted")
-_PARSER_KEY = re.compile(r'Parser key "([\w.\-]+)":')
+_PARSER_KEY = re.compile(r'Parser key "([\w.\-]+)"(?: element \d+)?:')
+_CHOICES = re.compile(r"Expected an? typing\.Literal\[(.*?)\]\.\s*Got value: (.*)")
+_SUBCOMMAND = re.compile(r"argument (\w+): invalid choice: '([^']*)' \(choose from (.*)\)")
 _EXPECTED = re.compile(r"Expected an? (?:<class '([\w.]+)'>|([^.\n]+?))\.\s*Got value: (.*)")
 
 
 def known_keys(parser: ArgumentParser) -> list[str]:
-    """Every dotted key a parser takes (nested groups included), as a flag would spell it."""
+    """Every dotted key a parser takes (nested groups and subcommands' options included), as a flag would spell it."""
     keys = []
     for action in parser._actions:  # the only way argparse exposes its options
         for option in action.option_strings:
             if option.startswith("--"):
                 keys.append(option[2:])
+        for sub in (getattr(action, "choices", None) or {}).values():  # a subcommand's parser
+            if isinstance(sub, ArgumentParser):
+                keys += [key for key in known_keys(sub) if key not in keys]
     return keys
 
 
@@ -218,6 +267,20 @@ def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> UserEr
             "no data to train on: the configs given have no data section",
             hint="Start from a config that has one (--config base, --config presets/tiny) or give "
             "--data.class_path and its --data.init_args.*.",
+        )
+    choices = _CHOICES.search(message)
+    if parser_key and choices:
+        key, allowed = parser_key.group(1), ", ".join(re.findall(r"'([^']*)'", choices.group(1)))
+        return UserError(
+            f"{key}: {choices.group(2).strip()!r} is not one of {allowed} ({_where(key, argv)})", hint=help_hint
+        )
+    subcommand = _SUBCOMMAND.search(message)
+    if subcommand:
+        names = re.findall(r"'([^']*)'", subcommand.group(3))
+        near = difflib.get_close_matches(subcommand.group(2), names, n=2, cutoff=0.6)
+        suggestion = (" Did you mean " + " or ".join(near) + "?") if near else ""
+        return UserError(
+            f"unknown subcommand {subcommand.group(2)!r} (one of {', '.join(names)}).{suggestion}", hint=help_hint
         )
     expected = _EXPECTED.search(message)
     if parser_key and expected:

@@ -370,7 +370,12 @@ def _trainer_defaults() -> dict:
 
 def run_cli(args: Sequence[str] | None = None, run: bool = True) -> TransformerCLI:
     """The command line's LightningCLI; with run=False its objects (model, data, trainer) are built, not fitted.
-    Keys are exact (no abbreviation) and a parse error raises a UserError (arguments.refusal)."""
+    Keys are exact (no abbreviation) and a parse error raises a UserError (arguments.refusal). Given `args` (a
+    benchmark building the CLI's objects in its own process), packaged configs are found by name as the command line
+    finds them, from any folder."""
+    if args is not None:
+        args = resolve_configs(args)
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")  # args are the point
     argv = list(sys.argv[1:] if args is None else args)
     options = parser_options(program())
     if argv and argv[0] in LightningCLI.subcommands():  # the command's own parser: its usage line says its name

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
 from lit_transformer.engine.lightning_compat import compute_dtype, trainer_logs_now
+from lit_transformer.records import process_rss_mb
 from lit_transformer.tasks.losses import IGNORE_INDEX
 
 
@@ -164,16 +165,6 @@ class LearningRateLogger(LearningRateMonitor):
     def on_train_epoch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         if trainer.loggers:
             super().on_train_epoch_start(trainer, *args, **kwargs)
-
-
-def process_rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float | None:
-    """A process's resident memory (VmRSS; VmHWM: its peak so far) in MB, from /proc (Linux); None where it cannot be
-    read."""
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            return next(int(line.split()[1]) for line in handle if line.startswith(f"{field}:")) / 1e3
-    except (OSError, StopIteration, ValueError):
-        return None
 
 
 class HostMemoryMonitor(L.Callback):

@@ -30,7 +30,6 @@ is reported as "cannot extrapolate".
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -49,10 +48,10 @@ from typing import Any
 
 import yaml
 
-from lit_transformer.bench import command_parser
-from lit_transformer.records import machine
+from lit_transformer.cli.arguments import command_parser, parse, resolve_config, split_passed_on
+from lit_transformer.errors import ConfigError
+from lit_transformer.records import machine, read_runs, write_run
 
-ROOT = Path(__file__).resolve().parents[1]
 LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 # What a model that cannot take a longer context says (positions.LearnedPositions): recorded as such, not a failure.
 REFUSED = "cannot extrapolate"
@@ -85,7 +84,7 @@ def to_flags(spec: dict[str, Any] | list[str] | None) -> list[str]:
 
 
 def _resolve_configs(flags: list[str]) -> list[str]:
-    return [_resolve(t) if i and flags[i - 1] == "--config" else t for i, t in enumerate(flags)]
+    return [resolve_config(t) if i and flags[i - 1] == "--config" else t for i, t in enumerate(flags)]
 
 
 def _cli_value(value: Any) -> str:
@@ -96,13 +95,6 @@ def _cli_value(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value)
     return str(value)
-
-
-def _resolve(path: str) -> str:
-    """A config path as given, or relative to the repository when it is not found from the working directory."""
-    if Path(path).is_absolute() or Path(path).exists() or not (ROOT / path).exists():
-        return path
-    return str(ROOT / path)
 
 
 @dataclass
@@ -125,18 +117,18 @@ class Grid:
         path = Path(path)
         raw = yaml.safe_load(path.read_text()) or {}
         if not isinstance(raw, dict) or not raw.get("cells"):
-            raise ValueError(f"{path} is not an ablation grid: it needs a non-empty `cells:` mapping")
+            raise ConfigError(f"{path} is not an ablation grid: it needs a non-empty `cells:` mapping")
         unknown = set(raw) - {
             "name", "description", "base", "overrides", "cells", "seeds", "seed_flags", "test", "evaluate"
         }  # fmt: skip
         if unknown:
-            raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+            raise ConfigError(f"{path}: unknown keys {sorted(unknown)}")
         base = raw.get("base") or []
         return cls(
             name=raw.get("name") or path.stem,
             path=path,
             cells={str(name): to_flags(spec) for name, spec in raw["cells"].items()},
-            base=[_resolve(p) for p in ([base] if isinstance(base, str) else base)],
+            base=[resolve_config(p) for p in ([base] if isinstance(base, str) else base)],
             overrides=to_flags(raw.get("overrides")),
             seeds=[int(s) for s in raw.get("seeds", [1])],
             seed_flags=[f.removeprefix("--") for f in raw.get("seed_flags", ["seed_everything"])],
@@ -231,16 +223,15 @@ class Run:
         """Run one stage, appending its log and wall time; a success leaves the stage's marker file."""
         self.folder.mkdir(parents=True, exist_ok=True)
         argv = self.command(stage)
+        facts = machine(threads=int(env.get("OMP_NUM_THREADS", 0)) or None)
         start = time.monotonic()
         with open(self.folder / f"{stage}.log", "a") as log:
             log.write(f"$ {shlex.join(argv)}\n")
             log.flush()
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
         wall = time.monotonic() - start
-        with open(self.folder / "timings.jsonl", "a") as timings:
-            facts = machine(threads=int(env.get("OMP_NUM_THREADS", 0)) or None, command=shlex.join(argv))
-            record = {"stage": stage, "wall_s": round(wall, 2), "returncode": code, "machine": facts}
-            timings.write(json.dumps(record) + "\n")
+        write_run(self.folder / "timings.jsonl", {"stage": stage, "wall_s": round(wall, 2), "returncode": code},
+                  command=shlex.join(argv), machine=facts)  # fmt: skip
         refused = code != 0 and stage.startswith("eval-") and REFUSED in (self.folder / f"{stage}.log").read_text()
         if code == 0 or refused:
             marker = {"wall_s": round(wall, 2)} | ({"refused": True} if refused else {})
@@ -254,19 +245,22 @@ class Run:
     def refused(self, stage: str) -> bool:
         return self.done(stage) and bool(json.loads((self.folder / f"{stage}.done").read_text()).get("refused"))
 
+    def timings(self, stage: str = "fit") -> list[dict[str, Any]]:
+        """Each attempt at a stage, oldest first, as timings.jsonl recorded it (its wall time, machine, command)."""
+        return [r for r in read_runs(self.folder / "timings.jsonl") if r.get("stage") == stage]
+
     def machine(self, stage: str = "fit") -> dict[str, Any] | None:
-        """The machine the stage last ran on (as timings.jsonl recorded it), None for runs from before it did."""
-        path = self.folder / "timings.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-        return next((r["machine"] for r in reversed(rows) if r["stage"] == stage and "machine" in r), None)
+        """The machine the stage last ran on, None for runs from before timings.jsonl recorded it."""
+        return next((r["machine"] for r in reversed(self.timings(stage)) if "machine" in r), None)
+
+    def command_of(self, stage: str = "fit") -> str | None:
+        """The command line the stage last ran (older records kept it in the machine)."""
+        last = self.timings(stage)[-1:] or [{}]
+        return last[0].get("command") or (last[0].get("machine") or {}).get("command")
 
     def wall_seconds(self, stage: str = "fit") -> float | None:
         """Wall time of a stage, summed over attempts (an interrupted run counts what it spent)."""
-        path = self.folder / "timings.jsonl"
-        if not path.exists():
-            return None
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return sum(r["wall_s"] for r in rows if r["stage"] == stage) or None
+        return sum(r["wall_s"] for r in self.timings(stage)) or None
 
 
 # ---- running ------------------------------------------------------------------------------------------------------
@@ -335,6 +329,9 @@ def run_results(run: Run) -> dict[str, Any]:
         "seed": run.seed,
         "wall_s": run.wall_seconds("fit"),
         "machine": run.machine(),
+        # "cli", not "command": docs/figures.yaml reads items with a command and a machine as reruns of one
+        # measurement (the newest wins), and a row is one seed of a cell beside the others
+        "cli": run.command_of(),
     }
     for _, stage, tag, _ in COLUMNS:
         curve = scalars[stage].get(tag)
@@ -489,21 +486,24 @@ def report(grid: Grid, runs: list[Run], out: Path) -> Path:
 # ---- command line -------------------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = command_parser("ablate", __doc__)
-    parser.epilog = "Arguments after `--` are appended to every run (e.g. -- --trainer.max_steps 50)."
+def parse_args(argv: list[str] | None) -> tuple[Any, list[str]]:
+    """(the options, the fit flags after `--`) of `ablate GRID... [options] [-- fit flags]`."""
+    own, extra = split_passed_on(sys.argv[1:] if argv is None else argv)
+    epilog = "Arguments after `--` are appended to every run (e.g. -- --trainer.max_steps 50)."
+    parser = command_parser("ablate", __doc__, epilog)
     parser.add_argument("grids", nargs="+", type=Path, help="grid YAML files")
-    parser.add_argument("--out", type=Path, help="output folder (one grid) or parent folder (several grids)")
+    parser.add_argument(
+        "--out", type=Path | None, default=None, help="output folder (one grid) or parent folder (several)"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once; the cores are split between them")
-    parser.add_argument("--threads", type=int, help="torch threads per run (default: cores // jobs)")
-    parser.add_argument("--seeds", type=int, nargs="+", help="replace the grids' seeds")
-    parser.add_argument("--cells", nargs="+", help="only these cells")
+    parser.add_argument(
+        "--threads", type=int | None, default=None, help="torch threads per run (default: cores // jobs)"
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="replace the grids' seeds")
+    parser.add_argument("--cells", type=str, nargs="+", default=None, help="only these cells")
     parser.add_argument("--dry-run", action="store_true", help="print the commands that would run, run nothing")
     parser.add_argument("--report-only", action="store_true", help="only read the logs: table and plots")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    return args, extra
+    return parse(parser, own), extra
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -547,4 +547,6 @@ def ablate(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    from lit_transformer.cli.program import main as program
+
+    program(["ablate", *sys.argv[1:]])

@@ -8,20 +8,24 @@ CaptioningDataModule reads too.
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
+from typing import Literal
 
-from PIL import Image
-
-from lit_transformer.bench import command_parser
-from lit_transformer.data.corpora.digits import SCAN_SPLITS, digit_strips
+from lit_transformer.cli.arguments import command_parser, parse
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = command_parser("digit-strips", __doc__)
-    parser.add_argument("--split", default="test", choices=list(SCAN_SPLITS))
-    parser.add_argument("--count", type=int, default=8)
-    parser.add_argument("--out", default="strips")
-    args = parser.parse_args(argv)
+    parser.add_argument("--split", type=Literal["train", "validation", "test"], default="test", help="the scans drawn")
+    parser.add_argument("--count", type=int, default=8, help="how many strips")
+    parser.add_argument("--out", type=str, default="strips", help="the folder they go to")
+    args = parse(parser, sys.argv[1:] if argv is None else argv)
+
+    from PIL import Image
+
+    from lit_transformer.data.corpora.digits import digit_strips
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     strips = digit_strips(args.split, args.count)
@@ -35,4 +39,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from lit_transformer.cli.program import main as program
+
+    program(["digit-strips", *sys.argv[1:]])

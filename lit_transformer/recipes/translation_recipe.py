@@ -7,8 +7,9 @@ and the optimizer's weights (current_model_state):
 
     python -m lit_transformer translation-recipe --run runs/en-es-long --config configs/presets/translate-en-es.yaml --last 5
 
-Writes RUN/recipe/{single,average,ema}.ckpt, RUN/recipe/results.json (one row per checkpoint and decoding), and the
-curve to --plot. Each `test` runs in its own process (the CLI, exactly as a user would run it), --jobs at a time.
+Writes RUN/recipe/{single,average,ema}.ckpt, the curve to --plot, and adds one run (a row per checkpoint and
+decoding, the machine, the command) to RUN/recipe/results.json. Each `test` runs in its own process (the CLI, exactly
+as a user would run it, from this folder), --jobs at a time.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lit_transformer.bench import command_parser
-from lit_transformer.records import machine
+from lit_transformer.cli.arguments import command_parser, parse
+from lit_transformer.records import child_env, command_line, machine, write_run
 
-ROOT = Path(__file__).resolve().parents[2]
 DECODINGS = {
     "beam 1 (greedy)": ["--model.generation.num_beams", "1"],
     "beam 4, GNMT alpha 0.6 (paper)": [
@@ -39,14 +39,8 @@ DECODINGS = {
 
 
 def _cli(*args: str) -> str:
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "lit_transformer", *args], env=env, capture_output=True, text=True, cwd=ROOT
-    )
+    env = child_env(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    done = subprocess.run([sys.executable, "-m", "lit_transformer", *args], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:3])} failed:\n{done.stderr[-3000:]}")
     return done.stdout + done.stderr
@@ -165,16 +159,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, required=True, help="The config the run was trained with.")
     parser.add_argument("--last", type=int, default=5, help="How many of the last checkpoints to average.")
     parser.add_argument("--jobs", type=int, default=2, help="`test` processes at a time.")
-    parser.add_argument("--plot", type=Path, default=None, help="The curve's PNG (default: RUN/recipe/val-bleu.png).")
-    parser.add_argument("--title", default="", help="The plot's title.")
+    parser.add_argument(
+        "--plot", type=Path | None, default=None, help="The curve's PNG (default: RUN/recipe/val-bleu.png)."
+    )
+    parser.add_argument("--title", type=str, default="", help="The plot's title.")
     parser.add_argument(
         "--flags",
+        type=str,
         default="",
         help="More flags for every `test`/`validate`, e.g. '--trainer.accelerator gpu' (the config's device is the fit's).",
     )
     parser.add_argument("--plot_only", action="store_true", help="Draw the curve and stop.")
     parser.add_argument("--raw_curve", action="store_true", help="Also validate the optimizer's weights per step.")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
+    facts = machine()
     args.plot = args.plot or args.run / "recipe" / "val-bleu.png"
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     flags = shlex.split(args.flags)
@@ -195,9 +193,9 @@ def main(argv: list[str] | None = None) -> None:
         {"weights": name, "decoding": label, **result}
         for (name, _, label, _), result in zip(jobs, results, strict=True)
     ]
-    command = shlex.join(["python", "-m", "lit_transformer", "translation-recipe", *argv])
-    summary = {"command": command, "machine": machine(), "validation_bleu": curve, "results": rows}
-    (args.run / "recipe" / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    figures = {"validation_bleu": curve, "results": rows}
+    write_run(args.run / "recipe" / "results.json", figures, command=command_line("translation-recipe", argv),
+              machine=facts)  # fmt: skip
     for row in rows:
         print(
             f"{row['weights']:8s} {row['decoding']:32s} BLEU {row['bleu']:6.2f}  ppl {row['ppl']:7.2f}  {row['seconds']:.0f} s"
@@ -205,4 +203,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from lit_transformer.cli.program import main as program
+
+    program(["translation-recipe", *sys.argv[1:]])
