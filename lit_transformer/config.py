@@ -535,3 +535,17 @@ class GenerationConfig:
         Overrides with the value None are ignored, so CLI flags left unset keep the defaults."""
         base = cls(**task.generation_defaults)
         return base.replace(**{name: value for name, value in overrides.items() if value is not None})
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field: the one description of a field, shown as its --help text (and as
+    its description in `serve`'s request schema)."""
+    import ast
+    import inspect
+
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = {}
+    for field, doc in zip(body, body[1:]):
+        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            docs[field.target.id] = " ".join(str(doc.value.value).split())
+    return docs

@@ -120,7 +120,9 @@ def task_from_checkpoint(checkpoint: dict, config: TransformerConfig) -> Task:
     options = {name: hparams.get(name) for name in ("label_smoothing", "class_weights", "mlm_probability")}
     with warnings.catch_warnings():  # inference reads no training option: an old checkpoint's need not be named
         warnings.simplefilter("ignore", FutureWarning)
-        return build_task(hparams.get("task"), config, **options)
+        task = build_task(hparams.get("task"), config, **options)
+    task.on_load_checkpoint(checkpoint)  # what it learned from the data: a classifier's label names
+    return task
 
 
 def _device(name: str) -> str:

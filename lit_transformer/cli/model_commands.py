@@ -7,9 +7,7 @@ checkpoints/averaging.py).
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import typing
 from collections.abc import Sequence
 from typing import Literal
@@ -17,23 +15,13 @@ from typing import Literal
 from jsonargparse import ArgumentParser
 
 from lit_transformer.cli.arguments import command_parser, parse
-from lit_transformer.config import GenerationConfig
+from lit_transformer.config import GenerationConfig, field_docs
 
 Format = Literal["hf", "onnx", "safetensors"]
 """export --format: a Hugging Face folder, ONNX graphs, or safetensors with config.json and tokenizer.json."""
 Weights = Literal["saved", "trained"]
 """average --weights: saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA
 weights); trained: the optimizer's own weights, which an EMA (WeightAveraging) callback moves to current_model_state."""
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each dataclass field: the one description of a field, shown as its --help text."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    docs = {}
-    for field, doc in zip(body, body[1:]):
-        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            docs[field.target.id] = " ".join(str(doc.value.value).split())
-    return docs
 
 
 def decoding_parser(command: str, description: str) -> ArgumentParser:
@@ -49,7 +37,7 @@ def decoding_parser(command: str, description: str) -> ArgumentParser:
     parser.add_argument("--device", type=str, default="auto", help="cpu, cuda, or auto.")
     add_base_argument(parser)
     add_quantize_argument(parser)
-    hints, docs = typing.get_type_hints(GenerationConfig), _field_docs(GenerationConfig)
+    hints, docs = typing.get_type_hints(GenerationConfig), field_docs(GenerationConfig)
     for field in dataclasses.fields(GenerationConfig):
         hint = hints[field.name]
         if typing.get_origin(hint) is list:  # one value may be given without list syntax: --stop END

@@ -2,7 +2,7 @@
 
 `python -m lit_transformer` and the `lit-transformer` console script both land in `main`. It imports nothing heavy
 itself: `--help` and `--version` cost less than `import torch`, and a command that does not train (generate,
-translate, export, average) never imports Lightning. The four Lightning commands (fit, validate, test, predict) go
+translate, export, average, serve) never imports Lightning. The four Lightning commands (fit, validate, test, predict) go
 to LightningCLI in lightning_cli.py.
 
 A user's mistake (an unknown key, a wrong type, a missing file, a malformed data file, a checkpoint that is not one)
@@ -61,6 +61,11 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "average", "lit_transformer.cli.model_commands:average_main", "Average the weights of a run's last checkpoints."
+    ),
+    Command(
+        "serve",
+        "lit_transformer.cli.serve_command:serve_main",
+        "Serve a checkpoint over HTTP (LitServe): /predict, OpenAI's chat route.",
     ),
     Command(
         "ablate",

@@ -187,7 +187,7 @@ class _Folder(Dataset):
         return i, -1, self.source(self.paths[i].name, str(self.paths[i].parent))
 
 
-def _sources_batch(sources: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+def sources_batch(sources: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Images stacked, or features (regions, dim) padded to the most regions with a mask."""
     if sources[0].dim() != 2:
         return {"src": torch.stack(sources)}
@@ -209,7 +209,7 @@ class CaptionCollate:
         self.split, self.pad, self.bos, self.eos, self.max_tokens, self.names = split, pad, bos, eos, max_tokens, names
 
     def __call__(self, items: list[tuple[int, int, torch.Tensor]]) -> dict:
-        batch = _sources_batch([source for _, _, source in items])
+        batch = sources_batch([source for _, _, source in items])
         images = [image for image, _, _ in items]
         if self.split is None:
             ids, references, names = [[] for _ in items], [[""] for _ in items], [self.names[i] for i in images]

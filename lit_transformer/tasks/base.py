@@ -27,7 +27,7 @@ from lit_transformer.tasks.losses import IGNORE_INDEX, smoothed_cross_entropy
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from lit_transformer.config import TransformerConfig
+    from lit_transformer.config import GenerationConfig, TransformerConfig
     from lit_transformer.model import Transformer
 
 STAGES = ("val", "test")
@@ -64,16 +64,31 @@ def token_labels(tokenizer: Tokenizer, ids: torch.Tensor) -> list[str]:
 def generated_rows(module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
     """{"input", "output", "tokens"} per input of a predict batch, decoded as the module's GenerationConfig says and
     cut by its stop strings and ids."""
+    return generation_rows(
+        module.model, module.target_tokenizer, module.generation, batch["input_ids"], batch["attention_mask"],
+        batch["text"],
+    )  # fmt: skip
+
+
+def generation_rows(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    generation: GenerationConfig,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    texts: list[str],
+) -> list[dict[str, Any]]:
+    """{"input", "output", "tokens"} per input row: what `predict` writes and `serve` answers, one code path for both.
+    The output is cut by the GenerationConfig's stop strings and stops at EOS (not part of "tokens")."""
     from lit_transformer.data.text import TextStream
 
-    ids, mask, generation = batch["input_ids"], batch["attention_mask"], module.generation
-    stream = TextStream(module.target_tokenizer, len(ids), generation.stop, [module.config.eos_token_id])
+    stream = TextStream(tokenizer, len(input_ids), generation.stop, [model.config.eos_token_id])
     if generation.num_beams == 1:
-        module.model.generate(ids, generation, attention_mask=mask, streamer=stream)
+        model.generate(input_ids, generation, attention_mask=attention_mask, streamer=stream)
     else:  # beam search settles its tokens at the end: replay them through the same stop rules
-        for step_tokens in module.model.generate(ids, generation, attention_mask=mask).T:
+        for step_tokens in model.generate(input_ids, generation, attention_mask=attention_mask).T:
             stream(step_tokens)
-    rows = zip(batch["text"], stream.texts(), stream.ids, strict=True)
+    rows = zip(texts, stream.texts(), stream.ids, strict=True)
     return [{"input": text, "output": output, "tokens": tokens} for text, output, tokens in rows]
 
 

@@ -3,12 +3,14 @@ activation checkpointing and compile wrap."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
 from torch import nn
 
 from lit_transformer.model import BLOCK_CLASSES
+
+if TYPE_CHECKING:  # annotations only: decoding a checkpoint (generate, translate, serve) never imports Lightning
+    import lightning as L
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
