@@ -85,6 +85,7 @@ def test_a_mistyped_command_is_answered_in_one_line_with_the_nearest():
         ["translate", "--help"],
         ["export", "--help"],
         ["average", "--help"],
+        ["serve", "--help"],
     ],
     ids=lambda argv: " ".join(argv),
 )

@@ -190,6 +190,7 @@ class TestLanguageModel:
             {"text": "JULIET:", "max_new_tokens": 6, "temperature": 0},
             {"text": "First Citizen:\nBefore", "max_new_tokens": 10, "temperature": 0},
             {"text": "KING:", "max_new_tokens": 8, "temperature": 1.0, "seed": 3},
+            {"text": "QUEEN:", "max_new_tokens": 8, "temperature": 1.0, "seed": 3},  # the same options: decoded apart
             {"text": "KING:", "max_new_tokens": 8, "temperature": 1.0, "seed": 4, "top_k": 5},
             {"text": "ROMEO:", "max_new_tokens": 6, "temperature": 0, "repetition_penalty": 1.5},
             {"text": "", "max_new_tokens": 5, "temperature": 0, "stop": "e"},
@@ -253,6 +254,44 @@ class TestLanguageModel:
         assert server.get("/health") == (200, "ok")
         info = json.loads(server.get("/info")[1])["model"]
         assert info["task"] == "LanguageModeling" and "POST /v1/chat/completions" in info["routes"]
+
+    def test_int8_and_compiled_decoding_are_the_commands_own(self, lm, tmp_path):
+        """The handler a worker runs, in this process: --quantize int8 answers what `generate --quantize int8`
+        prints; --compile reaches every request's GenerationConfig (compiled decoding itself: test_compiled_decoding)."""
+        from lit_transformer.serving.handlers import ModelOptions, TextGeneration, load_for_serving
+        from lit_transformer.serving.requests import TextRequest
+
+        checkpoint, _ = lm
+        options = ModelOptions(str(checkpoint), quantize="int8")
+        handler = TextGeneration(load_for_serving(options), options)
+        request = TextRequest(text="ROMEO:", max_new_tokens=8, temperature=0.0)
+        (row,) = handler.answer([handler.prepare(request)])
+        flags = ["--prompt", "ROMEO:", "--max_new_tokens", "8", "--temperature", "0", "--quantize", "int8"]
+        assert (
+            "ROMEO:" + row["output"] + "\n"
+            == _cli("generate", "--checkpoint", str(checkpoint), *flags, cwd=tmp_path).stdout
+        )
+        compiled = TextGeneration(handler.loaded, ModelOptions(str(checkpoint), compile=True))
+        assert compiled.prepare(request).gen.compile and not handler.prepare(request).gen.compile
+
+    def test_a_request_that_breaks_a_batch_fails_alone(self, lm, monkeypatch):
+        from lit_transformer.serving.handlers import ModelOptions, Refusal, TextGeneration, load_for_serving
+        from lit_transformer.serving.requests import TextRequest
+
+        checkpoint, _ = lm
+        handler = TextGeneration(load_for_serving(ModelOptions(str(checkpoint))), ModelOptions(str(checkpoint)))
+        run = handler.run
+
+        def fragile(items):
+            if any(item.text == "boom" for item in items):
+                raise RuntimeError("a bug")
+            return run(items)
+
+        monkeypatch.setattr(handler, "run", fragile)
+        prepared = [handler.prepare(TextRequest(text=t, max_new_tokens=3, temperature=0.0)) for t in ("a", "boom", "b")]
+        answers = handler.answer(prepared)
+        assert answers[1] == Refusal(500, "the model failed on this request (RuntimeError: a bug)")
+        assert [a["input"] for a in (answers[0], answers[2])] == ["a", "b"]
 
     def test_sigterm_ends_the_server_and_its_processes(self, lm):
         _, server = lm
