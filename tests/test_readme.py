@@ -86,10 +86,14 @@ def adapt(command: str) -> tuple[str, str]:
         return code + " --collect-only -q", "pytest"
     if "tensorboard" in code:
         return code, "tensorboard"
+    if code.startswith("curl ") and SERVED in code:
+        return code, "request"  # sent by the serve command's check, while its server runs
     match = re.search(r"lit_transformer ([\w-]+)", code)
     kind = match.group(1) if match else "shell"
     if "--help" in code or "--print_config" in code:
         return code, "parses"
+    if kind == "serve":
+        return code, "serve"
     if kind == "fit":
         small = SMALL.replace("steps 4", "steps 6") if "--ckpt_path last" in code else SMALL
         if "translate-en-es" in code:
@@ -289,6 +293,10 @@ def test_readme_command_runs_as_written(index: int, workdir: Path):
     command, kind = adapt(COMMANDS[index])
     if kind == "tensorboard":
         return check_tensorboard(command, workdir)
+    if kind == "request":
+        return  # check_serve sends it
+    if kind == "serve":
+        return check_serve(command, workdir)
     if kind == "parses all flags":
         result = parse_only(command, workdir)
     else:
@@ -435,6 +443,49 @@ def check_tensorboard(command: str, workdir: Path) -> None:
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+
+
+SERVED = "http://127.0.0.1:8000/"
+"""Where the pages' requests go: the address `serve` listens on by default."""
+
+
+def check_serve(command: str, workdir: Path) -> None:
+    """The server starts on the README's checkpoint and answers the pages' requests (their `curl` commands, sent to
+    the port it was given); SIGTERM then ends it."""
+    import signal
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    log = workdir / "serve.log"
+    with log.open("w") as output:
+        server = subprocess.Popen(["bash", "-c", f"exec {as_module(command)} --port {port}"], cwd=workdir, env=env,
+                                  stdout=output, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(1)
+        assert server.poll() is None, log.read_text()[-3000:]
+        requests = [code for code, kind in map(adapt, COMMANDS) if kind == "request"]
+        assert requests, "the serve command's page sends it no request"
+        for request in requests:
+            result = shell(request.replace(SERVED, f"http://127.0.0.1:{port}/"), workdir, timeout=300)
+            assert result.returncode == 0, f"{request}\n{result.stderr[-2000:]}\n{log.read_text()[-3000:]}"
+            answer = json.loads(result.stdout)
+            assert "output" in answer or answer["choices"][0]["message"]["content"] is not None, answer
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    assert server.returncode == 0, log.read_text()[-3000:]
 
 
 def test_readme_python_blocks_run_as_written(workdir: Path):

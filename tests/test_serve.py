@@ -293,6 +293,23 @@ class TestLanguageModel:
         assert answers[1] == Refusal(500, "the model failed on this request (RuntimeError: a bug)")
         assert [a["input"] for a in (answers[0], answers[2])] == ["a", "b"]
 
+    def test_the_serving_benchmark_writes_rates_and_latencies_with_its_machine(self, lm, tmp_path):
+        """`bench serve` on the tiny checkpoint, a handful of requests: a server of its own, each level's rows."""
+        from lit_transformer.bench.serve_load import main
+
+        checkpoint, _ = lm
+        out = tmp_path / "serving.json"
+        args = ["--checkpoint", str(checkpoint), "--clients", "1", "3", "--requests_per_client", "2"]
+        args += ["--batch_sizes", "3", "--max_new_tokens", "4", "--warmup", "1", "--json", str(out)]
+        main(args)
+        (run,) = json.loads(out.read_text())["runs"]
+        assert run["machine"]["cpu"] and run["command"].startswith("python -m lit_transformer bench serve")
+        rows = {row["section"]: row for row in run["rows"]}
+        assert set(rows) == {"1 clients", "3 clients"} and rows["3 clients"]["requests"] == 6
+        for row in rows.values():
+            assert row["errors"] == 0 and row["contender"] == "batched (max_batch_size 3)"
+            assert row["requests_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+
     def test_sigterm_ends_the_server_and_its_processes(self, lm):
         _, server = lm
         server.stop()

@@ -27,6 +27,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "data-memory": ("lit_transformer.bench.data_memory",
                     "peak memory of `prepare` and `fit` on a user's own classification and captioning files"),
     "lora": ("lit_transformer.bench.lora_finetune", "LoRA against full fine-tuning: quality, trainable parameters, memory"),
+    "serve": ("lit_transformer.bench.serve_load",
+              "`serve` under load: requests/s and p50/p99 latency at 1, 8 and 32 clients, batched against unbatched"),
     "record": ("lit_transformer.bench.record_run", "run one fit/validate/test of the CLI and record its metrics as JSON"),
     "suite-time": ("lit_transformer.bench.suite_time",
                    "the test suite's wall and CPU time as CI runs it (in a source checkout: it runs its tests/)"),

@@ -13,17 +13,19 @@ from fastapi.responses import JSONResponse
 from litserve.specs.openai import ChatCompletionRequest, OpenAISpec, TextContent
 
 from lit_transformer.serving.handlers import Handler, ModelOptions, Refusal, TextGeneration, build_handler
+from lit_transformer.serving.litserve_private import WaitingBatchLoop
 from lit_transformer.serving.requests import CaptionRequest, ClassificationRequest, TextRequest
 
 
 class PredictAPI(ls.LitAPI):
     """`POST /predict`: one input of `predict`'s file in, the row `predict` writes for it out (see handlers.py).
 
-    With max_batch_size above 1, LitServe hands `predict` the requests that arrived within batch_timeout of each
-    other; a refused request is answered beside the others with its own status."""
+    With max_batch_size above 1, `predict` gets the requests that arrived within batch_timeout of the first
+    (WaitingBatchLoop); a refused request is answered beside the others with its own status."""
 
     def __init__(self, options: ModelOptions, max_batch_size: int = 1, batch_timeout: float = 0.0) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/predict")
+        loop = WaitingBatchLoop() if max_batch_size > 1 else "auto"
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/predict", loop=loop)
         self.options = options
         self.handler: Handler | None = None
 

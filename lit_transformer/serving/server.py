@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,18 +169,17 @@ def build_server(options: ServeOptions, served: Served):
 
 
 def stop_on_sigterm(server) -> None:
-    """SIGTERM to the main process sets LitServe's shutdown event (from a thread: the main thread is waiting on that
-    event's connection to LitServe's manager process), as its /shutdown route would. Processes forked from this one
-    after this call (LitServe's manager) ignore it: the main process shuts them down."""
+    """SIGTERM to the main process sets LitServe's shutdown event, as its /shutdown route would. Processes forked from
+    this one after this call (LitServe's manager) ignore it: the main process shuts them down."""
+    from lit_transformer.serving.litserve_private import request_shutdown
+
     main = os.getpid()
 
     def stop(signum: int, frame: Any) -> None:
         if os.getpid() != main:
             return
-        event = getattr(server, "_shutdown_event", None)  # LitServe's own; set up when run() starts
-        if event is None:
+        if not request_shutdown(server):  # before run() set up LitServe's event: nothing started yet
             raise SystemExit(128 + signum)
-        threading.Thread(target=event.set, name="serve-sigterm", daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
 
