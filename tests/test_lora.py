@@ -489,6 +489,7 @@ def test_every_command_of_the_finetuning_page_parses(monkeypatch) -> None:
 
     from test_multinode import Parsed, lit_transformer_words, parse
 
+    import lit_transformer.cli.export_command as export_command
     import lit_transformer.cli.model_commands as model_commands
     import lit_transformer.inference as inference
 
@@ -498,14 +499,20 @@ def test_every_command_of_the_finetuning_page_parses(monkeypatch) -> None:
     commands = [
         line.strip() for block in lines for line in block if "lit_transformer" in line and " bench " not in line
     ]
-    assert len(commands) == 6, commands
+    assert len(commands) == 8, commands
     monkeypatch.setattr(inference, "_load", lambda args: (_ for _ in ()).throw(Parsed(args)))
+    monkeypatch.setattr(export_command, "run_export", lambda args: (_ for _ in ()).throw(Parsed(args)))
     for command in commands:
         words = [w.replace("X.yaml", str(CONFIGS / "presets" / "tiny.yaml")) for w in lit_transformer_words(command)[2]]
         if words[0] == "generate":  # its own parser; it stops before loading the checkpoint
             with pytest.raises(Parsed) as parsed:
                 model_commands.generate_main(words[1:])
             assert parsed.value.args[0].base == "/mnt/models/gpt2"
+            continue
+        if words[0] == "export":  # the adapters in peft's format
+            with pytest.raises(Parsed) as parsed:
+                model_commands.export_main(words[1:])
+            assert parsed.value.args[0].format == "peft"
             continue
         model = yaml.safe_load(parse(words))["model"]
         assert model["init_from"] == words[words.index("--model.init_from") + 1], command

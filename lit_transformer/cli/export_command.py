@@ -1,4 +1,4 @@
-"""`python -m lit_transformer export --checkpoint PATH --format hf|onnx|safetensors --out DIR`."""
+"""`python -m lit_transformer export --checkpoint PATH --format hf|onnx|safetensors|peft --out DIR`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lit_transformer.inference import (
 )
 from lit_transformer.transforms.int8 import Quantize
 
-Format = Literal["hf", "onnx", "safetensors"]
+Format = Literal["hf", "onnx", "safetensors", "peft"]
 
 
 def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Quantize = "none") -> Path:
@@ -25,6 +25,8 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
     from lit_transformer.interop.onnx import export_onnx_folder
     from lit_transformer.transforms.int8 import is_quantized
 
+    if fmt == "peft":
+        raise ValueError("peft adapters are a LoRA checkpoint's, not a loaded model's: export_peft(checkpoint, out)")
     out = Path(out)
     model, source, target = loaded.model.cpu().eval(), loaded.tokenizer, loaded.target_tokenizer
     if is_quantized(model) and fmt != "safetensors":
@@ -50,11 +52,31 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
     return export_onnx_folder(model, out, source, target, quantize=onnx_quantize)
 
 
+def export_peft(checkpoint: str, out: str, base: str | None = None) -> Path:
+    """A LoRA checkpoint's adapters as peft's adapter folder (interop/peft_adapters.py); the base is not read."""
+    import importlib.util
+
+    from lit_transformer.checkpoints.files import load_checkpoint
+    from lit_transformer.errors import UserError
+
+    if importlib.util.find_spec("peft") is None:
+        raise UserError("--format peft writes with peft, an optional dependency: pip install -e '.[lora]'")
+    from lit_transformer.interop.peft_adapters import save_peft_adapter
+
+    return save_peft_adapter(load_checkpoint(checkpoint), out, base, what=str(checkpoint))
+
+
 def run_export(args) -> None:
     """`export` with its parsed options (model_commands.export_main): write the export."""
-    if args.quantize != "none" and args.format == "hf":
-        raise SystemExit(f"error: --quantize {args.quantize} exports as --format safetensors or onnx, not hf")
+    if args.quantize != "none" and args.format in ("hf", "peft"):
+        from lit_transformer.errors import UserError
+
+        raise UserError(f"--quantize {args.quantize} exports as --format safetensors or onnx, not {args.format}")
     from lit_transformer.checkpoints.files import CheckpointError
+
+    if args.format == "peft":
+        print(f"Wrote {export_peft(args.checkpoint, args.out, args.base)}")
+        return
 
     try:
         loaded = load_model(args.checkpoint, base=args.base)

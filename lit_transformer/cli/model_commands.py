@@ -17,8 +17,9 @@ from jsonargparse import ArgumentParser
 from lit_transformer.cli.arguments import command_parser, parse
 from lit_transformer.config import GenerationConfig, field_docs
 
-Format = Literal["hf", "onnx", "safetensors"]
-"""export --format: a Hugging Face folder, ONNX graphs, or safetensors with config.json and tokenizer.json."""
+Format = Literal["hf", "onnx", "safetensors", "peft"]
+"""export --format: a Hugging Face folder, ONNX graphs, safetensors with config.json and tokenizer.json, or a LoRA
+run's adapters as peft's adapter folder."""
 Weights = Literal["saved", "trained"]
 """average --weights: saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA
 weights); trained: the optimizer's own weights, which an EMA (WeightAveraging) callback moves to current_model_state."""
@@ -92,17 +93,18 @@ def translate_main(argv: Sequence[str]) -> None:
 
 
 def export_main(argv: Sequence[str]) -> None:
-    """`export`: write a checkpoint as a Hugging Face folder, ONNX graphs or safetensors."""
+    """`export`: write a checkpoint as a Hugging Face folder, ONNX graphs, safetensors or peft adapters."""
     parser = command_parser(
         "export",
         "Export a checkpoint: hf (GPT2LMHeadModel, LlamaForCausalLM or MarianMTModel folder), onnx "
         "(decoding graphs with past keys and values for decoder-only and encoder-decoder models, the logits graph "
         "for decoder-only and encoder-only ones, onnx.json describing them; with --quantize int8, onnxruntime's int8 "
         "graphs), safetensors (our weights + config.json + tokenizer.json; with --quantize int8, int8 weights and "
-        "their scales).",
+        "their scales), peft (a LoRA run's adapters as peft's adapter folder, for PeftModel.from_pretrained on the "
+        "Hugging Face GPT-2 or Llama model the run started from).",
     )
     parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
-    parser.add_argument("--format", type=Format, required=True, help="hf, onnx or safetensors.")
+    parser.add_argument("--format", type=Format, required=True, help="hf, onnx, safetensors or peft.")
     parser.add_argument("--out", type=str, required=True, help="Output folder (created if missing).")
     add_base_argument(parser)
     add_quantize_argument(parser)
