@@ -443,6 +443,57 @@ class TestCaptioning:
         assert server.stopped_in < STOP_SECONDS
 
 
+def test_features_are_captioned_as_the_model_captions_them(tmp_path):
+    """A captioning model whose source is features (no data set of them ships): the handler a worker runs, in this
+    process, on a checkpoint made without a run; its answers are the model's own captions of those features."""
+    import torch
+    from PIL import Image
+
+    from lit_transformer.config import GenerationConfig, TransformerConfig
+    from lit_transformer.data.text import train_tokenizer
+    from lit_transformer.model import Transformer
+    from lit_transformer.serving.handlers import ImageCaptioning, ModelOptions, Refusal, load_for_serving
+    from lit_transformer.serving.requests import CaptionRequest
+
+    tokenizer = train_tokenizer(["one two three four five six seven eight nine zero " * 20], kind="char", vocab_size=64)
+    ids = {name: tokenizer.token_to_id(f"<{name}>") for name in ("pad", "bos", "eos")}
+    config = TransformerConfig.preset(
+        "tiny", topology="encoder_decoder", source="features", source_dim=6, vocab_size=tokenizer.get_vocab_size(),
+        pad_token_id=ids["pad"], bos_token_id=ids["bos"], eos_token_id=ids["eos"], max_seq_len=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    hparams = {"config": config, "task": "captioning"}
+    path = tmp_path / "features.ckpt"
+    torch.save({"state_dict": state, "hyper_parameters": hparams, "tokenizer": tokenizer.to_str()}, path)
+    options = ModelOptions(str(path))
+    handler = ImageCaptioning(load_for_serving(options), options)
+    regions = [torch.randn(n, 6, generator=torch.Generator().manual_seed(n)) for n in (3, 5)]
+    requests = [CaptionRequest(features=r.tolist(), name=f"r{i}", max_new_tokens=5) for i, r in enumerate(regions)]
+    answers = handler.answer([handler.prepare(r) for r in requests])
+    gen = GenerationConfig.for_task(handler.loaded.task, max_new_tokens=5)
+    for region, answer in zip(regions, answers, strict=True):
+        expected = handler.loaded.decode(model.generate(region[None], gen))[0]
+        assert answer == {"image": answer["image"], "caption": expected}
+    assert [a["image"] for a in answers] == ["r0", "r1"]
+    for body, status, says in [
+        ({"features": [[0.0] * 5]}, 422, "regions of 6 numbers"),
+        ({"features": [[0.0] * 6] * 17}, 400, "more than the model's context of 16"),
+        ({"features": [[float("nan")] * 6]}, 422, "not a finite number"),
+        ({"image": "aGVsbG8="}, 422, "this model captions image features"),
+    ]:
+        refusal = handler.prepare(CaptionRequest(**body))
+        assert isinstance(refusal, Refusal) and refusal.status == status and says in refusal.reason, refusal
+    # an image that claims a huge size is refused from its header, before it is decoded
+    png = tmp_path / "huge.png"
+    Image.new("1", (10000, 6000)).save(png)
+    patches = ImageCaptioning.__new__(ImageCaptioning)
+    patches.loaded, patches.options = handler.loaded, options
+    refusal = patches.image(base64.b64encode(png.read_bytes()).decode())
+    assert isinstance(refusal, Refusal) and refusal.status == 413 and "10000 x 6000" in refusal.reason
+
+
 # ---- the command line's refusals, before any worker starts ------------------------------------------------------
 
 

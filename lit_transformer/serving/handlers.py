@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 MAX_BEAMS = 16
 """The most beams a request may ask for: each beam is a row of the batch, and its KV cache."""
+MAX_IMAGE_PIXELS = 50_000_000
+"""The largest image a request may send, in pixels (a few bytes of PNG can say a huge size; it is refused before it is
+decoded)."""
 
 
 @dataclass(frozen=True)
@@ -348,7 +351,11 @@ class ImageCaptioning(Handler):
         except (binascii.Error, ValueError) as error:
             return Refusal(400, f"image is not base64 ({one_line(error)}): send the file's bytes base64-encoded")
         try:
-            with Image.open(io.BytesIO(raw)) as image:
+            with Image.open(io.BytesIO(raw)) as image:  # reads the header: the size is known before any decoding
+                if image.width * image.height > MAX_IMAGE_PIXELS:
+                    return Refusal(
+                        413, f"image is {image.width} x {image.height} pixels, more than {MAX_IMAGE_PIXELS:,}"
+                    )
                 return load_image(image, tuple(self.config.image_size), self.config.image_channels)
         except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as error:
             return Refusal(400, f"image is not an image file Pillow can read ({one_line(error)}): send a PNG or JPEG")
