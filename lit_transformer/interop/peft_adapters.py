@@ -119,7 +119,7 @@ def save_peft_adapter(
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from lit_transformer.inference import config_from_checkpoint
+    from lit_transformer.checkpoints.files import saved_config
     from lit_transformer.transforms.options import LoraOptions
 
     record = checkpoint.get("lora")
@@ -128,7 +128,10 @@ def save_peft_adapter(
             f"{what} holds no LoRA adapters (a full model): --format peft writes a LoRA run's adapters; a full model "
             "exports with --format hf"
         )
-    config = config_from_checkpoint(checkpoint)
+    config = saved_config(checkpoint)
+    if config is None:
+        raise UserError(f"{what} has no hyper_parameters.config: it was not written by `fit`")
+    config = config if isinstance(config, TransformerConfig) else TransformerConfig(**dict(config))
     options = LoraOptions.of((checkpoint.get("hyper_parameters") or {}).get("lora")) or LoraOptions()
     base = str(base or record.get("base") or "")
     kind = family(config, base, what)
