@@ -134,5 +134,8 @@ def test_what_peft_cannot_load_is_refused_in_one_line_pointing_to_the_merged_exp
     assert "--format hf" in text
     full = _checkpoint(tmp_path / "full.ckpt", gpt2, {}, base=None)
     assert "holds no LoRA adapters" in _refusal("--checkpoint", str(full), *out)
-    assert "not peft" in _refusal("--checkpoint", str(ours), *out, "--quantize", "int8")
+    from lit_transformer.cli.model_commands import export_main
+
+    with pytest.raises(SystemExit, match="safetensors or onnx, not peft"):
+        export_main(["--checkpoint", str(ours), *out, "--quantize", "int8"])
     assert not (tmp_path / "adapter").exists()

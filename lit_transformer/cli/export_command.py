@@ -69,9 +69,9 @@ def export_peft(checkpoint: str, out: str, base: str | None = None) -> Path:
 def run_export(args) -> None:
     """`export` with its parsed options (model_commands.export_main): write the export."""
     if args.quantize != "none" and args.format in ("hf", "peft"):
-        from lit_transformer.errors import UserError
-
-        raise UserError(f"--quantize {args.quantize} exports as --format safetensors or onnx, not {args.format}")
+        raise SystemExit(
+            f"error: --quantize {args.quantize} exports as --format safetensors or onnx, not {args.format}"
+        )
     from lit_transformer.checkpoints.files import CheckpointError
 
     if args.format == "peft":
