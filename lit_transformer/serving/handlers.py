@@ -70,12 +70,12 @@ def load_for_serving(options: ModelOptions, device: str = "cpu") -> LoadedModel:
 
     A worker takes its share of the CPU cores (all of them over --workers) unless OMP_NUM_THREADS says otherwise: two
     workers each running every core's worth of threads slow each other down."""
-    from lit_transformer.transforms.int8 import quantize_int8
-
     if str(device).startswith("cpu") and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // options.workers))
     loaded = load_model(options.checkpoint, device, options.base)
     if options.quantize == "int8":
+        from lit_transformer.transforms.int8 import quantize_int8
+
         loaded = dataclasses.replace(loaded, model=quantize_int8(loaded.model, inplace=True))
     return loaded
 
@@ -145,20 +145,18 @@ class Handler:
                     out[i] = self.answer([prepared[i]])[0]
                 return out
             log.exception("the model failed on a request")
-            return [Refusal(500, f"the model failed on this request ({type(error).__name__}: {one_line(error)})")]
+            out[good[0]] = Refusal(500, f"the model failed on this request ({type(error).__name__}: {one_line(error)})")
+            return out
         for i, row in zip(good, rows, strict=True):
             out[i] = row
         return out
 
-    def decoding(self, request: Any) -> GenerationConfig | Refusal:
-        """The request's decoding options over the task's defaults, checked against the model and this server."""
+    def decoding(self, options: dict[str, Any]) -> GenerationConfig | Refusal:
+        """GenerationConfig fields over the task's defaults, checked against the model and this server's limits."""
         try:
-            gen = GenerationConfig.for_task(self.loaded.task, **decoding_options(request), compile=self.options.compile)
+            gen = GenerationConfig.for_task(self.loaded.task, **options, compile=self.options.compile)
         except (TypeError, ValueError) as error:
             return Refusal(422, one_line(error))
-        return self.check_decoding(gen)
-
-    def check_decoding(self, gen: GenerationConfig) -> GenerationConfig | Refusal:
         limit, context = self.options.max_new_tokens_limit, self.config.max_seq_len
         if gen.max_new_tokens > limit:
             return Refusal(
@@ -186,18 +184,11 @@ class TextGeneration(Handler):
     request_type = TextRequest
 
     def prepare(self, request: Any) -> TextItem | Refusal:
-        return self.prepare_text(request.text, request)
+        return self.prepare_text(request.text, decoding_options(request))
 
-    def prepare_text(self, text: str, options: Any) -> TextItem | Refusal:
-        """`options`: a request with decoding fields, or a dict of GenerationConfig fields (the chat route's)."""
-        if isinstance(options, dict):
-            try:
-                gen = GenerationConfig.for_task(self.loaded.task, **options, compile=self.options.compile)
-            except (TypeError, ValueError) as error:
-                return Refusal(422, one_line(error))
-            gen = self.check_decoding(gen)
-        else:
-            gen = self.decoding(options)
+    def prepare_text(self, text: str, options: dict[str, Any]) -> TextItem | Refusal:
+        """A text and GenerationConfig fields (a /predict request's, or the chat route's)."""
+        gen = self.decoding(options)
         if isinstance(gen, Refusal):
             return gen
         ids = self.loaded.encode(text)
@@ -278,16 +269,16 @@ class TextClassification(Handler):
 
     request_type = ClassificationRequest
 
-    def prepare(self, request: Any) -> TextRowIds | Refusal:
+    def prepare(self, request: Any) -> EncodedText | Refusal:
         ids = self.loaded.encode(request.text)
         context = self.config.max_seq_len - (1 if self.config.pooling == "cls" else 0)  # the model adds [CLS]
         if len(ids) > context:
             return Refusal(
                 400, f"the text has {len(ids)} tokens, more than the model's context of {context}: shorten it"
             )
-        return TextRowIds(request.text, ids)
+        return EncodedText(request.text, ids)
 
-    def run(self, items: list[TextRowIds]) -> list[dict[str, Any]]:
+    def run(self, items: list[EncodedText]) -> list[dict[str, Any]]:
         ids, mask = pad_right([item.ids for item in items], self.config.pad_token_id)
         batch = {"input_ids": ids.to(self.loaded.device), "attention_mask": mask.to(self.loaded.device)}
         batch["text"] = [item.text for item in items]
@@ -296,7 +287,7 @@ class TextClassification(Handler):
 
 
 @dataclass
-class TextRowIds:
+class EncodedText:
     text: str
     ids: list[int]
 
@@ -322,7 +313,7 @@ class ImageCaptioning(Handler):
     request_type = CaptionRequest
 
     def prepare(self, request: Any) -> CaptionItem | Refusal:
-        gen = self.decoding(request)
+        gen = self.decoding(decoding_options(request))
         if isinstance(gen, Refusal):
             return gen
         cfg = self.config
