@@ -48,6 +48,7 @@ def _lora_run(tmp: Path, folder: Path, *lora: str) -> Path:
     return tmp / "ckpt" / "last.ckpt"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "variant", "lora"),
     [

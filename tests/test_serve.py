@@ -172,6 +172,7 @@ def _check_refusals(server: Server, cases: list[tuple[object, int, str]], path: 
 # ---- a language model: /predict against `generate`, the chat route through the openai client ----------------------
 
 
+@pytest.mark.slow
 class TestLanguageModel:
     @pytest.fixture(scope="class")
     def lm(self, tmp_path_factory):
@@ -319,6 +320,7 @@ class TestLanguageModel:
 # ---- translation: /predict against `translate` ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 class TestTranslation:
     @pytest.fixture(scope="class")
     def mt(self, tmp_path_factory):
@@ -356,6 +358,7 @@ class TestTranslation:
 # ---- classification: /predict against `predict`'s rows --------------------------------------------------------
 
 
+@pytest.mark.slow
 class TestClassification:
     @pytest.fixture(scope="class")
     def clf(self, tmp_path_factory):
@@ -396,6 +399,7 @@ class TestClassification:
 # ---- captioning: an image's bytes in, predict's caption of that file out ------------------------------------------
 
 
+@pytest.mark.slow
 class TestCaptioning:
     @pytest.fixture(scope="class")
     def cap(self, tmp_path_factory):
