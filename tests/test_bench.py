@@ -305,6 +305,7 @@ MISTAKES = {  # a command and an abbreviation of one of its own flags (argparse 
     "bench prepare": ["corpus", "--size", "1", "--out", "x.jsonl"],
     "bench data-memory": ["--size", "1"],
     "bench lora": ["--pretrain", "3"],
+    "bench serve": ["--client", "1"],
     "bench record": ["--jso", "x.json", "--name", "fit", "--", "fit"],
     "bench suite-time": ["--jso", "x.json"],
     "bench genre-baselines": ["--jso", "x.json"],

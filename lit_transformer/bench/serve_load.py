@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from lit_transformer.records import child_env
+
 KEYS = ("requests_per_s", "p50_ms", "p99_ms")
 HOST = "127.0.0.1"
 
@@ -63,11 +65,13 @@ class Server:
         command += ["--log_level", "warning", "--timeout", "3600"]
         self.log = log
         with log.open("w") as output:
-            self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                command, env=child_env(), stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + start_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise SystemExit(f"serve ended with {self.process.returncode}:\n{log.read_text()[-2000:]}")
+                raise RuntimeError(f"serve ended with {self.process.returncode}:\n{log.read_text()[-2000:]}")
             try:
                 connection = http.client.HTTPConnection(HOST, self.port, timeout=5)
                 connection.request("GET", "/health")
@@ -77,7 +81,7 @@ class Server:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise SystemExit(f"serve was not ready in {start_s:.0f} s:\n{log.read_text()[-2000:]}")
+        raise RuntimeError(f"serve was not ready in {start_s:.0f} s:\n{log.read_text()[-2000:]}")
 
     def stop(self) -> None:
         try:
@@ -131,12 +135,14 @@ def load_level(port: int, body: bytes, clients: int, per_client: int, timeout: f
 
 
 def main(argv: Sequence[str]) -> None:
-    from lit_transformer.bench import command_parser
-    from lit_transformer.records import add_run, command_line, machine
+    from lit_transformer.cli.arguments import command_parser, parse
+    from lit_transformer.records import command_line, machine, write_run
 
     parser = command_parser("bench serve", __doc__)
-    parser.add_argument("--checkpoint", default="runs/shakespeare/checkpoints/last.ckpt", help="the model served")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients per level")
+    parser.add_argument(
+        "--checkpoint", type=str, default="runs/shakespeare/checkpoints/last.ckpt", help="the model served"
+    )
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients of each level")
     parser.add_argument("--requests_per_client", type=int, default=8, help="requests each client sends in a level")
     parser.add_argument(
         "--batch_sizes",
@@ -146,14 +152,18 @@ def main(argv: Sequence[str]) -> None:
         help="serve --max_batch_size of each server (1: unbatched)",
     )
     parser.add_argument("--batch_timeout", type=float, default=0.01, help="serve --batch_timeout of batched servers")
-    parser.add_argument("--prompt", default="ROMEO:", help="every request's text")
+    parser.add_argument("--prompt", type=str, default="ROMEO:", help="every request's text")
     parser.add_argument("--max_new_tokens", type=int, default=32, help="every request's tokens to generate (greedy)")
     parser.add_argument("--warmup", type=int, default=4, help="requests sent before the levels, not measured")
-    parser.add_argument("--start_timeout", type=float, default=600, help="seconds a server may take to be ready")
-    parser.add_argument("--json", type=Path, help="add this run to the JSON file (created if missing)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--start_timeout", type=float, default=600.0, help="seconds a server may take to be ready")
+    parser.add_argument("--json", type=Path | None, default=None, help="add this run to the runs of this file")
+    args = parse(parser, argv)
     if not Path(args.checkpoint).is_file():
-        raise SystemExit(f"error: --checkpoint {args.checkpoint} does not exist (the main job writes it: README)")
+        from lit_transformer.errors import UserError
+
+        raise UserError(
+            f"--checkpoint {args.checkpoint} does not exist (the README's first command writes the main job's)"
+        )
     body = json.dumps({"text": args.prompt, "max_new_tokens": args.max_new_tokens, "temperature": 0}).encode()
     facts = machine(omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
     rows = []
@@ -172,9 +182,7 @@ def main(argv: Sequence[str]) -> None:
         finally:
             server.stop()
     scratch.cleanup()
-    run = {
-        "command": command_line("serve", argv),
-        "machine": facts,
+    figures = {
         "settings": {
             "checkpoint": args.checkpoint,
             "prompt": args.prompt,
@@ -186,5 +194,5 @@ def main(argv: Sequence[str]) -> None:
         "rows": rows,
     }
     if args.json:
-        add_run(args.json, run, keys=KEYS)
+        write_run(args.json, figures, command=command_line("bench serve", argv), machine=facts, summary=KEYS)
         print(f"Wrote {args.json}")
