@@ -221,9 +221,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
     normalisation and checkpoints then see all parameters through it.
 
     Its param_groups are AdamW's groups followed by Muon's (each group's own "lr": the schedule scales AdamW's lr and
-    Muon's muon_lr by the same factor; a group's "optimizer" key says whose it is), the same dicts the two inner
-    optimizers read, and one state for both: state_dict and load_state_dict hold both parts (an exact resume), and
-    zero_grad reaches every group. step(closure) runs the closure once, then AdamW's step and Muon's.
+    Muon's muon_lr by the same factor; a group's "optimizer" key says whose it is, its "name" what the learning-rate
+    logger calls it), the same dicts the two inner optimizers read, and one state for both: state_dict and
+    load_state_dict hold both parts (an exact resume), and zero_grad reaches every group. step(closure) runs the
+    closure once, then AdamW's step and Muon's.
 
     Muon's momentum warm-up is kept in its group ("momentum" is set before each step from "steps_taken", counted in
     the group and so saved with it; a step skipped by the non-finite guard still counts, as the schedule's does).
@@ -266,6 +267,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         for group in self.muon.param_groups:
             group.update(
                 optimizer="muon",
+                name="muon",  # the learning-rate logger's name for the group: lr-MuonWithAdamW/muon
                 momentum_target=muon_momentum,
                 momentum_start=momentum_start,
                 momentum_warmup_steps=momentum_warmup_steps,
@@ -320,8 +322,8 @@ def build_muon(model: torch.nn.Module, optim: Optimization, fused: bool) -> Muon
     decay, no_decay = weight_decay_groups(model, optim.decay_embeddings)
     weight_decay = 0.1 if optim.weight_decay is None else optim.weight_decay
     groups = [
-        {"params": [p for p in decay if id(p) not in hidden_ids], "weight_decay": weight_decay},
-        {"params": [p for p in no_decay if id(p) not in hidden_ids], "weight_decay": 0.0},
+        {"params": [p for p in decay if id(p) not in hidden_ids], "weight_decay": weight_decay, "name": "adamw_decay"},
+        {"params": [p for p in no_decay if id(p) not in hidden_ids], "weight_decay": 0.0, "name": "adamw_no_decay"},
     ]
     return MuonWithAdamW(
         groups,
