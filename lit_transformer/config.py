@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lit_transformer.errors import ConfigError
+
 Topology = Literal["decoder_only", "encoder_decoder", "encoder_only"]
 Head = Literal["classification", "masked_lm"]
 Pooling = Literal["mean", "cls", "max"]
@@ -159,7 +161,7 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         problems = list(self._problems())
         if problems:
-            raise ValueError("Invalid TransformerConfig:\n  - " + "\n  - ".join(problems))
+            raise ConfigError("Invalid TransformerConfig:\n  - " + "\n  - ".join(problems))
 
     def _problems(self):
         def choices(name: str, allowed: tuple[str, ...]):

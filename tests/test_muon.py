@@ -433,3 +433,18 @@ def test_ddp_ranks_stay_identical_with_muon(tmp_path: Path) -> None:
 
     groups = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["optimizer_states"][0]["param_groups"]
     assert groups[-1]["optimizer"] == "muon" and groups[-1]["steps_taken"] == MAX_STEPS
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model.optim.schedule", "wsd", "--model.optim.decay_fraction", "1.5"], "model.optim.decay_fraction=1.5"),
+        (["--model.config.zero_init_output", "true"], "zero_init_output=True starts the output layer at zero"),
+    ],
+)
+def test_a_mistake_in_the_new_keys_is_refused_in_a_few_lines_without_a_traceback(flags, message) -> None:
+    from test_cli import _cli
+
+    result = _cli("fit", "--config", "configs/presets/tiny.yaml", *flags, cwd=ROOT, ok=False)
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 4
