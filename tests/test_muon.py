@@ -373,6 +373,13 @@ def test_sharding_strategies_are_refused_before_training_naming_the_fix() -> Non
     for strategy in ("ddp", "auto", "ddp_spawn", DDPStrategy()):
         check_optimizer_strategy(muon, strategy)
     check_optimizer_strategy(Optimization(optimizer="adamw"), "fsdp")  # AdamW shards fine
+    # The engine's own check, for runs built without the command line: in setup, before the optimizer exists.
+    from types import SimpleNamespace
+
+    lit, _ = muon_of(GPT2)
+    lit._trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ConfigError, match="trainer.strategy='FSDPStrategy' shards them"):
+        lit.setup("fit")
 
 
 def test_the_command_line_refuses_muon_with_fsdp_in_one_line() -> None:
