@@ -277,6 +277,24 @@ def _checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
     return path
 
 
+def test_the_export_command_refuses_a_switch_hf_cannot_hold_in_a_few_lines_and_writes_it_natively(tmp_path, tokenizer):
+    from test_cli import _cli
+
+    model = build({**GPT2, "qk_norm": True}, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None)
+    ckpt = _checkpoint(tmp_path / "last.ckpt", model, tokenizer)
+    result = _cli(
+        "export", "--checkpoint", str(ckpt), "--format", "hf", "--out", str(tmp_path / "hf"), cwd=tmp_path, ok=False
+    )
+    assert "- qk_norm=True: GPT-2 has no norm of queries and keys" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+    _cli(
+        "export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "native"), cwd=tmp_path
+    )
+    x = tokens(2, 10, vocab=tokenizer.get_vocab_size())
+    with torch.no_grad():
+        torch.testing.assert_close(load_safetensors(tmp_path / "native")(x), model(x), atol=0, rtol=0)
+
+
 def test_export_command_writes_every_format(tmp_path, tokenizer, capsys):
     ort = pytest.importorskip("onnxruntime")
     model = large(build(GPT2, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None))

@@ -15,6 +15,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.errors import ConfigError
 from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_hf_folder, switch_problems, write_hf_folder
 from lit_transformer.model import Transformer
 
@@ -62,7 +63,7 @@ def gpt2_problems(cfg: TransformerConfig) -> list[str]:
 def _check_gpt2(cfg: TransformerConfig) -> None:
     problems = gpt2_problems(cfg)
     if problems:
-        raise ValueError("This model cannot be saved as a Hugging Face GPT-2:\n  - " + "\n  - ".join(problems))
+        raise ConfigError("This model cannot be saved as a Hugging Face GPT-2:\n  - " + "\n  - ".join(problems))
 
 
 def to_hf_config(cfg: TransformerConfig) -> dict:

@@ -30,6 +30,7 @@ from lit_transformer.data.marian_tokenizers import (  # noqa: F401 - the Marian 
     marian_decoder_start_token_id,
     spm_tokenizer,
 )
+from lit_transformer.errors import ConfigError
 from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_state_dict, save_hf_tokenizer, switch_problems
 from lit_transformer.model import Transformer
 
@@ -187,7 +188,7 @@ def save_hf_marian(
     cfg = model.config
     problems = marian_problems(cfg)
     if problems:
-        raise ValueError("This model cannot be saved as a Hugging Face MarianMTModel:\n  - " + "\n  - ".join(problems))
+        raise ConfigError("This model cannot be saved as a Hugging Face MarianMTModel:\n  - " + "\n  - ".join(problems))
     hf = MarianMTModel(MarianConfig(**to_hf_config(cfg)))
     state = to_hf_state_dict(model)
     missing, unexpected = hf.load_state_dict(state, strict=False)
