@@ -204,3 +204,17 @@ def test_time_steps_runs_real_timing_processes(tmp_path: Path, capsys):
     rows = json.loads((tmp_path / "step_times.json").read_text())["rows"]
     assert [r["cell"] for r in rows] == ["base", "pre-ln"] and all(0 < r["step_s"] < 60 for r in rows)
     assert "| pre-ln |" in capsys.readouterr().out
+
+
+def test_a_language_modelling_grid_tabulates_validation_bits_per_character(tmp_path: Path):
+    """The main job's figure (val/bpc, which language modelling logs) gets its column, mean ± spread over seeds."""
+    grid = ablate.Grid.load(ROOT / "configs/ablations/frontier.yaml")
+    rows = []
+    for seed, bpc in ((1, 1.80), (2, 1.84)):
+        row = {tag: None for _, _, tag, _ in ablate.COLUMNS} | {"cell": "muon", "seed": seed, "wall_s": 60.0}
+        rows.append(row | {"val/loss": 4.0, "val/bpc": bpc, "eval": {}})
+    table = ablate.markdown_table(grid, rows)
+    header = next(line for line in table.splitlines() if line.startswith("| cell |"))
+    assert "val bpc" in header and "val BLEU" not in header
+    (muon,) = [line for line in table.splitlines() if line.startswith("| muon |")]
+    assert "1.820 ± 0.028" in muon

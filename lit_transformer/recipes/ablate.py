@@ -69,6 +69,7 @@ CURVES = ("val/loss", "val/ppl", "val/bleu", "train/loss")
 COLUMNS = (
     ("val loss", "fit", "val/loss", 3),
     ("val ppl", "fit", "val/ppl", 2),
+    ("val bpc", "fit", "val/bpc", 3),  # language modelling: bits per character, the main job's figure
     ("val BLEU", "fit", "val/bleu", 2),
     ("test ppl", "test", "test/ppl", 2),
     ("test BLEU", "test", "test/bleu", 2),
