@@ -9,13 +9,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lit_transformer.errors import ConfigError
+
 Topology = Literal["decoder_only", "encoder_decoder", "encoder_only"]
 Head = Literal["classification", "masked_lm"]
 Pooling = Literal["mean", "cls", "max"]
 NormPosition = Literal["pre", "post"]
 Positions = Literal["sinusoidal", "learned", "rope", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
+Activation = Literal["relu", "relu2", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 Init = Literal["gpt2", "xavier"]
 Source = Literal["tokens", "features", "patches"]
@@ -76,8 +78,9 @@ class TransformerConfig:
     attention_dropout: float | None = None
     """Dropout on attention weights; None uses dropout."""
     activation: Activation = "gelu_tanh"
-    """Feed-forward activation: relu (paper), gelu (exact), gelu_tanh (GPT-2's tanh approximation), silu (swish,
-    OPUS-MT's Marian models); gated (Shazeer 2020): swiglu is silu(x W) * (x V) (Llama), geglu is gelu(x W) * (x V)."""
+    """Feed-forward activation: relu (paper), relu2 (ReLU squared, relu(x)^2: So et al. 2021, the modded-nanogpt
+    speedrun), gelu (exact), gelu_tanh (GPT-2's tanh approximation), silu (swish, OPUS-MT's Marian models); gated
+    (Shazeer 2020): swiglu is silu(x W) * (x V) (Llama), geglu is gelu(x W) * (x V)."""
     bias: bool = True
     """Biases in linear layers and LayerNorms (RMSNorm has none)."""
     tie_embeddings: bool = True
@@ -136,11 +139,29 @@ class TransformerConfig:
     """gpt2: normal(0, init_std), residual projections scaled by 1/sqrt(2 * layers); xavier: the paper's Xavier uniform."""
     init_std: float = 0.02
     """Standard deviation of the gpt2 initialisation."""
+    qk_norm: bool = False
+    """RMSNorm of each head's queries and keys before their dot product (and before the rotary embedding), in self-
+    and cross-attention, with a learnable gain per head channel shared by the heads (Qwen 3's form; Dehghani et al.
+    2023): the attention logits stay bounded whatever the weights grow to, and the gain still sets their sharpness."""
+    zero_init_output: bool = False
+    """Start every attention and feed-forward output projection and the output layer (a classifier's last layer) at
+    zero (the modded-nanogpt speedrun): each block starts as the identity and the first logits are uniform. Needs
+    tie_embeddings=False wherever the model has a token output layer (a zero output layer would zero the embedding
+    it is tied to). An initialisation only: a trained model is an ordinary model and exports like one."""
+    logit_softcap: float | None = None
+    """Soft-cap the output logits to (-cap, cap): cap * tanh(logits / cap) (Gemma 2; the speedrun's 30, later 15), in
+    training, evaluation and generation alike (a classifier's logits too); None: no cap."""
+    value_residual: bool = False
+    """Value residual learning (Zhou et al. 2024, ResFormer): the self-attention of every layer after the first mixes
+    its values with the first layer's values of the same tokens, v = (1 - lambda) v + lambda v_1, lambda a learned
+    scalar per layer starting at 0.5; per stack (the encoder's and the decoder's own first layer). The mixed values
+    are what the KV cache keeps; with grouped-query attention they mix per K/V head. Cross-attention's values (the
+    encoder's memory) are not mixed."""
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
         if problems:
-            raise ValueError("Invalid TransformerConfig:\n  - " + "\n  - ".join(problems))
+            raise ConfigError("Invalid TransformerConfig:\n  - " + "\n  - ".join(problems))
 
     def _problems(self):
         def choices(name: str, allowed: tuple[str, ...]):
@@ -154,7 +175,7 @@ class TransformerConfig:
         yield from choices("norm_position", ("pre", "post"))
         yield from choices("positions", ("sinusoidal", "learned", "rope", "alibi", "none"))
         yield from choices("norm", ("layernorm", "rmsnorm"))
-        yield from choices("activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))
+        yield from choices("activation", ("relu", "relu2", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))
         yield from choices("init", ("gpt2", "xavier"))
         yield from choices("source", ("tokens", "features", "patches"))
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len"):
@@ -202,6 +223,14 @@ class TransformerConfig:
             yield f"layer_norm_eps={self.layer_norm_eps} must be positive"
         if self.init_std <= 0:
             yield f"init_std={self.init_std} must be positive"
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            yield f"logit_softcap={self.logit_softcap} must be positive (the largest logit), or None for no cap"
+        if self.zero_init_output and self.tie_embeddings and not self.is_classifier:
+            yield (
+                "zero_init_output=True starts the output layer at zero, and tie_embeddings=True shares that matrix "
+                "with the token embedding, which would start at zero too (every token the same vector); set "
+                "tie_embeddings=False (the speedrun's untied head)"
+            )
         if self.topology != "encoder_decoder":
             for name in ("target_vocab_size", "n_decoder_layers", "share_embeddings"):
                 if getattr(self, name) is not None:

@@ -45,13 +45,40 @@ MODERN_VARIANTS = [
     for switch in MODERN_SWITCHES.values()
     for topology in ("decoder_only", "encoder_decoder")
 ] + [{"topology": "decoder_only", **MODERN_BASE, "positions": "none"}]
-VARIANTS = PAPER_VARIANTS + MODERN_VARIANTS
+# The speedrun's switches, each alone on the GPT-2-like base and all together on Llama's block (grouped K/V heads and
+# rotary positions meet qk_norm and value_residual in the cache), for both topologies. zero_init_output unties the
+# output layer (tied, it is refused); build() gives its zeroed matrices random values, as training would, so that
+# the matrix tests outputs that depend on their inputs.
+FRONTIER_SWITCHES = {
+    "qk_norm": {"qk_norm": True},
+    "relu2": {"activation": "relu2"},
+    "zero_init_output": {"zero_init_output": True, "tie_embeddings": False},
+    "logit_softcap": {"logit_softcap": 3.0},
+    "value_residual": {"value_residual": True},
+    "frontier": {
+        **MODERN_SWITCHES["llama"],
+        "activation": "relu2",
+        "qk_norm": True,
+        "zero_init_output": True,
+        "tie_embeddings": False,
+        "logit_softcap": 3.0,
+        "value_residual": True,
+    },
+}
+FRONTIER_VARIANTS = [
+    {"topology": topology, **MODERN_BASE, **switch}
+    for switch in FRONTIER_SWITCHES.values()
+    for topology in ("decoder_only", "encoder_decoder")
+]
+VARIANTS = PAPER_VARIANTS + MODERN_VARIANTS + FRONTIER_VARIANTS
 # The switches that change decoding paths (activation, tying and scaling do not): enough for slower generation tests.
 # Of the modern ones, positions (rope, alibi, none) and grouped K/V heads change the cache and the masks; RMSNorm and
 # the gated MLPs change only a block's arithmetic, which the forward tests cover.
 DECODING_VARIANTS = [
     v for v in PAPER_VARIANTS if v["activation"] == "gelu_tanh" and v["tie_embeddings"] == v["scale_embeddings"]
 ] + [v for v in MODERN_VARIANTS if v["positions"] != "learned" or "n_kv_heads" in v]
+# Of the frontier ones, qk_norm and value_residual change what the cache keeps, the soft cap what decoding reads.
+DECODING_VARIANTS += [v for v in FRONTIER_VARIANTS if {"qk_norm", "value_residual", "logit_softcap"} & v.keys()]
 # The encoder-only model over the same switches (tying only matters to its masked-LM head); NoPE needs a causal mask.
 ENCODER_VARIANTS = [
     {**v, "topology": "encoder_only"} for v in VARIANTS if v["topology"] == "decoder_only" and v["positions"] != "none"
@@ -90,12 +117,19 @@ def variant_id(v: dict) -> str:
         + (["rmsnorm"] if v.get("norm") == "rmsnorm" else [])
         + ([f"kv{v['n_kv_heads']}"] if v.get("n_kv_heads") else [])
         + (["nobias"] if v.get("bias") is False else [])
+        + [name for name in ("qk_norm", "zero_init_output", "value_residual") if v.get(name)]
+        + ([f"softcap{v['logit_softcap']:g}"] if v.get("logit_softcap") else [])
     )
 
 
 def build(variant: dict, seed: int = 0, **overrides) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(TransformerConfig.preset("tiny", **variant, **overrides)).eval()
+    model = Transformer(TransformerConfig.preset("tiny", **variant, **overrides)).eval()
+    if model.config.zero_init_output:  # as after some training: outputs that depend on the inputs (see above)
+        with torch.no_grad():
+            for linear in model.output_projections():
+                linear.weight.normal_(0.0, model.config.init_std)
+    return model
 
 
 def tokens(batch: int, length: int, seed: int = 1, vocab: int = 128) -> torch.Tensor:

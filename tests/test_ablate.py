@@ -165,3 +165,58 @@ def test_the_command_has_its_own_help():
     done = subprocess.run([sys.executable, "-m", "lit_transformer.recipes.ablate", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)  # fmt: skip
     assert done.returncode == 0 and "python -m lit_transformer ablate" in done.stdout and "--dry-run" in done.stdout
+
+
+def test_time_steps_prints_each_cells_step_time_and_the_steps_that_fit_the_bases_budget(
+    tmp_path: Path, capsys, monkeypatch
+):
+    """`--time-steps N` times the base configs alone (no overrides) and each cell (its first seed), and turns the
+    ratio into each cell's steps at the base's budget, rounded down to a hundred; nothing else runs."""
+    seconds = {"base": 0.060, "modern_block": 0.0666, "muon": 0.090, "all_together": 0.120}
+    commands: dict[str, list[str]] = {}
+
+    def fake(command: list[str], env: dict) -> float:
+        folder = Path(command[command.index("--trainer.default_root_dir") + 1]).name
+        commands[folder] = command
+        return seconds.get(folder, 0.060)
+
+    monkeypatch.setattr(ablate, "measure_step", fake)
+    grid = str(ROOT / "configs/ablations/frontier.yaml")
+    cells = ["--cells", "modern block", "muon", "all together"]
+    assert ablate.ablate([grid, "--out", str(tmp_path), "--time-steps", "40", "--threads", "1", *cells]) == 0
+    out = capsys.readouterr().out
+    assert "The base's budget: 5000 steps at 60.0 ms = 300 s of training." in out
+    assert "| muon | 90.0 | 1.50 | 3300 | `--trainer.max_steps 3300 --trainer.val_check_interval 3300` |" in out
+    assert "| modern block | 66.6 | 1.11 | 4500 |" in out and "| all together | 120.0 | 2.00 | 2500 |" in out
+    base = commands["base"]
+    assert base[3:5] == ["8", "40"] and "--config" in base and not any("rmsnorm" in token for token in base)
+    muon = commands["muon"]
+    assert any(token.endswith("variants/muon.yaml") for token in muon) and any("rmsnorm" in t for t in muon)
+    assert muon[muon.index("--trainer.max_steps", muon.index("--trainer.limit_val_batches")) + 1] == "49"
+    record = json.loads((tmp_path / "step_times.json").read_text())
+    assert [r["cell"] for r in record["rows"]] == ["base", "modern block", "muon", "all together"]
+    assert record["base_max_steps"] == 5000 and record["machine"]["threads"] == 1
+    assert not (tmp_path / "muon").exists()  # no run folder: nothing was trained
+
+
+@pytest.mark.slow
+def test_time_steps_runs_real_timing_processes(tmp_path: Path, capsys):
+    ablate.main([str(ROOT / "configs/ablations/smoke.yaml"), "--out", str(tmp_path), "--time-steps", "2",
+                 "--threads", "1", "--cells", "pre-ln"])  # fmt: skip
+    rows = json.loads((tmp_path / "step_times.json").read_text())["rows"]
+    assert [r["cell"] for r in rows] == ["base", "pre-ln"] and all(0 < r["step_s"] < 60 for r in rows)
+    assert "| pre-ln |" in capsys.readouterr().out
+
+
+def test_a_language_modelling_grid_tabulates_validation_bits_per_character(tmp_path: Path):
+    """The main job's figure (val/bpc, which language modelling logs) gets its column, mean ± spread over seeds."""
+    grid = ablate.Grid.load(ROOT / "configs/ablations/frontier.yaml")
+    rows = []
+    for seed, bpc in ((1, 1.80), (2, 1.84)):
+        row = {tag: None for _, _, tag, _ in ablate.COLUMNS} | {"cell": "muon", "seed": seed, "wall_s": 60.0}
+        rows.append(row | {"val/loss": 4.0, "val/bpc": bpc, "eval": {}})
+    table = ablate.markdown_table(grid, rows)
+    header = next(line for line in table.splitlines() if line.startswith("| cell |"))
+    assert "val bpc" in header and "val BLEU" not in header
+    (muon,) = [line for line in table.splitlines() if line.startswith("| muon |")]
+    assert "1.820 ± 0.028" in muon

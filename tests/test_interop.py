@@ -55,7 +55,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 # ---- GPT-2 -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu"])
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu", "relu2"])
 def test_gpt2_folder_loads_in_transformers_with_our_logits(tmp_path, tokenizer, activation):
     model = large(build({**GPT2, "activation": activation}, pad_token_id=None))
     save_hf_gpt2(model, tmp_path, tokenizer)
@@ -82,7 +82,7 @@ def test_gpt2_activation_names_are_not_interchangeable(tmp_path):
         assert (model(x) - exact(x)).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("activation", ["gelu_new", "gelu", "relu"])
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu", "relu", "relu2"])
 def test_a_transformers_gpt2_loads_with_its_logits(tmp_path, activation):
     config = transformers.GPT2Config(
         vocab_size=96, n_positions=40, n_embd=24, n_layer=2, n_head=3, activation_function=activation,
@@ -148,8 +148,10 @@ def test_a_hub_name_offline_fails_at_once(monkeypatch):
         {**PAPER, "scale_embeddings": True, "tie_embeddings": True},  # the paper: three-way tying
         {**PAPER, "scale_embeddings": True, "tie_embeddings": False, "activation": "gelu_tanh"},
         {**PAPER, "scale_embeddings": False, "target_vocab_size": 100, "activation": "gelu"},
+        # zero_init_output is an initialisation: the trained (here: random) model is a Marian like any other.
+        {**PAPER, "scale_embeddings": True, "tie_embeddings": False, "activation": "relu2", "zero_init_output": True},
     ],
-    ids=["paper", "untied-gelu_tanh", "two-vocabularies-gelu"],
+    ids=["paper", "untied-gelu_tanh", "two-vocabularies-gelu", "untied-relu2-zero_init_output"],
 )
 def test_the_paper_model_is_a_marian_with_our_logits(tmp_path, variant):
     model = large(build(variant, init="xavier"), std=0.3)
@@ -202,6 +204,54 @@ def test_marian_refuses_what_it_cannot_express(tmp_path, field, value):
         save_hf_marian(Transformer(cfg), tmp_path)
 
 
+# ---- the speedrun's switches that no Hugging Face layout holds ----------------------------------------------------
+
+
+FRONTIER_REFUSALS = {
+    "qk_norm": (True, "has no norm of queries and keys"),
+    "logit_softcap": (15.0, "has no soft cap on its logits"),
+    "value_residual": (True, "has no value residual in its attention"),
+}
+
+
+@pytest.mark.parametrize("field", FRONTIER_REFUSALS)
+@pytest.mark.parametrize("layout", ["GPT-2", "Llama", "Marian"])
+def test_hf_exports_refuse_a_switch_they_cannot_hold_in_one_line_naming_it(tmp_path, layout, field):
+    from lit_transformer.interop import llama_problems, save_hf_llama
+
+    value, lacks = FRONTIER_REFUSALS[field]
+    base = {
+        "GPT-2": GPT2,
+        "Llama": {**GPT2, "positions": "rope", "norm": "rmsnorm", "activation": "swiglu"},
+        "Marian": {**PAPER, "layer_norm_eps": 1e-5},
+    }[layout]
+    cfg = TransformerConfig.preset("tiny", **base, **{field: value})
+    problems = {"GPT-2": gpt2_problems, "Llama": llama_problems, "Marian": marian_problems}[layout](cfg)
+    assert problems == [
+        f"{field}={value!r}: {layout} {lacks}; the native format (export --format safetensors) and ONNX keep it"
+    ]
+    save = {"GPT-2": save_hf_gpt2, "Llama": save_hf_llama, "Marian": save_hf_marian}[layout]
+    with pytest.raises(ValueError, match=f"cannot be saved as a Hugging Face.*\\n  - {field}="):
+        save(Transformer(cfg), tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_a_gpt2_folder_loaded_over_a_base_with_the_switches_is_a_plain_gpt2(tmp_path):
+    """The folder decides the architecture: a base config's qk_norm, value_residual, cap and zero init are not
+    GPT-2's (its weights have no norms of queries and keys, and its output is tied)."""
+    model = build({**GPT2, "activation": "relu2"}, pad_token_id=None)
+    save_hf_gpt2(model, tmp_path)
+    base = TransformerConfig.preset(
+        "tiny", qk_norm=True, value_residual=True, logit_softcap=15.0, zero_init_output=True, tie_embeddings=False
+    )
+    loaded = load_hf_gpt2(tmp_path, base=base)
+    cfg = loaded.config
+    assert (cfg.qk_norm, cfg.value_residual, cfg.logit_softcap, cfg.zero_init_output) == (False, False, None, False)
+    x = tokens(2, 10)
+    with torch.no_grad():
+        close(loaded(x), model(x))
+
+
 # ---- safetensors, ONNX and the export command ------------------------------------------------------------------
 
 
@@ -225,6 +275,24 @@ def _checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
         {"state_dict": state, "hyper_parameters": {"config": model.config}, "tokenizer": tokenizer.to_str()}, path
     )
     return path
+
+
+def test_the_export_command_refuses_a_switch_hf_cannot_hold_in_a_few_lines_and_writes_it_natively(tmp_path, tokenizer):
+    from test_cli import _cli
+
+    model = build({**GPT2, "qk_norm": True}, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None)
+    ckpt = _checkpoint(tmp_path / "last.ckpt", model, tokenizer)
+    result = _cli(
+        "export", "--checkpoint", str(ckpt), "--format", "hf", "--out", str(tmp_path / "hf"), cwd=tmp_path, ok=False
+    )
+    assert "- qk_norm=True: GPT-2 has no norm of queries and keys" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+    _cli(
+        "export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "native"), cwd=tmp_path
+    )
+    x = tokens(2, 10, vocab=tokenizer.get_vocab_size())
+    with torch.no_grad():
+        torch.testing.assert_close(load_safetensors(tmp_path / "native")(x), model(x), atol=0, rtol=0)
 
 
 def test_export_command_writes_every_format(tmp_path, tokenizer, capsys):

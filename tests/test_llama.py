@@ -104,6 +104,24 @@ def test_the_llama_small_preset_is_a_llama():
     assert model.num_parameters() == 2 * vocab * d + layers * block + d == 124_668_672
 
 
+def test_a_zero_initialised_llama_exports_with_our_logits(tmp_path):
+    """zero_init_output is an initialisation only: once the weights move (here: random), the model is a Llama."""
+    cfg = TransformerConfig.preset(
+        "tiny", positions="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False,
+        zero_init_output=True, pad_token_id=None, layer_norm_eps=1e-6,
+    )  # fmt: skip
+    model = Transformer(cfg).eval()
+    assert model.lm_head.weight.abs().sum() == 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.3)
+    save_hf_llama(model, tmp_path)
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    x = tokens(2, 20)
+    with torch.no_grad():
+        close(model(x), hf(x).logits)
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("positions", "learned"), ("norm", "layernorm"), ("activation", "gelu"), ("topology", "encoder_decoder")],

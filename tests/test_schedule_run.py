@@ -15,7 +15,7 @@ from test_cli import CONFIGS, ROOT, _cli
 
 from lit_transformer.engine.schedules import ScheduleName
 
-LR, WARMUP, STEPS, D_MODEL, MIN_RATIO = 2e-3, 3, 10, 32, 0.2
+LR, WARMUP, STEPS, D_MODEL, MIN_RATIO, DECAY, MUON_LR = 2e-3, 3, 10, 32, 0.2, 0.4, 0.05
 
 
 class LearningRates(L.Callback):
@@ -50,6 +50,14 @@ def expected_lr(schedule: str, step: int) -> float:
         return LR * (MIN_RATIO + (1 - MIN_RATIO) * (1 + math.cos(math.pi * progress)) / 2)
     if schedule == "constant":  # linear warmup, then flat
         return LR * min(1.0, (step + 1) / WARMUP)
+    if schedule == "wsd":  # linear warmup, flat, then down to MIN_RATIO * LR as 1 - sqrt over the last DECAY of the run
+        if step < WARMUP:
+            return LR * (step + 1) / WARMUP
+        start = STEPS - round(DECAY * STEPS)
+        if step < start:
+            return LR
+        progress = min(1.0, (step - start) / (STEPS - start))
+        return LR * (MIN_RATIO + (1 - MIN_RATIO) * (1 - math.sqrt(progress)))
     raise AssertionError(f"no formula written for the schedule {schedule!r}: add it here")
 
 
@@ -58,10 +66,8 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("schedule_cache")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("accumulate", [1, 2])
-@pytest.mark.parametrize("schedule", typing.get_args(ScheduleName))
-def test_the_optimizer_sees_the_schedules_formula(schedule: str, accumulate: int, cache: Path, tmp_path: Path):
+def _fit(schedule: str, accumulate: int, cache: Path, tmp_path: Path, *extra: str) -> tuple[dict, dict]:
+    """A tiny fit with the schedule; (the trace's record, {step: [lr per group]})."""
     trace = tmp_path / "lr.json"
     callback = {"class_path": f"{__name__}.LearningRates", "init_args": {"path": str(trace)}}
     _cli(
@@ -72,12 +78,19 @@ def test_the_optimizer_sees_the_schedules_formula(schedule: str, accumulate: int
         "--data.init_args.cache_dir", str(cache), "--data.init_args.max_chars", "20000",
         "--model.optim.lr", str(LR), "--model.optim.schedule", schedule, "--model.optim.warmup_steps", str(WARMUP),
         "--model.optim.min_lr_ratio", str(MIN_RATIO), "--model.config.d_model", str(D_MODEL),
-        f"--trainer.callbacks+={json.dumps(callback)}",
+        "--model.optim.decay_fraction", str(DECAY), f"--trainer.callbacks+={json.dumps(callback)}", *extra,
         cwd=ROOT,
     )  # fmt: skip
     seen = json.loads(trace.read_text())
+    return seen, {int(step): lrs for step, lrs in seen["rates"].items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("schedule", typing.get_args(ScheduleName))
+def test_the_optimizer_sees_the_schedules_formula(schedule: str, accumulate: int, cache: Path, tmp_path: Path):
+    seen, rates = _fit(schedule, accumulate, cache, tmp_path)
     assert seen["batches"] == STEPS * accumulate  # each optimizer step took `accumulate` micro-batches
-    rates = {int(step): lrs for step, lrs in seen["rates"].items()}
     assert sorted(rates) == list(range(STEPS + 1))
     for step, lrs in rates.items():  # every parameter group (decayed or not) on the same curve
         assert lrs == pytest.approx([expected_lr(schedule, step)] * len(lrs), rel=1e-9), step
@@ -87,3 +100,19 @@ def test_the_optimizer_sees_the_schedules_formula(schedule: str, accumulate: int
         assert landmarks[WARMUP - 1] == pytest.approx(LR) and rates[STEPS][0] == pytest.approx(MIN_RATIO * LR)
     if schedule == "constant":
         assert landmarks[STEPS // 2] == pytest.approx(LR) == rates[STEPS][0]
+    if schedule == "wsd":  # flat in the middle, the decay ending where cosine's does
+        assert landmarks[WARMUP - 1] == landmarks[STEPS // 2] == pytest.approx(LR)
+        assert rates[STEPS][0] == pytest.approx(MIN_RATIO * LR)
+
+
+@pytest.mark.slow
+def test_muon_and_adamw_groups_each_follow_the_curve_from_their_own_rate(cache: Path, tmp_path: Path):
+    """With model.optim.optimizer muon the hidden matrices' group starts from muon_lr, AdamW's from lr: the schedule
+    scales both alike, at every optimizer step of an accumulated run."""
+    seen, rates = _fit(
+        "wsd", 2, cache, tmp_path, "--model.optim.optimizer", "muon", "--model.optim.muon_lr", str(MUON_LR)
+    )
+    assert seen["batches"] == STEPS * 2 and sorted(rates) == list(range(STEPS + 1))
+    for step, lrs in rates.items():  # AdamW's two groups (decayed, not), then Muon's
+        factor = expected_lr("wsd", step) / LR
+        assert lrs == pytest.approx([LR * factor, LR * factor, MUON_LR * factor], rel=1e-9), step

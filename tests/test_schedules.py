@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lit_transformer.engine.schedules import build_schedule, noam, warmup_constant, warmup_cosine
+from lit_transformer.engine.schedules import build_schedule, noam, warmup_constant, warmup_cosine, warmup_stable_decay
 
 
 def _lrs(name: str, steps: int, base_lr: float = 1.0, **kwargs) -> list[float]:
@@ -59,7 +59,7 @@ def test_cosine_needs_a_length():
 
 
 def test_unknown_schedule():
-    with pytest.raises(ValueError, match="noam"):
+    with pytest.raises(ValueError, match="noam.*wsd"):
         _lrs("linear", 1, warmup_steps=1)
 
 
@@ -81,3 +81,58 @@ def test_a_restored_scheduler_continues_on_the_same_curve():
     assert scheduler2.last_epoch == 57
     assert optimizer2.param_groups[0]["lr"] == pytest.approx(expected[0])
     assert expected[0] == pytest.approx(1e-3 * warmup_cosine(57, warmup=10, total=100, min_ratio=0.1))
+
+
+# ---- warmup-stable-decay ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["linear", "1-sqrt"])
+def test_wsd_corners_warmup_end_flat_decay_start_and_end(shape):
+    """100 steps, warmup 10, decay over the last 40%: linear warmup to the peak at step 9, the peak held until the
+    decay starts at step 60, then down to min_ratio at step 100 (linearly, or as 1 - sqrt(progress)), flat after."""
+    lrs = _lrs("wsd", 110, base_lr=1.0, warmup_steps=10, total_steps=100, min_lr_ratio=0.1,
+               decay_fraction=0.4, decay_shape=shape)  # fmt: skip
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[10:61] == pytest.approx([1.0] * 51)  # stable, up to and including the decay's first step
+    assert all(a > b for a, b in zip(lrs[60:100], lrs[61:101]))
+    assert lrs[100] == pytest.approx(0.1) and lrs[109] == pytest.approx(0.1)
+    # A quarter of the decay left 3/4 (linear) or 1 - sqrt(1/4) = 1/2 (1-sqrt) of the way; half of it, 1/2 or 0.29.
+    assert lrs[70] == pytest.approx(0.1 + 0.9 * {"linear": 0.75, "1-sqrt": 0.5}[shape])
+    assert lrs[80] == pytest.approx(0.1 + 0.9 * (0.5 if shape == "linear" else 1 - math.sqrt(0.5)))
+
+
+def test_wsd_1_sqrt_falls_faster_at_first_than_linear():
+    kwargs = dict(warmup=0, total=100, decay_fraction=0.5, min_ratio=0.0)
+    assert warmup_stable_decay(60, shape="1-sqrt", **kwargs) < warmup_stable_decay(60, shape="linear", **kwargs)
+    assert warmup_stable_decay(100, shape="1-sqrt", **kwargs) == warmup_stable_decay(100, shape="linear", **kwargs) == 0
+
+
+def test_wsd_without_warmup_starts_at_the_peak_and_a_whole_run_decay_starts_after_warmup():
+    assert warmup_stable_decay(0, warmup=0, total=10, decay_fraction=0.2, shape="linear", min_ratio=0.0) == 1.0
+    # decay_fraction 1: the decay starts where warmup ends, not before (no jump down at the end of warmup)
+    lrs = [
+        warmup_stable_decay(s, warmup=5, total=25, decay_fraction=1.0, shape="linear", min_ratio=0.0) for s in range(26)
+    ]
+    assert lrs[4] == 1.0 == lrs[5] and lrs[15] == pytest.approx(0.5) and lrs[25] == 0.0
+
+
+def test_wsd_needs_a_length_and_a_known_shape():
+    with pytest.raises(ValueError, match="wsd schedule needs the number of optimizer steps"):
+        _lrs("wsd", 1, warmup_steps=1, total_steps=None)
+    with pytest.raises(ValueError, match="decay shape 'cosine'"):
+        _lrs("wsd", 1, warmup_steps=1, total_steps=10, decay_shape="cosine")
+
+
+def test_every_parameter_group_follows_the_schedule_from_its_own_rate():
+    """Muon's group (muon_lr) and AdamW's (lr) are scaled by the same multiplier."""
+    groups = [
+        {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 1e-3},
+        {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.02},
+    ]
+    optimizer = torch.optim.SGD(groups)
+    scheduler = build_schedule(optimizer, "wsd", warmup_steps=2, total_steps=10, decay_fraction=0.5)
+    for step in range(10):
+        factor = warmup_stable_decay(step, warmup=2, total=10, decay_fraction=0.5, shape="1-sqrt", min_ratio=0.1)
+        assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([1e-3 * factor, 0.02 * factor])
+        optimizer.step()
+        scheduler.step()

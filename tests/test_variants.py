@@ -138,8 +138,9 @@ def test_variant_composes_with_preset(parser, variant: str, preset: str) -> None
         model = Transformer(config)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a variant's optimizer warning is tested below
-            build_optimizer(model, optim, fused=False)
+            optimizer = build_optimizer(model, optim, fused=False)
         one_pass(model, config)
+        optimizer.step()  # every group of the variant's optimizer (Muon's hidden matrices too) takes the gradients
     except ValueError as error:
         assert refusal, f"{variant} with {preset} refused: {error}"
         assert refusal in str(error), error

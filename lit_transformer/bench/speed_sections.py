@@ -751,19 +751,16 @@ def hand_fit(args: list[str], warmup: int, steps: int, device: str) -> StepClock
     F.cross_entropy in one graph, bf16 autocast when the run asks for it, a fused optimizer on CUDA, nothing else."""
     from contextlib import nullcontext
 
-    from lit_transformer.engine.optimizers import weight_decay_groups
+    from lit_transformer.engine.optimizers import build_optimizer
 
     cli = build_cli(args)
     lit, data = cli.model, cli.datamodule
     cfg, hp = lit.config, lit.hparams
     torch.manual_seed(0)
     model = Transformer(cfg).to(device).train()
-    optim = lit.optim
-    decay, no_decay = weight_decay_groups(model, optim.decay_embeddings)
-    kind = torch.optim.Adam if optim.optimizer == "adam" else torch.optim.AdamW
-    wd = 0.0 if optim.optimizer == "adam" else optim.weight_decay
-    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = kind(groups, lr=1e-4, **({"fused": True} if device == "cuda" else {"foreach": True}))
+    # The run's own optimizer (Adam, AdamW, or Muon with AdamW), so a lever such as --model.optim.optimizer muon
+    # costs the hand-built step what it costs the CLI's.
+    optimizer = build_optimizer(model, lit.optim, fused=device == "cuda")
     bf16 = "bf16" in str(cli.trainer.precision)
     smoothing = lit.task.label_smoothing
 

@@ -41,6 +41,7 @@ from lit_transformer.engine.lightning_compat import LightningCLIHooks, set_colle
 from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.engine.monitoring import LearningRateLogger, SyncFreeProgressBar, TokenThroughputMonitor
 from lit_transformer.engine.nonfinite_guard import NonFiniteLossGuard
+from lit_transformer.engine.optimizers import Optimization, check_optimizer_strategy
 from lit_transformer.engine.preemption import PreemptionCheckpoint, exit_on_signals
 from lit_transformer.engine.step_seed import StepSeed
 from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
@@ -164,6 +165,10 @@ class TransformerCLI(LightningCLIHooks):
         strategy = trainer.strategy
         if not isinstance(strategy, str):  # a {class_path, init_args} mapping
             strategy = getattr(strategy, "class_path", None) or str(strategy)
+        if self.subcommand == "fit":  # before data or model: Muon and a sharding strategy cannot train together
+            optim = config.get("model.optim")
+            if optim is not None and optim.get("optimizer") == "muon":
+                check_optimizer_strategy(Optimization(optimizer="muon"), strategy)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:

@@ -183,6 +183,22 @@ def run(command: Command, argv: Sequence[str]) -> None:
         if debug:
             raise
         refuse(f"{error}", status=1)
+    except ValueError as error:  # a config class's refusal, wrapped by the parser that built it (model.optim)
+        cause = _user_error_cause(error)
+        if cause is None or debug:
+            raise
+        refuse(str(cause), hint=cause.hint, status=cause.status)
+
+
+def _user_error_cause(error: BaseException) -> UserError | None:
+    """The UserError an exception was raised from, directly or further down its chain, if any."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _print(text: str) -> None:

@@ -21,7 +21,7 @@ from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.engine.deprecated_options import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
 from lit_transformer.engine.gradients import clip_gradients, gradient_norm
 from lit_transformer.engine.lightning_compat import trainer_logs_now
-from lit_transformer.engine.optimizers import Optimization, build_optimizer
+from lit_transformer.engine.optimizers import Optimization, build_optimizer, check_optimizer_strategy
 from lit_transformer.engine.schedules import build_schedule
 from lit_transformer.model import Transformer
 from lit_transformer.tasks import Task, build_task, data_fields
@@ -158,6 +158,8 @@ class LitTransformer(L.LightningModule):
     def setup(self, stage: str) -> None:
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
+        if stage == "fit":
+            check_optimizer_strategy(self.optim, self.trainer.strategy)
         if stage == "fit" and self.hparams.loss_normalization == "tokens":
             if isinstance(self.trainer.strategy, DeepSpeedStrategy):
                 raise ValueError(
@@ -413,5 +415,6 @@ class LitTransformer(L.LightningModule):
         max_steps = trainer.max_steps if trainer is not None else -1
         total = optim.schedule_steps or (max_steps if max_steps and max_steps > 0 else None)
         scheduler = build_schedule(optimizer, optim.schedule, warmup_steps=optim.warmup_steps, total_steps=total,
-                                   d_model=self.config.d_model, min_lr_ratio=optim.min_lr_ratio)  # fmt: skip
+                                   d_model=self.config.d_model, min_lr_ratio=optim.min_lr_ratio,
+                                   decay_fraction=optim.decay_fraction, decay_shape=optim.decay_shape)  # fmt: skip
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,26 +1,36 @@
-"""The optimizer of a run and its schedule: Adam or AdamW, with weight decay on exactly the weight matrices of linear
-layers, and the learning-rate schedule (`model.optim` in the YAML)."""
+"""The optimizer of a run and its schedule (`model.optim` in the YAML): Adam or AdamW, with weight decay on exactly the
+weight matrices of linear layers; or Muon for the hidden matrices with AdamW for the rest, as one optimizer object
+(`MuonWithAdamW`); and the learning-rate schedule."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from lit_transformer.engine.schedules import ScheduleName
+from lit_transformer.engine.schedules import DECAY_SHAPES, SCHEDULES, DecayShape, ScheduleName
+from lit_transformer.errors import ConfigError
+
+OptimizerName = Literal["adamw", "adam", "muon"]
+MuonAdjustLR = Literal["original", "match_rms_adamw"]
 
 
 @dataclass
 class Optimization:
     """How the weights move: the optimizer and its learning-rate schedule (`--model.optim.lr 1e-3`)."""
 
-    optimizer: Literal["adamw", "adam"] = "adamw"
-    """adamw (decoupled weight decay, none on biases, norms and embeddings) or adam (the paper's)."""
+    optimizer: OptimizerName = "adamw"
+    """adamw (decoupled weight decay, none on biases, norms and embeddings), adam (the paper's), or muon: torch's Muon
+    (Jordan et al. 2024) for the hidden matrices (the weights of the attention and feed-forward projections inside
+    the blocks) and AdamW (lr, betas, eps, weight_decay) for everything else (embeddings, the output layer even
+    untied, norm gains, biases, value_residual's scalars, LoRA adapters). Not with FSDP, DeepSpeed or ModelParallel."""
     lr: float = 3e-4
-    """Peak learning rate; with schedule=noam, a multiplier of the paper's formula (1.0 is the paper's)."""
+    """Peak learning rate (of AdamW's part with muon); with schedule=noam, a multiplier of the paper's formula (1.0
+    is the paper's)."""
     betas: tuple[float, float] | None = None
     """Adam betas; None uses (0.9, 0.95) for adamw and the paper's (0.9, 0.98) for adam."""
     eps: float | None = None
@@ -33,13 +43,71 @@ class Optimization:
     fused: bool | None = None
     """Use the fused optimizer kernel; None picks fused on CUDA and foreach elsewhere."""
     schedule: ScheduleName = "cosine"
-    """noam (the paper's), cosine (warmup + cosine decay), constant (warmup, then flat)."""
+    """noam (the paper's), cosine (warmup + cosine decay), constant (warmup, then flat), wsd (warmup-stable-decay:
+    warmup, flat, then a decay over the last decay_fraction of the run; Hägele et al. 2024)."""
     warmup_steps: int = 100
     """Optimizer steps of linear warmup (noam: the paper's warmup_steps, 4000)."""
     schedule_steps: int | None = None
-    """Length of the cosine schedule in optimizer steps; None uses trainer.max_steps."""
+    """Length of the cosine or wsd schedule in optimizer steps; None uses trainer.max_steps."""
     min_lr_ratio: float = 0.1
-    """Where the cosine schedule ends, as a fraction of lr."""
+    """Where the cosine and wsd schedules end, as a fraction of lr (the speedrun's cooldown ends at 0.1 too)."""
+    decay_fraction: float = 0.2
+    """wsd: the decay's share of the run, the last decay_fraction of schedule_steps (20% matches cosine in Hägele et
+    al. 2024; the speedrun cooled down over 40% or more)."""
+    decay_shape: DecayShape = "1-sqrt"
+    """wsd: how the decay falls from lr to min_lr_ratio * lr: linear, or 1-sqrt (1 - sqrt(progress): Hägele et al.'s
+    best)."""
+    muon_lr: float = 0.02
+    """muon: peak learning rate of the hidden matrices (the schedule scales it as it scales lr). torch's convention:
+    a matrix's orthogonalised update (unit singular values) is scaled by muon_lr * sqrt(max(1, rows / columns))
+    with muon_adjust_lr=original (Keller Jordan's Muon; 0.02 its default, the speedrun's 0.05)."""
+    muon_momentum: float = 0.95
+    """muon: momentum of the hidden matrices' updates (after the warm-up below)."""
+    muon_nesterov: bool = True
+    """muon: Nesterov momentum: orthogonalise the gradient moved toward the momentum buffer (a look ahead), not the
+    buffer alone."""
+    muon_ns_steps: int = 5
+    """muon: Newton-Schulz iterations that orthogonalise each update (each costs three matmuls of the matrix's size;
+    fewer steps: a cheaper, rougher orthogonalisation)."""
+    muon_weight_decay: float = 0.0
+    """muon: decoupled weight decay of the hidden matrices, p <- p * (1 - muon_lr * muon_weight_decay) each step (the
+    speedrun's 0; torch's default 0.1 pairs with muon_adjust_lr=match_rms_adamw)."""
+    muon_adjust_lr: MuonAdjustLR = "original"
+    """muon: torch's adjust_lr_fn. original: muon_lr * sqrt(max(1, rows / columns)) (Keller Jordan's);
+    match_rms_adamw: muon_lr * 0.2 * sqrt(max(rows, columns)) (Moonshot's: updates of AdamW's size, so muon_lr and
+    muon_weight_decay take AdamW's values)."""
+    muon_momentum_warmup_steps: int = 300
+    """muon: steps over which the momentum rises linearly from muon_momentum_start to muon_momentum (the speedrun's
+    300); 0: muon_momentum from the start."""
+    muon_momentum_start: float = 0.85
+    """muon: the momentum at the first step of the warm-up (the speedrun's 0.85)."""
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise ConfigError("Invalid model.optim:\n  - " + "\n  - ".join(problems))
+
+    def _problems(self):
+        for name, allowed in (
+            ("optimizer", ("adamw", "adam", "muon")),
+            ("schedule", SCHEDULES),
+            ("decay_shape", DECAY_SHAPES),
+            ("muon_adjust_lr", ("original", "match_rms_adamw")),
+        ):
+            if getattr(self, name) not in allowed:
+                yield f"model.optim.{name}={getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}"
+        if not 0.0 < self.decay_fraction <= 1.0:
+            yield f"model.optim.decay_fraction={self.decay_fraction} must lie in (0, 1]: the decay's share of the run"
+        for name in ("lr", "muon_lr"):
+            if getattr(self, name) < 0:
+                yield f"model.optim.{name}={getattr(self, name)} must be >= 0"
+        for name in ("muon_momentum", "muon_momentum_start"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                yield f"model.optim.{name}={getattr(self, name)} must lie in [0, 1)"
+        if self.muon_ns_steps < 1:
+            yield f"model.optim.muon_ns_steps={self.muon_ns_steps} must be at least 1"
+        if self.muon_weight_decay < 0 or self.muon_momentum_warmup_steps < 0:
+            yield "model.optim.muon_weight_decay and muon_momentum_warmup_steps must be >= 0"
 
     @classmethod
     def of(cls, value: Optimization | dict | None, **flat: Any) -> Optimization:
@@ -96,7 +164,9 @@ def warn_no_effect_with_adam(optim: Optimization) -> None:
 
 def build_optimizer(model: torch.nn.Module, optim: Optimization, fused: bool) -> torch.optim.Optimizer:
     """Adam (the paper's: betas (0.9, 0.98), eps 1e-9 unless given, no decay) or AdamW (betas (0.9, 0.95), eps 1e-8,
-    decay on weight_decay_groups' first group), fused or foreach."""
+    decay on weight_decay_groups' first group), fused or foreach; or Muon with AdamW (build_muon)."""
+    if optim.optimizer == "muon":
+        return build_muon(model, optim, fused)
     decay, no_decay = weight_decay_groups(model, optim.decay_embeddings)
     adam = optim.optimizer == "adam"
     if adam:
@@ -109,3 +179,182 @@ def build_optimizer(model: torch.nn.Module, optim: Optimization, fused: bool) ->
     weight_decay = 0.1 if optim.weight_decay is None else optim.weight_decay
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, **kwargs)
+
+
+# ---- Muon + AdamW -------------------------------------------------------------------------------------------------
+
+
+def muon_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The hidden matrices Muon moves, by role: the weights of the Linear layers inside the Transformer's blocks
+    (self- and cross-attention's projections, the feed-forward's up and down), which train. Not by shape: the
+    embeddings and the output layer are 2-D too, and stay with AdamW (Muon is for hidden layers: Jordan et al.), as do
+    a classifier's head, a features or patches input projection, norms, biases, scalars and LoRA's adapters (low-rank
+    factors, not whole matrices; peft names them lora_A and lora_B)."""
+    from lit_transformer.model.blocks import BLOCK_CLASSES
+
+    hidden: dict[int, torch.nn.Parameter] = {}
+    for block in (m for m in model.modules() if isinstance(m, BLOCK_CLASSES)):
+        for name, module in block.named_modules():
+            if isinstance(module, torch.nn.Linear) and "lora_" not in name and module.weight.requires_grad:
+                hidden.setdefault(id(module.weight), module.weight)
+    names = {id(p): name for name, p in model.named_parameters()}
+    for p in hidden.values():
+        if p.ndim != 2:  # a sharded strategy's flat piece: no matrix to orthogonalise (never 1-D into Muon)
+            raise ConfigError(
+                f"model.optim.optimizer=muon needs whole 2-D weight matrices, but {names.get(id(p), 'a block weight')} "
+                f"is {tuple(p.shape)} here (a sharding strategy flattens parameters): use ddp, or optimizer adamw"
+            )
+    return list(hidden.values())
+
+
+def muon_momentum_at(step: int, *, target: float, start: float, warmup: int) -> float:
+    """The momentum at step `step` (0-based): from `start` linearly to `target` over `warmup` steps, then `target`."""
+    if warmup <= 0:
+        return target
+    fraction = min(1.0, step / warmup)
+    return (1.0 - fraction) * start + fraction * target
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon for the hidden matrices and torch.optim.AdamW for every other parameter, as ONE optimizer:
+    Lightning's automatic optimization takes one, and the schedule, clipping, the non-finite guard, the token
+    normalisation and checkpoints then see all parameters through it.
+
+    Its param_groups are AdamW's groups followed by Muon's (each group's own "lr": the schedule scales AdamW's lr and
+    Muon's muon_lr by the same factor; a group's "optimizer" key says whose it is, its "name" what the learning-rate
+    logger calls it), the same dicts the two inner optimizers read, and one state for both: state_dict and
+    load_state_dict hold both parts (an exact resume), and zero_grad reaches every group. step(closure) runs the
+    closure once, then AdamW's step and Muon's.
+
+    Muon's momentum warm-up is kept in its group ("momentum" is set before each step from "steps_taken", counted in
+    the group and so saved with it; a step skipped by the non-finite guard still counts, as the schedule's does).
+    `defaults["fused"]` is False whatever AdamW's part runs: this optimizer honours no found_inf flag and does not
+    unscale fp16 gradients itself, so the guard reads its verdict on the host and a GradScaler unscales first.
+    """
+
+    def __init__(
+        self,
+        adamw_groups: list[dict[str, Any]],
+        muon_params: Iterable[torch.nn.Parameter],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        fused: bool,
+        muon_lr: float,
+        muon_momentum: float = 0.95,
+        muon_nesterov: bool = True,
+        muon_ns_steps: int = 5,
+        muon_weight_decay: float = 0.0,
+        muon_adjust_lr: str = "original",
+        momentum_warmup_steps: int = 0,
+        momentum_start: float = 0.85,
+    ) -> None:
+        kind = {"fused": True} if fused else {"foreach": True}
+        self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps, **kind)
+        # One group even when empty (LoRA trains no hidden matrix): the same groups in every run, so checkpoints match.
+        self.muon = torch.optim.Muon(
+            [{"params": list(muon_params)}],
+            lr=muon_lr,
+            weight_decay=muon_weight_decay,
+            momentum=muon_momentum,
+            nesterov=muon_nesterov,
+            ns_steps=muon_ns_steps,
+            adjust_lr_fn=muon_adjust_lr,
+        )
+        for group in self.adamw.param_groups:
+            group["optimizer"] = "adamw"
+        for group in self.muon.param_groups:
+            group.update(
+                optimizer="muon",
+                name="muon",  # the learning-rate logger's name for the group: lr-MuonWithAdamW/muon
+                momentum_target=muon_momentum,
+                momentum_start=momentum_start,
+                momentum_warmup_steps=momentum_warmup_steps,
+                steps_taken=0,
+            )
+        self._adamw_groups = len(self.adamw.param_groups)
+        # The inner optimizers' own group dicts become this optimizer's (torch checks no parameter is in two).
+        super().__init__([*self.adamw.param_groups, *self.muon.param_groups], {})
+        self.defaults = {
+            **self.adamw.defaults,
+            "fused": False,
+            "foreach": None,
+            "muon_lr": muon_lr,
+            "muon": dict(self.muon.defaults),
+        }
+        self._share()
+
+    def _share(self) -> None:
+        """Point the inner optimizers at this optimizer's groups and state (load_state_dict makes new ones)."""
+        self.adamw.param_groups = self.param_groups[: self._adamw_groups]
+        self.muon.param_groups = self.param_groups[self._adamw_groups :]
+        self.adamw.state = self.muon.state = self.state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._share()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.muon.param_groups:
+            group["momentum"] = muon_momentum_at(
+                group["steps_taken"],
+                target=group["momentum_target"],
+                start=group["momentum_start"],
+                warmup=group["momentum_warmup_steps"],
+            )
+            group["steps_taken"] += 1
+        self.adamw.step()
+        self.muon.step()
+        return loss
+
+
+def build_muon(model: torch.nn.Module, optim: Optimization, fused: bool) -> MuonWithAdamW:
+    """MuonWithAdamW over `model`: muon_parameters to Muon; the rest to AdamW in weight_decay_groups' two groups (a
+    Linear weight outside the blocks, such as an untied output layer, decayed; tables only with decay_embeddings)."""
+    hidden = muon_parameters(model)
+    hidden_ids = {id(p) for p in hidden}
+    decay, no_decay = weight_decay_groups(model, optim.decay_embeddings)
+    weight_decay = 0.1 if optim.weight_decay is None else optim.weight_decay
+    groups = [
+        {"params": [p for p in decay if id(p) not in hidden_ids], "weight_decay": weight_decay, "name": "adamw_decay"},
+        {"params": [p for p in no_decay if id(p) not in hidden_ids], "weight_decay": 0.0, "name": "adamw_no_decay"},
+    ]
+    return MuonWithAdamW(
+        groups,
+        hidden,
+        lr=optim.lr,
+        betas=tuple(optim.betas or (0.9, 0.95)),
+        eps=optim.eps or 1e-8,
+        fused=fused,
+        muon_lr=optim.muon_lr,
+        muon_momentum=optim.muon_momentum,
+        muon_nesterov=optim.muon_nesterov,
+        muon_ns_steps=optim.muon_ns_steps,
+        muon_weight_decay=optim.muon_weight_decay,
+        muon_adjust_lr=optim.muon_adjust_lr,
+        momentum_warmup_steps=optim.muon_momentum_warmup_steps,
+        momentum_start=optim.muon_momentum_start,
+    )
+
+
+# Strategies that hand the optimizer sharded parameters (a flat piece of each matrix per rank).
+_SHARDING_STRATEGIES = ("fsdp", "deepspeed", "modelparallel", "model_parallel")
+
+
+def check_optimizer_strategy(optim: Optimization, strategy: Any) -> None:
+    """Refuse, before training, a strategy the optimizer cannot run under: Muon orthogonalises whole matrices, and
+    FSDP, DeepSpeed (ZeRO) and ModelParallel give each rank flat or sharded pieces of them."""
+    if optim.optimizer != "muon":
+        return
+    name = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", None) or type(strategy).__name__
+    if any(part in str(name).lower().replace(".", "") for part in _SHARDING_STRATEGIES):
+        raise ConfigError(
+            f"model.optim.optimizer=muon orthogonalises whole weight matrices, but trainer.strategy={name!r} shards "
+            "them across ranks: use --trainer.strategy ddp (or auto), or --model.optim.optimizer adamw with it"
+        )

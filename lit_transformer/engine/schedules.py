@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Literal
+from typing import Literal, get_args
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-ScheduleName = Literal["noam", "cosine", "constant"]
+ScheduleName = Literal["noam", "cosine", "constant", "wsd"]
+DecayShape = Literal["linear", "1-sqrt"]
+SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
+DECAY_SHAPES: tuple[str, ...] = get_args(DecayShape)
 
 
 def noam(step: int, *, d_model: int, warmup: int) -> float:
@@ -35,6 +38,22 @@ def warmup_constant(step: int, *, warmup: int) -> float:
     return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
 
+def warmup_stable_decay(
+    step: int, *, warmup: int, total: int, decay_fraction: float, shape: DecayShape, min_ratio: float
+) -> float:
+    """Warmup-stable-decay (Hägele et al. 2024; the speedrun's cooldown): linear warmup to 1 over `warmup` steps, 1 until
+    the decay starts, round(decay_fraction * total) steps before `total` (not before warmup ends), then down to
+    `min_ratio` at `total`, flat after: linearly, or as 1 - sqrt(progress) ("1-sqrt", which falls fast at first)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    start = max(warmup, total - round(decay_fraction * total))
+    if step < start:
+        return 1.0
+    progress = min(1.0, (step - start) / max(1, total - start))
+    left = 1.0 - (math.sqrt(progress) if shape == "1-sqrt" else progress)
+    return min_ratio + (1.0 - min_ratio) * left
+
+
 def build_schedule(
     optimizer: Optimizer,
     name: ScheduleName,
@@ -43,22 +62,36 @@ def build_schedule(
     total_steps: int | None = None,
     d_model: int | None = None,
     min_lr_ratio: float = 0.1,
+    decay_fraction: float = 0.2,
+    decay_shape: DecayShape = "1-sqrt",
 ) -> LambdaLR:
-    """The LambdaLR for a schedule name. With `noam` the base learning rate is a multiplier of the paper's formula."""
+    """The LambdaLR for a schedule name. With `noam` the base learning rate is a multiplier of the paper's formula.
+    The multiplier applies to every parameter group's own base rate (Muon's and AdamW's alike)."""
+    if name in ("cosine", "wsd") and (not total_steps or total_steps <= 0):
+        raise ValueError(
+            f"The {name} schedule needs the number of optimizer steps: set --trainer.max_steps or "
+            "--model.optim.schedule_steps (lit_transformer does not read trainer.estimated_stepping_batches, "
+            "which breaks mid-epoch resume: Lightning issue #20550)"
+        )
     if name == "noam":
         if d_model is None:
             raise ValueError("The noam schedule needs d_model")
         fn = partial(noam, d_model=d_model, warmup=max(1, warmup_steps))
     elif name == "cosine":
-        if not total_steps or total_steps <= 0:
-            raise ValueError(
-                "The cosine schedule needs the number of optimizer steps: set --trainer.max_steps or "
-                "--model.optim.schedule_steps (lit_transformer does not read trainer.estimated_stepping_batches, "
-                "which breaks mid-epoch resume: Lightning issue #20550)"
-            )
         fn = partial(warmup_cosine, warmup=max(1, warmup_steps), total=total_steps, min_ratio=min_lr_ratio)
     elif name == "constant":
         fn = partial(warmup_constant, warmup=warmup_steps)
+    elif name == "wsd":
+        if decay_shape not in DECAY_SHAPES:
+            raise ValueError(f"Unknown decay shape {decay_shape!r}; choose one of {', '.join(map(repr, DECAY_SHAPES))}")
+        fn = partial(
+            warmup_stable_decay,
+            warmup=warmup_steps,
+            total=total_steps,
+            decay_fraction=decay_fraction,
+            shape=decay_shape,
+            min_ratio=min_lr_ratio,
+        )
     else:
-        raise ValueError(f"Unknown schedule {name!r}; choose one of 'noam', 'cosine', 'constant'")
+        raise ValueError(f"Unknown schedule {name!r}; choose one of {', '.join(map(repr, SCHEDULES))}")
     return LambdaLR(optimizer, fn)

@@ -15,6 +15,29 @@ from tokenizers.processors import TemplateProcessing
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.sources import is_local_name
 
+# The switches none of the Hugging Face architectures we write can hold: field -> (the value they all have, what
+# they lack). zero_init_output is an initialisation only, so any format holds a model trained with it.
+HF_LACKS: dict[str, tuple[object, str]] = {
+    "qk_norm": (False, "no norm of queries and keys"),
+    "logit_softcap": (None, "no soft cap on its logits"),
+    "value_residual": (False, "no value residual in its attention"),
+}
+# What a model loaded from such a folder is, whatever a base config says: the switches off.
+HF_SWITCHES_OFF: dict[str, object] = {name: value for name, (value, _) in HF_LACKS.items()} | {
+    "zero_init_output": False
+}
+
+
+def switch_problems(cfg: TransformerConfig, architecture: str) -> list[str]:
+    """One line per switch of `cfg` that `architecture` cannot hold, naming it and where it can go instead."""
+    return [
+        f"{name}={getattr(cfg, name)!r}: {architecture} has {lacks}; the native format (export --format "
+        "safetensors) and ONNX keep it"
+        for name, (value, lacks) in HF_LACKS.items()
+        if getattr(cfg, name) != value
+    ]
+
+
 WEIGHT_PATTERNS = [
     "config.json",
     "*.safetensors",

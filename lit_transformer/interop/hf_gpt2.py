@@ -15,17 +15,19 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.interop.hf_files import read_hf_folder, write_hf_folder
+from lit_transformer.errors import ConfigError
+from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_hf_folder, switch_problems, write_hf_folder
 from lit_transformer.model import Transformer
 
 log = logging.getLogger(__name__)
 
 # Our activation -> GPT-2's name. GPT-2's "gelu_new" is the tanh approximation; "gelu" is the exact erf GELU.
-TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
 # GPT-2 names that compute the same function as one of ours (the tanh approximation has three spellings).
 FROM_HF_ACTIVATION = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"} | {
     "gelu": "gelu",
     "relu": "relu",
+    "relu2": "relu2",  # transformers' ReLUSquaredActivation
 }
 
 # Field -> (the only value GPT-2 can express, why).
@@ -55,13 +57,13 @@ def gpt2_problems(cfg: TransformerConfig) -> list[str]:
     ]
     if cfg.activation not in TO_HF_ACTIVATION:
         problems.append(f"activation={cfg.activation!r}: GPT-2 can only express {', '.join(TO_HF_ACTIVATION)} here")
-    return problems
+    return problems + switch_problems(cfg, "GPT-2")
 
 
 def _check_gpt2(cfg: TransformerConfig) -> None:
     problems = gpt2_problems(cfg)
     if problems:
-        raise ValueError("This model cannot be saved as a Hugging Face GPT-2:\n  - " + "\n  - ".join(problems))
+        raise ConfigError("This model cannot be saved as a Hugging Face GPT-2:\n  - " + "\n  - ".join(problems))
 
 
 def to_hf_config(cfg: TransformerConfig) -> dict:
@@ -122,6 +124,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
         pad_token_id=hf.get("pad_token_id"),
         bos_token_id=hf.get("bos_token_id", 50256),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        **HF_SWITCHES_OFF,
     )
     if base is None:
         dropout = hf.get("resid_pdrop", 0.1)

@@ -16,7 +16,8 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.interop.hf_files import read_hf_folder, write_hf_folder
+from lit_transformer.errors import ConfigError
+from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_hf_folder, switch_problems, write_hf_folder
 from lit_transformer.interop.hf_gpt2 import pad_rows
 from lit_transformer.model import Transformer
 
@@ -44,7 +45,7 @@ def llama_problems(cfg: TransformerConfig) -> list[str]:
         f"{name}={getattr(cfg, name)!r}: Llama can only express {name}={value!r} ({why})"
         for name, (value, why) in LLAMA_SHAPE.items()
         if getattr(cfg, name) != value
-    ]
+    ] + switch_problems(cfg, "Llama")
 
 
 def to_hf_config(cfg: TransformerConfig) -> dict:
@@ -126,6 +127,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
         pad_token_id=hf.get("pad_token_id"),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        **HF_SWITCHES_OFF,
     )
     if base is None:
         attn = hf.get("attention_dropout", 0.0)
@@ -198,7 +200,7 @@ def save_hf_llama(model: Transformer, directory: str | os.PathLike, tokenizer: T
     cfg = model.config
     problems = llama_problems(cfg)
     if problems:
-        raise ValueError("This model cannot be saved as a Hugging Face Llama:\n  - " + "\n  - ".join(problems))
+        raise ConfigError("This model cannot be saved as a Hugging Face Llama:\n  - " + "\n  - ".join(problems))
     return write_hf_folder(directory, to_hf_config(cfg), to_hf_state_dict(model), tokenizer, cfg)
 
 

@@ -30,12 +30,13 @@ from lit_transformer.data.marian_tokenizers import (  # noqa: F401 - the Marian 
     marian_decoder_start_token_id,
     spm_tokenizer,
 )
-from lit_transformer.interop.hf_files import read_state_dict, save_hf_tokenizer
+from lit_transformer.errors import ConfigError
+from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_state_dict, save_hf_tokenizer, switch_problems
 from lit_transformer.model import Transformer
 
 # Marian's names for our activations: gelu_pytorch_tanh is F.gelu(approximate="tanh"), the very function we call;
 # OPUS-MT's models use swish, which is SiLU.
-TO_HF_ACTIVATION = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}
+TO_HF_ACTIVATION = {"relu": "relu", "relu2": "relu2", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "swish"}
 FROM_HF_ACTIVATION = {v: k for k, v in TO_HF_ACTIVATION.items()} | {
     "gelu_new": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
@@ -62,7 +63,9 @@ def marian_problems(cfg: TransformerConfig) -> list[str]:
         problems.append("pad_token_id=None: Marian needs a padding token (it pads and masks sources with it)")
     if cfg.bos_token_id is None:
         problems.append("bos_token_id=None: our decoder starts from BOS; Marian needs it as decoder_start_token_id")
-    return problems
+    if cfg.activation not in TO_HF_ACTIVATION:
+        problems.append(f"activation={cfg.activation!r}: Marian can only express {', '.join(TO_HF_ACTIVATION)} here")
+    return problems + switch_problems(cfg, "Marian")
 
 
 def stream_permutation(d_model: int) -> torch.Tensor:
@@ -185,7 +188,7 @@ def save_hf_marian(
     cfg = model.config
     problems = marian_problems(cfg)
     if problems:
-        raise ValueError("This model cannot be saved as a Hugging Face MarianMTModel:\n  - " + "\n  - ".join(problems))
+        raise ConfigError("This model cannot be saved as a Hugging Face MarianMTModel:\n  - " + "\n  - ".join(problems))
     hf = MarianMTModel(MarianConfig(**to_hf_config(cfg)))
     state = to_hf_state_dict(model)
     missing, unexpected = hf.load_state_dict(state, strict=False)
@@ -253,6 +256,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
         pad_token_id=hf["pad_token_id"],
         bos_token_id=start,
         eos_token_id=hf["eos_token_id"],
+        **HF_SWITCHES_OFF,
     )
     if base is None:
         dropout, attention = hf.get("dropout", 0.1), hf.get("attention_dropout", 0.0)

@@ -3,7 +3,9 @@
 Masks broadcast to (B, H, T_q, T_k) and follow F.scaled_dot_product_attention: boolean, True means "may attend";
 or float, added to the scores (ALiBi's bias, with -inf where attending is forbidden). No mask is built when
 ``is_causal`` alone describes the pattern. Rotary positions rotate queries and keys before the cache; grouped-query
-attention caches n_kv_heads K/V heads and shares each among a group of query heads.
+attention caches n_kv_heads K/V heads and shares each among a group of query heads. With qk_norm, queries and keys
+are RMS-normalised per head first (the cache keeps normalised, rotated keys); with value_residual, a layer's values
+are mixed with the first layer's before they are cached.
 """
 
 from __future__ import annotations
@@ -94,17 +96,35 @@ def attend(
     return F.dropout(weights, dropout_p) @ v, weights
 
 
+VALUE_MIX_INIT = 0.5
+"""value_residual's lambda at initialisation: the first layer's values and a layer's own, equally (ResFormer's and
+the speedrun's)."""
+
+
+def qk_norms(cfg: TransformerConfig) -> tuple[nn.Module | None, nn.Module | None]:
+    """The query and key norms of qk_norm: RMSNorm over each head's channels, a gain of head_dim shared by the heads."""
+    if not cfg.qk_norm:
+        return None, None
+    return nn.RMSNorm(cfg.head_dim, eps=cfg.layer_norm_eps), nn.RMSNorm(cfg.head_dim, eps=cfg.layer_norm_eps)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with one fused QKV projection: rows [Q (n_heads), K (n_kv_heads), V (n_kv_heads)]
-    heads of head_dim each, so with n_kv_heads == n_heads it is GPT-2's c_attn layout."""
+    heads of head_dim each, so with n_kv_heads == n_heads it is GPT-2's c_attn layout.
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    mixes_values: value_residual in a layer after the first, whose `value_mix` (lambda) weighs the first layer's
+    values against its own."""
+
+    def __init__(self, cfg: TransformerConfig, mixes_values: bool = False) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.dropout = cfg.attn_dropout
         self.split_sizes = (cfg.d_model, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim)
         self.qkv = nn.Linear(cfg.d_model, sum(self.split_sizes), bias=cfg.bias)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.q_norm, self.k_norm = qk_norms(cfg)
+        # A (1,) tensor rather than a scalar: sharded strategies split every parameter along its first dimension.
+        self.value_mix = nn.Parameter(torch.full((1,), VALUE_MIX_INIT)) if mixes_values else None
 
     def forward(
         self,
@@ -114,8 +134,11 @@ class SelfAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         rope: Rope = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """rope: (cos, sin) of the new tokens' positions, applied to queries and keys (cached keys are rotated)."""
+        first_values: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """rope: (cos, sin) of the new tokens' positions, applied to queries and keys (cached keys are rotated).
+        first_values: the first layer's values (B, H_kv, T, D) of these tokens, mixed in when this layer mixes.
+        Returns (output, weights or None, this layer's own values of the new tokens before any mixing)."""
         B, T, C = x.shape
         D = self.head_dim
         if self.n_kv_heads == self.n_heads:  # (B, T, 3C) -> (3, B, H, T, D): one matmul, views only
@@ -124,13 +147,18 @@ class SelfAttention(nn.Module):
             q, k, v = self.qkv(x).split(self.split_sizes, dim=-1)
             q = q.view(B, T, self.n_heads, D).transpose(1, 2)
             k, v = (t.view(B, T, self.n_kv_heads, D).transpose(1, 2) for t in (k, v))
+        own_values = v
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
+        if self.value_mix is not None and first_values is not None:
+            v = v + self.value_mix.to(v.dtype) * (first_values - v)  # (1 - lambda) v + lambda v_1
         if cache is not None:
             k, v = cache.append(k, v)
         p = self.dropout if self.training else 0.0
         y, weights = attend(q, k, v, mask, is_causal, p, need_weights)
-        return self.out(y.transpose(1, 2).reshape(B, T, C)), weights
+        return self.out(y.transpose(1, 2).reshape(B, T, C)), weights, own_values
 
 
 class CrossAttention(nn.Module):
@@ -143,12 +171,14 @@ class CrossAttention(nn.Module):
         self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=cfg.bias)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.q_norm, self.k_norm = qk_norms(cfg)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values (B, H, S, D) of the memory (B, S, C): what a decoding cache keeps for every step."""
+        """Keys and values (B, H, S, D) of the memory (B, S, C): what a decoding cache keeps for every step (keys
+        normalised with qk_norm)."""
         B, S, C = memory.shape
         k, v = self.kv(memory).view(B, S, 2, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4).unbind(0)
-        return k, v
+        return (k if self.k_norm is None else self.k_norm(k)), v
 
     def forward(
         self,
@@ -161,6 +191,8 @@ class CrossAttention(nn.Module):
         B, T, C = x.shape
         D = C // self.n_heads
         q = self.q(x).view(B, T, self.n_heads, D).transpose(1, 2)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         if cache is not None and cache.length:  # the memory's keys and values are computed once per generation
             k, v = cache.k, cache.v
         else:

@@ -3,7 +3,9 @@
 post (the paper):  x = Norm(x + Dropout(Sublayer(x)))
 pre  (GPT-2):      x = x + Dropout(Sublayer(Norm(x)))   (the model adds a final Norm)
 
-Norm is LayerNorm or RMSNorm (config.norm); the feed-forward sublayer is plain or gated (swiglu, geglu).
+Norm is LayerNorm or RMSNorm (config.norm); the feed-forward sublayer is plain or gated (swiglu, geglu). Blocks
+return their self-attention's own values beside their output, so that a stack can hand its first layer's values
+to the later layers (value_residual).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def activate(h: Tensor, activation: str) -> Tensor:
     """The non-gated activations by name; a gated one's nonlinearity (silu for swiglu, gelu for geglu) elsewhere."""
     if activation == "relu":
         return F.relu(h)
+    if activation == "relu2":  # ReLU squared (So et al. 2021, Primer)
+        return F.relu(h).square()
     if activation in ("silu", "swiglu"):  # silu: swish, OPUS-MT's Marian models
         return F.silu(h)
     return F.gelu(h, approximate="tanh" if activation == "gelu_tanh" else "none")
@@ -86,31 +90,39 @@ class _Block(nn.Module):
 
 
 class EncoderBlock(_Block):
-    """Bidirectional self-attention, then feed-forward."""
+    """Bidirectional self-attention, then feed-forward. mixes_values: see SelfAttention (value_residual)."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, mixes_values: bool = False) -> None:
         super().__init__(cfg)
-        self.self_attn = SelfAttention(cfg)
+        self.self_attn = SelfAttention(cfg, mixes_values)
         self.self_attn_norm = layer_norm(cfg)
         self.ff = FeedForward(cfg)
         self.ff_norm = layer_norm(cfg)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, rope: Rope = None
-    ) -> tuple[Tensor, Weights]:
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        rope: Rope = None,
+        first_values: Tensor | None = None,
+    ) -> tuple[Tensor, Weights, Tensor]:
+        """Returns (x, self-attention weights or None, the self-attention's own values)."""
         pre = self.pre_norm
-        out, weights = self.self_attn(self.self_attn_norm(x) if pre else x, mask, need_weights=need_weights, rope=rope)
+        out, weights, values = self.self_attn(
+            self.self_attn_norm(x) if pre else x, mask, need_weights=need_weights, rope=rope, first_values=first_values
+        )
         x = self._residual(x, out, self.self_attn_norm)
         x = self._residual(x, self.ff(self.ff_norm(x) if pre else x), self.ff_norm)
-        return x, weights
+        return x, weights, values
 
 
 class DecoderBlock(_Block):
     """Causal self-attention, cross-attention to the encoder's memory (encoder-decoder only), then feed-forward."""
 
-    def __init__(self, cfg: TransformerConfig, cross_attention: bool) -> None:
+    def __init__(self, cfg: TransformerConfig, cross_attention: bool, mixes_values: bool = False) -> None:
         super().__init__(cfg)
-        self.self_attn = SelfAttention(cfg)
+        self.self_attn = SelfAttention(cfg, mixes_values)
         self.self_attn_norm = layer_norm(cfg)
         self.cross_attn = CrossAttention(cfg) if cross_attention else None
         self.cross_attn_norm = layer_norm(cfg) if cross_attention else None
@@ -127,13 +139,15 @@ class DecoderBlock(_Block):
         cache: LayerCache | None = None,
         need_weights: bool = False,
         rope: Rope = None,
-    ) -> tuple[Tensor, Weights, Weights]:
-        """Returns (x, self-attention weights, cross-attention weights); weights are None unless asked for. rope
-        rotates self-attention only: cross-attention relates a target token to source tokens, not positions."""
+        first_values: Tensor | None = None,
+    ) -> tuple[Tensor, Weights, Weights, Tensor]:
+        """Returns (x, self-attention weights, cross-attention weights, the self-attention's own values of the new
+        tokens); weights are None unless asked for. rope rotates self-attention only: cross-attention relates a
+        target token to source tokens, not positions."""
         pre = self.pre_norm
         self_cache = cache.self_attn if cache is not None else None
-        out, self_weights = self.self_attn(
-            self.self_attn_norm(x) if pre else x, mask, is_causal, self_cache, need_weights, rope
+        out, self_weights, values = self.self_attn(
+            self.self_attn_norm(x) if pre else x, mask, is_causal, self_cache, need_weights, rope, first_values
         )
         x = self._residual(x, out, self.self_attn_norm)
         cross_weights = None
@@ -144,7 +158,7 @@ class DecoderBlock(_Block):
             )
             x = self._residual(x, out, self.cross_attn_norm)
         x = self._residual(x, self.ff(self.ff_norm(x) if pre else x), self.ff_norm)
-        return x, self_weights, cross_weights
+        return x, self_weights, cross_weights, values
 
 
 BLOCK_CLASSES = (EncoderBlock, DecoderBlock)

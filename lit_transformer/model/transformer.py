@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from lit_transformer.config import TransformerConfig
 from lit_transformer.model import generation
-from lit_transformer.model.attention import KVCache, Rope
+from lit_transformer.model.attention import VALUE_MIX_INIT, KVCache, Rope, SelfAttention
 from lit_transformer.model.blocks import NORM_CLASSES, DecoderBlock, EncoderBlock, LayerCache, dropout, layer_norm
 from lit_transformer.model.encoder_inputs import build_source, build_source_positions
 from lit_transformer.model.heads import ClassificationHead, pool
@@ -48,6 +48,11 @@ def causal_self_mask(t: int, total: int, keep: Tensor | None, device: torch.devi
     return (causal & keep[:, None, None, :]) | itself, False
 
 
+def softcap(logits: Tensor, cap: float) -> Tensor:
+    """cap * tanh(logits / cap): close to the identity for small logits, never beyond +-cap (Gemma 2's soft cap)."""
+    return torch.tanh(logits / cap) * cap
+
+
 # The encoder's parameters, by the start of their names: what an encoder checkpoint gives a new head.
 ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_blocks.", "encoder_norm.")
 
@@ -73,7 +78,9 @@ class Transformer(nn.Module):
             else:  # features or image patches: no source vocabulary
                 self.src_input = build_source(cfg)
                 self.src_positions = build_source_positions(cfg)
-            self.encoder_blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.encoder_layers))
+            self.encoder_blocks = nn.ModuleList(
+                EncoderBlock(cfg, mixes_values=cfg.value_residual and i > 0) for i in range(cfg.encoder_layers)
+            )
             # Pre-LN leaves the residual stream unnormalised: a final LayerNorm, as torch.nn.Transformer does.
             self.encoder_norm = layer_norm(cfg) if pre else None
         if cfg.is_encoder_only:
@@ -89,7 +96,8 @@ class Transformer(nn.Module):
         self.tgt_embed = self.src_embed if cfg.shares_embeddings else nn.Embedding(cfg.padded_tgt_vocab_size, d)
         self.tgt_positions = build_positions(cfg)
         self.decoder_blocks = nn.ModuleList(
-            DecoderBlock(cfg, cross_attention=cfg.is_encoder_decoder) for _ in range(cfg.decoder_layers)
+            DecoderBlock(cfg, cross_attention=cfg.is_encoder_decoder, mixes_values=cfg.value_residual and i > 0)
+            for i in range(cfg.decoder_layers)
         )
         self.decoder_norm = layer_norm(cfg) if pre else None
         self.lm_head = nn.Linear(d, cfg.padded_tgt_vocab_size, bias=False)
@@ -110,7 +118,8 @@ class Transformer(nn.Module):
     def reset_parameters(self) -> None:
         """gpt2: normal(0, init_std), residual out-projections scaled by 1/sqrt(residual sublayers in the stack), zero
         biases. xavier (the paper, as fairseq does it): Xavier uniform per projection matrix (a fused QKV is three
-        matrices), embeddings and an untied output projection normal(0, d_model**-0.5)."""
+        matrices), embeddings and an untied output projection normal(0, d_model**-0.5). zero_init_output then zeroes
+        every attention and feed-forward output projection and the output layer (a classifier's last layer)."""
         cfg = self.config
         gpt2 = cfg.init == "gpt2"
         embed_std = cfg.init_std if gpt2 else cfg.d_model**-0.5
@@ -134,6 +143,8 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, 0.0, embed_std)
             elif isinstance(module, NORM_CLASSES):
                 module.reset_parameters()
+            if isinstance(module, SelfAttention) and module.value_mix is not None:
+                module.value_mix.fill_(VALUE_MIX_INIT)
         if not cfg.tie_embeddings and self.lm_head is not None:
             nn.init.normal_(self.lm_head.weight, 0.0, embed_std)
         # Padded vocabulary rows (pad_vocab_to_multiple_of) start at zero. No id looks them up and the logits are
@@ -146,6 +157,23 @@ class Transformer(nn.Module):
                 outs += [b.ff.down for b in stack]
                 for linear in outs:
                     nn.init.normal_(linear.weight, 0.0, cfg.init_std / math.sqrt(len(outs)))
+        if cfg.zero_init_output:  # each block starts as the identity, the first logits uniform (the speedrun's)
+            for linear in self.output_projections():
+                nn.init.zeros_(linear.weight)
+
+    def output_projections(self) -> list[nn.Linear]:
+        """What zero_init_output zeroes: every attention and feed-forward output projection, and the output layer (the
+        token output layer, or a classifier's last Linear)."""
+        outs: list[nn.Linear] = []
+        for stack in (getattr(self, "encoder_blocks", []), getattr(self, "decoder_blocks", [])):
+            for block in stack:
+                outs += [m.out for m in (block.self_attn, getattr(block, "cross_attn", None)) if m is not None]
+                outs.append(block.ff.down)
+        if self.lm_head is not None:
+            outs.append(self.lm_head)
+        if getattr(self, "classifier", None) is not None:
+            outs.append(self.classifier.out)
+        return outs
 
     # ---------------------------------------------------------------- forward
     def forward(
@@ -202,7 +230,7 @@ class Transformer(nn.Module):
                 attention_mask = torch.cat([attention_mask.new_ones((tokens.size(0), 1)), attention_mask], dim=1)
         keep = self.key_mask(tokens, attention_mask)
         hidden, weights = self._encode(tokens, keep, return_attention)
-        out = self.classifier(pool(hidden, keep, cfg.pooling)) if cfg.is_classifier else self._logits(hidden)
+        out = self._cap(self.classifier(pool(hidden, keep, cfg.pooling))) if cfg.is_classifier else self._logits(hidden)
         return (out, {"encoder": weights}) if return_attention else out
 
     @staticmethod
@@ -267,8 +295,11 @@ class Transformer(nn.Module):
             positions = ids if ids is not None else torch.arange(x.shape[1], device=src.device)
             rope, mask, _ = self._attention_positions(positions, positions, mask, False)
         weights = []
-        for block in self.encoder_blocks:
-            x, w = block(x, mask, need_weights, rope)
+        first_values = None  # value_residual: the first layer's values, mixed into the later layers'
+        for i, block in enumerate(self.encoder_blocks):
+            x, w, values = block(x, mask, need_weights, rope, first_values)
+            if i == 0 and self.config.value_residual:
+                first_values = values
             weights.append(w)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
@@ -304,9 +335,14 @@ class Transformer(nn.Module):
             rope, mask, is_causal = self._attention_positions(k_positions[..., past:], k_positions, mask, is_causal)
         memory_mask = None if memory_mask is None else memory_mask[:, None, None, :]
         self_weights, cross_weights = [], []
+        first_values = None  # value_residual: the first layer's values of the new tokens, mixed into the later layers'
         for i, block in enumerate(self.decoder_blocks):
             layer_cache = cache[i] if cache else None
-            x, w_self, w_cross = block(x, mask, is_causal, memory, memory_mask, layer_cache, return_attention, rope)
+            x, w_self, w_cross, values = block(
+                x, mask, is_causal, memory, memory_mask, layer_cache, return_attention, rope, first_values
+            )
+            if i == 0 and self.config.value_residual:
+                first_values = values
             self_weights.append(w_self)
             cross_weights.append(w_cross)
         if last_only:
@@ -328,7 +364,12 @@ class Transformer(nn.Module):
         hides padded ids from every caller: loss, metrics, sampling and beam search never see one."""
         logits = self.lm_head(hidden)
         vocab = self.config.vocab_size if self.config.is_encoder_only else self.config.tgt_vocab_size
-        return logits if logits.shape[-1] == vocab else logits[..., :vocab]
+        return self._cap(logits if logits.shape[-1] == vocab else logits[..., :vocab])
+
+    def _cap(self, logits: Tensor) -> Tensor:
+        """logit_softcap: cap * tanh(logits / cap), every output's logits (training, evaluation, generation)."""
+        cap = self.config.logit_softcap
+        return logits if cap is None else softcap(logits, cap)
 
     def _vocab_tables(self) -> list[tuple[nn.Module, int]]:
         """Each distinct vocabulary-indexed matrix (embeddings, output layer) with its true number of rows."""

@@ -7,6 +7,7 @@ interrupted one resumes from its last checkpoint. Results are read back from the
     python -m lit_transformer ablate configs/ablations/heads.yaml --jobs 2     # run (or resume), then report
     python -m lit_transformer ablate configs/ablations/*.yaml --dry-run        # print the commands only
     python -m lit_transformer ablate configs/ablations/heads.yaml --report-only # table and plots from what has run
+    python -m lit_transformer ablate configs/ablations/frontier.yaml --time-steps 200   # each cell's step time
 
 A grid file (YAML):
 
@@ -26,6 +27,12 @@ standard deviation over seeds), results.json (every run's numbers) and one PNG p
 from min to max); with `evaluate`, a second table and eval_bpc.png: validation bits per character against the
 context length each checkpoint was scored at. A model that refuses a length (learned positions past max_seq_len)
 is reported as "cannot extrapolate".
+
+Equal time: `--time-steps N` trains nothing to the end: it times N optimizer steps (after a few untimed ones) of the
+grid's base config alone and of each cell (its first seed), one process after another with the grid's threads, and
+prints each cell's seconds per step, its ratio to the base's, and the steps that fit the base's own budget (its
+trainer.max_steps at its step time, rounded down to a hundred) as the flags to put in the cell; step_times.json in
+--out records them with the machine. Time on the machine and threads that will run the grid, with nothing else on it.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from typing import Any
 import yaml
 
 from lit_transformer.cli.arguments import command_parser, parse, resolve_config, split_passed_on
-from lit_transformer.errors import ConfigError
+from lit_transformer.errors import ConfigError, UserError
 from lit_transformer.records import machine, read_runs, write_run
 
 LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
@@ -61,6 +68,7 @@ CURVES = ("val/loss", "val/ppl", "val/bleu", "train/loss")
 COLUMNS = (
     ("val loss", "fit", "val/loss", 3),
     ("val ppl", "fit", "val/ppl", 2),
+    ("val bpc", "fit", "val/bpc", 3),  # language modelling: bits per character, the main job's figure
     ("val BLEU", "fit", "val/bleu", 2),
     ("test ppl", "test", "test/ppl", 2),
     ("test BLEU", "test", "test/bleu", 2),
@@ -483,6 +491,117 @@ def report(grid: Grid, runs: list[Run], out: Path) -> Path:
     return table
 
 
+# ---- equal time: each cell's step time ----------------------------------------------------------------------------
+
+TIMING_FLAGS = [
+    "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false",
+    "--checkpoint.every_n_train_steps", "0", "--checkpoint.save_last", "false", "--trainer.enable_progress_bar",
+    "false", "--samples.prompts", "[]",
+]  # fmt: skip
+BASE_ROW = "base"
+
+
+def base_max_steps(grid: Grid) -> int | None:
+    """trainer.max_steps as the grid's base configs set it (the last one that does), None if none does."""
+    steps = None
+    for path in grid.base:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        value = (raw.get("trainer") or {}).get("max_steps")
+        steps = value if isinstance(value, int) and value > 0 else steps
+    return steps
+
+
+def timing_command(grid: Grid, cell: str | None, out: Path, warmup: int, steps: int, extra: list[str]) -> list[str]:
+    """A process that times `steps` optimizer steps after `warmup` of the cell's fit (None: the base configs alone,
+    no overrides) and prints its seconds per step as the last line of JSON (see time_child)."""
+    configs = [token for path in grid.base for token in ("--config", path)]
+    flags = [] if cell is None else [*grid.overrides, *grid.cells[cell]]
+    seed = [token for flag in grid.seed_flags for token in (f"--{flag}", str(grid.seeds[0]))]
+    folder = out / "timing" / re.sub(r"[^\w.+-]+", "_", cell or BASE_ROW).strip("_")
+    where = ["--trainer.default_root_dir", str(folder), "--checkpoint.dirpath", str(folder / "checkpoints")]
+    fit = [*configs, *flags, *extra, *seed, *where, *TIMING_FLAGS, "--trainer.max_steps", str(warmup + steps + 1)]
+    child = "from lit_transformer.recipes.ablate import time_child; time_child()"
+    return [sys.executable, "-c", child, str(warmup), str(steps), *fit]
+
+
+def time_child(argv: list[str] | None = None) -> None:
+    """The timing process: `WARMUP STEPS FIT_ARGS...` -> one JSON line {"step_s", "steps"}: the wall time of optimizer
+    steps WARMUP+1 .. WARMUP+STEPS of the CLI's own fit (its trainer, callbacks and data), the device synchronised at
+    both ends and nowhere between."""
+    import lightning as L
+    import torch
+
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    warmup, steps, fit = int(argv[0]), int(argv[1]), argv[2:]
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    marks: dict[int, float] = {}
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if trainer.global_step in (warmup, warmup + steps) and trainer.global_step not in marks:
+                sync()
+                marks[trainer.global_step] = time.perf_counter()
+            if trainer.global_step >= warmup + steps:
+                trainer.should_stop = True
+
+    cli = run_cli(fit, run=False)
+    cli.trainer.callbacks.append(Clock())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    print(json.dumps({"step_s": (marks[warmup + steps] - marks[warmup]) / steps, "steps": steps}), flush=True)
+
+
+def measure_step(command: list[str], env: dict[str, str]) -> float:
+    """Seconds per step of one timing process."""
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"timing failed (exit {done.returncode}): {shlex.join(command)}\n{done.stderr[-3000:]}")
+    return float(json.loads(lines[-1])["step_s"])
+
+
+def equal_time_steps(budget_steps: int | None, base_s: float, cell_s: float) -> int | None:
+    """The steps of a cell that take the base's budget (budget_steps at base_s each), rounded down to a hundred."""
+    if not budget_steps:
+        return None
+    return max(100, int(budget_steps * base_s / cell_s) // 100 * 100)
+
+
+def time_cells(grid: Grid, out: Path, steps: int, env: dict[str, str], extra: list[str]) -> list[dict[str, Any]]:
+    """Time the base and every cell, one after another; print the table and write step_times.json."""
+    warmup = max(5, min(50, steps // 5))
+    budget = base_max_steps(grid)
+    rows: list[dict[str, Any]] = []
+    for cell in [None, *grid.cells]:
+        label = cell or BASE_ROW
+        print(f"timing {grid.name}/{label}: {warmup} untimed steps, then {steps}", flush=True)
+        step_s = measure_step(timing_command(grid, cell, out, warmup, steps, extra), env)
+        rows.append({"cell": label, "step_s": step_s})
+    base_s = rows[0]["step_s"]
+    for row in rows:
+        row["ratio"] = row["step_s"] / base_s
+        row["equal_time_steps"] = equal_time_steps(budget, base_s, row["step_s"])
+    lines = [f"## {grid.name}: seconds per optimizer step", ""]
+    if budget:
+        lines += [
+            f"The base's budget: {budget} steps at {base_s * 1e3:.1f} ms = {budget * base_s:.0f} s of training.",
+            "",
+        ]
+    lines += ["| cell | ms / step | x base | steps at equal time | flags |", "|---|---|---|---|---|"]
+    for row in rows:
+        n = row["equal_time_steps"]
+        flags = f"`--trainer.max_steps {n} --trainer.val_check_interval {n}`" if n and row["cell"] != BASE_ROW else ""
+        lines.append(f"| {row['cell']} | {row['step_s'] * 1e3:.1f} | {row['ratio']:.2f} | {n or '–'} | {flags} |")
+    print("\n".join(lines))
+    out.mkdir(parents=True, exist_ok=True)
+    threads = int(env.get("OMP_NUM_THREADS", 0)) or None
+    record = {"grid": str(grid.path), "timed_steps": steps, "warmup_steps": warmup, "base_max_steps": budget}
+    record |= {"machine": machine(threads=threads), "rows": rows}
+    (out / "step_times.json").write_text(json.dumps(record, indent=1) + "\n")
+    return rows
+
+
 # ---- command line -------------------------------------------------------------------------------------------------
 
 
@@ -503,6 +622,12 @@ def parse_args(argv: list[str] | None) -> tuple[Any, list[str]]:
     parser.add_argument("--cells", type=str, nargs="+", default=None, help="only these cells")
     parser.add_argument("--dry-run", action="store_true", help="print the commands that would run, run nothing")
     parser.add_argument("--report-only", action="store_true", help="only read the logs: table and plots")
+    parser.add_argument(
+        "--time-steps",
+        type=int | None,
+        default=None,
+        help="train nothing: time N steps of the base and of each cell, print the steps that fit the base's budget",
+    )
     return parse(parser, own), extra
 
 
@@ -531,6 +656,13 @@ def ablate(argv: list[str] | None = None) -> int:
         plan.append((grid, out, grid.runs(out, extra)))
 
     all_runs = [run for _, _, runs in plan for run in runs]
+    if args.time_steps is not None:
+        if args.time_steps < 1:
+            raise UserError(f"--time-steps {args.time_steps}: time at least one step")
+        env = thread_env(1, args.threads or (None if args.jobs == 1 else max(1, (os.cpu_count() or 1) // args.jobs)))
+        for grid, out, _ in plan:
+            time_cells(grid, out, args.time_steps, env, extra)
+        return 0
     if args.dry_run:
         env = thread_env(args.jobs, args.threads)
         print(f"# {len(all_runs)} runs, {args.jobs} at a time, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")

@@ -30,10 +30,16 @@ def require_fused_loss(device: torch.device | str) -> None:
 
 
 def fused_linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab_size: int, smoothing: float = 0.0
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int,
+    smoothing: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(training loss, NLL, token count), summed, of `hidden @ weight[:vocab_size].T` against `labels`, computed in
     chunks by liger-kernel without the logits; rows of `weight` past vocab_size (a padded vocabulary) never count.
+    softcap: the model's logit_softcap, which liger's kernel applies to each chunk of logits (cap * tanh(z / cap)).
 
     With label smoothing the NLL takes a second fused pass without gradient (perplexity must stay unsmoothed)."""
     require_fused_loss(hidden.device)
@@ -45,7 +51,7 @@ def fused_linear_cross_entropy(
 
     def loss(eps: float) -> torch.Tensor:
         return liger_fused_linear_cross_entropy(
-            hidden, weight, labels, ignore_index=IGNORE_INDEX, label_smoothing=eps, reduction="sum"
+            hidden, weight, labels, ignore_index=IGNORE_INDEX, label_smoothing=eps, reduction="sum", softcap=softcap
         )
 
     count = (labels != IGNORE_INDEX).sum()
@@ -58,10 +64,17 @@ def fused_linear_cross_entropy(
 
 
 def reference_linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab_size: int, smoothing: float = 0.0
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int,
+    smoothing: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the fused path computes, the plain way (logits, fp32 log-softmax): its definition, and the CPU's loss."""
     from lit_transformer.tasks.losses import smoothed_cross_entropy
 
     logits = hidden @ weight[:vocab_size].T
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     return smoothed_cross_entropy(logits, labels, smoothing)

@@ -47,8 +47,9 @@ class LanguageModeling(Task):
 
         tokens, labels = batch["input_ids"], batch["labels"]
         hidden = model.decode(tokens, tgt_mask=model.key_mask(tokens, batch.get("attention_mask")), project=False)
+        cfg = model.config
         sums = fused_linear_cross_entropy(
-            hidden, model.lm_head.weight, labels, model.config.tgt_vocab_size, self.label_smoothing
+            hidden, model.lm_head.weight, labels, cfg.tgt_vocab_size, self.label_smoothing, cfg.logit_softcap
         )
         return Loss(*sums, hidden, labels)  # no logits exist: the hidden states stand in (training reads only sums)
 
