@@ -6,8 +6,11 @@ Field docstrings (the string under each field) become the CLI's ``--help`` text.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from lit_transformer.errors import ConfigError
 
 Topology = Literal["decoder_only", "encoder_decoder", "encoder_only"]
 Head = Literal["classification", "masked_lm"]
@@ -140,7 +143,9 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         problems = list(self._problems())
         if problems:
-            raise ValueError("Invalid TransformerConfig:\n  - " + "\n  - ".join(problems))
+            raise ConfigError(
+                _listed("TransformerConfig", problems), keys=_fields_named(self, problems, "model.config.")
+            )
 
     def _problems(self):
         def choices(name: str, allowed: tuple[str, ...]):
@@ -353,6 +358,19 @@ class TransformerConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
+def _listed(what: str, problems: list[str]) -> str:
+    """One problem on the line that names the config; several, one a line below it."""
+    if len(problems) == 1:
+        return f"Invalid {what}: {problems[0]}"
+    return f"Invalid {what}:\n  - " + "\n  - ".join(problems)
+
+
+def _fields_named(config: Any, problems: list[str], prefix: str) -> list[str]:
+    """The config's fields the problems name, as keys under `prefix`: the command line says where each was given."""
+    text = "\n".join(problems)
+    return [prefix + f.name for f in dataclasses.fields(config) if re.search(rf"\b{f.name}\b", text)]
+
+
 def _round_up(n: int, multiple: int | None) -> int:
     return n if not multiple else -(-n // multiple) * multiple
 
@@ -521,7 +539,7 @@ class GenerationConfig:
         if self.window_keep is not None and self.window_keep < 1:
             problems.append(f"window_keep={self.window_keep} must be >= 1 or None")
         if problems:
-            raise ValueError("Invalid GenerationConfig:\n  - " + "\n  - ".join(problems))
+            raise ConfigError(_listed("GenerationConfig", problems))
 
     def replace(self, **changes: Any) -> GenerationConfig:
         """A copy with some fields changed, validated again."""

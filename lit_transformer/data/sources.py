@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from lit_transformer.errors import BadFileError, ConfigError, FileError, MissingFileError
+
 from .cache import fingerprint, hash_texts
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
@@ -59,10 +61,10 @@ COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstandard"
 ENCODING = "utf-8"  # the default text encoding of data files
 
 
-class DataFileError(ValueError):
+class DataFileError(BadFileError):
     """A data file that cannot be read as its name says: bytes that are not text in its encoding, a row that does not
-    parse, a compressed file that is not, a file of another format. The message names the file and, where there is
-    one, the line or row, and the fix."""
+    parse, a compressed file that is not, a file of another format, a file without the columns a task reads, a split
+    with nothing in it. The message names the file and, where there is one, the line or row, and the fix."""
 
 
 def compression_of(path: str | os.PathLike) -> str | None:
@@ -140,13 +142,15 @@ def check_encoding(encoding: str) -> str:
     try:
         codecs.lookup(encoding)
     except LookupError:
-        raise ValueError(
-            f"encoding={encoding!r} is not a text encoding Python knows (e.g. utf-8, latin-1, cp1252)"
+        raise ConfigError(
+            f"encoding={encoding!r} is not a text encoding Python knows (e.g. utf-8, latin-1, cp1252)",
+            keys=["data.init_args.encoding"],
         ) from None
     if "\n\r,a".encode(encoding, errors="replace") != b"\n\r,a":
-        raise ValueError(
+        raise ConfigError(
             f"encoding={encoding!r} is not read line by line (its newline is not one byte 0x0A); convert the files "
-            f"to UTF-8 first, e.g. iconv -f {encoding} -t utf-8 in.txt > out.txt"
+            f"to UTF-8 first, e.g. iconv -f {encoding} -t utf-8 in.txt > out.txt",
+            keys=["data.init_args.encoding"],
         )
     return encoding
 
@@ -170,6 +174,12 @@ def decode(
     byte in `data` that says it), never replaced."""
     if first and encoding.replace("_", "-").lower() in ("utf-8", "utf8") and data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8) :]
+    if b"\x00" in data:  # no text encoding read line by line (check_encoding) writes a NUL byte
+        number = line(data.index(b"\x00")) if callable(line) else line
+        packed = next((what for magic, what in PACKED_MAGIC if first and data.startswith(magic)), None)
+        if packed:
+            raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}")
+        raise DataFileError(f"{path}:{number} holds binary data (a NUL byte), not text: {_binary_fix(path)}")
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as error:
@@ -178,10 +188,28 @@ def decode(
         if packed:
             raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}") from None
         bad = data[error.start : error.start + 4]
+        if _mostly_binary(data):
+            raise DataFileError(
+                f"{path}:{number} holds binary data (bytes {bad!r}), not text: {_binary_fix(path)}"
+            ) from None
         raise DataFileError(
             f"{path}:{number} is not {encoding} text (bytes {bad!r}); if the file is in another encoding, name it, "
             f"e.g. --data.init_args.encoding latin-1 (or cp1252); no byte is replaced silently"
         ) from None
+
+
+def _mostly_binary(data: bytes) -> bool:
+    """Bytes no text encoding yields: more than a quarter of control bytes or bytes that are not valid UTF-8."""
+    sample = data[:4096]
+    control = sum(b < 9 or 13 < b < 32 for b in sample)
+    invalid = len(sample) - len(sample.decode("utf-8", errors="ignore").encode("utf-8"))
+    return (control + invalid) > len(sample) / 4
+
+
+def _binary_fix(path: str) -> str:
+    form = form_suffix(path)
+    kind = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON lines", ".json": "JSON"}.get(form, "plain")
+    return f"a {form or 'text'} file holds {kind} text; give the data file itself (another encoding will not help)"
 
 
 def is_local_name(name: str) -> bool:
@@ -190,7 +218,7 @@ def is_local_name(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
-class OfflineError(ConnectionError):
+class OfflineError(FileError, ConnectionError):
     """The hub cannot be reached and the requested name is not a local path."""
 
 
@@ -246,7 +274,7 @@ def local_files(spec: str) -> list[str]:
         files = sorted(f for f in glob.glob(spec, recursive=True) if os.path.isfile(f))
     files = [f for f in files if form_suffix(f) in TEXT_SUFFIXES + tuple(BUILDERS)]
     if not files:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"No data files found for {spec!r} (looked for {', '.join(TEXT_SUFFIXES + tuple(BUILDERS))}, each also "
             f"compressed: {', '.join(COMPRESSIONS)})"
         )
@@ -266,7 +294,10 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
     may be compressed)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"predict_file {str(path)!r} does not exist; give a text file with one input per line")
+        raise MissingFileError(
+            f"predict_file {str(path)!r} does not exist; give a text file with one input per line",
+            keys=["data.init_args.predict_file"],
+        )
     with open_data(path) as handle:
         lines = [decode(line, str(path), n, encoding, n == 1).rstrip("\r\n") for n, line in enumerate(handle, 1)]
     if form_suffix(path) not in (".jsonl", ".json"):
@@ -283,7 +314,7 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
             raise DataFileError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
         texts.append(row[field])
     if not texts:
-        raise ValueError(f"predict_file {str(path)!r} holds no input")
+        raise DataFileError(f"predict_file {str(path)!r} holds no input; write one input a line")
     return texts
 
 
@@ -422,8 +453,9 @@ class SplitStream:
         elif is_saved_dataset(dataset):
             self._add_tables(load_saved(dataset), lambda name: ("saved", name))
         elif not is_local(dataset) and _looks_like_a_path(dataset):
-            raise FileNotFoundError(
-                f"{dataset!r} does not exist: give an existing local file, folder or glob {self.local_hint}"
+            raise MissingFileError(
+                f"{dataset!r} does not exist: give an existing local file, folder or glob {self.local_hint}",
+                keys=["data.init_args.dataset"],
             )
         elif is_local(dataset):
             files = local_files(dataset)
@@ -431,7 +463,7 @@ class SplitStream:
             for f in files:
                 self.sources.setdefault(split_of(f) if len(files) > 1 else "train", Source()).files.append(f)
             if "train" not in self.sources:
-                raise ValueError(
+                raise DataFileError(
                     f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
                 )
             for f in files:
@@ -451,13 +483,13 @@ class SplitStream:
             columns = table.column_names or []
             missing = [c for c in self._columns() if c.split(".")[0] not in columns]
             if missing:
-                raise ValueError(
+                raise DataFileError(
                     f"dataset {self.dataset!r}: split {name!r} has no column {', '.join(map(repr, missing))}; its "
                     f"columns are {columns}{self.column_hint}"
                 )
             self.sources[canonical] = Source(table=table, origin=origin(name))
         if "train" not in self.sources:
-            raise ValueError(f"dataset {self.dataset!r} has no training split (its splits: {sorted(tables)})")
+            raise DataFileError(f"dataset {self.dataset!r} has no training split (its splits: {sorted(tables)})")
 
     column_hint = ""  # how to choose the columns, after an error naming the missing ones
 
@@ -477,7 +509,7 @@ class SplitStream:
         """Refuse local files this kind of record cannot come from."""
         other = sorted({form_suffix(f) for f in files} - set(BUILDERS))
         if other and not self.text_files:
-            raise ValueError(
+            raise DataFileError(
                 f"{self.dataset!r}: this task reads rows from .jsonl/.json, .csv/.tsv or .parquet files, not {other}"
             )
         packed = [f for f in files if form_suffix(f) == ".parquet" and compression_of(f)]
@@ -490,9 +522,14 @@ class SplitStream:
     def _check_columns(self, path: str) -> None:
         """A row file without the record's columns fails at once, naming the columns it has."""
         columns = columns_of(path, self.encoding) if form_suffix(path) in BUILDERS else None
+        if columns == []:
+            raise DataFileError(
+                f"{path} is empty: no header, no rows; it needs the columns {', '.join(map(repr, self._columns()))} "
+                "and a row for each example"
+            )
         missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
         if missing:
-            raise ValueError(
+            raise DataFileError(
                 f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
                 f"{columns}{self.column_hint}"
             )
@@ -520,7 +557,7 @@ class SplitStream:
             try:
                 values.append(column_value(row, column))
             except KeyError:
-                raise ValueError(
+                raise DataFileError(
                     f"dataset {self.dataset!r}: {where} has no column {column!r}; its columns are {sorted(row)}"
                     f"{self.column_hint}"
                 ) from None
@@ -592,7 +629,7 @@ def load_saved(folder: str):
     try:
         loaded = datasets.load_from_disk(folder)
     except (FileNotFoundError, ValueError, OSError) as error:
-        raise ValueError(f"{folder} looks like a folder `datasets` saved but cannot be read: {error}") from None
+        raise DataFileError(f"{folder} looks like a folder `datasets` saved but cannot be read: {error}") from None
     return datasets.DatasetDict({"train": loaded}) if isinstance(loaded, datasets.Dataset) else loaded
 
 
@@ -615,7 +652,7 @@ def hub_streams(dataset: str, config: str | None, hint: str = LOCAL_HINT) -> dic
         if canonical and canonical not in out:
             out[canonical] = (name, split)
     if "train" not in out:
-        raise ValueError(f"The dataset has no training split (found splits: {sorted(loaded)})")
+        raise DataFileError(f"dataset {dataset!r} has no training split (found splits: {sorted(loaded)})")
     return out
 
 
@@ -731,6 +768,8 @@ def columns_of(path: str, encoding: str = ENCODING) -> list[str] | None:
             return next(csv.reader([first], delimiter=_delimiter(path)), [])
         except csv.Error as error:
             raise DataFileError(f"{path}:1 is not a {suffix[1:].upper()} header ({error})") from None
+    if not first:
+        return []  # an empty file
     stripped = first.strip()
     if not stripped or stripped.startswith("["):
         return None  # a JSON array: checked when read

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
 from lit_transformer.engine.lightning_compat import compute_dtype, trainer_logs_now
+from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.losses import IGNORE_INDEX
 
 
@@ -195,7 +196,7 @@ class HostMemoryMonitor(L.Callback):
             path: A file to append JSON lines to (each rank writes its own records, tagged with its rank).
         """
         if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be at least 1, not {every_n_steps}")
+            raise ConfigError(f"every_n_steps must be at least 1, not {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.path = path
         self._last_step: int | None = None

@@ -13,6 +13,8 @@ from typing import Literal
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from lit_transformer.errors import ConfigError
+
 ScheduleName = Literal["noam", "cosine", "constant"]
 
 
@@ -47,11 +49,11 @@ def build_schedule(
     """The LambdaLR for a schedule name. With `noam` the base learning rate is a multiplier of the paper's formula."""
     if name == "noam":
         if d_model is None:
-            raise ValueError("The noam schedule needs d_model")
+            raise ConfigError("The noam schedule needs d_model")
         fn = partial(noam, d_model=d_model, warmup=max(1, warmup_steps))
     elif name == "cosine":
         if not total_steps or total_steps <= 0:
-            raise ValueError(
+            raise ConfigError(
                 "The cosine schedule needs the number of optimizer steps: set --trainer.max_steps or "
                 "--model.optim.schedule_steps (lit_transformer does not read trainer.estimated_stepping_batches, "
                 "which breaks mid-epoch resume: Lightning issue #20550)"
@@ -60,5 +62,5 @@ def build_schedule(
     elif name == "constant":
         fn = partial(warmup_constant, warmup=warmup_steps)
     else:
-        raise ValueError(f"Unknown schedule {name!r}; choose one of 'noam', 'cosine', 'constant'")
+        raise ConfigError(f"Unknown schedule {name!r}; choose one of 'noam', 'cosine', 'constant'")
     return LambdaLR(optimizer, fn)

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.errors import BadFileError, ConfigError
 from lit_transformer.model import Transformer
 from lit_transformer.model.attention import KVCache
 from lit_transformer.model.blocks import LayerCache
@@ -75,7 +76,7 @@ def export_onnx(model: Transformer, path: str | os.PathLike, opset: int = 18) ->
     """Write the logits graph `path` (.onnx) with dynamic batch and sequence axes (sequence up to max_seq_len)."""
     cfg = model.config
     if cfg.is_encoder_decoder:
-        raise ValueError(
+        raise ConfigError(
             "the logits graph covers decoder-only and encoder-only models; an encoder-decoder exports as an encoder "
             "graph and a decoder-step graph: export_onnx_folder (or `export --format onnx`)"
         )
@@ -190,7 +191,7 @@ def export_decoding_graphs(
     "graphs" entry of onnx.json). Batch, new-token, past and source axes are dynamic."""
     cfg = model.config
     if cfg.is_encoder_only:
-        raise ValueError("an encoder_only model does not decode: its graph is the logits graph (export_onnx)")
+        raise ConfigError("an encoder_only model does not decode: its graph is the logits graph (export_onnx)")
     directory = Path(directory)
     n, auto = cfg.decoder_layers, torch.export.Dim.AUTO
     # Example sizes all different, so no two dynamic axes are taken for one: batch 2, 3 new tokens, past 4, source 5.
@@ -293,7 +294,7 @@ def export_onnx_folder(
 
     cfg = model.config
     if is_quantized(model):
-        raise ValueError(
+        raise ConfigError(
             "the ONNX graphs are traced from the fp32 model: export it with quantize='int8' (onnxruntime quantizes "
             "the graphs) rather than a quantize_int8 model"
         )
@@ -350,7 +351,7 @@ class OnnxModel:
         self.directory = Path(directory)
         description = json.loads((self.directory / "onnx.json").read_text())
         if description.get("format") != FORMAT:
-            raise ValueError(f"{self.directory}/onnx.json was not written by lit_transformer's ONNX export")
+            raise BadFileError(f"{self.directory}/onnx.json was not written by lit_transformer's ONNX export")
         self.description = description
         self.config = TransformerConfig(**description["config"])
         self.layers, self.cross_kv = description["layers"], description["cross_kv"]
@@ -383,7 +384,7 @@ class OnnxModel:
         attention_mask = None if attention_mask is None else attention_mask.cpu()
         plan = plan_decoding(self, input_ids, attention_mask, config, overrides)
         if plan.gen.compile:
-            raise ValueError(
+            raise ConfigError(
                 "compile=True compiles the PyTorch model's passes; onnxruntime runs its own optimised graphs: leave "
                 "compile unset for OnnxModel"
             )

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.transforms.base import ModelTransform
 from lit_transformer.transforms.options import Quantize  # noqa: F401 - its home before the transforms package
 
@@ -144,7 +145,7 @@ def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor, weight_sum: Tensor, bi
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-class QuantizationError(ValueError):
+class QuantizationError(ConfigError):
     """A model or setting that dynamic int8 quantization cannot serve; the message says why and what to do."""
 
 
