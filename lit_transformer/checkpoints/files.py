@@ -99,20 +99,19 @@ def _refuse_other_kinds(path: pathlib.Path) -> None:
     is, not as a torn checkpoint."""
     with open(path, "rb") as handle:
         head = handle.read(64)
-    if any(head.startswith(magic) for magic in CHECKPOINT_MAGIC):
-        return
+    if not head or any(head.startswith(magic) for magic in CHECKPOINT_MAGIC):
+        return  # a checkpoint, or one cut short before its first byte: load_checkpoint says which
     try:
         first = head.decode("utf-8").strip().split("\n")[0][:40]
     except UnicodeDecodeError:  # cut inside a character, or not text at all
         first = None
-    if not head:
-        what = "an empty file"
-    elif first is not None and first.isprintable():
+    if first is not None and first.isprintable():
         what = f"text (it starts {first!r})"
     else:
         what = f"other bytes (it starts {head[:8]!r})"
     raise CheckpointError(
-        f"{path} is {what}, not a checkpoint: give a .ckpt file that `fit` wrote (runs/<name>/checkpoints/last.ckpt)"
+        f"{path} is {what}, not a checkpoint: give a .ckpt file that `fit` wrote (runs/<name>/checkpoints/last.ckpt; "
+        f"{_nearby_checkpoints(path)})"
     )
 
 

@@ -74,7 +74,7 @@ def parser_options(prog: str, description: str | None = None, usage: str | None 
 
 def command_parser(command: str, description: str) -> ArgumentParser:
     """The parser of one of the package's own commands (generate, translate, export, average)."""
-    from lit_transformer.cli.program import program
+    from lit_transformer.cli.invocation import program
 
     return ArgumentParser(**parser_options(program(command), description))
 

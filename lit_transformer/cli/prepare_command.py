@@ -57,7 +57,7 @@ def _config_parser():
     import lightning as L
 
     from lit_transformer.cli.arguments import parser_options
-    from lit_transformer.cli.program import program
+    from lit_transformer.cli.invocation import program
 
     parser = jsonargparse.ArgumentParser(**parser_options(program("prepare")))
     parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
@@ -66,7 +66,7 @@ def _config_parser():
 
 def prepare_main(argv: Sequence[str]) -> None:
     from lit_transformer.cli.arguments import parse, resolve_configs
-    from lit_transformer.cli.program import program
+    from lit_transformer.cli.invocation import program
 
     if any(item == "--data.help" or item.startswith("--data.help=") for item in argv):  # a DataModule's keys
         _config_parser().parse_args(list(argv))

@@ -21,7 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
+from lit_transformer.cli.invocation import program, remember_program
 from lit_transformer.errors import exit_status
+
+__all__ = ["COMMANDS", "Command", "main", "program", "refuse", "run"]
 
 
 @dataclass(frozen=True)
@@ -105,21 +108,6 @@ SYNONYMS = {
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "LIT_TRANSFORMER_DEBUG"
 
-_program: str | None = None
-
-
-def program(command: str | None = None) -> str:
-    """The program's name as the user typed it (`python -m lit_transformer` or `lit-transformer`), with the command."""
-    name = _program or _typed_program()
-    return f"{name} {command}" if command else name
-
-
-def _typed_program() -> str:
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if argv0 in ("__main__.py", "-c", "") or argv0.startswith("pytest") or argv0.endswith(".py"):
-        return "python -m lit_transformer"
-    return argv0
-
 
 def debug_requested() -> bool:
     return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
@@ -190,8 +178,7 @@ def refuse(message: str, *, hint: str | None = None, status: int = 2, where: str
 
 def run(command: Command, argv: Sequence[str]) -> None:
     """Run one command; a user's mistake ends in its message, other errors (bugs) keep their traceback."""
-    global _program
-    _program = _program or _typed_program()
+    remember_program()
     try:
         command.load()(list(argv) if command.name not in LIGHTNING_COMMANDS else [command.name, *argv])
     except Exception as error:  # the rule is the type: a UserError is a refusal, anything else a bug

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-from lit_transformer.errors import ConfigError, FileError
+from lit_transformer.errors import BadFileError, ConfigError
 
 from .sources import DataFileError
 from .text import IGNORE_INDEX
@@ -171,7 +171,7 @@ class _ElasticStream:
     def load_state_dict(self, state: dict[str, int]) -> None:
         items = state.get("num_items", state.get("num_batches"))
         if state.get("seed", self.seed) != self.seed or items not in (None, self.num_items):
-            raise FileError(
+            raise BadFileError(
                 f"Loader state {state} does not match this loader (seed={self.seed}, items={self.num_items}): "
                 "the data or its settings changed since the checkpoint; resume with the same data, or start a new "
                 "run from the checkpoint's weights"

@@ -33,6 +33,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -598,11 +599,20 @@ def prepare(
     hashes.save()
     root = cache_dir / kind.folder / key
     manifest = root / "manifest.json"
-    if manifest.exists():
+    if manifest.exists() and not damaged_splits(root, kind):
         return root
     with locked(root):
-        if manifest.exists():  # another process finished it while we waited
-            return root
+        if manifest.exists():  # finished by another process while we waited, or damaged since
+            damaged = damaged_splits(root, kind)
+            if not damaged:
+                return root
+            log.warning(
+                "prepared data in %s disagrees with its index (%s): preparing %s again",
+                root, "; ".join(damaged.values()), " and ".join(damaged),
+            )  # fmt: skip
+            manifest.unlink()
+            for split in damaged:
+                shutil.rmtree(root / split)
         dtype = token_dtype(max(t.get_vocab_size() for t in tokenizers))
         kind.begin(root)
         splits = {}
@@ -613,6 +623,40 @@ def prepare(
         content = {**head, **info, "splits": {split: splits[split] for split in SPLITS}}
         atomic_write(manifest, lambda tmp: Path(tmp).write_text(json.dumps(content, indent=1)))
     return root
+
+
+def damaged_splits(root: Path, kind: RecordKind) -> dict[str, str]:
+    """The prepared splits whose files disagree with their index, each with what is wrong: a token file shorter or
+    longer than the tokens its index counts (a disk that filled, a copy cut short), or a shard's file missing. Only
+    sizes are read (a stat per file), so every start checks."""
+    try:
+        info = json.loads((root / "manifest.json").read_text())
+        itemsize = np.dtype(info["dtype"]).itemsize
+        splits = info["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {split: "manifest.json unreadable" for split in SPLITS}
+    damaged = {}
+    for split, index in splits.items():
+        for entry in index.get("shards", []):
+            name = entry.get("name") or str(entry.get("file", "")).removesuffix(".bin")
+            expected = [(f"{name}.{side}.bin" if side else f"{name}.bin", entry.get(f"{side}_tokens" if side else "tokens"))
+                        for side in kind.sides]  # fmt: skip
+            problem = None
+            for file, tokens in expected:
+                path = root / split / file
+                size = path.stat().st_size if path.is_file() else None
+                if size is None:
+                    problem = f"{split}/{file} is missing"
+                elif tokens is not None and size != tokens * itemsize:
+                    problem = f"{split}/{file} has {size:,} bytes where its index counts {tokens * itemsize:,}"
+                if problem:
+                    break
+            if problem is None and not (root / split / f"{name}.{kind.starts}").is_file():
+                problem = f"{split}/{name}.{kind.starts} is missing"
+            if problem:
+                damaged[split] = problem
+                break
+    return damaged
 
 
 # ---------------------------------------------------------------------------------------------------- texts with a value
