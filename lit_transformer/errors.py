@@ -61,6 +61,19 @@ class WriteError(FileError, OSError):
     what is still good."""
 
 
+def user_error(error: BaseException) -> UserError | None:
+    """The UserError an exception is, or was raised from (a library that wraps what it called, as jsonargparse wraps
+    a class's refusal of its arguments, passes the user's mistake on as the `__cause__`); None for a bug."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
 def exit_status(error: BaseException) -> int | None:
     """The exit status of a user's mistake, or None for a bug (which keeps its traceback)."""
-    return error.status if isinstance(error, UserError) else None
+    found = user_error(error)
+    return found.status if found is not None else None

@@ -53,8 +53,10 @@ def select_checkpoints(
 ) -> list[Path]:
     """The checkpoint files to average, oldest first, one per training step.
 
-    sources: .ckpt files and/or folders (every *.ckpt inside). A step written twice (last.ckpt beside step files, a
-    best-*.ckpt) counts once. last keeps the newest N steps; steps keeps those within [first, last].
+    sources: .ckpt files and/or folders (every *.ckpt inside). A step found twice in a folder (last.ckpt beside step
+    files, a best-*.ckpt: one run's weights) counts once; a file named on its own, and files of one step in other
+    folders (runs of other seeds, or another model, which the averaging then refuses), are checkpoints of their own.
+    last keeps the newest N steps; steps keeps those within [first, last].
     """
     files: list[tuple[Path, bool]] = []  # (file, found in a folder)
     for source in map(Path, sources):
@@ -67,20 +69,22 @@ def select_checkpoints(
             files.append((source, False))
         else:
             raise MissingFileError(f"--checkpoints {source}: no such file or folder")
-    by_step: dict[int, Path] = {}
+    by_step: dict[tuple[int, Path], Path] = {}
     for path, in_folder in files:
         checkpoint = _peek(path)
         if in_folder and "averaged_from" in checkpoint:
             continue  # an earlier average written into the folder is not a step of training
-        step = checkpoint_step(checkpoint)
+        key = (checkpoint_step(checkpoint), path.resolve().parent if in_folder else path.resolve())
         # Prefer a file named for its step over last.ckpt / best-*.ckpt: the record then says which step it was.
-        if step not in by_step or by_step[step].name.startswith(("last", "best")):
-            by_step[step] = path
-    chosen = sorted(by_step.items())
+        if key not in by_step or by_step[key].name.startswith(("last", "best")):
+            by_step[key] = path
+    chosen = sorted(((step, str(folder)), path) for (step, folder), path in by_step.items())
+    chosen = [(step, path) for (step, _), path in chosen]
     if steps is not None:
         chosen = [(s, p) for s, p in chosen if steps[0] <= s <= steps[1]]
         if not chosen:
-            raise ConfigError(f"No checkpoint lies within steps {steps[0]}..{steps[1]}; steps found: {sorted(by_step)}")
+            found = sorted({step for step, _ in by_step})
+            raise ConfigError(f"No checkpoint lies within steps {steps[0]}..{steps[1]}; steps found: {found}")
     if last is not None:
         if last < 1:
             raise ConfigError(f"--last {last}: average at least one checkpoint")
@@ -117,7 +121,7 @@ def _check_same_model(reference: dict[str, Any], other: dict[str, Any], ref_path
     if differences:
         raise CheckpointError(
             f"{path} and {ref_path} are different architectures; only checkpoints of one model can be averaged. "
-            "Config fields that differ:\n    " + "\n    ".join(differences)
+            f"Config fields that differ: {'; '.join(differences[:6])}" + (" ..." if len(differences) > 6 else "")
         )
     base, other_base = (reference.get("lora") or {}).get("fingerprint"), (other.get("lora") or {}).get("fingerprint")
     if base != other_base:  # LoRA adapters (whose factors are averaged) mean something on their own base only

@@ -329,20 +329,22 @@ def check_architecture(
     lines = [f"The {source} was saved by a different architecture than the model built now."]
     differences = config_differences(saved, current) if saved is not None and current is not None else []
     if differences:
-        lines.append("Config fields that differ:\n    " + "\n    ".join(differences))
-    for title, names in (
-        ("Shape mismatches", reshaped),
-        ("Missing in the " + source, missing),
-        ("Unexpected in the " + source, unexpected),
-    ):
-        if names:
-            lines.append(
-                f"{title} ({len(names)}):\n    " + "\n    ".join(names[:10]) + ("\n    …" if len(names) > 10 else "")
-            )
-    lines.append(
-        "Build the model with the checkpoint's config (it is stored under hyper_parameters), or start a new run."
+        lines.append("Config fields that differ: " + _some(differences, 6))
+    found = [(f"{len(names)} shape mismatches", names) for names in [reshaped] if names]
+    found += [(f"{len(names)} missing in the {source}", names) for names in [missing] if names]
+    found += [(f"{len(names)} unexpected in the {source}", names) for names in [unexpected] if names]
+    if found:
+        lines.append("Parameters: " + "; ".join(f"{title} ({_some(names, 3)})" for title, names in found))
+    raise CheckpointError(
+        "\n".join(lines),
+        hint="Build the model with the checkpoint's config (it is stored under hyper_parameters), or start a new run.",
     )
-    raise CheckpointError("\n".join(lines))
+
+
+def _some(items: list[str], n: int) -> str:
+    """The first n items on one line, and how many more there are."""
+    more = f", and {len(items) - n} more" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
 
 
 def load_model_state(

@@ -165,6 +165,9 @@ def read_config(path: str) -> dict:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
         line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        position = getattr(error, "position", None)  # a character YAML does not allow (a ReaderError)
+        if mark is None and isinstance(position, int):
+            line = f":{text.count(chr(10), 0, position) + 1}:{position - text.rfind(chr(10), 0, position)}"
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ConfigError(
             f"{path}{line} is not valid YAML: {problem}",
@@ -196,8 +199,9 @@ _UNKNOWN = (
 )
 _NESTED = re.compile(r"Problem with given class_path '([\w.]+)':\s*\n\s*Option '([\w.\-]+)' is not accepted")
 _PARSER_KEY = re.compile(r'Parser key "([\w.\-]+)":')
+_CLASS_PATH = re.compile(r"Problem with given class_path '([\w.]+)'")
 _EXPECTED = re.compile(r"Expected an? (?:<class '([\w.]+)'>|([^\n]+?))\.\s*Got value: (.*)")
-_UNION = re.compile(r"Subtypes: \[(.*)\][\s\S]*Given value: (.*)")
+_UNION = re.compile(r"Subtypes: \[(.*)\][\s\S]*?Given value: (.*)")
 _LITERAL = re.compile(r"typing\.Literal\[(.*?)\]")
 _REQUIRED = re.compile(r"the following arguments are required: (.+)")
 
@@ -244,6 +248,8 @@ def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> Config
     if nested and parser_key:
         class_path, option = nested.groups()
         group = parser_key.group(1)
+        if _is_dataclass(class_path):  # its fields sit under the group's key itself, and fit --help lists them
+            return _unknown_key(f"{group}.{option}", class_keys(class_path), argv, help_hint, prefix=f"{group}.")
         key = f"{group}.init_args.{option}"
         hint = f"Run '{prog} --{group}.help {class_path}' for every {group}.init_args key."
         return _unknown_key(key, class_keys(class_path), argv, hint, prefix=f"{group}.init_args.")
@@ -266,7 +272,11 @@ def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> Config
         flags = [f.strip() for f in required.group(1).split(",")]
         return ConfigError(f"{prog} needs {' and '.join(flags)}", hint=help_hint)
     if parser_key:
-        wrong = _wrong_value(parser_key.group(1), message, argv, help_hint)
+        key, inner, class_path = _innermost(message)
+        if class_path:  # a class's own argument: its group's --X.help lists them
+            group = key.partition(".init_args.")[0]
+            help_hint = f"Run '{prog} --{group}.help {class_path}' for every {group}.init_args key."
+        wrong = _wrong_value(key, inner, argv, help_hint)
         if wrong is not None:
             return wrong
     if parser_key and "File does not exist" in message:
@@ -274,6 +284,35 @@ def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> Config
     lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()]
     short = "\n".join(lines[:3]) + ("\n  ..." if len(lines) > 3 else "")
     return ConfigError(short, hint=help_hint)
+
+
+def _innermost(message: str) -> tuple[str, str, str | None]:
+    """The full key of a nested parse error (a dataclass's field under its group, "model.optim" then "lr"; a class's
+    argument under its init_args, "data" then "batch_size"), the part of the message about it, and the class whose
+    argument it is (None for a field of a dataclass or a plain key)."""
+    parts, depth, last, class_path = [], -1, None, None
+    for found in _PARSER_KEY.finditer(message):
+        indent = found.start() - (message.rfind("\n", 0, found.start()) + 1)
+        if indent <= depth:
+            break  # an alternative beside the one followed, not inside it
+        between = _CLASS_PATH.search(message, last.end(), found.start()) if last is not None else None
+        if between and not _is_dataclass(between.group(1)):  # a dataclass's fields sit under its key directly
+            parts.append("init_args")
+            class_path = between.group(1)
+        parts.append(found.group(1))
+        depth, last = indent, found
+    return ".".join(parts), message[last.end() :] if last is not None else message, class_path
+
+
+def _is_dataclass(class_path: str) -> bool:
+    import dataclasses
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        return dataclasses.is_dataclass(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError, ValueError):
+        return False
 
 
 def _wrong_value(key: str, message: str, argv: Sequence[str], hint: str) -> ConfigError | None:

@@ -46,7 +46,7 @@ from lit_transformer.engine.nonfinite_guard import NonFiniteLossGuard
 from lit_transformer.engine.preemption import PreemptionCheckpoint, exit_on_signals
 from lit_transformer.engine.step_seed import StepSeed
 from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
-from lit_transformer.errors import ConfigError
+from lit_transformer.errors import ConfigError, UserError
 
 # Field docstrings of TransformerConfig become --help text.
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -183,7 +183,7 @@ class TransformerCLI(LightningCLIHooks):
             callbacks = [*callbacks, ModelSummaryWithoutFlops()]
             config = {**config, "enable_model_summary": False}  # the default's place is taken, without a notice
         seconds = (self.config[self.subcommand] if self.subcommand else self.config).get("collective_timeout")
-        with lightning_refusals():
+        with lightning_refusals(also=(TypeError, ValueError)):  # all the Trainer judges here is the user's options
             if seconds is None:
                 return super().build_trainer(config, callbacks)
             # What init_process_group is given: through a named strategy's `timeout` argument, or set on the one
@@ -322,16 +322,20 @@ def set_once(config) -> None:
 
 
 @contextlib.contextmanager
-def lightning_refusals() -> Iterator[None]:
-    """Lightning's refusals of a user's trainer options (MisconfigurationException: `max_steps` must be ...) as the
-    ConfigError they are, naming the trainer keys its message names."""
+def lightning_refusals(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Lightning's refusals of a user's trainer options (MisconfigurationException: `max_steps` must be ...; while the
+    Trainer is built, which judges nothing but those options, its TypeError and ValueError too: `devices` selected
+    with `CPUAccelerator` should be an int > 0) as the ConfigError they are, naming the trainer keys its message
+    names."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
         yield
-    except MisconfigurationException as error:
+    except (MisconfigurationException, *also) as error:
+        if isinstance(error, UserError):
+            raise
         message = " ".join(str(error).split())
-        named = dict.fromkeys(re.findall(r"`?\b(\w+)(?:=|`)", message))
+        named = dict.fromkeys(re.findall(r"\w+", message))
         keys = [f"trainer.{name}" for name in named if name in TRAINER_ARGUMENTS]
         raise ConfigError(f"Lightning refuses the trainer options: {message}", keys=keys) from error
 

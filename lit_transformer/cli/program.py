@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from lit_transformer.cli.invocation import program, remember_program
-from lit_transformer.errors import exit_status
+from lit_transformer.errors import user_error
 
 __all__ = ["COMMANDS", "Command", "main", "program", "refuse", "run"]
 
@@ -182,15 +182,15 @@ def run(command: Command, argv: Sequence[str]) -> None:
     try:
         command.load()(list(argv) if command.name not in LIGHTNING_COMMANDS else [command.name, *argv])
     except Exception as error:  # the rule is the type: a UserError is a refusal, anything else a bug
-        status = exit_status(error)
-        if status is None or debug_requested():
+        mistake = user_error(error)
+        if mistake is None or debug_requested():
             raise
         where = None
-        if error.keys:
+        if mistake.keys:
             from lit_transformer.cli.arguments import given_where
 
-            where = given_where(error.keys, argv)
-        refuse(str(error), hint=error.hint, status=status, where=where)
+            where = given_where(mistake.keys, argv)
+        refuse(str(mistake), hint=mistake.hint, status=mistake.status, where=where)
 
 
 def _print(text: str) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import json
 import logging
 import multiprocessing
@@ -43,6 +44,8 @@ from typing import Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
+from lit_transformer.errors import WriteError
+
 from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
 from .sources import SPLITS, SplitStream
@@ -50,6 +53,8 @@ from .text import line_pieces
 
 log = logging.getLogger(__name__)
 
+# The errors of a write that the machine, not the program, refused: a full disk, a file-size limit, a quota.
+WRITE_FAILURES = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 FORMAT_VERSION = 1
 SHARD_TOKENS = 1 << 26  # about 64M tokens (128 MB of uint16) per shard
 CHUNK_CHARS = 1 << 22  # characters tokenized per encode_batch call: bounded memory, both cores busy
@@ -616,8 +621,19 @@ def prepare(
         dtype = token_dtype(max(t.get_vocab_size() for t in tokenizers))
         kind.begin(root)
         splits = {}
-        for source, _ in stream.passes():
-            splits |= prepare_pass(stream, source, root, kind, tokenizers, eos_id, dtype, limit, shard_tokens, workers)
+        try:
+            for source, _ in stream.passes():
+                splits |= prepare_pass(
+                    stream, source, root, kind, tokenizers, eos_id, dtype, limit, shard_tokens, workers
+                )
+        except OSError as error:
+            if error.errno not in WRITE_FAILURES:
+                raise
+            raise WriteError(
+                f"could not write the prepared data in {root}: {error.strerror}; its finished shards are kept and "
+                "the next run goes on after them. Free disk space (or raise the file-size limit, or give "
+                "--data.init_args.cache_dir a larger disk) and run again"
+            ) from error
         kind.check(stream, splits)
         head = {"version": FORMAT_VERSION, "dataset": stream.dataset, "held_out": stream.mode, "dtype": dtype.name}
         content = {**head, **info, "splits": {split: splits[split] for split in SPLITS}}

@@ -188,6 +188,11 @@ def decode(
         if packed:
             raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}") from None
         bad = data[error.start : error.start + 4]
+        if error.reason == "unexpected end of data" and not data.endswith(b"\n"):  # only a file's last line lacks one
+            raise DataFileError(
+                f"{path}:{number} ends inside a character (bytes {bad!r}): the file is cut short (a copy or a "
+                "download that stopped)"
+            ) from None
         if _mostly_binary(data):
             raise DataFileError(
                 f"{path}:{number} holds binary data (bytes {bad!r}), not text: {_binary_fix(path)}"
@@ -799,7 +804,8 @@ def records(path: str, columns: list[str] | None = None, encoding: str = ENCODIN
     if suffix in (".csv", ".tsv"):
         with open_data(path) as raw:
             lines = (decode(line, path, n, encoding, n == 1) for n, line in enumerate(raw, 1))
-            reader = csv.reader(lines, delimiter=_delimiter(path))
+            # strict: a quoted field still open at the end of the file (a copy cut short) is an error, not a row
+            reader = csv.reader(lines, delimiter=_delimiter(path), strict=True)
             try:
                 header = next(reader, None) or []
                 for fields in reader:
@@ -813,6 +819,11 @@ def records(path: str, columns: list[str] | None = None, encoding: str = ENCODIN
                     row = dict(zip(header, fields, strict=True))
                     yield row, sum(map(len, fields)) + len(fields), reader.line_num
             except csv.Error as error:
+                if "unexpected end of data" in str(error):
+                    raise DataFileError(
+                        f"{path}:{reader.line_num} ends inside a quoted field: the file is cut short (a copy or a "
+                        "download that stopped), or a quote is never closed"
+                    ) from None
                 raise DataFileError(
                     f"{path}:{reader.line_num} is not a {suffix[1:].upper()} row ({error}); is the file "
                     f"{suffix[1:].upper()} text?"
