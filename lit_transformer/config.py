@@ -147,6 +147,23 @@ class TransformerConfig:
                 _listed("TransformerConfig", problems), keys=_fields_named(self, problems, "model.config.")
             )
 
+    @classmethod
+    def check(cls, values: dict[str, Any], unknown: set[str] | frozenset[str] = frozenset()) -> None:
+        """Refuse, as construction would, the problems of a config of `values` (the others at their defaults) that
+        name no field of `unknown`: the fields the data decides later (vocab_size, special ids, num_labels) are
+        not known yet when the command line is judged, and its other mistakes need not wait for them."""
+        config = object.__new__(cls)
+        for field in dataclasses.fields(cls):
+            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+            setattr(config, field.name, values.get(field.name, default))
+        try:
+            problems = [p for p in config._problems() if not _fields_named(config, [p], "", only=unknown)]
+        except TypeError:  # a value of another type: the parser or the construction names it
+            return
+        if problems:
+            keys = _fields_named(config, problems, "model.config.")
+            raise ConfigError(_listed("TransformerConfig", problems), keys=keys)
+
     def _problems(self):
         def choices(name: str, allowed: tuple[str, ...]):
             value = getattr(self, name)
@@ -365,10 +382,12 @@ def _listed(what: str, problems: list[str]) -> str:
     return f"Invalid {what}:\n  - " + "\n  - ".join(problems)
 
 
-def _fields_named(config: Any, problems: list[str], prefix: str) -> list[str]:
-    """The config's fields the problems name, as keys under `prefix`: the command line says where each was given."""
+def _fields_named(config: Any, problems: list[str], prefix: str, only: Any = None) -> list[str]:
+    """The config's fields the problems name (those of `only`, when given), as keys under `prefix`: the command line
+    says where each was given."""
     text = "\n".join(problems)
-    return [prefix + f.name for f in dataclasses.fields(config) if re.search(rf"\b{f.name}\b", text)]
+    names = [f.name for f in dataclasses.fields(config) if only is None or f.name in only]
+    return [prefix + name for name in names if re.search(rf"\b{name}\b", text)]
 
 
 def _round_up(n: int, multiple: int | None) -> int:

@@ -120,9 +120,9 @@ def resolve_configs(argv: Sequence[str]) -> list[str]:
     for i, item in enumerate(items):
         flag, eq, inline = item.partition("=")
         if eq and flag in CONFIG_FLAGS:
-            out.append(f"{flag}={_existing_config(inline)}")
+            out.append(f"{flag}={existing_config(inline)}")
         elif i > 0 and items[i - 1] in CONFIG_FLAGS:
-            out.append(_existing_config(item))
+            out.append(existing_config(item))
         else:
             out.append(item)
     return out
@@ -133,7 +133,9 @@ def packaged_names() -> list[str]:
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
 
 
-def _existing_config(value: str) -> str:
+def existing_config(value: str) -> str:
+    """A config given by path or by packaged name (resolve_config), read as YAML; one found nowhere, or that is not
+    YAML, is refused naming it."""
     resolved = resolve_config(value)
     if resolved is value and not Path(value).exists() and not _inline(value):
         names = packaged_names()

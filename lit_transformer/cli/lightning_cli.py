@@ -162,13 +162,14 @@ class TransformerCLI(LightningCLIHooks):
         resolve_run_folder(config)
         link_context_length(config, self.subcommand)
         set_once(config)
-        check_before_data(config, self.subcommand)
-        log_evaluation_beside_training(config, self.subcommand)
         trainer = config.trainer
         strategy = trainer.strategy
         if not isinstance(strategy, str):  # a {class_path, init_args} mapping
             strategy = getattr(strategy, "class_path", None) or str(strategy)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
+        check_trainer_options(trainer)
+        check_before_data(config, self.subcommand)
+        log_evaluation_beside_training(config, self.subcommand)
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)
@@ -343,10 +344,45 @@ def lightning_refusals(also: tuple[type[Exception], ...] = ()) -> Iterator[None]
 TRAINER_ARGUMENTS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
 
 
+# The trainer options that Lightning judges when it builds the Trainer and that a config gives as plain values.
+PLAIN_TRAINER_OPTIONS = (
+    "accelerator", "devices", "num_nodes", "precision", "fast_dev_run", "max_epochs", "min_epochs", "max_steps",
+    "min_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+    "overfit_batches", "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps", "log_every_n_steps",
+    "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "reload_dataloaders_every_n_epochs",
+)  # fmt: skip
+
+
+def check_trainer_options(trainer) -> None:
+    """Lightning's own judgement of the trainer options, before the data builds a tokenizer: a Trainer of those
+    options alone (no logger, callbacks or strategy), built quietly and thrown away; what it refuses is the
+    ConfigError the real Trainer's refusal would be, later."""
+    options = {name: trainer.get(name) for name in PLAIN_TRAINER_OPTIONS}
+    options = {name: value for name, value in options.items() if isinstance(value, str | int | float | bool)}
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), lightning_refusals(also=(TypeError, ValueError)):
+            warnings.simplefilter("ignore")
+            L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, **options)  # fmt: skip
+    finally:
+        quiet.setLevel(level)
+
+
 def check_before_data(config, subcommand: str | None) -> None:
-    """What can be refused from the config alone is refused before the data is read or prepared."""
+    """What can be refused from the config alone is refused before the data is read or prepared: the model config
+    (less the fields the data decides), predict's inputs, the steps a cosine schedule needs."""
     data, model = config.get("data"), config.get("model")
     init_args = getattr(data, "init_args", None)
+    architecture = model.get("config") if model is not None else None
+    if architecture is not None and hasattr(architecture, "items"):
+        decided = set(TOKENIZER_LINKS + DATA_LINKS)
+        cls = _data_class(data)
+        if cls is not None and hasattr(cls, "model_fields"):
+            decided |= set(cls.model_fields(dict(init_args or {})))
+        TransformerConfig.check({k: v for k, v in dict(architecture.items()).items()}, unknown=decided)
     if subcommand == "predict" and init_args is not None and "predict_file" in init_args:
         if not init_args.get("predict_file") and not init_args.get("predict_dir"):
             from lit_transformer.data.base import PREDICT_FILE_NEEDED
@@ -535,6 +571,10 @@ PACKAGE_HELP = {
     "package's own plain types are allowed by name (false is not honoured).",
     "trainer.enable_checkpointing": "false turns the package's checkpoint callbacks (checkpoint, best_checkpoint, "
     "preemption) off.",
+    "data": "The DataModule: --data.class_path (lit_transformer.data.LanguageModelingDataModule, "
+    "TranslationDataModule, ClassificationDataModule or CaptioningDataModule) and its --data.init_args.KEY VALUE; "
+    "--data.help CLASS_PATH lists one's init_args keys, e.g. fit --data.help "
+    "lit_transformer.data.LanguageModelingDataModule.",
 }
 
 

@@ -26,10 +26,13 @@ padding on either side, the sliding window): only the forward passes run in onnx
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,12 +100,35 @@ def export_onnx(model: Transformer, path: str | os.PathLike, opset: int = 18) ->
     return _export(wrapper, args, names, ["logits"], dynamic, path, opset)
 
 
+# What torch's exporter says that a user can do nothing about: it skips torchvision's operators when torchvision is
+# absent (this model has none), and torch's own pytree code warns about a deprecation inside torch.
+EXPORTER_NOISE_LOGGERS = ("torch.onnx._internal.exporter._registration",)
+EXPORTER_NOISE_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated",)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """torch.onnx.export without the lines of EXPORTER_NOISE_*; its other warnings and errors still show."""
+    loggers = [logging.getLogger(name) for name in EXPORTER_NOISE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        for message in EXPORTER_NOISE_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
 def _export(
     wrapper: nn.Module, args: tuple, names: list[str], outputs: list[str], dynamic: Any, path, opset: int
 ) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(
             wrapper.eval(),
             args,

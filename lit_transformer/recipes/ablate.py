@@ -50,6 +50,7 @@ from typing import Any
 import yaml
 
 from lit_transformer.bench import command_parser
+from lit_transformer.errors import ConfigError
 from lit_transformer.records import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,10 +100,11 @@ def _cli_value(value: Any) -> str:
 
 
 def _resolve(path: str) -> str:
-    """A config path as given, or relative to the repository when it is not found from the working directory."""
-    if Path(path).is_absolute() or Path(path).exists() or not (ROOT / path).exists():
-        return path
-    return str(ROOT / path)
+    """A config as `fit` finds it: a file, else a packaged config by name (configs/ablations/base/x.yaml, or
+    ablations/base/x), from any working folder."""
+    from lit_transformer.cli.arguments import existing_config
+
+    return existing_config(str(path))
 
 
 @dataclass
@@ -125,12 +127,12 @@ class Grid:
         path = Path(path)
         raw = yaml.safe_load(path.read_text()) or {}
         if not isinstance(raw, dict) or not raw.get("cells"):
-            raise ValueError(f"{path} is not an ablation grid: it needs a non-empty `cells:` mapping")
+            raise ConfigError(f"{path} is not an ablation grid: it needs a non-empty `cells:` mapping")
         unknown = set(raw) - {
             "name", "description", "base", "overrides", "cells", "seeds", "seed_flags", "test", "evaluate"
         }  # fmt: skip
         if unknown:
-            raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+            raise ConfigError(f"{path}: unknown keys {sorted(unknown)}")
         base = raw.get("base") or []
         return cls(
             name=raw.get("name") or path.stem,
@@ -516,7 +518,7 @@ def main(argv: list[str] | None = None) -> None:
 def ablate(argv: list[str] | None = None) -> int:
     """Run (or resume) the grids, then write their tables and plots; 0, or 1 when a run failed."""
     args, extra = parse_args(argv)
-    grids = [Grid.load(path) for path in args.grids]
+    grids = [Grid.load(_resolve(path)) for path in args.grids]
     plan: list[tuple[Grid, Path, list[Run]]] = []
     for grid in grids:
         if args.seeds:
