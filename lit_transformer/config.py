@@ -86,7 +86,7 @@ class TransformerConfig:
     tie_embeddings: bool = True
     """Tie the output projection to the (target) input embedding."""
     share_embeddings: bool | None = None
-    """encoder_decoder: one embedding matrix for source and target (with tie_embeddings, the paper's three-way tying); None shares when the vocabulary is shared."""
+    """encoder_decoder: one embedding matrix for source and target (with tie_embeddings, the paper's three-way tying: the output layer is that matrix too); None shares when the vocabulary is shared."""
     source: Source = "tokens"
     """encoder_decoder: what the encoder reads. tokens: ids through an embedding table (translation); features:
     (B, S, source_dim) vectors, e.g. CNN region features, projected to d_model by a Linear layer (a key-padding
@@ -504,7 +504,7 @@ class GenerationConfig:
     """Beam search's alpha: a hypothesis scores log p / lp(|Y|), lp as length_penalty_form says (0 ranks by log p
     alone)."""
     length_penalty_form: Literal["length", "gnmt"] = "length"
-    """Beam search: length: lp = |Y| ** alpha (Hugging Face's, and ours before the paper's rules); gnmt: lp =
+    """Beam search: length: lp = |Y| ** alpha (Hugging Face's, and a bare GenerationConfig's); gnmt: lp =
     ((5 + |Y|) / 6) ** alpha, Wu et al. 2016, the form the Transformer paper's alpha = 0.6 refers to."""
     early_stopping: bool = False
     """Beam search: True ends a row as soon as num_beams hypotheses have finished (the paper's rule); False also
@@ -532,7 +532,7 @@ class GenerationConfig:
     """Decode with the KV cache; False recomputes the whole window every step (slow; a reference for tests)."""
     compile: bool = False
     """Run the model's encoder and decoder passes through torch.compile (inductor, CPU-measured): a step becomes a
-    few fused kernels, so each token costs less, above all with --quantize int8 (docs/performance.md, "Compiled
+    few fused kernels, so each token costs less, above all with --quantize int8 (docs/inference.md, "Compiled
     decoding"). The first call in a process compiles (tens of seconds on 2 cores; seconds once inductor's on-disk
     cache holds the graphs): worth it for many inputs or long outputs. The same model: int8 layers compute the same
     integers, fp32 sums may round in another order, so near-tied candidates can rank differently."""

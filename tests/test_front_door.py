@@ -300,7 +300,7 @@ def test_a_refusal_as_a_process_has_no_traceback_unless_debug_asks(tmp_path: Pat
     assert plain.returncode == 2 and _is_short(plain.stderr), plain.stderr
     assert plain.stderr.startswith("error: unknown key model.config.n_layer")
     debug = _process("--debug", "fit", "--config", "presets/tiny", "--model.config.n_layer", "6", cwd=tmp_path)
-    assert debug.returncode != 0 and "Traceback" in debug.stderr and "UserError" in debug.stderr
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "errors.ConfigError" in debug.stderr
 
 
 # ---- Lightning's switches -----------------------------------------------------------------------------------------

@@ -2,8 +2,7 @@
 
 The pairs (local files, a hub stream or the embedded corpus) are streamed once into token shards (`shards.py`:
 `python -m lit_transformer prepare`, or the first `fit`) and read through memory maps, so a corpus of any size trains
-in flat memory. (The former in-memory path gave the same batches bit for bit, with memory growing 20 bytes per byte of
-corpus and no gain in time: docs/performance.md, "Data preparation at scale"; it is gone.)
+in flat memory.
 
 Batches: {"src": (B, S), "tgt_in": (B, T), "labels": (B, T)}. src is the source followed by eos and padded with
 pad_token_id; tgt_in is bos followed by the target; labels are the target followed by eos, -100 at padding.
@@ -91,7 +90,7 @@ class TranslationDataModule(DataModule):
                 Marian folder (to fine-tune it: its tokenizers, OPUS-MT's SentencePiece ones converted, and its
                 decoder's start token, which for OPUS-MT is <pad>).
             vocab_size: Vocabulary size of each trained tokenizer.
-            shared_vocab: One vocabulary for both languages (allows the paper's three-way embedding tying); False
+            shared_vocab: One vocabulary for both languages (allows the paper's three-way tying: one matrix for both embeddings and the output layer); False
                 trains a separate target tokenizer.
             max_tokens: Token budget per batch: batch size times the longest sequence (source or target) in it.
             max_length: Pairs with more tokens than this on either side (with bos/eos) are dropped, and counted.

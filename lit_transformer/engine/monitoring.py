@@ -32,7 +32,8 @@ class TokenThroughputMonitor(L.Callback):
     def __init__(self, peak_flops: float | None = None) -> None:
         """
         Args:
-            peak_flops: The device's peak FLOP/s for MFU; None uses Lightning's table, else measures a matmul.
+            peak_flops: The device's peak FLOP/s for MFU (model FLOPs utilisation: the share of that peak the
+                model's arithmetic uses); None uses Lightning's table, else measures a matmul.
         """
         self.peak_flops = peak_flops
         self.available_flops: float | None = None
