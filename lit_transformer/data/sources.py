@@ -157,6 +157,8 @@ def check_encoding(encoding: str) -> str:
 
 PACKED_MAGIC = ((b"\x1f\x8b", "gzip data"), (b"BZh", "bzip2 data"), (b"\xfd7zXZ\x00", "xz data"),
                 (b"\x28\xb5\x2f\xfd", "zstandard data"), (b"PK\x03\x04", "a zip archive"))  # fmt: skip
+OTHER_MAGIC = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+               (b"%PDF", "a PDF document"), (b"\x7fELF", "a program"), (b"PAR1", "a parquet file"))  # fmt: skip
 PACKED_FIX = {
     "gzip data": "name it with its compression's suffix (.gz)",
     "bzip2 data": "name it with its compression's suffix (.bz2)",
@@ -187,6 +189,9 @@ def decode(
         packed = next((what for magic, what in PACKED_MAGIC if first and data.startswith(magic)), None)
         if packed:
             raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}") from None
+        other = next((what for magic, what in OTHER_MAGIC if first and data.startswith(magic)), None)
+        if other:
+            raise DataFileError(f"{path} is {other}, not the text its name says: {_binary_fix(path)}") from None
         bad = data[error.start : error.start + 4]
         if error.reason == "unexpected end of data" and not data.endswith(b"\n"):  # only a file's last line lacks one
             raise DataFileError(
