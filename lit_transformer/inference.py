@@ -235,10 +235,18 @@ def run_generate(args) -> None:
         for s in range(args.num_samples):
             if len(prompts) > 1 or args.num_samples > 1:
                 print(f"--- prompt {p + 1}, sample {s + 1}", flush=True)
-            stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [], echo=sys.stdout)
             sys.stdout.write(prompt)
-            loaded.model.generate(torch.tensor([ids], device=loaded.device), gen, generator=generator, streamer=stream)
-            stream.finish()
+            if gen.num_beams > 1:  # beam search settles its tokens only at the end: the text is printed then
+                out = loaded.model.generate(torch.tensor([ids], device=loaded.device), gen, generator=generator)
+                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [loaded.config.eos_token_id])
+                for token in out[0].tolist():
+                    stream(torch.tensor([token]))
+                sys.stdout.write(stream.texts()[0])
+            else:
+                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [], echo=sys.stdout)
+                tokens = torch.tensor([ids], device=loaded.device)
+                loaded.model.generate(tokens, gen, generator=generator, streamer=stream)
+                stream.finish()
             print(flush=True)
 
 

@@ -533,3 +533,14 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
         timeout=300,
     )
     assert generate.returncode == 0 and generate.stdout.startswith("ROMEO:"), generate.stderr[-2000:]
+
+
+def test_generate_with_beams_prints_the_settled_text(capsys):
+    """Beam search settles its tokens only at the end: `generate --num_beams N` prints them then, instead of refusing
+    to stream (what a stream of beams cannot do)."""
+    checkpoint = ROOT / "tests" / "fixtures" / "old_checkpoints" / "language_modeling.ckpt"
+    main(
+        ["generate", "--checkpoint", str(checkpoint), "--prompt", "ROMEO:", "--num_beams", "3", "--max_new_tokens", "5"]
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("ROMEO:") and len(out.strip()) > len("ROMEO:")
