@@ -176,12 +176,14 @@ def decode(
     byte in `data` that says it), never replaced."""
     if first and encoding.replace("_", "-").lower() in ("utf-8", "utf8") and data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8) :]
-    if b"\x00" in data:  # no text encoding read line by line (check_encoding) writes a NUL byte
-        number = line(data.index(b"\x00")) if callable(line) else line
+    controls = len(data) - len(data.translate(None, CONTROL_BYTES))
+    if b"\x00" in data or (len(data) >= 8 and controls > len(data) // 4):  # no text reads so, in any encoding
+        at = data.index(b"\x00") if b"\x00" in data else 0
+        number = line(at) if callable(line) else line
         packed = next((what for magic, what in PACKED_MAGIC if first and data.startswith(magic)), None)
         if packed:
             raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}")
-        raise DataFileError(f"{path}:{number} holds binary data (a NUL byte), not text: {_binary_fix(path)}")
+        raise DataFileError(f"{path}:{number} holds binary data (control bytes), not text: {_binary_fix(path)}")
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as error:
@@ -208,10 +210,14 @@ def decode(
         ) from None
 
 
+# The control bytes text never holds (tab, newlines, vertical tab, form feed and carriage return aside): NUL is one.
+CONTROL_BYTES = bytes(range(0, 9)) + bytes(range(14, 32))
+
+
 def _mostly_binary(data: bytes) -> bool:
     """Bytes no text encoding yields: more than a quarter of control bytes or bytes that are not valid UTF-8."""
     sample = data[:4096]
-    control = sum(b < 9 or 13 < b < 32 for b in sample)
+    control = len(sample) - len(sample.translate(None, CONTROL_BYTES))
     invalid = len(sample) - len(sample.decode("utf-8", errors="ignore").encode("utf-8"))
     return (control + invalid) > len(sample) / 4
 
