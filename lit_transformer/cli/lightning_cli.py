@@ -383,6 +383,15 @@ def check_before_data(config, subcommand: str | None) -> None:
         if cls is not None and hasattr(cls, "model_fields"):
             decided |= set(cls.model_fields(dict(init_args or {})))
         TransformerConfig.check({k: v for k, v in dict(architecture.items()).items()}, unknown=decided)
+        block = init_args.get("block_size") if init_args is not None else None
+        context, learned = architecture.get("max_seq_len"), architecture.get("positions") == "learned"
+        if learned and isinstance(block, int) and isinstance(context, int) and block > context:
+            raise ConfigError(
+                f"data.init_args.block_size={block} is longer than model.config.max_seq_len={context}, and learned "
+                "positions cannot extrapolate past the table they trained: give a block_size of at most "
+                f"{context}, or measure length extrapolation with sinusoidal, rope or alibi positions",
+                keys=["data.init_args.block_size"],
+            )
     if subcommand == "predict" and init_args is not None and "predict_file" in init_args:
         if not init_args.get("predict_file") and not init_args.get("predict_dir"):
             from lit_transformer.data.base import PREDICT_FILE_NEEDED
@@ -496,13 +505,6 @@ def link_context_length(config, subcommand: str | None) -> None:
             f"data.init_args.block_size={block} and model.config.max_seq_len={context} disagree: the model trains on "
             "blocks of its context length. Give one of them (the other follows) or the same value to both",
             keys=["data.init_args.block_size", "model.config.max_seq_len"],
-        )
-    elif block > context and getattr(model.config, "positions", None) == "learned":
-        raise ConfigError(
-            f"data.init_args.block_size={block} is longer than model.config.max_seq_len={context}, and learned "
-            "positions cannot extrapolate past the table they trained: give a block_size of at most "
-            f"{context}, or measure length extrapolation with sinusoidal, rope or alibi positions",
-            keys=["data.init_args.block_size"],
         )
 
 
