@@ -6,6 +6,7 @@ Field docstrings (the string under each field) become the CLI's ``--help`` text.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -86,7 +87,7 @@ class TransformerConfig:
     tie_embeddings: bool = True
     """Tie the output projection to the (target) input embedding."""
     share_embeddings: bool | None = None
-    """encoder_decoder: one embedding matrix for source and target (with tie_embeddings, the paper's three-way tying); None shares when the vocabulary is shared."""
+    """encoder_decoder: one embedding matrix for source and target (with tie_embeddings, the paper's three-way tying: the output layer is that matrix too); None shares when the vocabulary is shared."""
     source: Source = "tokens"
     """encoder_decoder: what the encoder reads. tokens: ids through an embedding table (translation); features:
     (B, S, source_dim) vectors, e.g. CNN region features, projected to d_model by a Linear layer (a key-padding
@@ -161,7 +162,26 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         problems = list(self._problems())
         if problems:
-            raise ConfigError("Invalid TransformerConfig:\n  - " + "\n  - ".join(problems))
+            raise ConfigError(
+                _listed("TransformerConfig", problems), keys=_fields_named(self, problems, "model.config.")
+            )
+
+    @classmethod
+    def check(cls, values: dict[str, Any], unknown: set[str] | frozenset[str] = frozenset()) -> None:
+        """Refuse, as construction would, the problems of a config of `values` (the others at their defaults) that
+        name no field of `unknown`: the fields the data decides later (vocab_size, special ids, num_labels) are
+        not known yet when the command line is judged, and its other mistakes need not wait for them."""
+        config = object.__new__(cls)
+        for field in dataclasses.fields(cls):
+            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+            setattr(config, field.name, values.get(field.name, default))
+        try:
+            problems = [p for p in config._problems() if not _fields_named(config, [p], "", only=unknown)]
+        except TypeError:  # a value of another type: the parser or the construction names it
+            return
+        if problems:
+            keys = _fields_named(config, problems, "model.config.")
+            raise ConfigError(_listed("TransformerConfig", problems), keys=keys)
 
     def _problems(self):
         def choices(name: str, allowed: tuple[str, ...]):
@@ -382,6 +402,21 @@ class TransformerConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
+def _listed(what: str, problems: list[str]) -> str:
+    """One problem on the line that names the config; several, one a line below it."""
+    if len(problems) == 1:
+        return f"Invalid {what}: {problems[0]}"
+    return f"Invalid {what}:\n  - " + "\n  - ".join(problems)
+
+
+def _fields_named(config: Any, problems: list[str], prefix: str, only: Any = None) -> list[str]:
+    """The config's fields the problems name (those of `only`, when given), as keys under `prefix`: the command line
+    says where each was given."""
+    text = "\n".join(problems)
+    names = [f.name for f in dataclasses.fields(config) if only is None or f.name in only]
+    return [prefix + name for name in names if re.search(rf"\b{name}\b", text)]
+
+
 def _round_up(n: int, multiple: int | None) -> int:
     return n if not multiple else -(-n // multiple) * multiple
 
@@ -496,7 +531,7 @@ class GenerationConfig:
     """Beam search's alpha: a hypothesis scores log p / lp(|Y|), lp as length_penalty_form says (0 ranks by log p
     alone)."""
     length_penalty_form: Literal["length", "gnmt"] = "length"
-    """Beam search: length: lp = |Y| ** alpha (Hugging Face's, and ours before the paper's rules); gnmt: lp =
+    """Beam search: length: lp = |Y| ** alpha (Hugging Face's, and a bare GenerationConfig's); gnmt: lp =
     ((5 + |Y|) / 6) ** alpha, Wu et al. 2016, the form the Transformer paper's alpha = 0.6 refers to."""
     early_stopping: bool = False
     """Beam search: True ends a row as soon as num_beams hypotheses have finished (the paper's rule); False also
@@ -524,7 +559,7 @@ class GenerationConfig:
     """Decode with the KV cache; False recomputes the whole window every step (slow; a reference for tests)."""
     compile: bool = False
     """Run the model's encoder and decoder passes through torch.compile (inductor, CPU-measured): a step becomes a
-    few fused kernels, so each token costs less, above all with --quantize int8 (docs/performance.md, "Compiled
+    few fused kernels, so each token costs less, above all with --quantize int8 (docs/inference.md, "Compiled
     decoding"). The first call in a process compiles (tens of seconds on 2 cores; seconds once inductor's on-disk
     cache holds the graphs): worth it for many inputs or long outputs. The same model: int8 layers compute the same
     integers, fp32 sums may round in another order, so near-tied candidates can rank differently."""
@@ -550,7 +585,7 @@ class GenerationConfig:
         if self.window_keep is not None and self.window_keep < 1:
             problems.append(f"window_keep={self.window_keep} must be >= 1 or None")
         if problems:
-            raise ValueError("Invalid GenerationConfig:\n  - " + "\n  - ".join(problems))
+            raise ConfigError(_listed("GenerationConfig", problems))
 
     def replace(self, **changes: Any) -> GenerationConfig:
         """A copy with some fields changed, validated again."""

@@ -1,44 +1,79 @@
 """What counts as a user's mistake: the errors the command line answers in a few lines, without a traceback.
 
-A bug keeps its traceback. A mistake (a config typo, a missing file, a malformed data file, a checkpoint that is not
-one) is either a `UserError` raised by the package, or one of the library's own error types that already carry a
-message naming the problem and the fix (`user_error_types`). This module imports nothing heavy.
+The rule is a type, not a list: every check of a user's input (config values and their combinations, data files,
+checkpoints, prompts, command options) raises a `UserError` where it finds the mistake, with a message that names
+the file or key, what was found and the fix. The program (cli/program.py) prints a `UserError` in a few lines and
+exits with its `status`; any other exception is a bug and keeps its traceback. Errors of other libraries about a
+user's values (jsonargparse's parse errors, Lightning's MisconfigurationException about trainer options) become
+UserErrors where the package calls those libraries.
+
+Two kinds, one exit status each (docs/cli.md says the same):
+- `ConfigError`, exit 2: the command line or a config is wrong (an unknown key or command, a wrong type, a value
+  outside its range or choices, two keys that disagree, an option this machine cannot honour);
+- `FileError`, exit 1: a file the command names cannot be used (missing, empty, malformed, binary, truncated, of
+  another task or architecture) or cannot be written (a full disk).
+
+The package's own error types subclass one of them, and also the builtin type they once were (`ValueError`,
+`FileNotFoundError`), so that `except ValueError` around the Python API keeps working. This module imports nothing.
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 
 
 class UserError(Exception):
-    """A mistake in what the user gave: the message names the problem and where; `hint` says the fix."""
+    """A mistake in what the user gave: the message names the problem and where; `hint` says the fix. `keys` are the
+    config keys (dotted, as a flag spells them) the mistake is about: the command line adds where each was given."""
 
     status = 2
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, keys: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.hint = hint
+        self.keys = tuple(keys)
 
 
 class ConfigError(UserError, ValueError):
-    """A config that cannot be: two keys that disagree, a value out of range, a key that does not exist."""
+    """The command line or a config is wrong: a key that does not exist, a value of the wrong type, out of range or
+    outside its choices, two keys that disagree, an option this machine cannot honour. Exit status 2."""
+
+    status = 2
 
 
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """The error types of loaded modules whose messages are written for users. Only modules already imported are
-    asked: a command that never loaded the data code does not import it to learn its error type."""
-    types: list[type[BaseException]] = [FileNotFoundError]
-    for module, name in (
-        ("lit_transformer.checkpoints.files", "CheckpointError"),
-        ("lit_transformer.data.sources", "DataFileError"),
-        ("lit_transformer.data.sources", "OfflineError"),
-        ("lit_transformer.data.cache", "UnguardedMainError"),
-        ("lit_transformer.engine.devices", "DeviceOptionError"),
-        ("lit_transformer.engine.nonfinite_guard", "NonFiniteLossError"),
-        ("lit_transformer.transforms.int8", "QuantizationError"),
-        ("jsonargparse", "ArgumentError"),
-    ):
-        found = getattr(sys.modules.get(module), name, None)
-        if isinstance(found, type) and issubclass(found, BaseException):
-            types.append(found)
-    return tuple(types)
+class FileError(UserError):
+    """A file the command names cannot be used (missing, empty, malformed, of another kind) or written. Exit status 1."""
+
+    status = 1
+
+
+class BadFileError(FileError, ValueError):
+    """A file that exists but cannot be used: empty, malformed, binary, truncated, of another kind, task or
+    architecture (a ValueError too, for the Python API's callers)."""
+
+
+class MissingFileError(FileError, FileNotFoundError):
+    """A file or folder the user named does not exist (a FileNotFoundError too, for the Python API's callers)."""
+
+
+class WriteError(FileError, OSError):
+    """A file could not be written (a full disk, a file-size limit, no permission): the message names the path and
+    what is still good."""
+
+
+def user_error(error: BaseException) -> UserError | None:
+    """The UserError an exception is, or was raised from (a library that wraps what it called, as jsonargparse wraps
+    a class's refusal of its arguments, passes the user's mistake on as the `__cause__`); None for a bug."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def exit_status(error: BaseException) -> int | None:
+    """The exit status of a user's mistake, or None for a bug (which keeps its traceback)."""
+    found = user_error(error)
+    return found.status if found is not None else None

@@ -18,7 +18,9 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.data.sources import DataFileError
 from lit_transformer.data.text import TextStream, pad_right
+from lit_transformer.errors import ConfigError, MissingFileError
 from lit_transformer.model import Transformer
 from lit_transformer.tasks import Task, build_task, default_task
 
@@ -60,13 +62,23 @@ class LoadedModel:
 
 def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
     """The architecture a Lightning checkpoint was trained with."""
+    from lit_transformer.checkpoints.files import CheckpointError
+
     try:
         config = checkpoint["hyper_parameters"]["config"]
-    except KeyError:
-        raise ValueError(
+    except (KeyError, TypeError):
+        raise CheckpointError(
             "The checkpoint has no hyper_parameters.config: it was not written by lit_transformer's LitTransformer"
         ) from None
-    return config if isinstance(config, TransformerConfig) else TransformerConfig(**dict(config))
+    if isinstance(config, TransformerConfig):
+        return config
+    try:
+        return TransformerConfig(**dict(config))
+    except (TypeError, ValueError) as error:  # a field this version lacks, or a value it refuses
+        raise CheckpointError(
+            f"The checkpoint's hyper_parameters.config does not make a TransformerConfig of this version ({error}): "
+            "it was written by another version or another program"
+        ) from None
 
 
 def _refuse_other_kinds(path: Path) -> None:
@@ -129,7 +141,7 @@ def _device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"--device {name} asks for a GPU, but none is available here; use --device cpu")
+        raise ConfigError(f"--device {name} asks for a GPU, but none is available here; use --device cpu")
     return name
 
 
@@ -145,11 +157,13 @@ def _generation(args, task: type[Task] | Task) -> GenerationConfig:
 
 def _check_command(loaded: LoadedModel, command: str) -> None:
     """Refuse a checkpoint whose task another command serves (Task.command), naming that command."""
+    from lit_transformer.checkpoints.files import CheckpointError
+
     served = loaded.task.command
     if served != command:
         name = type(loaded.task).__name__ if isinstance(loaded.task, Task) else loaded.task.__name__
         hint = f"use `python -m lit_transformer {served}`" if served else "no text command decodes it (use `predict`)"
-        raise SystemExit(f"error: this checkpoint was trained at the {name} task: {hint}")
+        raise CheckpointError(f"this checkpoint was trained at the {name} task: {hint}")
 
 
 def _note(message: str) -> None:
@@ -165,35 +179,52 @@ def quantize_loaded(loaded: LoadedModel, quantize: str) -> LoadedModel:
     try:
         return dataclasses.replace(loaded, model=quantize_int8(loaded.model, inplace=True))
     except QuantizationError as error:
-        raise SystemExit(f"error: --quantize {quantize}: {error}") from None
+        raise QuantizationError(f"--quantize {quantize}: {error}") from None
 
 
 def _load(args) -> LoadedModel:
-    from lit_transformer.checkpoints.files import CheckpointError
-
     device = args.device
     if device == "auto" and args.quantize != "none":
         device = "cpu"  # the int8 kernels are CPU kernels
-    try:
-        loaded = load_model(args.checkpoint, _device(device), args.base)
-    except CheckpointError as error:
-        raise SystemExit(f"error: {error}") from None
-    return quantize_loaded(loaded, args.quantize)
+    return quantize_loaded(load_model(args.checkpoint, _device(device), args.base), args.quantize)
+
+
+def _inputs(flag: str, path: str, what: str) -> list[str]:
+    """The lines of a prompt or input file (read as predict_file is: text or JSON lines, compressed or not), each
+    refusal naming the flag and the file: missing, binary, not UTF-8, empty."""
+    from lit_transformer.data.sources import read_inputs
+
+    if not Path(path).is_file():
+        raise MissingFileError(f"{flag} {path} does not exist: give a text file with one {what} per line")
+    lines = read_inputs(path)
+    if not lines:
+        raise DataFileError(f"{flag} {path} is empty: write one {what} per line")
+    return lines
+
+
+def _check_source_lengths(loaded: LoadedModel, texts: Sequence[str], where: str) -> None:
+    """An encoder reads its whole input at once, and learned positions end at max_seq_len: a longer input cannot be
+    read, so it is refused here, naming the input, rather than cut or failing inside the model."""
+    limit = loaded.config.max_seq_len
+    if loaded.config.positions != "learned":  # the other position schemes reach past max_seq_len
+        return
+    for number, text in enumerate(texts, 1):
+        length = len(loaded.encode(text))
+        if length > limit:
+            line = "" if where == "--text" else f" line {number}"
+            raise DataFileError(
+                f"{where}{line} has {length} tokens, more than the {limit} positions the model learned "
+                "(max_seq_len): split it into shorter sentences"
+            )
 
 
 def run_generate(args) -> None:
     """`generate` with its parsed options (model_commands.generate_main): continue prompts with a decoder-only
     model, printing tokens as they are produced."""
+    prompts = _inputs("--prompt_file", args.prompt_file, "prompt") if args.prompt_file is not None else [args.prompt]
     loaded = _load(args)
     _check_command(loaded, "generate")
     gen = _generation(args, loaded.task)
-    if args.prompt_file is not None:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise SystemExit(f"error: --prompt_file {path} does not exist")
-        prompts = path.read_text(encoding="utf-8").splitlines()
-    else:
-        prompts = [args.prompt]
     generator = torch.Generator(device=loaded.device)
     generator.manual_seed(gen.seed) if gen.seed is not None else generator.seed()
     window = loaded.config.max_seq_len
@@ -206,10 +237,18 @@ def run_generate(args) -> None:
         for s in range(args.num_samples):
             if len(prompts) > 1 or args.num_samples > 1:
                 print(f"--- prompt {p + 1}, sample {s + 1}", flush=True)
-            stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [], echo=sys.stdout)
             sys.stdout.write(prompt)
-            loaded.model.generate(torch.tensor([ids], device=loaded.device), gen, generator=generator, streamer=stream)
-            stream.finish()
+            if gen.num_beams > 1:  # beam search settles its tokens only at the end: the text is printed then
+                out = loaded.model.generate(torch.tensor([ids], device=loaded.device), gen, generator=generator)
+                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [loaded.config.eos_token_id])
+                for token in out[0].tolist():
+                    stream(torch.tensor([token]))
+                sys.stdout.write(stream.texts()[0])
+            else:
+                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [], echo=sys.stdout)
+                tokens = torch.tensor([ids], device=loaded.device)
+                loaded.model.generate(tokens, gen, generator=generator, streamer=stream)
+                stream.finish()
             print(flush=True)
 
 
@@ -217,13 +256,12 @@ def run_translate(args) -> None:
     """`translate` with its parsed options (model_commands.translate_main): translate sentences with an
     encoder-decoder model (beam search by default)."""
     if (args.text is None) == (args.input is None):
-        raise SystemExit("error: translate needs exactly one of --text SENTENCE or --input FILE")
-    if args.input is not None and not Path(args.input).is_file():
-        raise SystemExit(f"error: --input {args.input} does not exist")
+        raise ConfigError("translate needs exactly one of --text SENTENCE or --input FILE")
+    texts = [args.text] if args.text is not None else _inputs("--input", args.input, "sentence")
     loaded = _load(args)
     _check_command(loaded, "translate")
     gen = _generation(args, loaded.task)
-    texts = [args.text] if args.text is not None else Path(args.input).read_text(encoding="utf-8").splitlines()
+    _check_source_lengths(loaded, texts, "--text" if args.text is not None else f"--input {args.input}")
     for start in range(0, len(texts), args.batch_size):
         for text in translate(loaded, texts[start : start + args.batch_size], gen):
             print(text, flush=True)

@@ -14,6 +14,7 @@ from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
 from lit_transformer.cli.model_commands import average_main
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
+from lit_transformer.errors import ConfigError
 from lit_transformer.inference import load_model
 from lit_transformer.model import Transformer
 
@@ -104,7 +105,7 @@ def test_the_command_writes_a_checkpoint_that_generate_loads(tmp_path, tokenizer
     )
     torch.testing.assert_close(loaded.model.lm_head.weight, expected)
     assert loaded.model.generate(torch.tensor([loaded.encode("ab")]), max_new_tokens=3).shape == (1, 3)
-    with pytest.raises(SystemExit, match="error: --last 5 asks for more checkpoints"):
+    with pytest.raises(ConfigError, match="--last 5 asks for more checkpoints"):
         average_main(["--checkpoints", str(tmp_path), "--last", "5", "--output", str(tmp_path / "x.ckpt")])
 
 

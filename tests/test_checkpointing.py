@@ -83,10 +83,14 @@ def _write_good(path: Path) -> bytes:
     [
         (lambda data: data[: len(data) // 2], "truncated, corrupt or not a checkpoint"),
         (lambda data: b"", "truncated, corrupt or not a checkpoint"),
-        (lambda data: b"not a checkpoint at all" * 10, "truncated, corrupt or not a checkpoint"),
+        (
+            lambda data: b"not a checkpoint at all" * 10,
+            "is text \\(it starts 'not a checkpoint at all.*not a checkpoint",
+        ),
+        (lambda data: bytes(range(7, 200)), "is other bytes .* not a checkpoint"),
         (lambda data: data[:100] + bytes(len(data) - 100), "truncated, corrupt or not a checkpoint"),
     ],
-    ids=["half", "empty", "junk", "zeroed"],
+    ids=["half", "empty", "text", "binary", "zeroed"],
 )
 def test_torn_or_corrupt_file_gets_a_clear_error(tmp_path: Path, damage, expected: str) -> None:
     data = _write_good(tmp_path / "good.ckpt")

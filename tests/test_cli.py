@@ -89,7 +89,10 @@ def test_a_typo_in_a_key_is_named_with_where_and_the_nearest_key(tmp_path: Path)
 
 def test_a_value_outside_the_choices_names_them():
     message = _error_of("--model.config.norm_position", "middle")
-    assert "norm_position" in message and "'pre'" in message and "'post'" in message
+    assert (
+        "model.config.norm_position: 'middle' is not one of pre, post (the flag --model.config.norm_position)"
+        in message
+    )
 
 
 # ---- one real run, shared by the tests below --------------------------------------------------------------------
@@ -229,7 +232,7 @@ def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
     failed = _cli("predict", *_tiny_common(tiny_run), *args, cwd=tiny_run, ok=False)
     assert 'bad.jsonl:2 has no string field "text"' in failed.stderr
     failed = _cli("predict", *_tiny_common(tiny_run), cwd=tiny_run, ok=False)
-    assert "--data.predict_file" in failed.stderr
+    assert "predict needs inputs: --data.init_args.predict_file FILE" in failed.stderr
 
 
 def _tiny_common(tiny_run: Path) -> list[str]:

@@ -76,7 +76,7 @@ def test_predict_reads_prompts_encoded_as_training_encodes_them(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         dm.predict_dataloader()
     dm.predict_file = None
-    with pytest.raises(ValueError, match="--data.predict_file"):
+    with pytest.raises(ValueError, match="--data.init_args.predict_file"):
         dm.predict_dataloader()
 
 

@@ -329,8 +329,10 @@ def test_the_prepare_command_fills_the_cache_that_fit_then_reads(tmp_path, capsy
     dm = LanguageModelingDataModule(path, tokenizer="char", vocab_size=64, block_size=32, cache_dir=cache)
     dm.setup()
     assert len(dm._blocks["train"]) > 0
-    with pytest.raises(SystemExit, match="--config and --data.\\* flags only, not --trainer.max_steps"):
+    with pytest.raises(SystemExit) as refused:
         main(["prepare", "--config", str(config), "--trainer.max_steps", "3"])
+    assert refused.value.code == 2
+    assert "error: prepare takes --config and --data.* keys only, not --trainer.max_steps" in capsys.readouterr().err
 
 
 def test_worker_processes_write_the_same_shards_as_one_process(tmp_path, monkeypatch):

@@ -252,7 +252,16 @@ def test_an_encoding_that_is_not_line_by_line_is_refused_with_the_fix(tmp_path):
 @pytest.mark.parametrize(
     ("name", "data", "message"),
     [
-        ("train.csv", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8, r"train\.csv:1 is not utf-8 text"),  # binary
+        (
+            "train.csv",
+            b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8,
+            r"train\.csv is a PNG image, not the text",
+        ),  # binary
+        (
+            "train.csv",
+            bytes(range(1, 256)) * 8,
+            r"train\.csv:1 holds binary data \(control bytes\), not text: a \.csv file holds CSV text",
+        ),
         ("train.csv", b"\x1f\x8b\x08\x00" + bytes(range(128, 256)), r"train\.csv is gzip data.*\(\.gz\)"),
         ("train.csv", b"text,label\nab\rcd,x\n", r"train\.csv:2 is not a CSV row \(new-line character"),
         ("train.jsonl.gz", b'{"text": "not gzip at all"}\n', r"train\.jsonl\.gz is not gzip data"),

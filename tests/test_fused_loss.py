@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.fused_loss import (
     fused_linear_cross_entropy,
     reference_linear_cross_entropy,
@@ -32,7 +33,7 @@ def test_without_liger_kernel_the_error_names_the_extra(monkeypatch) -> None:
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_liger)
-    with pytest.raises(ImportError, match=r"pip install -e '\.\[gpu\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[gpu\]'"):
         require_fused_loss("cuda")  # a device description: no GPU is needed to name one
 
 

@@ -127,9 +127,9 @@ def test_no_two_rooms_import_each_other():
     assert loop is None, "import loop between rooms: " + " -> ".join(loop)
 
 
-# What the data layer may import outside itself: the plain model config and the safe reading of a checkpoint (a
-# tokenizer may come from a .ckpt). Never the tasks, the engine or interop: what they need of the data they hand it.
-DATA_MAY_IMPORT = {"lit_transformer.config", "lit_transformer.checkpoints.files"}
+# What the data layer may import outside itself: the plain model config, the user-error types and the safe reading of
+# a checkpoint (a tokenizer may come from a .ckpt). Never the tasks, the engine or interop: what they need of the data they hand it.
+DATA_MAY_IMPORT = {"lit_transformer.config", "lit_transformer.errors", "lit_transformer.checkpoints.files"}
 
 
 def test_the_data_layer_imports_nothing_above_it():

@@ -21,6 +21,7 @@ from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
 from lit_transformer.engine.lightning_module import LitTransformer
+from lit_transformer.errors import UserError
 from lit_transformer.inference import load_model
 from lit_transformer.transforms.lora import LoraOptions
 
@@ -254,7 +255,7 @@ def test_a_base_that_moved_is_named_and_found_again_with_base(tmp_path, tokenize
     moved = shutil.move(folder, tmp_path / "elsewhere")
     with pytest.raises(CheckpointError, match=f"base {folder}, which does not exist.*--base PATH"):
         load_model(path)
-    with pytest.raises(SystemExit, match=f"base {folder}, which does not exist.*--base PATH"):
+    with pytest.raises(UserError, match=f"base {folder}, which does not exist.*--base PATH"):
         generate_main(["--checkpoint", str(path), "--max_new_tokens", "2"])
     with torch.no_grad():
         torch.testing.assert_close(load_model(path, base=moved).model(x), before, atol=0, rtol=0)
@@ -262,7 +263,7 @@ def test_a_base_that_moved_is_named_and_found_again_with_base(tmp_path, tokenize
     other = save_hf_gpt2(build(GPT2, seed=1, vocab_size=128, pad_token_id=None), tmp_path / "other", tokenizer)
     with pytest.raises(CheckpointError, match=f"than those loaded now from init_from {other}: base fingerprint"):
         load_model(path, base=other)
-    with pytest.raises(SystemExit, match="trained on other base weights"):
+    with pytest.raises(UserError, match="trained on other base weights"):
         generate_main(["--checkpoint", str(path), "--base", str(other)])
 
 

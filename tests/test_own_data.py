@@ -725,11 +725,11 @@ def _not_utf8(task: str, folder: Path) -> tuple[Path, list[str], list[str]]:
 
 
 def _binary_csv(task: str, folder: Path) -> tuple[Path, list[str], list[str]]:
-    """The training CSV is an image (a file that is not the form its name says): the file and its line."""
+    """The training CSV is an image (a file that is not the form its name says): the file and what it holds."""
     dataset, args = form_csv(task, folder)
     train = dataset if dataset.is_file() else dataset / "train.csv"
     train.write_bytes(next((folder.parent.parent / "images").glob("*.png")).read_bytes())
-    return dataset, args, [f"{train.name}:1", "is not utf-8 text"]
+    return dataset, args, [f"{train.name} is a PNG image, not the text its name says"]
 
 
 def _not_gzip(task: str, folder: Path) -> tuple[Path, list[str], list[str]]:

@@ -15,6 +15,7 @@ from model_variants import GPT2, PAPER, build, single_thread, tokens  # noqa: F4
 
 from lit_transformer.cli.model_commands import export_main
 from lit_transformer.data.text import train_tokenizer
+from lit_transformer.errors import ConfigError
 from lit_transformer.interop import OnnxModel, load_safetensors
 from lit_transformer.model import Transformer
 from lit_transformer.transforms.int8 import Int8Linear, QuantizationError, is_quantized, quantize_int8
@@ -228,9 +229,9 @@ def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, c
     source = tokens(2, 5, vocab=vocab)
     translation = OnnxModel(tmp_path / "o", threads=1).generate(source, max_new_tokens=6, eos_token_id=-1)
     assert translation.shape == (2, 6)
-    with pytest.raises(SystemExit, match="safetensors or onnx, not hf"):
+    with pytest.raises(ConfigError, match="safetensors or onnx, not hf"):
         export_main(["--checkpoint", str(lm), "--format", "hf", "--out", str(tmp_path / "o"), "--quantize", "int8"])
-    with pytest.raises(SystemExit, match="--quantize int8: int8 dynamic quantization runs on the CPU only"):
+    with pytest.raises(ConfigError, match="--quantize int8: int8 dynamic quantization runs on the CPU only"):
         generate_main([*common, "--quantize", "int8", "--device", "meta"])
 
 

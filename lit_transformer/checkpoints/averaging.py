@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch
 
 from lit_transformer.checkpoints.files import CheckpointError, atomic_save, config_differences, load_checkpoint
+from lit_transformer.errors import ConfigError, MissingFileError
 
 Weights = Literal["saved", "trained"]
 """saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA weights); trained: the
@@ -40,10 +41,10 @@ def parse_steps(spec: str) -> tuple[int, int]:
     """'2000:3000' -> (2000, 3000), both ends included; an end may be left out ('2000:' or ':3000')."""
     match = re.fullmatch(r"\s*(\d*)\s*:\s*(\d*)\s*", spec)
     if not match or not (match[1] or match[2]):
-        raise ValueError(f"--steps {spec!r}: write FIRST:LAST (steps included), e.g. 2000:3000, 2000: or :3000")
+        raise ConfigError(f"--steps {spec!r}: write FIRST:LAST (steps included), e.g. 2000:3000, 2000: or :3000")
     first, last = int(match[1] or 0), int(match[2]) if match[2] else 2**62
     if first > last:
-        raise ValueError(f"--steps {spec!r}: the first step {first} comes after the last {last}")
+        raise ConfigError(f"--steps {spec!r}: the first step {first} comes after the last {last}")
     return first, last
 
 
@@ -52,39 +53,43 @@ def select_checkpoints(
 ) -> list[Path]:
     """The checkpoint files to average, oldest first, one per training step.
 
-    sources: .ckpt files and/or folders (every *.ckpt inside). A step written twice (last.ckpt beside step files, a
-    best-*.ckpt) counts once. last keeps the newest N steps; steps keeps those within [first, last].
+    sources: .ckpt files and/or folders (every *.ckpt inside). A step found twice in a folder (last.ckpt beside step
+    files, a best-*.ckpt: one run's weights) counts once; a file named on its own, and files of one step in other
+    folders (runs of other seeds, or another model, which the averaging then refuses), are checkpoints of their own.
+    last keeps the newest N steps; steps keeps those within [first, last].
     """
     files: list[tuple[Path, bool]] = []  # (file, found in a folder)
     for source in map(Path, sources):
         if source.is_dir():
             found = sorted(source.glob("*.ckpt"))
             if not found:
-                raise FileNotFoundError(f"--checkpoints {source}: the folder holds no .ckpt files")
+                raise MissingFileError(f"--checkpoints {source}: the folder holds no .ckpt files")
             files += [(path, True) for path in found]
         elif source.is_file():
             files.append((source, False))
         else:
-            raise FileNotFoundError(f"--checkpoints {source}: no such file or folder")
-    by_step: dict[int, Path] = {}
+            raise MissingFileError(f"--checkpoints {source}: no such file or folder")
+    by_step: dict[tuple[int, Path], Path] = {}
     for path, in_folder in files:
         checkpoint = _peek(path)
         if in_folder and "averaged_from" in checkpoint:
             continue  # an earlier average written into the folder is not a step of training
-        step = checkpoint_step(checkpoint)
+        key = (checkpoint_step(checkpoint), path.resolve().parent if in_folder else path.resolve())
         # Prefer a file named for its step over last.ckpt / best-*.ckpt: the record then says which step it was.
-        if step not in by_step or by_step[step].name.startswith(("last", "best")):
-            by_step[step] = path
-    chosen = sorted(by_step.items())
+        if key not in by_step or by_step[key].name.startswith(("last", "best")):
+            by_step[key] = path
+    chosen = sorted(((step, str(folder)), path) for (step, folder), path in by_step.items())
+    chosen = [(step, path) for (step, _), path in chosen]
     if steps is not None:
         chosen = [(s, p) for s, p in chosen if steps[0] <= s <= steps[1]]
         if not chosen:
-            raise ValueError(f"No checkpoint lies within steps {steps[0]}..{steps[1]}; steps found: {sorted(by_step)}")
+            found = sorted({step for step, _ in by_step})
+            raise ConfigError(f"No checkpoint lies within steps {steps[0]}..{steps[1]}; steps found: {found}")
     if last is not None:
         if last < 1:
-            raise ValueError(f"--last {last}: average at least one checkpoint")
+            raise ConfigError(f"--last {last}: average at least one checkpoint")
         if last > len(chosen):
-            raise ValueError(
+            raise ConfigError(
                 f"--last {last} asks for more checkpoints than there are ({len(chosen)} distinct steps: "
                 f"{[s for s, _ in chosen]}); write checkpoints more often (--checkpoint.every_n_train_steps N "
                 "--checkpoint.save_top_k -1) or average fewer"
@@ -116,7 +121,7 @@ def _check_same_model(reference: dict[str, Any], other: dict[str, Any], ref_path
     if differences:
         raise CheckpointError(
             f"{path} and {ref_path} are different architectures; only checkpoints of one model can be averaged. "
-            "Config fields that differ:\n    " + "\n    ".join(differences)
+            f"Config fields that differ: {'; '.join(differences[:6])}" + (" ..." if len(differences) > 6 else "")
         )
     base, other_base = (reference.get("lora") or {}).get("fingerprint"), (other.get("lora") or {}).get("fingerprint")
     if base != other_base:  # LoRA adapters (whose factors are averaged) mean something on their own base only
@@ -141,7 +146,7 @@ def average_checkpoints(paths: Sequence[str | Path], weights: Weights = "saved")
     """
     paths = [Path(p) for p in paths]
     if not paths:
-        raise ValueError("average needs at least one checkpoint")
+        raise ConfigError("average needs at least one checkpoint")
     sums: dict[str, torch.Tensor] = {}
     reference: dict[str, Any] | None = None
     newest: tuple[int, dict[str, Any], dict[str, torch.Tensor]] | None = None  # (step, checkpoint, weights)
@@ -183,12 +188,9 @@ def average_checkpoints(paths: Sequence[str | Path], weights: Weights = "saved")
 def run_average(args) -> None:
     """`average` with its parsed options (model_commands.average_main): write the mean of several checkpoints'
     weights as one checkpoint."""
-    try:
-        steps = parse_steps(args.steps) if args.steps is not None else None
-        paths = select_checkpoints(args.checkpoints, args.last, steps)
-        averaged = average_checkpoints(paths, args.weights)
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"error: {error}") from None
+    steps = parse_steps(args.steps) if args.steps is not None else None
+    paths = select_checkpoints(args.checkpoints, args.last, steps)
+    averaged = average_checkpoints(paths, args.weights)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(averaged, output)

@@ -13,7 +13,7 @@ import os
 import pathlib
 import pickle
 import re
-import tempfile
+import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.errors import BadFileError, MissingFileError, WriteError
 
 # Plain data types that Lightning checkpoints of this package may hold in ``hyper_parameters``: each is rebuilt from
 # its fields or its string parts and runs no code of the file's choosing. Add a type here only if that holds for it.
@@ -44,8 +45,13 @@ def _allow_safe_globals() -> None:
 _allow_safe_globals()
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, torn, hostile, or belongs to another architecture; the message says which and what to do."""
+class CheckpointError(BadFileError):
+    """A checkpoint is torn, hostile, not a checkpoint, or belongs to another task or architecture; the message says
+    which and what to do. (A missing one is a MissingCheckpointError, a FileNotFoundError too.)"""
+
+
+class MissingCheckpointError(MissingFileError, CheckpointError):
+    """A checkpoint path that does not exist or is a folder: the message lists the checkpoints there are."""
 
 
 @contextmanager
@@ -63,7 +69,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     """Load a checkpoint without ever executing code from it; raise ``CheckpointError`` with a clear message."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise CheckpointError(_missing_message(path))
+        raise MissingCheckpointError(_missing_message(path))
+    _refuse_other_kinds(path)
     try:
         with safe_globals():
             checkpoint = torch.load(path, map_location=map_location, weights_only=True)
@@ -81,6 +88,31 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"Checkpoint {path} holds a {type(checkpoint).__name__}, not a checkpoint dictionary.")
     return checkpoint
+
+
+# What torch.save writes starts with one of these: a zip archive (every torch since 1.6), or a bare pickle (older).
+CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _refuse_other_kinds(path: pathlib.Path) -> None:
+    """A file that does not even start as torch.save's output (text, JSON, an image, empty) is named as what it
+    is, not as a torn checkpoint."""
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+    if not head or any(head.startswith(magic) for magic in CHECKPOINT_MAGIC):
+        return  # a checkpoint, or one cut short before its first byte: load_checkpoint says which
+    try:
+        first = head.decode("utf-8").strip().split("\n")[0][:40]
+    except UnicodeDecodeError:  # cut inside a character, or not text at all
+        first = None
+    if first is not None and first.isprintable():
+        what = f"text (it starts {first!r})"
+    else:
+        what = f"other bytes (it starts {head[:8]!r})"
+    raise CheckpointError(
+        f"{path} is {what}, not a checkpoint: give a .ckpt file that `fit` wrote (runs/<name>/checkpoints/last.ckpt; "
+        f"{_nearby_checkpoints(path)})"
+    )
 
 
 def _load_error_detail(error: Exception) -> str:
@@ -143,22 +175,85 @@ def _qualname(t: type) -> str:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` that replaces ``path`` only with a complete, fsynced file (same-folder temp file + rename)."""
+    """``torch.save`` that replaces ``path`` only with a complete, fsynced file (same-folder temp file + rename).
+    The file's mode follows the umask, as every other file a run writes. A write that fails (a full disk, a
+    file-size limit) raises ``WriteError`` naming the path and the checkpoint that is still whole."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # The temporary name does not end in .ckpt, so neither `ckpt_path=last` nor a glob ever picks up a torn file.
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    handle, temp_name = _create_temporary(path)
     try:
         with os.fdopen(handle, "wb") as file:
             torch.save(obj, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_name, path)
-    except BaseException:
+    except BaseException as error:
         with _ignore_os_errors():
             os.unlink(temp_name)
+        if isinstance(error, OSError) or _is_write_failure(error):
+            raise WriteError(_write_failure_message(path, error)) from error
         raise
     _fsync_folder(path.parent)
+
+
+def _create_temporary(path: pathlib.Path) -> tuple[int, str]:
+    """A new file beside `path` (O_EXCL, a random name), created with mode 0o666 so that the umask decides, as for
+    any file a program opens (tempfile.mkstemp would make it 0600)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(name, flags, 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _is_write_failure(error: BaseException) -> bool:
+    """torch.save wraps the writer's OSError in a RuntimeError ("... file write failed ...")."""
+    return (
+        isinstance(error, RuntimeError)
+        and isinstance(error.__cause__ or error.__context__, OSError)
+        or (isinstance(error, RuntimeError) and "write failed" in str(error))
+    )
+
+
+def _write_failure_message(path: pathlib.Path, error: BaseException) -> str:
+    cause = error if isinstance(error, OSError) else (error.__cause__ or error.__context__ or error)
+    reason = getattr(cause, "strerror", None) or str(cause).splitlines()[0]
+    if path.is_file():
+        kept = f"{path} is the previous one, still whole"
+    else:
+        others = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
+        kept = (
+            f"the checkpoints still whole in {path.parent}: {', '.join(others)}"
+            if others
+            else "none was written before"
+        )
+    return f"could not write {path}: {reason}; {kept}. Free disk space (or raise the file-size limit) and run again"
+
+
+def follow_umask(*paths: str | os.PathLike) -> None:
+    """Give files that a library created 0600 (safetensors writes through a temporary file) the mode the umask
+    gives any new file, as everything else the program writes has."""
+    mode = 0o666 & ~current_umask()
+    for path in paths:
+        with _ignore_os_errors():
+            os.chmod(path, mode)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc), else set and restored at once."""
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_folder(folder: pathlib.Path) -> None:
@@ -234,20 +329,22 @@ def check_architecture(
     lines = [f"The {source} was saved by a different architecture than the model built now."]
     differences = config_differences(saved, current) if saved is not None and current is not None else []
     if differences:
-        lines.append("Config fields that differ:\n    " + "\n    ".join(differences))
-    for title, names in (
-        ("Shape mismatches", reshaped),
-        ("Missing in the " + source, missing),
-        ("Unexpected in the " + source, unexpected),
-    ):
-        if names:
-            lines.append(
-                f"{title} ({len(names)}):\n    " + "\n    ".join(names[:10]) + ("\n    …" if len(names) > 10 else "")
-            )
-    lines.append(
-        "Build the model with the checkpoint's config (it is stored under hyper_parameters), or start a new run."
+        lines.append("Config fields that differ: " + _some(differences, 6))
+    found = [(f"{len(names)} shape mismatches", names) for names in [reshaped] if names]
+    found += [(f"{len(names)} missing in the {source}", names) for names in [missing] if names]
+    found += [(f"{len(names)} unexpected in the {source}", names) for names in [unexpected] if names]
+    if found:
+        lines.append("Parameters: " + "; ".join(f"{title} ({_some(names, 3)})" for title, names in found))
+    raise CheckpointError(
+        "\n".join(lines),
+        hint="Build the model with the checkpoint's config (it is stored under hyper_parameters), or start a new run.",
     )
-    raise CheckpointError("\n".join(lines))
+
+
+def _some(items: list[str], n: int) -> str:
+    """The first n items on one line, and how many more there are."""
+    more = f", and {len(items) - n} more" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
 
 
 def load_model_state(

@@ -3,8 +3,11 @@
 jsonargparse (under LightningCLI and the package's own commands) would expand an abbreviated key (`--model.config.n_layer`
 trains with `n_layers`), answer a typo with a page of usage, and print Lightning's Sphinx markup as help. Here:
 - `parser_options` makes a parser refuse abbreviations and raise instead of printing usage;
-- `refusal` turns a parse error into a `UserError` that names the key, where it came from (the flag, or the YAML
-  file and key path), the nearest valid keys, and the fix;
+- `refusal` turns a parse error into a `ConfigError` that names the key, where it came from (the flag, or the YAML
+  file and key path: the last one given, which is the one that counts), the nearest valid keys or the choices, and
+  the fix;
+- `resolve_configs` finds each --config (a file, or a packaged config by name) and reads it as YAML first, so a
+  malformed file is named with its line;
 - `PlainHelpFormatter` shows docstrings as plain text (`CommandHelpFormatter`: a command's description with its
   examples kept as written);
 - `resolve_config` finds a packaged config by name (`--config base`, `--config presets/tiny`).
@@ -23,7 +26,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
-from lit_transformer.errors import UserError
+from lit_transformer.errors import ConfigError
 
 CONFIG_FLAGS = ("--config", "-c")
 
@@ -93,7 +96,7 @@ def command_parser(command: str, description: str | None, epilog: str | None = N
     """The parser of one of the package's own commands (generate, translate, export, average, ablate, every
     `bench NAME`, ...): `command` as the user types it after the program, `description` (a module docstring with
     its examples, or a sentence) as the head of its --help."""
-    from lit_transformer.cli.program import program
+    from lit_transformer.cli.invocation import program
 
     parser = ArgumentParser(**parser_options(program(command), description, formatter=CommandHelpFormatter))
     parser.epilog = epilog
@@ -121,7 +124,7 @@ def split_passed_on(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def parse(parser: ArgumentParser, argv: Sequence[str]):
-    """parser.parse_args, a mistake raised as a UserError of a few lines."""
+    """parser.parse_args, a mistake raised as a ConfigError of a few lines."""
     try:
         return parser.parse_args(list(argv))
     except Exception as error:  # jsonargparse's ArgumentError (its module path differs between versions)
@@ -161,9 +164,9 @@ def resolve_configs(argv: Sequence[str]) -> list[str]:
     for i, item in enumerate(items):
         flag, eq, inline = item.partition("=")
         if eq and flag in CONFIG_FLAGS:
-            out.append(f"{flag}={_existing_config(inline)}")
+            out.append(f"{flag}={existing_config(inline)}")
         elif i > 0 and items[i - 1] in CONFIG_FLAGS:
-            out.append(_existing_config(item))
+            out.append(existing_config(item))
         else:
             out.append(item)
     return out
@@ -174,18 +177,56 @@ def packaged_names() -> list[str]:
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
 
 
-def _existing_config(value: str) -> str:
+def existing_config(value: str) -> str:
+    """A config given by path or by packaged name (resolve_config), read as YAML; one found nowhere, or that is not
+    YAML, is refused naming it."""
     resolved = resolve_config(value)
     if resolved is value and not Path(value).exists() and not _inline(value):
         names = packaged_names()
         near = difflib.get_close_matches(value.removesuffix(".yaml").removeprefix("configs/"), names, n=3, cutoff=0.5)
         hint = "did you mean " + ", ".join(near) + "? " if near else ""
-        raise UserError(
+        raise ConfigError(
             f"--config {value}: no such file here, and no packaged config of that name",
             hint=f"{hint}Packaged configs go by name, for example --config base or --config presets/tiny "
             f"(all of them: {packaged_configs()}).",
         )
+    if not _inline(resolved):
+        read_config(resolved)
     return resolved
+
+
+def read_config(path: str) -> dict:
+    """A config file's YAML as a mapping; a file that is not one is refused naming the file (and its line)."""
+    import yaml
+
+    where = Path(path)
+    if where.is_dir():
+        raise ConfigError(f"--config {path} is a folder: give a YAML file (e.g. {where / 'base.yaml'})")
+    try:
+        text = where.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"--config {path} is not UTF-8 text (byte {error.start}): give a YAML file") from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        position = getattr(error, "position", None)  # a character YAML does not allow (a ReaderError)
+        if mark is None and isinstance(position, int):
+            line = f":{text.count(chr(10), 0, position) + 1}:{position - text.rfind(chr(10), 0, position)}"
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(
+            f"{path}{line} is not valid YAML: {problem}",
+            hint="Fix the file there (YAML indents nested keys with spaces and writes `key: value`).",
+        ) from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(
+            f"{path} holds a YAML {type(tree).__name__}, not a mapping of keys: write `model:`, `data:`, "
+            "`trainer:` sections (see configs/base.yaml)"
+        )
+    return tree
 
 
 def _inline(value: str) -> bool:
@@ -204,9 +245,12 @@ _UNKNOWN = (
 )
 _NESTED = re.compile(r"Problem with given class_path '([\w.]+)':\s*\n\s*Option '([\w.\-]+)' is not accepted")
 _PARSER_KEY = re.compile(r'Parser key "([\w.\-]+)"(?: element \d+)?:')
-_CHOICES = re.compile(r"Expected an? typing\.Literal\[(.*?)\]\.\s*Got value: (.*)")
 _SUBCOMMAND = re.compile(r"argument (\w+): invalid choice: '([^']*)' \(choose from (.*)\)")
-_EXPECTED = re.compile(r"Expected an? (?:<class '([\w.]+)'>|([^.\n]+?))\.\s*Got value: (.*)")
+_CLASS_PATH = re.compile(r"Problem with given class_path '([\w.]+)'")
+_EXPECTED = re.compile(r"Expected an? (?:<class '([\w.]+)'>|([^\n]+?))\.\s*Got value: (.*)")
+_UNION = re.compile(r"Subtypes: \[(.*)\][\s\S]*?Given value: (.*)")
+_LITERAL = re.compile(r"typing\.Literal\[(.*?)\]")
+_REQUIRED = re.compile(r"the following arguments are required: (.+)")
 
 
 def known_keys(parser: ArgumentParser) -> list[str]:
@@ -244,16 +288,21 @@ def class_keys(class_path: str) -> list[str]:
     return sorted(set(names))
 
 
-def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> UserError:
-    """A parse error of jsonargparse as a UserError: the key, where it came from, the nearest valid keys."""
+def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> ConfigError:
+    """A parse error of jsonargparse as a ConfigError: the key, where it came from, the nearest valid keys or the
+    choices, and the help that lists the keys."""
     prog = parser.prog.replace(" [options]", "")
     help_hint = f"Run '{prog} --help' for every key."
     nested = _NESTED.search(message)
     parser_key = _PARSER_KEY.search(message)
     if nested and parser_key:
         class_path, option = nested.groups()
-        key = f"{parser_key.group(1)}.init_args.{option}"
-        return _unknown_key(key, class_keys(class_path), argv, help_hint, prefix=f"{parser_key.group(1)}.init_args.")
+        group = parser_key.group(1)
+        if _is_dataclass(class_path):  # its fields sit under the group's key itself, and fit --help lists them
+            return _unknown_key(f"{group}.{option}", class_keys(class_path), argv, help_hint, prefix=f"{group}.")
+        key = f"{group}.init_args.{option}"
+        hint = f"Run '{prog} --{group}.help {class_path}' for every {group}.init_args key."
+        return _unknown_key(key, class_keys(class_path), argv, hint, prefix=f"{group}.init_args.")
     group = _GROUP.search(message)
     if group:
         return _unknown_key(".".join(group.groups()), known_keys(parser), argv, help_hint)
@@ -263,45 +312,122 @@ def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> UserEr
             key = found.group(1).lstrip("-")
             return _unknown_key(key, known_keys(parser), argv, help_hint)
     if re.search(r"arguments are required: (?:\w+\.)?data\b", message):
-        return UserError(
+        return ConfigError(
             "no data to train on: the configs given have no data section",
             hint="Start from a config that has one (--config base, --config presets/tiny) or give "
             "--data.class_path and its --data.init_args.*.",
-        )
-    choices = _CHOICES.search(message)
-    if parser_key and choices:
-        key, allowed = parser_key.group(1), ", ".join(re.findall(r"'([^']*)'", choices.group(1)))
-        return UserError(
-            f"{key}: {choices.group(2).strip()!r} is not one of {allowed} ({_where(key, argv)})", hint=help_hint
         )
     subcommand = _SUBCOMMAND.search(message)
     if subcommand:
         names = re.findall(r"'([^']*)'", subcommand.group(3))
         near = difflib.get_close_matches(subcommand.group(2), names, n=2, cutoff=0.6)
         suggestion = (" Did you mean " + " or ".join(near) + "?") if near else ""
-        return UserError(
+        return ConfigError(
             f"unknown subcommand {subcommand.group(2)!r} (one of {', '.join(names)}).{suggestion}", hint=help_hint
         )
-    expected = _EXPECTED.search(message)
-    if parser_key and expected:
-        key = parser_key.group(1)
-        kind = expected.group(1) or expected.group(2)
-        return UserError(
-            f"{key}: expected {_article(kind)}, got {expected.group(3).strip()!r} ({_where(key, argv)})", hint=help_hint
-        )
+    required = _REQUIRED.search(message)
+    if required:
+        flags = [f.strip() for f in required.group(1).split(",")]
+        return ConfigError(f"{prog} needs {' and '.join(flags)}", hint=help_hint)
+    if parser_key:
+        key, inner, class_path = _innermost(message)
+        if class_path:  # a class's own argument: its group's --X.help lists them
+            group = key.partition(".init_args.")[0]
+            help_hint = f"Run '{prog} --{group}.help {class_path}' for every {group}.init_args key."
+        wrong = _wrong_value(key, inner, argv, help_hint)
+        if wrong is not None:
+            return wrong
     if parser_key and "File does not exist" in message:
-        return UserError(message.split(":", 1)[1].strip(), hint=help_hint)
+        return ConfigError(message.split(":", 1)[1].strip(), hint=help_hint)
     lines = [line.rstrip() for line in message.strip().splitlines() if line.strip()]
-    short = "\n".join(lines[:4]) + ("\n  ..." if len(lines) > 4 else "")
-    return UserError(short, hint=help_hint)
+    short = "\n".join(lines[:3]) + ("\n  ..." if len(lines) > 3 else "")
+    return ConfigError(short, hint=help_hint)
 
 
-def _article(kind: str) -> str:
-    kind = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(kind, kind)
-    return kind
+def _innermost(message: str) -> tuple[str, str, str | None]:
+    """The full key of a nested parse error (a dataclass's field under its group, "model.optim" then "lr"; a class's
+    argument under its init_args, "data" then "batch_size"), the part of the message about it, and the class whose
+    argument it is (None for a field of a dataclass or a plain key)."""
+    parts, depth, last, class_path = [], -1, None, None
+    for found in _PARSER_KEY.finditer(message):
+        indent = found.start() - (message.rfind("\n", 0, found.start()) + 1)
+        if indent <= depth:
+            break  # an alternative beside the one followed, not inside it
+        between = _CLASS_PATH.search(message, last.end(), found.start()) if last is not None else None
+        if between and not _is_dataclass(between.group(1)):  # a dataclass's fields sit under its key directly
+            parts.append("init_args")
+            class_path = between.group(1)
+        parts.append(found.group(1))
+        depth, last = indent, found
+    return ".".join(parts), message[last.end() :] if last is not None else message, class_path
 
 
-def _unknown_key(key: str, choices: Iterable[str], argv: Sequence[str], hint: str, prefix: str = "") -> UserError:
+def _is_dataclass(class_path: str) -> bool:
+    import dataclasses
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        return dataclasses.is_dataclass(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError, ValueError):
+        return False
+
+
+def _wrong_value(key: str, message: str, argv: Sequence[str], hint: str) -> ConfigError | None:
+    """A value of the wrong type or outside its choices: the key, what was given, what it takes (the choices
+    listed, the nearest first), where it was given."""
+    expected = _EXPECTED.search(message)
+    union = _UNION.search(message)
+    if expected:
+        kinds, value = [expected.group(1) or expected.group(2)], expected.group(3).strip()
+    elif union:
+        kinds, value = _split_types(union.group(1)), union.group(2).strip()
+    else:
+        return None
+    choices = [c for kind in kinds for c in _literal_choices(kind)]
+    takes = [_kind(k) for k in kinds if not _LITERAL.search(k)]
+    if choices:
+        near = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+        listed = ", ".join(choices) + ("" if not takes else " or " + " or ".join(takes))
+        nearest = f" Did you mean {near[0]}?" if near else ""
+        return ConfigError(f"{key}: {value!r} is not one of {listed} ({_where(key, argv)}).{nearest}", hint=hint)
+    return ConfigError(f"{key}: expected {' or '.join(takes)}, got {value!r} ({_where(key, argv)})", hint=hint)
+
+
+def _split_types(text: str) -> list[str]:
+    """The types of a Union's subtype list, split at its top-level commas."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char in "[(" and 1 or (char in "])" and -1 or 0)
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [*parts, current.strip()] if current.strip() else parts
+
+
+def _literal_choices(kind: str) -> list[str]:
+    found = _LITERAL.search(kind)
+    if not found:
+        return []
+    return [c.strip().strip("'\"") for c in found.group(1).split(",")]
+
+
+def _kind(kind: str) -> str:
+    name = re.sub(r"<class '([\w.]+)'>", r"\1", kind).rpartition(".")[2]
+    return {
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "str": "a string",
+        "NoneType": "null",
+        "PositiveInt": "a positive integer",
+        "NonNegativeInt": "an integer of 0 or more",
+    }.get(name, name)
+
+
+def _unknown_key(key: str, choices: Iterable[str], argv: Sequence[str], hint: str, prefix: str = "") -> ConfigError:
     choices = list(choices)
     leaf = key[len(prefix) :] if prefix and key.startswith(prefix) else key
     near = difflib.get_close_matches(leaf, choices, n=2, cutoff=0.6)
@@ -310,29 +436,51 @@ def _unknown_key(key: str, choices: Iterable[str], argv: Sequence[str], hint: st
         siblings = [c.rpartition(".")[2] for c in choices if c.rpartition(".")[0] == group]
         near = [f"{group}.{n}" for n in difflib.get_close_matches(last, siblings, n=2, cutoff=0.6)]
     suggestion = (" Did you mean " + " or ".join(prefix + n for n in near) + "?") if near else ""
-    return UserError(f"unknown key {key} ({_where(key, argv)}).{suggestion}", hint=hint)
+    return ConfigError(f"unknown key {key} ({_where(key, argv)}).{suggestion}", hint=hint)
+
+
+def given_where(keys: Sequence[str], argv: Sequence[str]) -> str | None:
+    """One line saying where each key was given (the flag, or the config file that holds it), for the keys that
+    were given at all (a default is given nowhere); None when none was."""
+    found = []
+    for key in keys:
+        where = _given(key, argv)
+        if where is not None:
+            found.append(f"{key} by the flag" if where == f"--{key}" else f"{key} in {where}")
+    return "  given: " + "; ".join(found) if found else None
 
 
 def _where(key: str, argv: Sequence[str]) -> str:
     """Where a key was given: the flag on the command line, or the YAML file (and key path) that holds it."""
+    where = _given(key, argv)
+    if where is None or where == f"--{key}":
+        return f"the flag --{key}" if where else f"given as --{key}"
+    return f"in {where}, key {key}"
+
+
+def _given(key: str, argv: Sequence[str]) -> str | None:
+    """The last place on the command line that sets `key` (the one that counts: later flags and files win): its
+    flag (`--key`), or the config file that holds it (a packaged one by name); None when nothing does."""
     flag = f"--{key}"
-    if any(item == flag or item.startswith(flag + "=") for item in argv):
-        return f"the flag {flag}"
-    for path in _config_files(argv):
-        if _holds(path, key):
-            return f"in {path}, key {key}"
-    return "given as " + flag
+    items = list(argv)
+    for i in range(len(items) - 1, -1, -1):
+        item = items[i]
+        if item == flag or item.startswith(flag + "="):
+            return flag
+        name, eq, value = item.partition("=")
+        path = value if eq and name in CONFIG_FLAGS else item if i > 0 and items[i - 1] in CONFIG_FLAGS else None
+        path = resolve_config(path) if path else None
+        if path and Path(path).is_file() and _holds(path, key):
+            return _shown(path)
+    return None
 
 
-def _config_files(argv: Sequence[str]) -> list[str]:
-    files = []
-    for i, item in enumerate(argv):
-        flag, eq, value = item.partition("=")
-        if eq and flag in CONFIG_FLAGS:
-            files.append(value)
-        elif i > 0 and argv[i - 1] in CONFIG_FLAGS:
-            files.append(item)
-    return [f for f in files if Path(f).is_file()]
+def _shown(path: str) -> str:
+    """A config file as a user names it: a packaged one by its name (presets/tiny.yaml), another as given."""
+    try:
+        return f"{Path(path).resolve().relative_to(packaged_configs().resolve())} (packaged)"
+    except ValueError:
+        return path
 
 
 def _holds(path: str, key: str) -> bool:

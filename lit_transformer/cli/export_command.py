@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.inference import (
     LoadedModel,
     load_model,
@@ -30,7 +31,7 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
     out = Path(out)
     model, source, target = loaded.model.cpu().eval(), loaded.tokenizer, loaded.target_tokenizer
     if is_quantized(model) and fmt != "safetensors":
-        raise ValueError(
+        raise ConfigError(
             f"an int8 PyTorch model exports as --format safetensors (int8 weights and their scales, our layout); "
             f"--format {fmt} takes the fp32 model (for int8 ONNX graphs: export(..., onnx_quantize='int8'), or "
             "`export --format onnx --quantize int8`)"
@@ -39,7 +40,7 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
         return save_safetensors(model, out, source, target)
     if fmt == "hf":
         if model.config.is_encoder_only:
-            raise ValueError(
+            raise ConfigError(
                 "--format hf covers GPT-2, Llama and Marian layouts; an encoder_only model exports as onnx or safetensors "
                 "(BERT's layout differs: an embedding LayerNorm, token-type embeddings and a transform before its "
                 "masked-LM output, see docs/classification.md)"
@@ -69,19 +70,11 @@ def export_peft(checkpoint: str, out: str, base: str | None = None) -> Path:
 def run_export(args) -> None:
     """`export` with its parsed options (model_commands.export_main): write the export."""
     if args.quantize != "none" and args.format in ("hf", "peft"):
-        raise SystemExit(
-            f"error: --quantize {args.quantize} exports as --format safetensors or onnx, not {args.format}"
-        )
-    from lit_transformer.checkpoints.files import CheckpointError
-
+        raise ConfigError(f"--quantize {args.quantize} exports as --format safetensors or onnx, not {args.format}")
     if args.format == "peft":
         print(f"Wrote {export_peft(args.checkpoint, args.out, args.base)}")
         return
-
-    try:
-        loaded = load_model(args.checkpoint, base=args.base)
-    except CheckpointError as error:
-        raise SystemExit(f"error: {error}") from None
+    loaded = load_model(args.checkpoint, base=args.base)
     if args.format == "onnx":  # the fp32 graphs are traced, then onnxruntime quantizes them
         path = export(loaded, args.format, args.out, onnx_quantize=args.quantize)
     else:

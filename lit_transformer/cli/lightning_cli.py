@@ -13,14 +13,16 @@ python -m lit_transformer average --checkpoints runs/en-es/checkpoints --last 5 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import inspect
 import logging
+import re
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressB
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
-from lit_transformer.checkpoints.files import load_checkpoint
+from lit_transformer.checkpoints.files import CheckpointError, MissingCheckpointError, load_checkpoint
 from lit_transformer.cli.arguments import parser_options, refusal, resolve_configs
 from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.cli.program import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
@@ -45,7 +47,7 @@ from lit_transformer.engine.optimizers import Optimization, check_optimizer_stra
 from lit_transformer.engine.preemption import PreemptionCheckpoint, exit_on_signals
 from lit_transformer.engine.step_seed import StepSeed
 from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
-from lit_transformer.errors import ConfigError
+from lit_transformer.errors import ConfigError, UserError
 
 # Field docstrings of TransformerConfig become --help text.
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -170,6 +172,9 @@ class TransformerCLI(LightningCLIHooks):
             if optim is not None and optim.get("optimizer") == "muon":
                 check_optimizer_strategy(Optimization(optimizer="muon"), strategy)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
+        check_trainer_options(trainer)
+        check_before_data(config, self.subcommand)
+        log_evaluation_beside_training(config, self.subcommand)
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)
@@ -184,13 +189,14 @@ class TransformerCLI(LightningCLIHooks):
             callbacks = [*callbacks, ModelSummaryWithoutFlops()]
             config = {**config, "enable_model_summary": False}  # the default's place is taken, without a notice
         seconds = (self.config[self.subcommand] if self.subcommand else self.config).get("collective_timeout")
-        if seconds is None:
-            return super().build_trainer(config, callbacks)
-        # What init_process_group is given: through a named strategy's `timeout` argument, or set on the one the
-        # trainer chose (auto) or that was built from a class path.
-        timeout = timedelta(seconds=seconds)
-        config = {**config, "strategy": strategy_with_timeout(config.get("strategy", "auto"), timeout)}
-        trainer = super().build_trainer(config, callbacks)
+        with lightning_refusals(also=(TypeError, ValueError)):  # all the Trainer judges here is the user's options
+            if seconds is None:
+                return super().build_trainer(config, callbacks)
+            # What init_process_group is given: through a named strategy's `timeout` argument, or set on the one
+            # the trainer chose (auto) or that was built from a class path.
+            timeout = timedelta(seconds=seconds)
+            config = {**config, "strategy": strategy_with_timeout(config.get("strategy", "auto"), timeout)}
+            trainer = super().build_trainer(config, callbacks)
         set_collective_timeout(trainer.strategy, timeout)
         return trainer
 
@@ -198,7 +204,8 @@ class TransformerCLI(LightningCLIHooks):
         """A collective that fails because a peer died or hung ends this process with one line (which rank was
         lost, how to resume) and exit status 1, not a traceback from inside gloo or NCCL."""
         try:
-            super().run_subcommand(subcommand)
+            with lightning_refusals():
+                super().run_subcommand(subcommand)
         except RuntimeError as error:
             message = lost_peer_message(error, self.trainer)
             if message is None:
@@ -206,6 +213,10 @@ class TransformerCLI(LightningCLIHooks):
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
             raise SystemExit(1) from None
+        if subcommand == "fit" and self.trainer.is_global_zero:
+            line = checkpoints_line(self.trainer)
+            if line:
+                print(line, flush=True)
 
     def parse_checkpoint_hyperparameters(self) -> None:
         """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
@@ -222,6 +233,13 @@ class TransformerCLI(LightningCLIHooks):
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
             path = Path(dirpath) / "last.ckpt" if dirpath and (Path(dirpath) / "last.ckpt").is_file() else None
+            if path is None and subcommand != "fit":  # fit starts afresh (Lightning warns); evaluation must not
+                raise MissingCheckpointError(
+                    f"--ckpt_path last: there is no last.ckpt in {dirpath} (checkpoint.dirpath) to {subcommand}, and "
+                    "a model that was never trained would be scored. Give the run's folder "
+                    "(--trainer.default_root_dir, as fit had it) or a checkpoint file: --ckpt_path PATH.ckpt",
+                    keys=["ckpt_path", "trainer.default_root_dir", "checkpoint.dirpath"],
+                )
         if not path or path in ("best", "hpc", "registry") or str(path).startswith("registry:"):
             return
         hparams = dict(load_checkpoint(path).get("hyper_parameters") or {})
@@ -233,9 +251,12 @@ class TransformerCLI(LightningCLIHooks):
         if hparams:
             try:
                 self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
-            except SystemExit:
-                sys.stderr.write(f"The hyperparameters saved in {path} do not parse as this LitTransformer's\n")
-                raise
+            except (jsonargparse.ArgumentError, SystemExit) as error:
+                detail = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+                raise CheckpointError(
+                    f"the hyperparameters saved in {path} do not parse as this version's LitTransformer ({detail}): "
+                    "it was written by another version or another program"
+                ) from None
 
 
 def check_lora_base(model, hparams: dict, path: str) -> None:
@@ -245,10 +266,7 @@ def check_lora_base(model, hparams: dict, path: str) -> None:
     from lit_transformer.transforms.lora import locate_lora_base
 
     given = model.get("init_from") if model is not None else None
-    try:
-        hparams["init_from"] = locate_lora_base(hparams["init_from"], given, path, "--model.init_from PATH")
-    except FileNotFoundError as error:
-        raise SystemExit(f"error: {error}") from None
+    hparams["init_from"] = locate_lora_base(hparams["init_from"], given, path, "--model.init_from PATH")
 
 
 def _listed(value):
@@ -288,12 +306,14 @@ def set_once(config) -> None:
         elif _listed(args.get(key)) != value:  # read from what the argument names (source_dim: the feature files)
             raise ConfigError(
                 f"data.init_args.{key}={args[key]} gives {field}={value} and model.config.{field}={current}: the data "
-                f"decides it, so leave model.config.{field} unset (or set it to {value})"
+                f"decides it, so leave model.config.{field} unset (or set it to {value})",
+                keys=[f"data.init_args.{key}", f"model.config.{field}"],
             )
         else:
             raise ConfigError(
                 f"data.init_args.{key}={value} and model.config.{field}={current} differ: the data decides it, so set "
-                f"data.init_args.{key} alone (or both alike)"
+                f"data.init_args.{key} alone (or both alike)",
+                keys=[f"data.init_args.{key}", f"model.config.{field}"],
             )
     longest = cls.longest_sequence(args)
     max_seq_len = architecture.get("max_seq_len")
@@ -302,8 +322,141 @@ def set_once(config) -> None:
         key, need = longest
         raise ConfigError(
             f"data.init_args.{key}={args[key]} needs {need} positions but model.config.max_seq_len={max_seq_len}: "
-            f"raise model.config.max_seq_len to {need} or more, or lower data.init_args.{key}"
+            f"raise model.config.max_seq_len to {need} or more, or lower data.init_args.{key}",
+            keys=[f"data.init_args.{key}", "model.config.max_seq_len"],
         )
+
+
+@contextlib.contextmanager
+def lightning_refusals(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Lightning's refusals of a user's trainer options (MisconfigurationException: `max_steps` must be ...; while the
+    Trainer is built, which judges nothing but those options, its TypeError and ValueError too: `devices` selected
+    with `CPUAccelerator` should be an int > 0) as the ConfigError they are, naming the trainer keys its message
+    names."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        yield
+    except (MisconfigurationException, *also) as error:
+        if isinstance(error, UserError):
+            raise
+        message = " ".join(str(error).split())
+        named = dict.fromkeys(re.findall(r"\w+", message))
+        keys = [f"trainer.{name}" for name in named if name in TRAINER_ARGUMENTS]
+        raise ConfigError(f"Lightning refuses the trainer options: {message}", keys=keys) from error
+
+
+TRAINER_ARGUMENTS = frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+
+
+# The trainer options that Lightning judges when it builds the Trainer and that a config gives as plain values.
+PLAIN_TRAINER_OPTIONS = (
+    "accelerator", "devices", "num_nodes", "precision", "fast_dev_run", "max_epochs", "min_epochs", "max_steps",
+    "min_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+    "overfit_batches", "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps", "log_every_n_steps",
+    "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "reload_dataloaders_every_n_epochs",
+)  # fmt: skip
+
+
+def check_trainer_options(trainer) -> None:
+    """Lightning's own judgement of the trainer options, before the data builds a tokenizer: a Trainer of those
+    options alone (no logger, callbacks or strategy), built quietly and thrown away; what it refuses is the
+    ConfigError the real Trainer's refusal would be, later."""
+    options = {name: trainer.get(name) for name in PLAIN_TRAINER_OPTIONS}
+    options = {name: value for name, value in options.items() if isinstance(value, str | int | float | bool)}
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), lightning_refusals(also=(TypeError, ValueError)):
+            warnings.simplefilter("ignore")
+            L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, **options)  # fmt: skip
+    finally:
+        quiet.setLevel(level)
+
+
+def check_before_data(config, subcommand: str | None) -> None:
+    """What can be refused from the config alone is refused before the data is read or prepared: the model config
+    (less the fields the data decides), predict's inputs, the steps a cosine schedule needs."""
+    data, model = config.get("data"), config.get("model")
+    init_args = getattr(data, "init_args", None)
+    architecture = model.get("config") if model is not None else None
+    if architecture is not None and hasattr(architecture, "items"):
+        decided = set(TOKENIZER_LINKS + DATA_LINKS)
+        cls = _data_class(data)
+        if cls is not None and hasattr(cls, "model_fields"):
+            decided |= set(cls.model_fields(dict(init_args or {})))
+        TransformerConfig.check({k: v for k, v in dict(architecture.items()).items()}, unknown=decided)
+        block = init_args.get("block_size") if init_args is not None else None
+        context, learned = architecture.get("max_seq_len"), architecture.get("positions") == "learned"
+        if learned and isinstance(block, int) and isinstance(context, int) and block > context:
+            raise ConfigError(
+                f"data.init_args.block_size={block} is longer than model.config.max_seq_len={context}, and learned "
+                "positions cannot extrapolate past the table they trained: give a block_size of at most "
+                f"{context}, or measure length extrapolation with sinusoidal, rope or alibi positions",
+                keys=["data.init_args.block_size"],
+            )
+    if subcommand == "predict" and init_args is not None and "predict_file" in init_args:
+        if not init_args.get("predict_file") and not init_args.get("predict_dir"):
+            from lit_transformer.data.base import PREDICT_FILE_NEEDED
+
+            raise ConfigError(PREDICT_FILE_NEEDED, keys=["data.init_args.predict_file"])
+    optim = model.get("optim") if model is not None else None
+    if subcommand != "fit" or optim is None or not hasattr(optim, "get"):
+        return
+    schedule = model.get("schedule") or optim.get("schedule")  # the deprecated flat key first, as LitTransformer
+    if schedule == "cosine" and not (model.get("schedule_steps") or optim.get("schedule_steps")):
+        steps = config.trainer.get("max_steps")
+        if steps in (None, -1, 0):  # other values are Lightning's to judge (lightning_refusals)
+            raise ConfigError(
+                "model.optim.schedule cosine decays over the run's optimizer steps, and trainer.max_steps is not set: "
+                "give --trainer.max_steps N (or --model.optim.schedule_steps N)",
+                keys=["model.optim.schedule", "trainer.max_steps"],
+            )
+
+
+def log_evaluation_beside_training(config, subcommand: str | None) -> None:
+    """validate, test and predict log to <run folder>/tensorboard/<command> (TensorBoard's `version`), not to a new
+    version_N: the training runs keep their numbers, so version_0 stays the first fit's (and its tokenizer.json)."""
+    if subcommand in (None, "fit"):
+        return
+    logger = config.trainer.get("logger")
+    for spec in logger if isinstance(logger, list) else [logger]:
+        init_args = getattr(spec, "init_args", None)
+        if str(getattr(spec, "class_path", "")).endswith("TensorBoardLogger") and init_args is not None:
+            if init_args.get("version") is None:
+                init_args.version = subcommand
+
+
+def checkpoints_line(trainer: L.Trainer) -> str | None:
+    """One line naming the run's final checkpoint and its best one (by the monitored metric), or None without
+    checkpointing."""
+    final = best = None
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        if callback.last_model_path and Path(callback.last_model_path).is_file():
+            final = final or callback.last_model_path
+        if callback.monitor and callback.best_model_path and Path(callback.best_model_path).is_file():
+            score = callback.best_model_score
+            value = f" ({callback.monitor} {float(score):.4g})" if score is not None else ""
+            best = best or f"{callback.best_model_path}{value}"
+    if final is None and best is None:
+        if not trainer.checkpoint_callbacks:
+            return None
+        return "checkpoints: none written (the run ended before the first checkpoint.every_n_train_steps)"
+    parts = [f"final {_relative(final)}" if final else "final: none written"]
+    parts.append(f"best {_relative(best)}" if best else "best: none yet (no validation ran)")
+    return "checkpoints: " + ", ".join(parts)
+
+
+def _relative(path: str) -> str:
+    """A path under the working folder as a relative one (as the user typed the run folder), another as it is."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
 
 
 def resolve_run_folder(config) -> None:
@@ -355,7 +508,8 @@ def link_context_length(config, subcommand: str | None) -> None:
     elif block != context and subcommand == "fit":
         raise ConfigError(
             f"data.init_args.block_size={block} and model.config.max_seq_len={context} disagree: the model trains on "
-            "blocks of its context length. Give one of them (the other follows) or the same value to both"
+            "blocks of its context length. Give one of them (the other follows) or the same value to both",
+            keys=["data.init_args.block_size", "model.config.max_seq_len"],
         )
 
 
@@ -429,6 +583,10 @@ PACKAGE_HELP = {
     "package's own plain types are allowed by name (false is not honoured).",
     "trainer.enable_checkpointing": "false turns the package's checkpoint callbacks (checkpoint, best_checkpoint, "
     "preemption) off.",
+    "data": "The DataModule: --data.class_path (lit_transformer.data.LanguageModelingDataModule, "
+    "TranslationDataModule, ClassificationDataModule or CaptioningDataModule) and its --data.init_args.KEY VALUE; "
+    "--data.help CLASS_PATH lists one's init_args keys, e.g. fit --data.help "
+    "lit_transformer.data.LanguageModelingDataModule.",
 }
 
 

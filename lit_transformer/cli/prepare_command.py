@@ -15,7 +15,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-import yaml
+from lit_transformer.errors import ConfigError
+
+EPILOG = (
+    "Any --data.* key of `fit` applies too, e.g. --data.init_args.dataset 'corpus/*.jsonl' --data.init_args.cache_dir "
+    "/shared/cache. A DataModule's keys: --data.help CLASS_PATH, e.g. --data.help "
+    "lit_transformer.data.LanguageModelingDataModule (or TranslationDataModule, ClassificationDataModule, "
+    "CaptioningDataModule)."
+)
 
 
 def _merge(base: dict, update: dict) -> dict:
@@ -26,55 +33,70 @@ def _merge(base: dict, update: dict) -> dict:
 
 
 def _data_section(configs: Sequence[str]) -> dict:
+    from lit_transformer.cli.arguments import read_config
+
     data: dict = {}
     for path in configs:
-        with open(path, encoding="utf-8") as handle:
-            loaded = yaml.safe_load(handle) or {}
-        if not isinstance(loaded, dict):
-            raise SystemExit(f"{path} is not a YAML mapping")
-        section = loaded.get("data")
+        section = read_config(path).get("data")
         if section is None:
             continue
-        if (
-            isinstance(section, dict)
-            and "class_path" in section
-            and data.get("class_path")
-            not in (
-                None,
-                section["class_path"],
-            )
-        ):
+        other = isinstance(section, dict) and data.get("class_path") not in (None, section.get("class_path", None))
+        if other and "class_path" in section:
             data = {}  # another DataModule: its init_args replace the former's
         data = _merge(data, section)
     if not data:
-        raise SystemExit(f"No `data:` section in {', '.join(configs)}: prepare needs the DataModule to prepare")
+        raise ConfigError(
+            f"no `data:` section in {', '.join(configs)}: prepare needs the DataModule to prepare",
+            hint="Give a config that has one, e.g. --config base or --config presets/tiny.",
+        )
     return data
 
 
-def prepare_main(argv: Sequence[str]) -> None:
-    from lit_transformer.cli.arguments import parse, parser_options, resolve_configs
-    from lit_transformer.cli.program import program
+def _config_parser():
+    import jsonargparse
+    import lightning as L
 
+    from lit_transformer.cli.arguments import parser_options
+    from lit_transformer.cli.invocation import program
+
+    parser = jsonargparse.ArgumentParser(**parser_options(program("prepare")))
+    parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
+    return parser
+
+
+def prepare_main(argv: Sequence[str]) -> None:
+    from lit_transformer.cli.arguments import parse, resolve_configs
+    from lit_transformer.cli.invocation import program
+
+    if any(item == "--data.help" or item.startswith("--data.help=") for item in argv):  # a DataModule's keys
+        _config_parser().parse_args(list(argv))
+        return
     parser = argparse.ArgumentParser(
         prog=program("prepare"),
         allow_abbrev=False,
         description="Prepare a run's data once (stream, tokenize in parallel, write token shards); "
         "`fit` with the same configs then starts at once.",
-        epilog="Any --data.* flag of `fit` applies too, e.g. --data.init_args.dataset 'corpus/*.jsonl' "
-        "--data.init_args.cache_dir /shared/cache.",
+        epilog=EPILOG,
     )
-    parser.add_argument("--config", action="append", required=True, help="a run's YAML (repeatable, later wins)")
+    parser.add_argument(
+        "--config", "-c", action="append", help="a run's YAML, or a packaged config by name (repeatable, later wins)"
+    )
     args, overrides = parser.parse_known_args(resolve_configs(argv))
-    bad = [o for o in overrides if o.startswith("--") and not o.startswith("--data.")]
+    if not args.config:
+        raise ConfigError(
+            "prepare needs --config FILE_OR_NAME (a run's YAML)", hint=f"Run '{program('prepare')} --help'."
+        )
+    bad = [o for o in overrides if o.startswith("-") and not o.startswith("--data.")]
     if bad:
-        raise SystemExit(f"prepare takes --config and --data.* flags only, not {bad[0]}")
-
-    import jsonargparse
-    import lightning as L
+        raise ConfigError(
+            f"prepare takes --config and --data.* keys only, not {bad[0]}",
+            hint=f"Run '{program('prepare')} --help'.",
+        )
 
     data = _data_section(args.config)
-    config_parser = jsonargparse.ArgumentParser(**parser_options(program("prepare")))
-    config_parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
+    import yaml
+
+    config_parser = _config_parser()
     cfg = parse(config_parser, ["--data", yaml.safe_dump(data), *overrides])
     datamodule = config_parser.instantiate_classes(cfg).data
 
@@ -82,9 +104,6 @@ def prepare_main(argv: Sequence[str]) -> None:
     logging.getLogger("lit_transformer").setLevel(logging.INFO)
     started = time.perf_counter()
     prepare = getattr(datamodule, "prepare", None) or datamodule.prepare_data
-    try:
-        where = prepare()
-    except (ValueError, OSError) as error:  # bad input: the message says what is wrong and what to do
-        raise SystemExit(f"prepare: {error}") from None
+    where = prepare()  # a mistake in the data is a UserError: the program prints it in a few lines
     took = time.perf_counter() - started
     print(f"prepared {type(datamodule).__name__} in {took:.1f} s" + (f": {where}" if where else ""))

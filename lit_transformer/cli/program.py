@@ -6,8 +6,9 @@ translate, export, average, serve) never imports Lightning. The four Lightning c
 to LightningCLI in lightning_cli.py.
 
 A user's mistake (an unknown key, a wrong type, a missing file, a malformed data file, a checkpoint that is not one)
-ends in a few lines that name the problem, where it is and the fix, with a non-zero exit status and no traceback.
-`--debug` (anywhere on the line) or LIT_TRANSFORMER_DEBUG=1 shows the traceback too.
+is a `UserError` (errors.py): it ends in a few lines that name the problem, where it is and the fix, and exits 2 for
+a wrong command line or config, 1 for a file that cannot be used. Any other exception is a bug and keeps its
+traceback. `--debug` (anywhere on the line) or LIT_TRANSFORMER_DEBUG=1 shows the traceback of a refusal too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
-from lit_transformer.errors import UserError, user_error_types
+from lit_transformer.cli.invocation import program, remember_program
+from lit_transformer.errors import user_error
+
+__all__ = ["COMMANDS", "Command", "main", "program", "refuse", "run"]
 
 
 @dataclass(frozen=True)
@@ -87,24 +91,27 @@ COMMANDS: tuple[Command, ...] = (
     ),
 )
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+# Words other programs use for what a command of this one does: a mistyped command is answered with these too.
+SYNONYMS = {
+    "train": "fit",
+    "finetune": "fit",
+    "eval": "validate",
+    "evaluate": "validate",
+    "val": "validate",
+    "infer": "predict",
+    "inference": "predict",
+    "sample": "generate",
+    "complete": "generate",
+    "convert": "export",
+    "save": "export",
+    "preprocess": "prepare",
+    "tokenize": "prepare",
+    "benchmark": "bench",
+    "avg": "average",
+}
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "LIT_TRANSFORMER_DEBUG"
-
-_program: str | None = None
-
-
-def program(command: str | None = None) -> str:
-    """The program's name as the user typed it (`python -m lit_transformer` or `lit-transformer`), with the command."""
-    name = _program or _typed_program()
-    return f"{name} {command}" if command else name
-
-
-def _typed_program() -> str:
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if argv0 in ("__main__.py", "-c", "") or argv0.startswith("pytest") or argv0.endswith(".py"):
-        return "python -m lit_transformer"
-    return argv0
 
 
 def debug_requested() -> bool:
@@ -150,18 +157,24 @@ def find(name: str) -> Command | None:
     return next((c for c in COMMANDS if c.name == name), None)
 
 
-def suggest(word: str, choices: Sequence[str]) -> str:
-    """' Did you mean X?' for the nearest choices, or nothing."""
+def suggest(word: str, choices: Sequence[str], synonyms: dict[str, str] | None = None) -> str:
+    """' Did you mean X?' for the nearest choices (and the choice a common synonym names), or nothing."""
     close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    meant = (synonyms or {}).get(word.lower())
+    if meant in choices and meant not in close:
+        close = [meant, *close][:3]
     if not close:
         return ""
     return " Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
 
 
-def refuse(message: str, *, hint: str | None = None, status: int = 2) -> None:
-    """End with `error: message` (and one hint line): the refusal of a user's mistake, no traceback."""
+def refuse(message: str, *, hint: str | None = None, status: int = 2, where: str | None = None) -> None:
+    """End with `error: message` (a line saying where the keys it names were given, and one hint line): the refusal
+    of a user's mistake, no traceback."""
     text = message if message.startswith("error:") else f"error: {message}"
     sys.stderr.write(text.rstrip() + "\n")
+    if where:
+        sys.stderr.write(where.rstrip() + "\n")
     if hint:
         sys.stderr.write(hint.rstrip() + "\n")
     sys.stderr.flush()
@@ -170,35 +183,19 @@ def refuse(message: str, *, hint: str | None = None, status: int = 2) -> None:
 
 def run(command: Command, argv: Sequence[str]) -> None:
     """Run one command; a user's mistake ends in its message, other errors (bugs) keep their traceback."""
-    global _program
-    _program = _program or _typed_program()
-    debug = debug_requested()
+    remember_program()
     try:
         command.load()(list(argv) if command.name not in LIGHTNING_COMMANDS else [command.name, *argv])
-    except UserError as error:
-        if debug:
+    except Exception as error:  # the rule is the type: a UserError is a refusal, anything else a bug
+        mistake = user_error(error)
+        if mistake is None or debug_requested():
             raise
-        refuse(str(error), hint=error.hint, status=error.status)
-    except user_error_types() as error:  # noqa: B030 - a tuple computed once the heavy modules are loaded
-        if debug:
-            raise
-        refuse(f"{error}", status=1)
-    except ValueError as error:  # a config class's refusal, wrapped by the parser that built it (model.optim)
-        cause = _user_error_cause(error)
-        if cause is None or debug:
-            raise
-        refuse(str(cause), hint=cause.hint, status=cause.status)
+        where = None
+        if mistake.keys:
+            from lit_transformer.cli.arguments import given_where
 
-
-def _user_error_cause(error: BaseException) -> UserError | None:
-    """The UserError an exception was raised from, directly or further down its chain, if any."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, UserError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
+            where = given_where(mistake.keys, argv)
+        refuse(str(mistake), hint=mistake.hint, status=mistake.status, where=where)
 
 
 def _print(text: str) -> None:
@@ -232,7 +229,7 @@ def main(args: Sequence[str] | None = None) -> None:
     if command is None:
         what = "option" if first.startswith("-") else "command"
         refuse(
-            f"unknown {what} '{first}'.{suggest(first, [c.name for c in COMMANDS])}",
+            f"unknown {what} '{first}'.{suggest(first, [c.name for c in COMMANDS], SYNONYMS)}",
             hint=f"Run '{program()} --help' for the commands.",
         )
     run(command, rest)

@@ -21,10 +21,16 @@ import lightning as L
 import torch
 from tokenizers import Tokenizer
 
+from lit_transformer.errors import ConfigError
+
 from .cache import fingerprint, resolve_cache_dir
 from .sources import ENCODING, HELD_OUT, check_encoding, read_inputs
 from .text import encode_input, load_or_train_tokenizer, pad_right, special_token_id
 
+PREDICT_FILE_NEEDED = (
+    "predict needs inputs: --data.init_args.predict_file FILE, a text file with one input (a prompt, a source "
+    'sentence, a passage) per line or a JSONL file whose lines hold a "text" field'
+)
 DROPPED_IN = "0.2.0"  # the version that drops the deprecated data keys
 
 
@@ -98,13 +104,26 @@ class DataModule(L.LightningDataModule):
         """
         super().__init__()
         if batch_size is None and max_tokens is None:
-            raise ValueError("Give batch_size (examples a batch) or max_tokens (a token budget a batch)")
+            raise ConfigError(
+                "data.init_args.batch_size and max_tokens are both None: give batch_size (examples a batch) or "
+                "max_tokens (a token budget a batch)",
+                keys=["data.init_args.batch_size", "data.init_args.max_tokens"],
+            )
         if (batch_size is not None and batch_size < 1) or (max_tokens is not None and max_tokens < 1):
-            raise ValueError(f"batch_size={batch_size} and max_tokens={max_tokens} must be positive (or None)")
+            raise ConfigError(
+                f"batch_size={batch_size} and max_tokens={max_tokens} must be positive (or None)",
+                keys=["data.init_args.batch_size", "data.init_args.max_tokens"],
+            )
         if tokenizer_sample_chars < 1:
-            raise ValueError(f"tokenizer_sample_chars={tokenizer_sample_chars} must be positive")
+            raise ConfigError(
+                f"tokenizer_sample_chars={tokenizer_sample_chars} must be positive",
+                keys=["data.init_args.tokenizer_sample_chars"],
+            )
         if not 0 < held_out < 0.5:
-            raise ValueError(f"held_out={held_out} must be between 0 and 0.5 (validation and test take it each)")
+            raise ConfigError(
+                f"held_out={held_out} must be between 0 and 0.5 (validation and test take it each)",
+                keys=["data.init_args.held_out"],
+            )
         self.dataset, self.dataset_config, self.text_column = dataset, dataset_config, text_column
         self.tokenizer_spec, self.requested_vocab_size = tokenizer, vocab_size
         self.tokenizer_sample_chars = tokenizer_sample_chars
@@ -193,8 +212,9 @@ class DataModule(L.LightningDataModule):
         ids = {special_token_id(source, role), special_token_id(target, role)}
         if len(ids) == 1 and (None not in ids or role not in self.required_special_tokens):
             return ids.pop()
-        raise ValueError(
-            f"The tokenizers need one common {role} token (found ids {ids}): give tokenizers that share it"
+        raise ConfigError(
+            f"The tokenizers need one common {role} token (found ids {ids}): give tokenizers that share it",
+            keys=["data.init_args.tokenizer"],
         )
 
     @property
@@ -265,10 +285,7 @@ class DataModule(L.LightningDataModule):
     def predict_dataloader(self) -> torch.utils.data.DataLoader:
         """Batches {"input_ids", "attention_mask", "text", "index"} of the predict_file's inputs, in file order."""
         if not self.predict_file:
-            raise ValueError(
-                "predict needs inputs: --data.predict_file FILE, a text file with one input (a prompt, a source "
-                'sentence, a passage) per line or a JSONL file whose lines hold a "text" field'
-            )
+            raise ConfigError(PREDICT_FILE_NEEDED, keys=["data.init_args.predict_file"])
         texts = read_inputs(self.predict_file, encoding=self.encoding)
         eos = self.eos_token_id
         rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]

@@ -25,8 +25,10 @@ from typing import Any
 
 from filelock import FileLock
 
+from lit_transformer.errors import UserError
 
-class UnguardedMainError(RuntimeError):
+
+class UnguardedMainError(UserError, RuntimeError):
     """A spawned worker re-imported a main script that prepares data at import time."""
 
 

@@ -42,12 +42,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import ConfigError, MissingFileError
 from . import corpora
 from .base import DataModule, warn_deprecated_key
 from .corpora.digits import DigitStrips
 from .loaders import RecordShards, ResumableLoader, fixed_size_batches, load_prepared, target_batch
 from .shards import SHARD_TOKENS, TextsKind, prepare
-from .sources import ENCODING, HELD_OUT, SPLIT_ALIASES, SPLITS, RowStream
+from .sources import ENCODING, HELD_OUT, SPLIT_ALIASES, SPLITS, DataFileError, RowStream
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 FEATURE_SUFFIXES = (".npy", ".safetensors")
@@ -152,10 +153,10 @@ def load_features(path: Path) -> torch.Tensor:
 
         tensors = load_file(str(path))
         if len(tensors) != 1:
-            raise ValueError(f"{path} holds {len(tensors)} tensors ({', '.join(tensors)}); save one, (regions, dim)")
+            raise DataFileError(f"{path} holds {len(tensors)} tensors ({', '.join(tensors)}); save one, (regions, dim)")
         features = next(iter(tensors.values())).float()
     if features.dim() != 2:
-        raise ValueError(f"{path}: features must be (regions, source_dim), got shape {tuple(features.shape)}")
+        raise DataFileError(f"{path}: features must be (regions, source_dim), got shape {tuple(features.shape)}")
     return features
 
 
@@ -278,7 +279,9 @@ class CaptioningDataModule(DataModule):
             max_tokens=None, held_out=held_out, predict_file=predict_file, predict_batch_size=batch_size, **kwargs,
         )  # fmt: skip
         if channels not in (1, 3):
-            raise ValueError(f"channels={channels}: images are read as greyscale (1) or RGB (3)")
+            raise ConfigError(
+                f"channels={channels}: images are read as greyscale (1) or RGB (3)", keys=["data.init_args.channels"]
+            )
         self.images_dir, self.features_dir, self.image_column = images_dir, features_dir, image_column
         self.image_size, self.channels = tuple(image_size), channels
         self.max_caption_tokens, self.strips, self.bleu_samples = max_caption_tokens, tuple(strips), bleu_samples
@@ -404,14 +407,15 @@ class CaptioningDataModule(DataModule):
         """Batches {"src" (, "src_mask"), "image"} of every image (or feature file) in predict_file, a folder,
         sorted by name."""
         if not self.predict_file or not Path(self.predict_file).is_dir():
-            raise ValueError(
-                f"predict needs a folder of images: --data.predict_file DIR (got {self.predict_file!r}); captions are "
-                "written one JSON line per image"
+            raise ConfigError(
+                f"predict needs a folder of images: --data.init_args.predict_file DIR (got {self.predict_file!r}); "
+                "captions are written one JSON line per image",
+                keys=["data.init_args.predict_file"],
             )
         suffixes = FEATURE_SUFFIXES if self.features_dir else IMAGE_SUFFIXES
         paths = sorted(p for p in Path(self.predict_file).iterdir() if p.suffix.lower() in suffixes)
         if not paths:
-            raise ValueError(f"predict_file {self.predict_file!r} holds no {'/'.join(suffixes)} file")
+            raise DataFileError(f"predict_file {self.predict_file!r} holds no {'/'.join(suffixes)} file")
         source = ImageSource(None, None, self.image_size, self.channels)
         if self.features_dir:  # predict's folder holds the feature files themselves
             source = _FeatureFiles()
@@ -446,7 +450,7 @@ def _feature_file(folder: Path, stem: str) -> Path:
     for suffix in FEATURE_SUFFIXES:
         if (folder / f"{stem}{suffix}").is_file():
             return folder / f"{stem}{suffix}"
-    raise FileNotFoundError(f"no features for image {stem!r} in {folder}: expected {stem}.npy or {stem}.safetensors")
+    raise MissingFileError(f"no features for image {stem!r} in {folder}: expected {stem}.npy or {stem}.safetensors")
 
 
 # ---------------------------------------------------------------------------------------------------- the task's own
@@ -518,9 +522,9 @@ def embedded_image(value: Any, where: str, column: str) -> tuple[str, bytes]:
                 with xopen(path, "rb") as handle:
                     data = handle.read()
         except (OSError, ValueError) as error:
-            raise ValueError(f'{where}: the image in "{column}" cannot be read from {path!r} ({error})') from None
+            raise DataFileError(f'{where}: the image in "{column}" cannot be read from {path!r} ({error})') from None
     if not data:
-        raise ValueError(
+        raise DataFileError(
             f'{where} has no "{column}" value: its image holds no bytes and no path; each row holds an image '
             "(a datasets Image) or names one (a path)"
         )
@@ -575,7 +579,7 @@ class CaptionStream(RowStream):
             data = None
             if isinstance(value, str):
                 if not value.strip():
-                    raise ValueError(
+                    raise DataFileError(
                         f'{row.where} has no "{self.image_column}" value: each row names an image (a path)'
                     )
                 name = value
@@ -583,17 +587,17 @@ class CaptionStream(RowStream):
                 name, data = embedded_image(value, row.where, self.image_column)
             else:
                 held = "nothing" if value is None else type(value).__name__
-                raise ValueError(
+                raise DataFileError(
                     f'{row.where} has no "{self.image_column}" value (it holds {held}): each row names an image (a '
                     "path) or holds one (a datasets Image)"
                 )
             refs = [caption] if isinstance(caption, str) else list(caption or [])
             refs = [c.strip() for c in refs if isinstance(c, str) and c.strip()]
             if not refs:
-                raise ValueError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
+                raise DataFileError(f'{row.where} has no "{self.text_column}" value: each row needs a caption')
             given = str(row.values.get("split") or "").strip().lower()
             if given and given not in SPLIT_ALIASES:
-                raise ValueError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
+                raise DataFileError(f"{row.where}: image {name!r} has split {given!r}; use train, validation or test")
             split = SPLIT_ALIASES[given] if given else self.owner(source_name, name)
             folder = None if data is not None else row.folder
             for k, text in enumerate(refs):
@@ -655,7 +659,7 @@ class CaptionKind(TextsKind):
                     handle.write(record.data)
                 os.replace(tmp, path)
             elif path.stat().st_size != len(record.data) or path.read_bytes() != record.data:
-                raise ValueError(
+                raise DataFileError(
                     f"{record.where}: two different images are named {record.image!r} (the base name of their path): "
                     "an image's name identifies it (its captions, its split); give the images distinct file names"
                 )
@@ -665,7 +669,7 @@ class CaptionKind(TextsKind):
         for split in SPLITS:
             if not splits[split]["texts"]:
                 why = "carved by a hash of the image name" if split in stream.missing else "its source has no row"
-                raise ValueError(
+                raise DataFileError(
                     f"{stream.dataset}: no image falls in the {split} split ({why}); add rows, a {split} file or a "
                     "split column"
                 )

@@ -22,11 +22,22 @@ from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from ..errors import ConfigError
 from . import corpora
 from .base import DataModule
 from .loaders import RecordShards, ResumableLoader, load_prepared, token_budget_batches
 from .shards import SHARD_TOKENS, TextsKind, prepare
-from .sources import ENCODING, HELD_OUT, SPLITS, Source, SplitStream, missing_splits, records, table_rows
+from .sources import (
+    ENCODING,
+    HELD_OUT,
+    SPLITS,
+    DataFileError,
+    Source,
+    SplitStream,
+    missing_splits,
+    records,
+    table_rows,
+)
 from .text import MASK, special_token_id
 
 
@@ -105,8 +116,9 @@ class ClassificationDataModule(DataModule):
         """
         super().__init__(dataset=dataset, held_out=held_out, **kwargs)
         if max_length < 1 or (self.max_tokens is not None and self.max_tokens < max_length):
-            raise ValueError(
-                f"Need max_length >= 1 and max_tokens >= max_length or None (got {max_length}, {self.max_tokens})"
+            raise ConfigError(
+                f"Need max_length >= 1 and max_tokens >= max_length or None (got {max_length}, {self.max_tokens})",
+                keys=["data.init_args.max_length", "data.init_args.max_tokens"],
             )
         self.label_column = label_column
         self.requested_label_names = label_names
@@ -170,7 +182,7 @@ class ClassificationDataModule(DataModule):
             if not self.requested_label_names and class_names is None:
                 labels = self._first_pass()[1]
                 if not labels:
-                    raise ValueError(
+                    raise DataFileError(
                         f"The training split of {self.dataset!r} has no labelled text: every row's "
                         f"{self.text_column!r} is blank or its {self.label_column!r} empty"
                     )
@@ -188,7 +200,7 @@ class ClassificationDataModule(DataModule):
         def lookup(label: Any) -> int:
             if str(label) not in index:
                 where = "the training split" if not self.requested_label_names else "label_names"
-                raise ValueError(
+                raise DataFileError(
                     f"{self.dataset!r} {split}: label {label!r} is not one of the label names {self.label_names} "
                     f"(taken from {where}): add training rows labelled {label!r}, or give every class in "
                     "--data.init_args.label_names"
@@ -295,7 +307,7 @@ class ClassificationDataModule(DataModule):
         else:
             batches = length_grouped_batches(lengths, self.batch_size, self.seed)
         if not batches:
-            raise ValueError(f"The {split} split of {self.dataset!r} is empty")
+            raise DataFileError(f"The {split} split of {self.dataset!r} is empty: give it rows")
         epoch = self.trainer.current_epoch if shuffle and self.trainer is not None else 0
         return ResumableLoader(
             dataset, batches, shuffle=shuffle, seed=self.seed, num_workers=self.num_workers, start_epoch=epoch
@@ -435,7 +447,7 @@ class LabelledStream(SplitStream):
         values = self.values(row, where)
         text, label = values
         if text is not None and not isinstance(text, str):
-            raise ValueError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
+            raise DataFileError(f"{where}: the text column {self.text_column!r} holds {type(text).__name__}, not text")
         return text or "", label
 
 
@@ -446,7 +458,7 @@ class LabelledKind(TextsKind):
 
     def check(self, stream: LabelledStream, splits: dict[str, dict]) -> None:
         if not splits["train"]["texts"]:
-            raise ValueError(
+            raise DataFileError(
                 f"The training split of {stream.dataset!r} has no labelled text: every row's {stream.text_column!r} "
                 f"is blank or its {stream.label_column!r} empty"
             )
@@ -459,7 +471,7 @@ class LabelledKind(TextsKind):
                 if split in stream.missing
                 else "its source has no labelled text: fill it, or leave it out to carve it from train"
             )
-            raise ValueError(f"The {split} split of {stream.dataset!r} is empty: {why}")
+            raise DataFileError(f"The {split} split of {stream.dataset!r} is empty: {why}")
 
 
 LABELLED = LabelledKind()

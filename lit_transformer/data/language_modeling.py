@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from ..config import TransformerConfig
+from ..errors import ConfigError
 from . import corpora
 from .base import DataModule
 from .cache import hash_file
@@ -31,6 +32,7 @@ from .sources import (
     HASH_MIN_DOCUMENTS,
     HELD_OUT,
     SPLITS,
+    DataFileError,
     Piece,
     Source,
     SplitStream,
@@ -86,11 +88,11 @@ class LanguageModelingDataModule(DataModule):
         if block_size is None:
             block_size = TransformerConfig.max_seq_len  # the model's default context
         if block_size < 1:
-            raise ValueError(f"block_size={block_size} must be positive")
+            raise ConfigError(f"block_size={block_size} must be positive", keys=["data.init_args.block_size"])
         if sampling not in ("random", "sequential"):
-            raise ValueError(f"sampling={sampling!r}: choose random or sequential")
+            raise ConfigError(f"sampling={sampling!r}: choose random or sequential", keys=["data.init_args.sampling"])
         if max_chars is not None and max_chars < 1:
-            raise ValueError(f"max_chars={max_chars} must be positive or None")
+            raise ConfigError(f"max_chars={max_chars} must be positive or None", keys=["data.init_args.max_chars"])
         self.block_size, self.max_chars = block_size, max_chars
         self.mask_token, self.sampling = mask_token, sampling
         self._stream: CorpusStream | None = None
@@ -115,8 +117,11 @@ class LanguageModelingDataModule(DataModule):
         from and decoded: for inspection and small corpora (a document is held whole)."""
         return {split: list(shards.texts(self.tokenizer)) for split, shards in self._prepared().items()}
 
-    def _empty(self) -> ValueError:
-        return ValueError(f"The training split of {self.dataset!r} is empty (no non-blank {self.text_column!r} rows)")
+    def _empty(self) -> DataFileError:
+        return DataFileError(
+            f"The training split of {self.dataset!r} is empty: no line of text (a row file: no non-blank "
+            f"{self.text_column!r} value); give data.init_args.dataset a file with text in it"
+        )
 
     def tokenizer_texts(self) -> list[str]:
         limit = (
@@ -171,7 +176,7 @@ class LanguageModelingDataModule(DataModule):
             if split not in self._blocks:
                 blocks = splits[split].blocks(self.block_size)
                 if len(blocks) == 0:
-                    raise ValueError(self._too_small(split, len(splits[split])))
+                    raise DataFileError(self._too_small(split, len(splits[split])))
                 self._blocks[split] = blocks
         rank_zero_info(
             f"{self.dataset}: blocks of {self.block_size} tokens per split { {s: len(b) for s, b in self._blocks.items()} }"
@@ -204,7 +209,10 @@ class LanguageModelingDataModule(DataModule):
         blocks = self._blocks[split]
         if shuffle:  # training: an endless stream of blocks in a seeded order, elastic across process counts
             if len(blocks) < self.batch_size:
-                raise ValueError(f"The {split} split has {len(blocks)} blocks, fewer than batch_size={self.batch_size}")
+                raise DataFileError(
+                    f"The {split} split of {self.dataset!r} has {len(blocks)} blocks, fewer than "
+                    f"batch_size={self.batch_size}: give more text, or a smaller data.init_args.batch_size or block_size"
+                )
             return BlockStreamLoader(
                 blocks, self.batch_size, seed=self.seed, shuffle=self.sampling == "random", num_workers=self.num_workers
             )

@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
+from lit_transformer.errors import BadFileError, ConfigError
+
+from .sources import DataFileError
 from .text import IGNORE_INDEX
 
 
@@ -168,7 +171,7 @@ class _ElasticStream:
     def load_state_dict(self, state: dict[str, int]) -> None:
         items = state.get("num_items", state.get("num_batches"))
         if state.get("seed", self.seed) != self.seed or items not in (None, self.num_items):
-            raise ValueError(
+            raise BadFileError(
                 f"Loader state {state} does not match this loader (seed={self.seed}, items={self.num_items}): "
                 "the data or its settings changed since the checkpoint; resume with the same data, or start a new "
                 "run from the checkpoint's weights"
@@ -292,7 +295,7 @@ class BlockStreamLoader(_ElasticStream):
     def _check(self) -> None:
         world = _rank_and_world()[1]
         if self.num_items < self.per_rank * world:
-            raise ValueError(
+            raise DataFileError(
                 f"The training split has {self.num_items} blocks, fewer than one step's batch_size x processes = "
                 f"{self.per_rank} x {world}; use a smaller batch_size or block_size, or more text"
             )
@@ -386,7 +389,10 @@ def token_budget_plan(
     too_long = np.flatnonzero(longer > max_tokens)
     if len(too_long):
         i = int(too_long[0])
-        raise ValueError(f"Sample {i} has {int(longer[i])} tokens, more than max_tokens={max_tokens}")
+        raise ConfigError(
+            f"Sample {i} has {int(longer[i])} tokens, more than max_tokens={max_tokens}: raise data.init_args.max_tokens",
+            keys=["data.init_args.max_tokens"],
+        )
     # In this order the current sample is the longest of its batch so far (lengths only grow), so a batch is cut
     # when one more sample of this length would pass the budget.
     bounds, size = [0], 0

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from lit_transformer.errors import MissingFileError
+
 
 def is_marian_folder(path: str | os.PathLike) -> bool:
     """Whether `path` is a local folder whose config.json describes a Marian model."""
@@ -51,7 +53,7 @@ def load_hf_marian_tokenizers(directory: str | os.PathLike) -> tuple[Tokenizer, 
         )
         target_spm = folder / "target.spm" if (folder / "target.spm").is_file() else folder / "source.spm"
         return spm_tokenizer(folder / "source.spm", vocab), spm_tokenizer(target_spm, target_vocab)
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"{folder} holds neither tokenizer.json nor OPUS-MT's source.spm + vocab.json: no tokenizer to load"
     )
 

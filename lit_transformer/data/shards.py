@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import json
 import logging
 import multiprocessing
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -42,6 +44,8 @@ from typing import Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
+from lit_transformer.errors import WriteError
+
 from . import encode_worker
 from .cache import atomic_write, fingerprint, hash_file, locked
 from .sources import SPLITS, SplitStream
@@ -49,6 +53,8 @@ from .text import line_pieces
 
 log = logging.getLogger(__name__)
 
+# The errors of a write that the machine, not the program, refused: a full disk, a file-size limit, a quota.
+WRITE_FAILURES = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 FORMAT_VERSION = 1
 SHARD_TOKENS = 1 << 26  # about 64M tokens (128 MB of uint16) per shard
 CHUNK_CHARS = 1 << 22  # characters tokenized per encode_batch call: bounded memory, both cores busy
@@ -598,21 +604,75 @@ def prepare(
     hashes.save()
     root = cache_dir / kind.folder / key
     manifest = root / "manifest.json"
-    if manifest.exists():
+    if manifest.exists() and not damaged_splits(root, kind):
         return root
     with locked(root):
-        if manifest.exists():  # another process finished it while we waited
-            return root
+        if manifest.exists():  # finished by another process while we waited, or damaged since
+            damaged = damaged_splits(root, kind)
+            if not damaged:
+                return root
+            log.warning(
+                "prepared data in %s disagrees with its index (%s): preparing %s again",
+                root, "; ".join(damaged.values()), " and ".join(damaged),
+            )  # fmt: skip
+            manifest.unlink()
+            for split in damaged:
+                shutil.rmtree(root / split)
         dtype = token_dtype(max(t.get_vocab_size() for t in tokenizers))
         kind.begin(root)
         splits = {}
-        for source, _ in stream.passes():
-            splits |= prepare_pass(stream, source, root, kind, tokenizers, eos_id, dtype, limit, shard_tokens, workers)
+        try:
+            for source, _ in stream.passes():
+                splits |= prepare_pass(
+                    stream, source, root, kind, tokenizers, eos_id, dtype, limit, shard_tokens, workers
+                )
+        except OSError as error:
+            if error.errno not in WRITE_FAILURES:
+                raise
+            raise WriteError(
+                f"could not write the prepared data in {root}: {error.strerror}; its finished shards are kept and "
+                "the next run goes on after them. Free disk space (or raise the file-size limit, or give "
+                "--data.init_args.cache_dir a larger disk) and run again"
+            ) from error
         kind.check(stream, splits)
         head = {"version": FORMAT_VERSION, "dataset": stream.dataset, "held_out": stream.mode, "dtype": dtype.name}
         content = {**head, **info, "splits": {split: splits[split] for split in SPLITS}}
         atomic_write(manifest, lambda tmp: Path(tmp).write_text(json.dumps(content, indent=1)))
     return root
+
+
+def damaged_splits(root: Path, kind: RecordKind) -> dict[str, str]:
+    """The prepared splits whose files disagree with their index, each with what is wrong: a token file shorter or
+    longer than the tokens its index counts (a disk that filled, a copy cut short), or a shard's file missing. Only
+    sizes are read (a stat per file), so every start checks."""
+    try:
+        info = json.loads((root / "manifest.json").read_text())
+        itemsize = np.dtype(info["dtype"]).itemsize
+        splits = info["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {split: "manifest.json unreadable" for split in SPLITS}
+    damaged = {}
+    for split, index in splits.items():
+        for entry in index.get("shards", []):
+            name = entry.get("name") or str(entry.get("file", "")).removesuffix(".bin")
+            expected = [(f"{name}.{side}.bin" if side else f"{name}.bin", entry.get(f"{side}_tokens" if side else "tokens"))
+                        for side in kind.sides]  # fmt: skip
+            problem = None
+            for file, tokens in expected:
+                path = root / split / file
+                size = path.stat().st_size if path.is_file() else None
+                if size is None:
+                    problem = f"{split}/{file} is missing"
+                elif tokens is not None and size != tokens * itemsize:
+                    problem = f"{split}/{file} has {size:,} bytes where its index counts {tokens * itemsize:,}"
+                if problem:
+                    break
+            if problem is None and not (root / split / f"{name}.{kind.starts}").is_file():
+                problem = f"{split}/{name}.{kind.starts} is missing"
+            if problem:
+                damaged[split] = problem
+                break
+    return damaged
 
 
 # ---------------------------------------------------------------------------------------------------- texts with a value

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from lit_transformer.errors import BadFileError, ConfigError, FileError, MissingFileError
+
 from .cache import fingerprint, hash_texts
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
@@ -59,10 +61,10 @@ COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstandard"
 ENCODING = "utf-8"  # the default text encoding of data files
 
 
-class DataFileError(ValueError):
+class DataFileError(BadFileError):
     """A data file that cannot be read as its name says: bytes that are not text in its encoding, a row that does not
-    parse, a compressed file that is not, a file of another format. The message names the file and, where there is
-    one, the line or row, and the fix."""
+    parse, a compressed file that is not, a file of another format, a file without the columns a task reads, a split
+    with nothing in it. The message names the file and, where there is one, the line or row, and the fix."""
 
 
 def compression_of(path: str | os.PathLike) -> str | None:
@@ -140,19 +142,23 @@ def check_encoding(encoding: str) -> str:
     try:
         codecs.lookup(encoding)
     except LookupError:
-        raise ValueError(
-            f"encoding={encoding!r} is not a text encoding Python knows (e.g. utf-8, latin-1, cp1252)"
+        raise ConfigError(
+            f"encoding={encoding!r} is not a text encoding Python knows (e.g. utf-8, latin-1, cp1252)",
+            keys=["data.init_args.encoding"],
         ) from None
     if "\n\r,a".encode(encoding, errors="replace") != b"\n\r,a":
-        raise ValueError(
+        raise ConfigError(
             f"encoding={encoding!r} is not read line by line (its newline is not one byte 0x0A); convert the files "
-            f"to UTF-8 first, e.g. iconv -f {encoding} -t utf-8 in.txt > out.txt"
+            f"to UTF-8 first, e.g. iconv -f {encoding} -t utf-8 in.txt > out.txt",
+            keys=["data.init_args.encoding"],
         )
     return encoding
 
 
 PACKED_MAGIC = ((b"\x1f\x8b", "gzip data"), (b"BZh", "bzip2 data"), (b"\xfd7zXZ\x00", "xz data"),
                 (b"\x28\xb5\x2f\xfd", "zstandard data"), (b"PK\x03\x04", "a zip archive"))  # fmt: skip
+OTHER_MAGIC = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+               (b"%PDF", "a PDF document"), (b"\x7fELF", "a program"), (b"PAR1", "a parquet file"))  # fmt: skip
 PACKED_FIX = {
     "gzip data": "name it with its compression's suffix (.gz)",
     "bzip2 data": "name it with its compression's suffix (.bz2)",
@@ -170,6 +176,14 @@ def decode(
     byte in `data` that says it), never replaced."""
     if first and encoding.replace("_", "-").lower() in ("utf-8", "utf8") and data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8) :]
+    controls = len(data) - len(data.translate(None, CONTROL_BYTES))
+    if b"\x00" in data or (len(data) >= 8 and controls > len(data) // 4):  # no text reads so, in any encoding
+        at = data.index(b"\x00") if b"\x00" in data else 0
+        number = line(at) if callable(line) else line
+        packed = next((what for magic, what in PACKED_MAGIC if first and data.startswith(magic)), None)
+        if packed:
+            raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}")
+        raise DataFileError(f"{path}:{number} holds binary data (control bytes), not text: {_binary_fix(path)}")
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as error:
@@ -177,11 +191,41 @@ def decode(
         packed = next((what for magic, what in PACKED_MAGIC if first and data.startswith(magic)), None)
         if packed:
             raise DataFileError(f"{path} is {packed}, not the text its name says; {PACKED_FIX[packed]}") from None
+        other = next((what for magic, what in OTHER_MAGIC if first and data.startswith(magic)), None)
+        if other:
+            raise DataFileError(f"{path} is {other}, not the text its name says: {_binary_fix(path)}") from None
         bad = data[error.start : error.start + 4]
+        if error.reason == "unexpected end of data" and not data.endswith(b"\n"):  # only a file's last line lacks one
+            raise DataFileError(
+                f"{path}:{number} ends inside a character (bytes {bad!r}): the file is cut short (a copy or a "
+                "download that stopped)"
+            ) from None
+        if _mostly_binary(data):
+            raise DataFileError(
+                f"{path}:{number} holds binary data (bytes {bad!r}), not text: {_binary_fix(path)}"
+            ) from None
         raise DataFileError(
             f"{path}:{number} is not {encoding} text (bytes {bad!r}); if the file is in another encoding, name it, "
             f"e.g. --data.init_args.encoding latin-1 (or cp1252); no byte is replaced silently"
         ) from None
+
+
+# The control bytes text never holds (tab, newlines, vertical tab, form feed and carriage return aside): NUL is one.
+CONTROL_BYTES = bytes(range(0, 9)) + bytes(range(14, 32))
+
+
+def _mostly_binary(data: bytes) -> bool:
+    """Bytes no text encoding yields: more than a quarter of control bytes or bytes that are not valid UTF-8."""
+    sample = data[:4096]
+    control = len(sample) - len(sample.translate(None, CONTROL_BYTES))
+    invalid = len(sample) - len(sample.decode("utf-8", errors="ignore").encode("utf-8"))
+    return (control + invalid) > len(sample) / 4
+
+
+def _binary_fix(path: str) -> str:
+    form = form_suffix(path)
+    kind = {".csv": "CSV", ".tsv": "TSV", ".jsonl": "JSON lines", ".json": "JSON"}.get(form, "plain")
+    return f"a {form or 'text'} file holds {kind} text; give the data file itself (another encoding will not help)"
 
 
 def is_local_name(name: str) -> bool:
@@ -190,7 +234,7 @@ def is_local_name(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
-class OfflineError(ConnectionError):
+class OfflineError(FileError, ConnectionError):
     """The hub cannot be reached and the requested name is not a local path."""
 
 
@@ -246,7 +290,7 @@ def local_files(spec: str) -> list[str]:
         files = sorted(f for f in glob.glob(spec, recursive=True) if os.path.isfile(f))
     files = [f for f in files if form_suffix(f) in TEXT_SUFFIXES + tuple(BUILDERS)]
     if not files:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"No data files found for {spec!r} (looked for {', '.join(TEXT_SUFFIXES + tuple(BUILDERS))}, each also "
             f"compressed: {', '.join(COMPRESSIONS)})"
         )
@@ -266,7 +310,10 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
     may be compressed)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"predict_file {str(path)!r} does not exist; give a text file with one input per line")
+        raise MissingFileError(
+            f"predict_file {str(path)!r} does not exist; give a text file with one input per line",
+            keys=["data.init_args.predict_file"],
+        )
     with open_data(path) as handle:
         lines = [decode(line, str(path), n, encoding, n == 1).rstrip("\r\n") for n, line in enumerate(handle, 1)]
     if form_suffix(path) not in (".jsonl", ".json"):
@@ -283,7 +330,7 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
             raise DataFileError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
         texts.append(row[field])
     if not texts:
-        raise ValueError(f"predict_file {str(path)!r} holds no input")
+        raise DataFileError(f"predict_file {str(path)!r} holds no input; write one input a line")
     return texts
 
 
@@ -422,8 +469,9 @@ class SplitStream:
         elif is_saved_dataset(dataset):
             self._add_tables(load_saved(dataset), lambda name: ("saved", name))
         elif not is_local(dataset) and _looks_like_a_path(dataset):
-            raise FileNotFoundError(
-                f"{dataset!r} does not exist: give an existing local file, folder or glob {self.local_hint}"
+            raise MissingFileError(
+                f"{dataset!r} does not exist: give an existing local file, folder or glob {self.local_hint}",
+                keys=["data.init_args.dataset"],
             )
         elif is_local(dataset):
             files = local_files(dataset)
@@ -431,7 +479,7 @@ class SplitStream:
             for f in files:
                 self.sources.setdefault(split_of(f) if len(files) > 1 else "train", Source()).files.append(f)
             if "train" not in self.sources:
-                raise ValueError(
+                raise DataFileError(
                     f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
                 )
             for f in files:
@@ -451,13 +499,13 @@ class SplitStream:
             columns = table.column_names or []
             missing = [c for c in self._columns() if c.split(".")[0] not in columns]
             if missing:
-                raise ValueError(
+                raise DataFileError(
                     f"dataset {self.dataset!r}: split {name!r} has no column {', '.join(map(repr, missing))}; its "
                     f"columns are {columns}{self.column_hint}"
                 )
             self.sources[canonical] = Source(table=table, origin=origin(name))
         if "train" not in self.sources:
-            raise ValueError(f"dataset {self.dataset!r} has no training split (its splits: {sorted(tables)})")
+            raise DataFileError(f"dataset {self.dataset!r} has no training split (its splits: {sorted(tables)})")
 
     column_hint = ""  # how to choose the columns, after an error naming the missing ones
 
@@ -477,7 +525,7 @@ class SplitStream:
         """Refuse local files this kind of record cannot come from."""
         other = sorted({form_suffix(f) for f in files} - set(BUILDERS))
         if other and not self.text_files:
-            raise ValueError(
+            raise DataFileError(
                 f"{self.dataset!r}: this task reads rows from .jsonl/.json, .csv/.tsv or .parquet files, not {other}"
             )
         packed = [f for f in files if form_suffix(f) == ".parquet" and compression_of(f)]
@@ -490,9 +538,14 @@ class SplitStream:
     def _check_columns(self, path: str) -> None:
         """A row file without the record's columns fails at once, naming the columns it has."""
         columns = columns_of(path, self.encoding) if form_suffix(path) in BUILDERS else None
+        if columns == []:
+            raise DataFileError(
+                f"{path} is empty: no header, no rows; it needs the columns {', '.join(map(repr, self._columns()))} "
+                "and a row for each example"
+            )
         missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
         if missing:
-            raise ValueError(
+            raise DataFileError(
                 f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
                 f"{columns}{self.column_hint}"
             )
@@ -520,7 +573,7 @@ class SplitStream:
             try:
                 values.append(column_value(row, column))
             except KeyError:
-                raise ValueError(
+                raise DataFileError(
                     f"dataset {self.dataset!r}: {where} has no column {column!r}; its columns are {sorted(row)}"
                     f"{self.column_hint}"
                 ) from None
@@ -592,7 +645,7 @@ def load_saved(folder: str):
     try:
         loaded = datasets.load_from_disk(folder)
     except (FileNotFoundError, ValueError, OSError) as error:
-        raise ValueError(f"{folder} looks like a folder `datasets` saved but cannot be read: {error}") from None
+        raise DataFileError(f"{folder} looks like a folder `datasets` saved but cannot be read: {error}") from None
     return datasets.DatasetDict({"train": loaded}) if isinstance(loaded, datasets.Dataset) else loaded
 
 
@@ -615,7 +668,7 @@ def hub_streams(dataset: str, config: str | None, hint: str = LOCAL_HINT) -> dic
         if canonical and canonical not in out:
             out[canonical] = (name, split)
     if "train" not in out:
-        raise ValueError(f"The dataset has no training split (found splits: {sorted(loaded)})")
+        raise DataFileError(f"dataset {dataset!r} has no training split (found splits: {sorted(loaded)})")
     return out
 
 
@@ -731,6 +784,8 @@ def columns_of(path: str, encoding: str = ENCODING) -> list[str] | None:
             return next(csv.reader([first], delimiter=_delimiter(path)), [])
         except csv.Error as error:
             raise DataFileError(f"{path}:1 is not a {suffix[1:].upper()} header ({error})") from None
+    if not first:
+        return []  # an empty file
     stripped = first.strip()
     if not stripped or stripped.startswith("["):
         return None  # a JSON array: checked when read
@@ -760,7 +815,8 @@ def records(path: str, columns: list[str] | None = None, encoding: str = ENCODIN
     if suffix in (".csv", ".tsv"):
         with open_data(path) as raw:
             lines = (decode(line, path, n, encoding, n == 1) for n, line in enumerate(raw, 1))
-            reader = csv.reader(lines, delimiter=_delimiter(path))
+            # strict: a quoted field still open at the end of the file (a copy cut short) is an error, not a row
+            reader = csv.reader(lines, delimiter=_delimiter(path), strict=True)
             try:
                 header = next(reader, None) or []
                 for fields in reader:
@@ -774,6 +830,11 @@ def records(path: str, columns: list[str] | None = None, encoding: str = ENCODIN
                     row = dict(zip(header, fields, strict=True))
                     yield row, sum(map(len, fields)) + len(fields), reader.line_num
             except csv.Error as error:
+                if "unexpected end of data" in str(error):
+                    raise DataFileError(
+                        f"{path}:{reader.line_num} ends inside a quoted field: the file is cut short (a copy or a "
+                        "download that stopped), or a quote is never closed"
+                    ) from None
                 raise DataFileError(
                     f"{path}:{reader.line_num} is not a {suffix[1:].upper()} row ({error}); is the file "
                     f"{suffix[1:].upper()} text?"

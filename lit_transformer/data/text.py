@@ -16,6 +16,8 @@ from typing import Literal, TextIO
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from lit_transformer.errors import ConfigError, MissingFileError
+
 from .cache import cached, fingerprint, hash_texts
 
 IGNORE_INDEX = -100
@@ -99,7 +101,10 @@ def _new_tokenizer(kind: str) -> Tokenizer:
         tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tokenizer.decoder = decoders.Fuse()
     else:
-        raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {KINDS}, a tokenizer.json path or a hub name")
+        raise ConfigError(
+            f"Unknown tokenizer kind {kind!r}; choose one of {KINDS}, a tokenizer.json path or a hub name",
+            keys=["data.init_args.tokenizer"],
+        )
     return tokenizer
 
 
@@ -119,7 +124,10 @@ def _trainer(kind: str, vocab_size: int):
 def train_tokenizer(texts: Sequence[str], kind: str = "byte_bpe", vocab_size: int = 8192) -> Tokenizer:
     """Train a fresh tokenizer on `texts` (char: the most frequent characters, at most vocab_size in all)."""
     if kind == "byte_bpe" and vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"byte_bpe needs vocab_size >= {256 + len(SPECIAL_TOKENS)} (256 bytes + special tokens)")
+        raise ConfigError(
+            f"byte_bpe needs vocab_size >= {256 + len(SPECIAL_TOKENS)} (256 bytes + special tokens), not {vocab_size}",
+            keys=["data.init_args.vocab_size"],
+        )
     tokenizer = _new_tokenizer(kind)
     tokenizer.train_from_iterator(_chunks(texts), trainer=_trainer(kind, vocab_size), length=len(texts))
     return tokenizer
@@ -148,11 +156,11 @@ def load_or_train_tokenizer(
     tokenizer to use (to fine-tune its model on other data), or a hub tokenizer name.
     """
     if spec.endswith(".ckpt"):
-        from lit_transformer.checkpoints.files import load_checkpoint
+        from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
 
         saved = load_checkpoint(spec).get("tokenizer")
         if saved is None:
-            raise ValueError(f"Checkpoint {spec!r} holds no tokenizer")
+            raise CheckpointError(f"Checkpoint {spec!r} holds no tokenizer: give a checkpoint this package wrote")
         return Tokenizer.from_str(saved), fingerprint("tokenizer", saved)
     if spec in KINDS:
         texts = texts_fn()
@@ -167,7 +175,7 @@ def load_or_train_tokenizer(
         return tokenizer, key
     if os.path.isfile(spec) or spec.endswith(".json"):
         if not os.path.isfile(spec):
-            raise FileNotFoundError(f"Tokenizer file {spec!r} does not exist")
+            raise MissingFileError(f"Tokenizer file {spec!r} does not exist", keys=["data.init_args.tokenizer"])
         tokenizer = Tokenizer.from_file(spec)
     else:
         from .sources import ensure_online

@@ -2,8 +2,7 @@
 
 The pairs (local files, a hub stream or the embedded corpus) are streamed once into token shards (`shards.py`:
 `python -m lit_transformer prepare`, or the first `fit`) and read through memory maps, so a corpus of any size trains
-in flat memory. (The former in-memory path gave the same batches bit for bit, with memory growing 20 bytes per byte of
-corpus and no gain in time: docs/performance.md, "Data preparation at scale"; it is gone.)
+in flat memory.
 
 Batches: {"src": (B, S), "tgt_in": (B, T), "labels": (B, T)}. src is the source followed by eos and padded with
 pad_token_id; tgt_in is bos followed by the target; labels are the target followed by eos, -100 at padding.
@@ -25,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from ..errors import ConfigError
 from . import corpora
 from .base import DataModule, warn_deprecated_key
 from .cache import fingerprint
@@ -35,6 +35,7 @@ from .sources import (
     ENCODING,
     HELD_OUT,
     SPLITS,
+    DataFileError,
     Source,
     SplitStream,
     column_value,
@@ -89,7 +90,7 @@ class TranslationDataModule(DataModule):
                 Marian folder (to fine-tune it: its tokenizers, OPUS-MT's SentencePiece ones converted, and its
                 decoder's start token, which for OPUS-MT is <pad>).
             vocab_size: Vocabulary size of each trained tokenizer.
-            shared_vocab: One vocabulary for both languages (allows the paper's three-way embedding tying); False
+            shared_vocab: One vocabulary for both languages (allows the paper's three-way tying: one matrix for both embeddings and the output layer); False
                 trains a separate target tokenizer.
             max_tokens: Token budget per batch: batch size times the longest sequence (source or target) in it.
             max_length: Pairs with more tokens than this on either side (with bos/eos) are dropped, and counted.
@@ -106,7 +107,10 @@ class TranslationDataModule(DataModule):
             max_tokens=max_tokens, **kwargs,
         )  # fmt: skip
         if max_length < 2 or max_tokens < max_length:
-            raise ValueError(f"Need max_length >= 2 and max_tokens >= max_length (got {max_length}, {max_tokens})")
+            raise ConfigError(
+                f"Need max_length >= 2 and max_tokens >= max_length (got {max_length}, {max_tokens})",
+                keys=["data.init_args.max_length", "data.init_args.max_tokens"],
+            )
         if storage is not None:
             warn_deprecated_key(
                 "storage", "ignored: pairs always stream into token shards (the same batches, memory flat in corpus "
@@ -163,7 +167,7 @@ class TranslationDataModule(DataModule):
         """A bounded sample of the first training pairs, read from the stream, to train tokenizers on."""
         sources, targets = sample_pairs(self.pair_stream, self.tokenizer_sample_chars, self.max_pairs)
         if not sources:
-            raise ValueError(f"{self.dataset!r} has no sentence pairs in its training split")
+            raise DataFileError(f"{self.dataset!r} has no sentence pairs in its training split: give it pairs")
         return sources, targets
 
     def tokenizer_texts(self) -> list[str]:
@@ -174,7 +178,10 @@ class TranslationDataModule(DataModule):
         if self._marian_folder():
             src, tgt = load_hf_marian_tokenizers(self.tokenizer_spec)
             if self.shared_vocab and src.get_vocab() != tgt.get_vocab():
-                raise ValueError(f"{self.tokenizer_spec} has a vocabulary per language: set shared_vocab false")
+                raise ConfigError(
+                    f"{self.tokenizer_spec} has a vocabulary per language: set data.init_args.shared_vocab false",
+                    keys=["data.init_args.shared_vocab"],
+                )
             return (src, tgt), (fingerprint("tokenizer", src.to_str()), fingerprint("tokenizer", tgt.to_str()))
         args = (self.requested_vocab_size, self.cache_dir)
         if self.shared_vocab:
@@ -194,7 +201,7 @@ class TranslationDataModule(DataModule):
         try:
             return self.special_id("bos")
         except ValueError as error:
-            raise ValueError(f"{error} (a Marian folder as the tokenizer names its start token)") from None
+            raise ConfigError(f"{error} (a Marian folder as the tokenizer names its start token)") from None
 
     # ------------------------------------------------------------------ Lightning hooks
 
@@ -215,7 +222,9 @@ class TranslationDataModule(DataModule):
                 f"max_length={self.max_length} tokens on either side (with bos/eos)"
             )
         if not len(keep):
-            raise ValueError(f"No {split} pair of {self.dataset!r} fits max_length={self.max_length}: raise max_length")
+            raise DataFileError(
+                f"No {split} pair of {self.dataset!r} fits max_length={self.max_length}: raise data.init_args.max_length"
+            )
         return keep
 
     def setup(self, stage: str | None = None) -> None:
@@ -274,7 +283,7 @@ def _as_text(value, where: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"{where}: a side of a pair must be text, found {type(value).__name__} {str(value)[:40]!r}")
+        raise DataFileError(f"{where}: a side of a pair must be text, found {type(value).__name__} {str(value)[:40]!r}")
     return value.strip()
 
 
@@ -343,7 +352,7 @@ class PairStream(SplitStream):
         translation = not self.explicit and "translation" in row
         values, keys = (row["translation"], self.langs) if translation else (row, self.columns)
         if not isinstance(values, dict):
-            raise ValueError(f"{where}: the translation column holds {type(values).__name__}, not a mapping")
+            raise DataFileError(f"{where}: the translation column holds {type(values).__name__}, not a mapping")
         found = {}
         for key in keys:
             try:
@@ -352,13 +361,13 @@ class PairStream(SplitStream):
                 pass
         missing = [key for key in keys if key not in found]
         if missing and translation:
-            raise ValueError(
+            raise DataFileError(
                 f"{self.dataset!r}: the translation column has no language {missing}; it has {sorted(values)} ({where})"
             )
         if missing:
-            raise ValueError(
+            raise DataFileError(
                 f"dataset {self.dataset!r}: {where} has no column {', '.join(map(repr, missing))}; its columns are "
-                f"{sorted(values)} (set source_column/target_column)"
+                f"{sorted(values)} (set data.init_args.source_column and target_column)"
             )
         return _as_text(found[keys[0]], where), _as_text(found[keys[1]], where)
 
@@ -421,18 +430,20 @@ class PairKind(RecordKind):
         if empty:
             warnings.warn(f"{stream.dataset}: dropped {empty} pairs with an empty side", stacklevel=4)
         if not splits["train"]["pairs"]:
-            raise ValueError(f"{stream.dataset!r} has no sentence pairs in its training split")
+            raise DataFileError(f"{stream.dataset!r} has no sentence pairs in its training split: give it pairs")
         for name in ("validation", "test"):
             if splits[name]["pairs"]:
                 continue
             if name in stream.missing:
                 total = sum(index["pairs"] for index in splits.values())
-                raise ValueError(
+                raise DataFileError(
                     f"{stream.dataset!r} has {total} pairs and no {name} split: the held-out splits take "
                     f"{stream.held_out:.0%} each, picked by a hash of the pair, and this one got none. Give at least about "
                     f"{int(20 / stream.held_out)} pairs, or files named train*/valid*/test* to choose the splits yourself"
                 )
-            raise ValueError(f"{stream.dataset!r} has no {name} pairs; provide a {name} split (e.g. a {name}.tsv file)")
+            raise DataFileError(
+                f"{stream.dataset!r} has no {name} pairs; provide a {name} split (e.g. a {name}.tsv file)"
+            )
 
 
 PAIRS = PairKind()

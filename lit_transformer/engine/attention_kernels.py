@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import lightning as L
 
+from lit_transformer.errors import ConfigError
+
 # The kernels F.scaled_dot_product_attention may pick, by the names a config uses.
 ATTENTION_KERNELS = ("cudnn", "flash", "efficient", "math")
 
@@ -16,7 +18,7 @@ def attention_kernels(names: list[str] | tuple[str, ...]):
 
     unknown = [name for name in names if name not in ATTENTION_KERNELS]
     if unknown or not names:
-        raise ValueError(f"attention kernels {list(names)}: choose one or more of {list(ATTENTION_KERNELS)}")
+        raise ConfigError(f"attention kernels {list(names)}: choose one or more of {list(ATTENTION_KERNELS)}")
     backend = {
         "cudnn": SDPBackend.CUDNN_ATTENTION,
         "flash": SDPBackend.FLASH_ATTENTION,

@@ -20,9 +20,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.engine.lightning_compat import collective_timeout
+from lit_transformer.errors import ConfigError
 
 
-class DeviceOptionError(ValueError):
+class DeviceOptionError(ConfigError):
     """An option needs hardware this machine lacks."""
 
 

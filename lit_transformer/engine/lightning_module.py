@@ -23,6 +23,7 @@ from lit_transformer.engine.gradients import clip_gradients, gradient_norm
 from lit_transformer.engine.lightning_compat import trainer_logs_now
 from lit_transformer.engine.optimizers import Optimization, build_optimizer, check_optimizer_strategy
 from lit_transformer.engine.schedules import build_schedule
+from lit_transformer.errors import ConfigError
 from lit_transformer.model import Transformer
 from lit_transformer.tasks import Task, build_task, data_fields
 from lit_transformer.transforms import LoraOptions, Quantize, build_transforms
@@ -162,7 +163,7 @@ class LitTransformer(L.LightningModule):
             check_optimizer_strategy(self.optim, self.trainer.strategy)
         if stage == "fit" and self.hparams.loss_normalization == "tokens":
             if isinstance(self.trainer.strategy, DeepSpeedStrategy):
-                raise ValueError(
+                raise ConfigError(
                     "loss_normalization='tokens' rescales the gradients once a step's tokens are counted, but DeepSpeed "
                     "keeps its gradients to itself; use --model.loss_normalization=batch with DeepSpeed"
                 )

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
 from lit_transformer.engine.lightning_compat import compute_dtype, trainer_logs_now
+from lit_transformer.errors import ConfigError
 from lit_transformer.records import process_rss_mb
 from lit_transformer.tasks.losses import IGNORE_INDEX
 
@@ -32,7 +33,8 @@ class TokenThroughputMonitor(L.Callback):
     def __init__(self, peak_flops: float | None = None) -> None:
         """
         Args:
-            peak_flops: The device's peak FLOP/s for MFU; None uses Lightning's table, else measures a matmul.
+            peak_flops: The device's peak FLOP/s for MFU (model FLOPs utilisation: the share of that peak the
+                model's arithmetic uses); None uses Lightning's table, else measures a matmul.
         """
         self.peak_flops = peak_flops
         self.available_flops: float | None = None
@@ -186,7 +188,7 @@ class HostMemoryMonitor(L.Callback):
             path: A file to append JSON lines to (each rank writes its own records, tagged with its rank).
         """
         if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be at least 1, not {every_n_steps}")
+            raise ConfigError(f"every_n_steps must be at least 1, not {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.path = path
         self._last_step: int | None = None

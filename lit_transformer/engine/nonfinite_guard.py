@@ -11,10 +11,14 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_transformer.engine.gradients import gradient_norm, unwrapped_optimizer
+from lit_transformer.errors import ConfigError, UserError
 
 
-class NonFiniteLossError(RuntimeError):
-    """Training produced non-finite losses/gradients too many optimizer steps in a row."""
+class NonFiniteLossError(UserError, RuntimeError):
+    """Training produced non-finite losses/gradients too many optimizer steps in a row: the run cannot go on, and the
+    message says what to change (exit status 1, as a run that fails)."""
+
+    status = 1
 
 
 class NonFiniteLossGuard(Callback):
@@ -41,9 +45,9 @@ class NonFiniteLossGuard(Callback):
                 reading is free, and every trainer.log_every_n_steps steps on an accelerator.
         """
         if max_consecutive < 1:
-            raise ValueError(f"max_consecutive={max_consecutive} must be at least 1")
+            raise ConfigError(f"max_consecutive={max_consecutive} must be at least 1")
         if check_every_n_steps is not None and check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps={check_every_n_steps} must be at least 1 (or None)")
+            raise ConfigError(f"check_every_n_steps={check_every_n_steps} must be at least 1 (or None)")
         self.max_consecutive = max_consecutive
         self.check_every_n_steps = check_every_n_steps
         self.skipped = 0

@@ -19,6 +19,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_transformer.errors import ConfigError
+
 
 class SignalExit(SystemExit):
     """A signal ended the process before there was anything to save: exit status 128 + the signal's number, as a
@@ -114,7 +116,7 @@ class PreemptionCheckpoint(Callback):
             sync_every_n_batches: With several processes, how often ranks agree on stopping (a collective).
         """
         if sync_every_n_batches < 1:
-            raise ValueError(f"sync_every_n_batches={sync_every_n_batches} must be at least 1")
+            raise ConfigError(f"sync_every_n_batches={sync_every_n_batches} must be at least 1")
         self.dirpath = Path(dirpath)
         self.filename = filename
         self.signals = tuple(getattr(signal, name) for name in signals)

@@ -13,6 +13,8 @@ from typing import Literal, get_args
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from lit_transformer.errors import ConfigError
+
 ScheduleName = Literal["noam", "cosine", "constant", "wsd"]
 DecayShape = Literal["linear", "1-sqrt"]
 SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
@@ -68,14 +70,14 @@ def build_schedule(
     """The LambdaLR for a schedule name. With `noam` the base learning rate is a multiplier of the paper's formula.
     The multiplier applies to every parameter group's own base rate (Muon's and AdamW's alike)."""
     if name in ("cosine", "wsd") and (not total_steps or total_steps <= 0):
-        raise ValueError(
+        raise ConfigError(
             f"The {name} schedule needs the number of optimizer steps: set --trainer.max_steps or "
             "--model.optim.schedule_steps (lit_transformer does not read trainer.estimated_stepping_batches, "
             "which breaks mid-epoch resume: Lightning issue #20550)"
         )
     if name == "noam":
         if d_model is None:
-            raise ValueError("The noam schedule needs d_model")
+            raise ConfigError("The noam schedule needs d_model")
         fn = partial(noam, d_model=d_model, warmup=max(1, warmup_steps))
     elif name == "cosine":
         fn = partial(warmup_cosine, warmup=max(1, warmup_steps), total=total_steps, min_ratio=min_lr_ratio)
@@ -83,7 +85,9 @@ def build_schedule(
         fn = partial(warmup_constant, warmup=warmup_steps)
     elif name == "wsd":
         if decay_shape not in DECAY_SHAPES:
-            raise ValueError(f"Unknown decay shape {decay_shape!r}; choose one of {', '.join(map(repr, DECAY_SHAPES))}")
+            raise ConfigError(
+                f"Unknown decay shape {decay_shape!r}; choose one of {', '.join(map(repr, DECAY_SHAPES))}"
+            )
         fn = partial(
             warmup_stable_decay,
             warmup=warmup_steps,
@@ -93,5 +97,5 @@ def build_schedule(
             min_ratio=min_lr_ratio,
         )
     else:
-        raise ValueError(f"Unknown schedule {name!r}; choose one of {', '.join(map(repr, SCHEDULES))}")
+        raise ConfigError(f"Unknown schedule {name!r}; choose one of {', '.join(map(repr, SCHEDULES))}")
     return LambdaLR(optimizer, fn)

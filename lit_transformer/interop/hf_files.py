@@ -12,8 +12,10 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
+from lit_transformer.checkpoints.files import follow_umask
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.sources import is_local_name
+from lit_transformer.errors import MissingFileError
 
 # The switches none of the Hugging Face architectures we write can hold: field -> (the value they all have, what
 # they lack). zero_init_output is an initialisation only, so any format holds a model trained with it.
@@ -56,7 +58,7 @@ def resolve_folder(name: str, what: str) -> Path:
     if path.is_dir():
         return path
     if path.exists() or is_local_name(name):
-        raise FileNotFoundError(f"{what} folder {name!r} does not exist (looked for {path.resolve()})")
+        raise MissingFileError(f"{what} folder {name!r} does not exist (looked for {path.resolve()})")
     from lit_transformer.data.sources import ensure_online
 
     ensure_online(
@@ -79,13 +81,14 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     legacy = folder / "pytorch_model.bin"
     if legacy.is_file():  # weights_only: a pickle from the internet never runs code here
         return torch.load(legacy, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"No model.safetensors, sharded safetensors or pytorch_model.bin in {folder}")
+    raise MissingFileError(f"No model.safetensors, sharded safetensors or pytorch_model.bin in {folder}")
 
 
 def write_state_dict(state: Mapping[str, torch.Tensor], folder: Path) -> Path:
     """model.safetensors with the metadata transformers expects."""
     path = folder / "model.safetensors"
     save_file(dict(state), path, metadata={"format": "pt"})
+    follow_umask(path)
     return path
 
 

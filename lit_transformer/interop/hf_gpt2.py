@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.errors import ConfigError
+from lit_transformer.errors import BadFileError, ConfigError
 from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_hf_folder, switch_problems, write_hf_folder
 from lit_transformer.model import Transformer
 
@@ -94,7 +94,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
     """Our config for a GPT-2 config.json. The folder decides the architecture and special token ids; dropout and
     initialisation come from `base` when given (they are training choices), else from the folder."""
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"config.json describes model_type={hf.get('model_type')!r}, not a GPT-2 ('gpt2')")
+        raise BadFileError(f"config.json describes model_type={hf.get('model_type')!r}, not a GPT-2 ('gpt2')")
     problems = [
         f"{option}={hf[option]!r} (we support only {option}={value!r})"
         for option, value in HF_OPTIONS.items()
@@ -104,7 +104,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
     if activation not in FROM_HF_ACTIVATION:
         problems.append(f"activation_function={activation!r} (we support {', '.join(FROM_HF_ACTIVATION)})")
     if problems:
-        raise ValueError("This GPT-2 cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems))
+        raise BadFileError("This GPT-2 cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems))
     eos = hf.get("eos_token_id", 50256)
     architecture = dict(
         topology="decoder_only",

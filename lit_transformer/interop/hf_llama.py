@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.errors import ConfigError
+from lit_transformer.errors import BadFileError, ConfigError
 from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_hf_folder, switch_problems, write_hf_folder
 from lit_transformer.interop.hf_gpt2 import pad_rows
 from lit_transformer.model import Transformer
@@ -82,7 +82,7 @@ def _rope_theta(hf: Mapping) -> float:
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
-        raise ValueError(
+        raise BadFileError(
             f"This Llama uses rope_type={kind!r} (scaled rotary frequencies); we implement the default rotary only"
         )
     return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
@@ -92,7 +92,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
     """Our config for a Llama config.json. The folder decides the architecture and special token ids; dropout and
     initialisation come from `base` when given (they are training choices), else from the folder."""
     if hf.get("model_type", "llama") != "llama":
-        raise ValueError(f"config.json describes model_type={hf.get('model_type')!r}, not a Llama ('llama')")
+        raise BadFileError(f"config.json describes model_type={hf.get('model_type')!r}, not a Llama ('llama')")
     problems = [
         f"{option}={hf[option]!r} (we support only {option}={value!r}: {why})"
         for option, (value, why) in HF_OPTIONS.items()
@@ -104,7 +104,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
         problems.append("attention_bias != mlp_bias (our `bias` switch sets both)")
     if problems:
-        raise ValueError("This Llama cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems))
+        raise BadFileError("This Llama cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems))
     eos = hf.get("eos_token_id", 2)
     architecture = dict(
         topology="decoder_only",

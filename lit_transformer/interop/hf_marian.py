@@ -30,7 +30,7 @@ from lit_transformer.data.marian_tokenizers import (  # noqa: F401 - the Marian 
     marian_decoder_start_token_id,
     spm_tokenizer,
 )
-from lit_transformer.errors import ConfigError
+from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
 from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_state_dict, save_hf_tokenizer, switch_problems
 from lit_transformer.model import Transformer
 
@@ -228,7 +228,9 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
         if hf.get(option, value) != value:
             problems.append(f"{option}={hf[option]!r}: Marian as we read it has {option}={value!r}")
     if problems:
-        raise ValueError("This Marian model cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems))
+        raise BadFileError(
+            "This Marian model cannot be represented by our Transformer:\n  - " + "\n  - ".join(problems)
+        )
     vocab = hf["vocab_size"]
     target_vocab = hf.get("decoder_vocab_size") or vocab
     start = decoder_start_token_id(hf)
@@ -276,7 +278,7 @@ def from_hf_state_dict(state: Mapping[str, torch.Tensor], cfg: TransformerConfig
     paper's interleaved order, q/k/v fused. A non-zero final_logits_bias is refused: our output has no bias."""
     bias = state.get("final_logits_bias")
     if bias is not None and bool(bias.abs().max() > 0):
-        raise ValueError(
+        raise BadFileError(
             "final_logits_bias is not zero in this Marian model: our output layer has no bias, so the logits would "
             "differ; this model cannot be loaded exactly"
         )
@@ -326,16 +328,14 @@ def load_hf_marian(directory: str | os.PathLike, base: TransformerConfig | None 
     Its tokenizers: load_hf_marian_tokenizers."""
     folder = Path(directory)
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{folder} holds no config.json: give the folder of a Marian model (e.g. opus-mt-en-es)"
-        )
+        raise MissingFileError(f"{folder} holds no config.json: give the folder of a Marian model (e.g. opus-mt-en-es)")
     cfg = from_hf_config(json.loads((folder / "config.json").read_text()), base)
     model = Transformer(cfg)
     state = from_hf_state_dict(read_state_dict(folder), cfg)
     expected = model.state_dict()
     missing = [k for k in expected if k not in state and not k.endswith("positions.weight")]  # sinusoids: ours
     if missing:
-        raise ValueError(f"{folder}: the Marian weights lack {missing[:5]}")
+        raise BadFileError(f"{folder}: the Marian weights lack {missing[:5]}")
     model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     return model.eval()
 

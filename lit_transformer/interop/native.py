@@ -11,7 +11,9 @@ from pathlib import Path
 from safetensors.torch import load_file, load_model, save_file, save_model
 from tokenizers import Tokenizer
 
+from lit_transformer.checkpoints.files import follow_umask
 from lit_transformer.config import TransformerConfig
+from lit_transformer.errors import BadFileError
 from lit_transformer.model import Transformer
 
 FORMAT = "lit_transformer"
@@ -35,6 +37,7 @@ def save_safetensors(
         save_file(quantized_state(model), os.fspath(directory / "model.safetensors"), metadata=metadata)
     else:
         save_model(model, os.fspath(directory / "model.safetensors"), metadata=metadata)
+    follow_umask(directory / "model.safetensors")
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save(os.fspath(directory / "tokenizer.json"))
@@ -48,7 +51,7 @@ def load_safetensors(directory: str | os.PathLike) -> Transformer:
     directory = Path(directory)
     config = json.loads((directory / "config.json").read_text())
     if config.pop("format", None) != FORMAT:
-        raise ValueError(f"{directory}/config.json was not written by lit_transformer's safetensors export")
+        raise BadFileError(f"{directory}/config.json was not written by lit_transformer's safetensors export")
     quantization = config.pop("quantization", None)
     model = Transformer(TransformerConfig(**config))
     if quantization is not None:  # an int8 export: the model comes back int8 (CPU)

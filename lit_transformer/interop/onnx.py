@@ -26,10 +26,13 @@ padding on either side, the sliding window): only the forward passes run in onnx
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.errors import BadFileError, ConfigError
 from lit_transformer.model import Transformer
 from lit_transformer.model.attention import KVCache
 from lit_transformer.model.blocks import LayerCache
@@ -75,7 +79,7 @@ def export_onnx(model: Transformer, path: str | os.PathLike, opset: int = 18) ->
     """Write the logits graph `path` (.onnx) with dynamic batch and sequence axes (sequence up to max_seq_len)."""
     cfg = model.config
     if cfg.is_encoder_decoder:
-        raise ValueError(
+        raise ConfigError(
             "the logits graph covers decoder-only and encoder-only models; an encoder-decoder exports as an encoder "
             "graph and a decoder-step graph: export_onnx_folder (or `export --format onnx`)"
         )
@@ -96,12 +100,35 @@ def export_onnx(model: Transformer, path: str | os.PathLike, opset: int = 18) ->
     return _export(wrapper, args, names, ["logits"], dynamic, path, opset)
 
 
+# What torch's exporter says that a user can do nothing about: it skips torchvision's operators when torchvision is
+# absent (this model has none), and torch's own pytree code warns about a deprecation inside torch.
+EXPORTER_NOISE_LOGGERS = ("torch.onnx._internal.exporter._registration",)
+EXPORTER_NOISE_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated",)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """torch.onnx.export without the lines of EXPORTER_NOISE_*; its other warnings and errors still show."""
+    loggers = [logging.getLogger(name) for name in EXPORTER_NOISE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        for message in EXPORTER_NOISE_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
 def _export(
     wrapper: nn.Module, args: tuple, names: list[str], outputs: list[str], dynamic: Any, path, opset: int
 ) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(
             wrapper.eval(),
             args,
@@ -190,7 +217,7 @@ def export_decoding_graphs(
     "graphs" entry of onnx.json). Batch, new-token, past and source axes are dynamic."""
     cfg = model.config
     if cfg.is_encoder_only:
-        raise ValueError("an encoder_only model does not decode: its graph is the logits graph (export_onnx)")
+        raise ConfigError("an encoder_only model does not decode: its graph is the logits graph (export_onnx)")
     directory = Path(directory)
     n, auto = cfg.decoder_layers, torch.export.Dim.AUTO
     # Example sizes all different, so no two dynamic axes are taken for one: batch 2, 3 new tokens, past 4, source 5.
@@ -293,7 +320,7 @@ def export_onnx_folder(
 
     cfg = model.config
     if is_quantized(model):
-        raise ValueError(
+        raise ConfigError(
             "the ONNX graphs are traced from the fp32 model: export it with quantize='int8' (onnxruntime quantizes "
             "the graphs) rather than a quantize_int8 model"
         )
@@ -350,7 +377,7 @@ class OnnxModel:
         self.directory = Path(directory)
         description = json.loads((self.directory / "onnx.json").read_text())
         if description.get("format") != FORMAT:
-            raise ValueError(f"{self.directory}/onnx.json was not written by lit_transformer's ONNX export")
+            raise BadFileError(f"{self.directory}/onnx.json was not written by lit_transformer's ONNX export")
         self.description = description
         self.config = TransformerConfig(**description["config"])
         self.layers, self.cross_kv = description["layers"], description["cross_kv"]
@@ -383,7 +410,7 @@ class OnnxModel:
         attention_mask = None if attention_mask is None else attention_mask.cpu()
         plan = plan_decoding(self, input_ids, attention_mask, config, overrides)
         if plan.gen.compile:
-            raise ValueError(
+            raise ConfigError(
                 "compile=True compiles the PyTorch model's passes; onnxruntime runs its own optimised graphs: leave "
                 "compile unset for OnnxModel"
             )

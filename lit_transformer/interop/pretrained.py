@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 
+from lit_transformer.checkpoints.files import CheckpointError
 from lit_transformer.config import TransformerConfig
+from lit_transformer.errors import ConfigError
 from lit_transformer.model import ENCODER_PREFIXES, Transformer
 from lit_transformer.transforms.lora import locate_lora_base, new_parameters
 
@@ -77,9 +79,9 @@ def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transfo
     checkpoint = load_checkpoint(path)
     saved = _saved_config(checkpoint)
     if saved is None:
-        raise ValueError(f"init_from {path}: the checkpoint has no hyper_parameters.config (not written by `fit`)")
+        raise CheckpointError(f"init_from {path}: the checkpoint has no hyper_parameters.config (not written by `fit`)")
     if saved.topology != config.topology:
-        raise ValueError(
+        raise ConfigError(
             f"init_from {path} holds a {saved.topology} model; this run's model.config.topology is "
             f"{config.topology}: set it to {saved.topology}"
         )
@@ -142,7 +144,7 @@ def check_same_tokenizer(init_from: str, expected_json: str, data_tokenizer_json
     """Refuse data whose tokenizer segments otherwise than the one `init_from` was trained with."""
     if not _same_segmentation(data_tokenizer_json, expected_json):
         # The .ckpt or the Marian folder itself names the tokenizer (a folder also its decoder's start token).
-        raise ValueError(
+        raise ConfigError(
             f"init_from {init_from} was trained with another tokenizer than this run's data: the encoder's "
             f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {init_from}"
         )
@@ -160,9 +162,11 @@ def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Trans
     checkpoint = load_checkpoint(path)
     saved = _saved_config(checkpoint)
     if not isinstance(saved, TransformerConfig) or saved.topology != "encoder_only":
-        raise ValueError(f"init_from {path}: a .ckpt must hold an encoder_only model (a masked LM or a classifier)")
+        raise CheckpointError(
+            f"init_from {path}: a .ckpt must hold an encoder_only model (a masked LM or a classifier)"
+        )
     if config.topology != "encoder_only":
-        raise ValueError(f"init_from {path} holds an encoder; this run's model.config.topology must be encoder_only")
+        raise ConfigError(f"init_from {path} holds an encoder; this run's model.config.topology must be encoder_only")
     config = config.replace(**{name: getattr(saved, name) for name in ENCODER_FIELDS})
     model = Transformer(config)
     if "lora" in checkpoint:  # adapters: their base read again and the adapters merged in
@@ -172,6 +176,6 @@ def load_pretrained_encoder(path: str, config: TransformerConfig) -> tuple[Trans
     encoder = {k: v for k, v in state.items() if k.startswith(ENCODER_PREFIXES)}
     missing = [k for k in model.state_dict() if k.startswith(ENCODER_PREFIXES) and k not in encoder]
     if missing:
-        raise ValueError(f"init_from {path}: the checkpoint lacks encoder weights {missing[:5]}")
+        raise CheckpointError(f"init_from {path}: the checkpoint lacks encoder weights {missing[:5]}")
     model.load_state_dict(encoder, strict=False)
     return model.train(), checkpoint.get("tokenizer")

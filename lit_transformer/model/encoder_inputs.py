@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.errors import ConfigError
 from lit_transformer.model.positions import LearnedPositions, PositionEmbedding, build_positions, sinusoids
 
 
@@ -24,7 +25,7 @@ class FeatureProjection(nn.Module):
 
     def forward(self, features: Tensor) -> Tensor:
         if features.dim() != 3 or features.shape[-1] != self.proj.in_features:
-            raise ValueError(
+            raise ConfigError(
                 f"source='features' takes (batch, regions, source_dim={self.proj.in_features}) vectors; got shape "
                 f"{tuple(features.shape)}"
             )
@@ -44,7 +45,7 @@ class PatchEmbedding(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         if images.dim() != 4 or images.shape[1] != self.channels or tuple(images.shape[2:]) != self.image_size:
-            raise ValueError(
+            raise ConfigError(
                 f"source='patches' takes (batch, {self.channels}, {self.image_size[0]}, {self.image_size[1]}) images "
                 f"(image_channels, image_size); got shape {tuple(images.shape)}: resize them in the data"
             )

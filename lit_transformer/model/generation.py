@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_transformer.config import GenerationConfig
+from lit_transformer.errors import ConfigError
 
 if TYPE_CHECKING:
     from lit_transformer.model.transformer import Transformer
@@ -66,7 +67,7 @@ class IncrementalDecoder:
         self.window_keep = min(window_keep or max(1, self.window // 2), self.window)
         if cfg.is_encoder_decoder:
             if cfg.bos_token_id is None:
-                raise ValueError("encoder_decoder generation starts from bos_token_id; set it in the config")
+                raise ConfigError("encoder_decoder generation starts from bos_token_id; set it in the config")
             src_keep = model.drop_if_unpadded(attention_mask)
             self.memory = self._encode(input_ids, src_keep, expand)
             if src_keep is not None:
@@ -173,7 +174,7 @@ class CompiledPasses:
         try:
             return self._functions[key](self.model, *args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
-            raise RuntimeError(
+            raise ConfigError(
                 f"compile=True could not compile the model's {name} pass ({type(error.inner_exception).__name__}: "
                 f"{str(error.inner_exception).splitlines()[0] if str(error.inner_exception) else ''}). On a CPU, "
                 "torch.compile's inductor needs a working C++ compiler (gcc or clang): install one, or decode "
@@ -297,7 +298,7 @@ def plan_decoding(
         raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
     gen = (config or GenerationConfig()).replace(**overrides)
     if gen.window_keep is not None and gen.window_keep > cfg.max_seq_len:
-        raise ValueError(f"window_keep={gen.window_keep} exceeds max_seq_len={cfg.max_seq_len}")
+        raise ConfigError(f"window_keep={gen.window_keep} exceeds max_seq_len={cfg.max_seq_len}")
     eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
     stops = [t for t in [eos, *gen.stop_token_ids] if t is not None]
     fill = cfg.pad_token_id if cfg.pad_token_id is not None else eos
@@ -383,7 +384,7 @@ def decode(
         return torch.empty(input_ids.shape[0], 0, dtype=torch.long, device=input_ids.device)
     if gen.num_beams > 1:
         if streamer is not None:
-            raise ValueError("streaming needs num_beams=1: beam search settles its tokens only at the end")
+            raise ConfigError("streaming needs num_beams=1: beam search settles its tokens only at the end")
         return _beam_search(model, input_ids, attention_mask, plan, decoder_class)
     if generator is None and gen.seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(gen.seed)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_transformer.config import TransformerConfig
+from lit_transformer.errors import ConfigError
 
 
 def sinusoids(n_positions: int, d_model: int) -> Tensor:
@@ -64,9 +65,10 @@ class LearnedPositions(PositionEmbedding):
 
     def table(self, n_positions: int) -> Tensor:
         if n_positions > self.weight.shape[0]:
-            raise ValueError(
+            raise ConfigError(
                 f"A sequence of {n_positions} positions exceeds max_seq_len={self.weight.shape[0]}: learned positions "
-                "cannot extrapolate; raise max_seq_len or use positions='sinusoidal'"
+                "cannot extrapolate; raise max_seq_len or use positions='sinusoidal'",
+                keys=["model.config.max_seq_len"],
             )
         return self.weight[:n_positions]
 

@@ -105,6 +105,14 @@ def _cli_value(value: Any) -> str:
     return str(value)
 
 
+def _resolve(path: str) -> str:
+    """A config as `fit` finds it: a file, else a packaged config by name (configs/ablations/base/x.yaml, or
+    ablations/base/x), from any working folder."""
+    from lit_transformer.cli.arguments import existing_config
+
+    return existing_config(str(path))
+
+
 @dataclass
 class Grid:
     """One ablation: base configs, common overrides, named cells of overrides, seeds."""
@@ -641,7 +649,7 @@ def main(argv: list[str] | None = None) -> None:
 def ablate(argv: list[str] | None = None) -> int:
     """Run (or resume) the grids, then write their tables and plots; 0, or 1 when a run failed."""
     args, extra = parse_args(argv)
-    grids = [Grid.load(path) for path in args.grids]
+    grids = [Grid.load(_resolve(path)) for path in args.grids]
     plan: list[tuple[Grid, Path, list[Run]]] = []
     for grid in grids:
         if args.seeds:

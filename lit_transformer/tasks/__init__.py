@@ -11,6 +11,7 @@ import inspect
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.base import Loss, Task, data_fields
 from lit_transformer.tasks.captioning import Captioning
 from lit_transformer.tasks.classification import Classification
@@ -53,7 +54,7 @@ def default_task(config: TransformerConfig) -> type[Task]:
     for task in TASKS.values():
         if all(getattr(config, name) == value for name, value in task.architecture.items()):
             return task
-    raise ValueError(f"no built-in task trains topology={config.topology} head={config.head}; set model.task")
+    raise ConfigError(f"no built-in task trains topology={config.topology} head={config.head}; set model.task")
 
 
 def generation_defaults(config: TransformerConfig, **overrides: Any) -> GenerationConfig:
@@ -69,7 +70,7 @@ def _task_class(name: str) -> type[Task]:
     module, _, attr = name.rpartition(".")
     cls = getattr(importlib.import_module(module), attr, None) if module else None
     if not (isinstance(cls, type) and issubclass(cls, Task)):
-        raise ValueError(
+        raise ConfigError(
             f"model.task {name!r} is neither one of {sorted(TASKS)} nor the import path of a Task subclass"
         )
     return cls

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import torch
 
 from lit_transformer.data.text import encode_input
+from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.losses import IGNORE_INDEX, smoothed_cross_entropy
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class Task(torch.nn.Module):
         if found != self.architecture:
             wanted = " and ".join(f"model.config.{name} {value}" for name, value in self.architecture.items())
             have = ", ".join(f"{name}={value}" for name, value in found.items())
-            raise ValueError(f"the {self.name or type(self).__name__} task needs {wanted} (not {have}): set them, or "
+            raise ConfigError(f"the {self.name or type(self).__name__} task needs {wanted} (not {have}): set them, or "
                              "choose another model.task")  # fmt: skip
 
     # ---- data -------------------------------------------------------------------------------------------------------
@@ -230,7 +231,7 @@ class Task(torch.nn.Module):
 
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
         """One JSON row per input of a predict batch (see PredictionWriter)."""
-        raise ValueError(f"the {self.name or type(self).__name__} task has no predictions to write")
+        raise ConfigError(f"the {self.name or type(self).__name__} task has no predictions to write")
 
     @classmethod
     def encode_input(cls, tokenizer: Tokenizer, text: str, eos_token_id: int | None) -> list[int]:

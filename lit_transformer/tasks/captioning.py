@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.base import STAGES, token_labels
 from lit_transformer.tasks.translation import Translation
 
@@ -36,7 +37,7 @@ class Captioning(Translation):
     def check_config(self, config) -> None:
         super().check_config(config)
         if config.source == "tokens":
-            raise ValueError(
+            raise ConfigError(
                 "the captioning task reads images or features: set model.config.source patches (with image_size, "
                 "patch_size, image_channels) or features (with source_dim)"
             )

@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.base import STAGES, Loss, Task
 from lit_transformer.tasks.losses import classification_loss
 
@@ -84,11 +85,11 @@ class Classification(Task):
             return None
         if weights == "balanced":
             if label_counts is None:
-                raise ValueError('class_weights="balanced" needs a DataModule that counts its labels (label_counts)')
+                raise ConfigError('class_weights="balanced" needs a DataModule that counts its labels (label_counts)')
             counts = torch.as_tensor(label_counts(), dtype=torch.float32).clamp(min=1)
             return counts.sum() / (len(counts) * counts)
         if len(weights) != self._num_labels:
-            raise ValueError(f"class_weights has {len(weights)} values for num_labels={self._num_labels}")
+            raise ConfigError(f"class_weights has {len(weights)} values for num_labels={self._num_labels}")
         return torch.tensor(weights, dtype=torch.float32)
 
     def build_metrics(self, config) -> None:

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import torch
 
+from lit_transformer.errors import ConfigError
+
 IGNORE_INDEX = -100
 
 
 def require_fused_loss(device: torch.device | str) -> None:
     """Fail with what to do where the fused loss cannot run: no CUDA device, or no liger-kernel."""
     if torch.device(device).type != "cuda":
-        raise ValueError(
+        raise ConfigError(
             f"fused_loss=true needs a CUDA device (liger-kernel's Triton kernels), not {device}: "
             "drop --model.task.init_args.fused_loss on this machine (the plain loss is the same number)"
         )
     try:
         import liger_kernel  # noqa: F401
     except ImportError as error:
-        raise ImportError(
+        raise ConfigError(
             "fused_loss=true needs liger-kernel: pip install -e '.[gpu]' (or pip install liger-kernel)"
         ) from error
 

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.base import Loss, Task
 from lit_transformer.tasks.losses import IGNORE_INDEX, smoothed_cross_entropy
 
@@ -31,7 +32,7 @@ def mask_tokens(
     unmasked token may also be a target, so its representation of every token stays informative.
     """
     if not 0.0 < probability < 1.0:
-        raise ValueError(f"probability={probability} must lie in (0, 1)")
+        raise ConfigError(f"probability={probability} must lie in (0, 1)")
 
     def uniform() -> Tensor:
         return torch.rand(tokens.shape, generator=generator, device=tokens.device)
@@ -89,4 +90,4 @@ class MaskedLM(Task):
         return torch.Generator(module.device).manual_seed(batch_idx)
 
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
-        raise ValueError("predict classifies with an encoder_only classification model; a masked LM has no labels")
+        raise ConfigError("predict classifies with an encoder_only classification model; a masked LM has no labels")

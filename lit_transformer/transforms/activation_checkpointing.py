@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.model import BLOCK_CLASSES
 
 # What the "selective" mode keeps of a block: the attention outputs, the costliest values per byte to recompute
@@ -43,7 +44,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str = "selective") ->
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     if mode not in ("block", "selective"):
-        raise ValueError(f"activation checkpointing mode={mode!r} is not 'block' or 'selective'")
+        raise ConfigError(f"activation checkpointing mode={mode!r} is not 'block' or 'selective'")
     kwargs = {}
     if mode == "selective":
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _keep_attention)

@@ -8,7 +8,7 @@ their own range), leaving embeddings, positions and LayerNorms fp32.
 The output layer is a choice (`lm_head`): it is tied to the embedding in most presets. Quantizing it makes an int8
 copy for the projection while the embedding lookup keeps the fp32 matrix, so the tie stays exact where it matters
 (the embedding) and the projection, the largest single matmul of a decoding step, streams a quarter of the bytes.
-It is the default because it is the faster choice (docs/performance.md, "int8 dynamic quantization": batch-1 greedy
+It is the default because it is the faster choice (docs/performance.md, "int8 decoding": batch-1 greedy
 3.09x fp32 against 2.11x with an fp32 head); `lm_head=False` keeps it fp32.
 
 The KV cache, sampling and beam search are untouched: they see fp32 activations and fp32 logits.
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.transforms.base import ModelTransform
 from lit_transformer.transforms.options import Quantize  # noqa: F401 - its home before the transforms package
 
@@ -41,7 +42,7 @@ class Int8Linear(_QUANTIZED_LINEAR):
     """torch's dynamic int8 Linear (the same packed weights, kernel and result) with a leaner forward, which calls the
     operator directly. torch's forward reaches it through the torch.ops wrappers, whose per-call Python checks and
     an output conversion (to the fp32 it already is) cost a few microseconds on each of a decoding step's 13 Linear
-    calls at the translation preset's size (docs/performance.md, "Per-step overhead"). Fake weights (tracing) and
+    calls at the translation preset's size (docs/performance.md, "int8 decoding"). Fake weights (tracing) and
     fp16 weights take torch's own forward.
 
     Under torch.compile (GenerationConfig.compile) the packed weights are opaque to the compiler, so the layer runs
@@ -144,7 +145,7 @@ def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor, weight_sum: Tensor, bi
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-class QuantizationError(ValueError):
+class QuantizationError(ConfigError):
     """A model or setting that dynamic int8 quantization cannot serve; the message says why and what to do."""
 
 

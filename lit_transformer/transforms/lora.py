@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lit_transformer.errors import ConfigError, MissingFileError
 from lit_transformer.model import ENCODER_PREFIXES
 from lit_transformer.transforms.base import ModelTransform
 from lit_transformer.transforms.options import ATTENTION, FEED_FORWARD, LoraOptions
@@ -59,7 +60,7 @@ def target_names(model: nn.Module, targets: Iterable[str]) -> list[str]:
     if unmatched or not chosen:
         unmatched = unmatched or targets
         endings = sorted({name.split(".", 2)[-1] for name in linear})
-        raise ValueError(
+        raise ConfigError(
             f"lora.target_modules {unmatched} name no Linear layer of this model's blocks; its blocks have "
             f"{', '.join(endings)} (attention: {', '.join(ATTENTION)}; feed-forward: {', '.join(FEED_FORWARD)})"
         )
@@ -90,7 +91,7 @@ def extra_names(model: nn.Module, patterns: Iterable[str]) -> set[str]:
         else:
             found = {n for n in names if _matches(clean_name(n), pattern)}
         if not found:
-            raise ValueError(
+            raise ConfigError(
                 f"lora.trainable {pattern!r} selects no parameter; use norms, biases, or a name or glob of: "
                 + ", ".join(sorted({clean_name(n).rsplit(".", 1)[0] for n in names})[:12])
                 + " …"
@@ -292,14 +293,14 @@ def locate_lora_base(recorded: str | None, given: str | None, what: str, flag: s
 
     if given:
         if is_missing_path(given):
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"the LoRA base {given} does not exist (given for {what}, whose recorded base is {recorded})"
             )
         return given
     if not recorded:
-        raise FileNotFoundError(f"{what} holds LoRA adapters but names no base (init_from) to apply them to")
+        raise MissingFileError(f"{what} holds LoRA adapters but names no base (init_from) to apply them to")
     if is_missing_path(recorded):
-        raise FileNotFoundError(missing_base_message(what, recorded, flag))
+        raise MissingFileError(missing_base_message(what, recorded, flag))
     return recorded
 
 
@@ -321,7 +322,7 @@ class LoraAdapters(ModelTransform):
         """`base`: the init_from the adapters adapt; it must exist (a checkpoint's base that moved, or a typo)."""
         self.options = LoraOptions.of(options)
         if not base:
-            raise ValueError(
+            raise ConfigError(
                 "model.lora adapts pretrained weights: give them with --model.init_from (a Hugging Face GPT-2, Llama or "
                 "Marian folder, or a .ckpt of ours)"
             )

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from lit_transformer.errors import ConfigError
+
 Quantize = Literal["none", "int8"]
 """The values of every `--quantize` flag: int8 swaps in dynamic int8 Linear layers (transforms/int8.py)."""
 
@@ -42,6 +44,6 @@ class LoraOptions:
 
     def __post_init__(self) -> None:
         if self.rank < 1:
-            raise ValueError(f"lora.rank={self.rank}: the adapters need a rank of at least 1")
+            raise ConfigError(f"lora.rank={self.rank}: the adapters need a rank of at least 1")
         if not self.target_modules:
-            raise ValueError("lora.target_modules is empty: name the Linear layers to adapt (qkv, out, up, down, ...)")
+            raise ConfigError("lora.target_modules is empty: name the Linear layers to adapt (qkv, out, up, down, ...)")

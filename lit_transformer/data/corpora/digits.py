@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lit_transformer.errors import ConfigError
+
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
@@ -95,7 +97,7 @@ def digit_captions(
     """The embedded captioning task (the digit strips above): each split's strips, composed from that split's scans only; the
     strip's width says how many digits it holds at most."""
     if image_size[0] != 8 or image_size[1] % 8 or channels != 1:
-        raise ValueError(
+        raise ConfigError(
             f"dataset='digits' strips are 8 pixels high, 8 wide a digit, greyscale: image_size=[8, 8 * max digits] "
             f"and channels=1, not image_size={list(image_size)}, channels={channels}"
         )

@@ -1,0 +1,536 @@
+"""A fuzzed front door: mistakes are generated, not listed, and every one is answered as docs/cli.md says.
+
+Hypothesis draws configs with a field dropped, mistyped, out of range, set to a wrong choice or combined
+inconsistently; data files empty, header-only, binary, truncated mid-row, with wrong columns, in mixed encodings, with
+a broken JSON line among good ones; checkpoints truncated, of another task or architecture, or not checkpoints at all;
+inputs longer than the context; mistyped commands, flags and choices. Each must end with the exit status of the rule
+(2: the command line or a config; 1: a file), a refusal of a few lines, no traceback, and the key or file named.
+
+The cases run in this process through the program's own entry point (`main`, output captured): a Lightning command
+builds its model, data and trainer as a run would and stops where training would start (`run_subcommand` is
+replaced), so a config's refusal is the one a run gives. A few cases run as processes too. The draws are
+derandomized (the same cases on every run, in CI as here) and bounded in number, so the file takes about a minute.
+`pytest tests/test_fuzz_front_door.py -s` prints how many cases each class ran.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import json
+import os
+import string
+import subprocess
+import sys
+import traceback
+from dataclasses import fields
+from pathlib import Path
+from typing import get_args, get_type_hints
+
+import pytest
+import torch
+import yaml
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from lit_transformer.cli import lightning_cli
+from lit_transformer.cli.program import COMMANDS, main
+from lit_transformer.config import TransformerConfig
+from lit_transformer.data.text import special_token_id, train_tokenizer
+from lit_transformer.model import Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "configs" / "presets" / "tiny.yaml"
+OLD = ROOT / "tests" / "fixtures" / "old_checkpoints"  # one small checkpoint per task (test_old_checkpoints.py)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ENV.pop("LIT_TRANSFORMER_DEBUG", None)
+
+# Derandomized and bounded: the same cases on every machine, in bounded time. No example database, no deadline
+# (a case's time depends on the machine's load, not on the case).
+FUZZ = settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=6,
+    phases=(Phase.explicit, Phase.generate, Phase.shrink),
+    suppress_health_check=(HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large),
+)
+RAN: collections.Counter[str] = collections.Counter()  # cases run per class, printed at the end (pytest -s)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts():
+    yield
+    print("\nfuzzed front door, cases per class:", dict(sorted(RAN.items())), "in all:", sum(RAN.values()))
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory) -> Path:
+    """The working folder of every case: a cache of its own, so prepared data never leaks between suites."""
+    folder = tmp_path_factory.mktemp("front_door")
+    (folder / "cache").mkdir()
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _stop_before_training(monkeypatch, place):
+    """A Lightning command builds everything a run builds, then stops where training would start."""
+    monkeypatch.setattr(lightning_cli.TransformerCLI, "run_subcommand", lambda self, subcommand: None)
+    monkeypatch.setenv("LIT_TRANSFORMER_CACHE", str(place / "cache"))
+    monkeypatch.delenv("LIT_TRANSFORMER_DEBUG", raising=False)
+    monkeypatch.chdir(place)
+
+
+# ---- the answer and what it must be ---------------------------------------------------------------------------------
+
+
+def answer(*argv: str) -> tuple[int, str]:
+    """(exit status, stderr) of the command line, run through the program's entry point in this process; an
+    exception that escapes it is what a process would print as a traceback."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(list(argv))
+            code: int = 0
+        except SystemExit as end:
+            code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
+            if isinstance(end.code, str):
+                err.write(end.code + "\n")
+        except BaseException:  # noqa: BLE001 - a bug: shown as the process would show it
+            err.write(traceback.format_exc())
+            code = 1
+    return code, err.getvalue()
+
+
+def refusal_of(stderr: str) -> list[str]:
+    """The refusal's lines: from `error:` to the end (what Lightning printed before it is its own)."""
+    lines = stderr.rstrip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    return lines[starts[-1] :] if starts else lines
+
+
+def check_refused(kind: str, code: int, stderr: str, status: int, *named: str) -> None:
+    """The rule: `status`, no traceback, the refusal in at most 4 lines, one of `named` (the key or file) in it."""
+    RAN[kind] += 1
+    assert "Traceback" not in stderr, f"{kind}: a traceback\n{stderr[-3000:]}"
+    refusal = refusal_of(stderr)
+    assert code == status, f"{kind}: exit {code}, not {status}\n{stderr[-2000:]}"
+    assert refusal and refusal[0].startswith("error:"), f"{kind}: no refusal\n{stderr[-2000:]}"
+    assert len(refusal) <= 4, f"{kind}: {len(refusal)} lines\n{stderr}"
+    text = "\n".join(refusal)
+    assert any(name in text for name in named), f"{kind}: none of {named} named\n{text}"
+
+
+# ---- configs -----------------------------------------------------------------------------------------------------
+
+CONFIG_FIELDS = {f.name: f for f in fields(TransformerConfig)}
+CHOICE_FIELDS = {name: get_args(hint) for name, hint in get_type_hints(TransformerConfig).items()
+                 if get_args(hint) and all(isinstance(a, str) for a in get_args(hint))}  # fmt: skip
+# Fields every model has and the tiny preset sets: a value below their range is a mistake whatever else is given.
+POSITIVE = ("d_model", "n_heads", "n_layers", "d_ff")
+FRACTIONS = ("dropout", "attention_dropout")
+NUMERIC_KEYS = (
+    "model.config.d_model",
+    "model.config.n_layers",
+    "model.config.dropout",
+    "model.optim.lr",
+    "model.optim.warmup_steps",
+    "data.init_args.batch_size",
+    "data.init_args.block_size",
+    "trainer.max_steps",
+    "checkpoint.every_n_train_steps",
+)
+WORDS = st.text(alphabet=string.ascii_lowercase, min_size=2, max_size=9).filter(
+    lambda w: w not in ("null", "none", "true", "false", "yes", "no", "on", "off", "nan", "inf")
+)
+
+
+def given_as(key: str, value, yaml_file: bool, place: Path) -> list[str]:
+    """A key given on the command line, or in a YAML file of its own composed after the preset."""
+    if not yaml_file:
+        return [f"--{key}", str(value)]
+    tree: dict = {}
+    node = tree
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    path = place / f"mine-{abs(hash((key, str(value)))) % 10**8}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return ["--config", path.name]
+
+
+def where_named(key: str, argv: list[str]) -> tuple[str, ...]:
+    """What the refusal must name: the key (as a flag or a YAML key) or the file that holds it."""
+    return (key, *(a for a in argv if a.endswith(".yaml") and a.startswith("mine-")))
+
+
+@FUZZ
+@given(key=st.sampled_from(NUMERIC_KEYS), value=WORDS, yaml_file=st.booleans())
+def test_a_value_of_the_wrong_type(place, key, value, yaml_file):
+    argv = given_as(key, value, yaml_file, place)
+    code, err = answer("fit", "--config", "presets/tiny", *argv)
+    check_refused("config: wrong type", code, err, 2, *where_named(key, argv))
+    assert "expected" in err and repr(value) in err
+
+
+@FUZZ
+@given(
+    field=st.sampled_from(POSITIVE + FRACTIONS),
+    low=st.integers(-1000, 0),
+    high=st.floats(1.0, 1e6, allow_nan=False),
+    yaml_file=st.booleans(),
+)
+def test_a_value_out_of_range(place, field, low, high, yaml_file):
+    value = high if field in FRACTIONS else low
+    argv = given_as(f"model.config.{field}", value, yaml_file, place)
+    code, err = answer("fit", "--config", "presets/tiny", *argv)
+    check_refused("config: out of range", code, err, 2, *where_named(f"model.config.{field}", argv))
+    assert f"{field}=" in err  # the field and the value it was given
+
+
+@FUZZ
+@given(
+    key=st.sampled_from(
+        ["trainer.max_steps", "trainer.max_epochs", "trainer.num_nodes", "trainer.devices", "data.init_args.batch_size"]
+    ),
+    value=st.integers(-(10**6), -2),
+)
+def test_a_trainer_or_data_value_out_of_range(place, key, value):
+    """Lightning's refusals (max_steps, log_every_n_steps) are user errors as the package's own are."""
+    code, err = answer("fit", "--config", "presets/tiny", f"--{key}", str(value))
+    check_refused("config: trainer or data out of range", code, err, 2, key.rpartition(".")[2])
+
+
+@FUZZ
+@given(field=st.sampled_from(sorted(CHOICE_FIELDS)), value=WORDS, yaml_file=st.booleans())
+def test_a_value_outside_its_choices(place, field, value, yaml_file):
+    if value in CHOICE_FIELDS[field]:
+        return
+    argv = given_as(f"model.config.{field}", value, yaml_file, place)
+    code, err = answer("fit", "--config", "presets/tiny", *argv)
+    check_refused("config: wrong choice", code, err, 2, *where_named(f"model.config.{field}", argv))
+    assert "is not one of" in err and all(choice in err for choice in CHOICE_FIELDS[field])
+
+
+@st.composite
+def inconsistent(draw) -> tuple[dict[str, object], tuple[str, ...]]:
+    """Values each valid alone that cannot go together, and the keys the refusal must name."""
+    kind = draw(st.sampled_from(["heads", "kv_heads", "rope", "context", "nope"]))
+    if kind == "heads":
+        heads = draw(st.integers(2, 12))
+        d_model = draw(st.integers(heads + 1, 200).filter(lambda d: d % heads))
+        return {"model.config.d_model": d_model, "model.config.n_heads": heads}, ("d_model", "n_heads")
+    if kind == "kv_heads":
+        kv = draw(st.integers(3, 8))
+        heads = draw(st.sampled_from([h for h in range(kv + 1, 4 * kv) if h % kv]))
+        return {"model.config.d_model": 64 * heads, "model.config.n_heads": heads, "model.config.n_kv_heads": kv}, (
+            "n_kv_heads",
+        )
+    if kind == "rope":
+        heads = draw(st.integers(1, 4))
+        return {"model.config.positions": "rope", "model.config.n_heads": heads, "model.config.d_model": heads * 7}, (
+            "rope",
+        )
+    if kind == "nope":
+        return {"model.config.positions": "none", "model.config.topology": "encoder_decoder"}, ("positions",)
+    block = draw(st.integers(8, 64))
+    context = draw(st.integers(8, 64).filter(lambda c: c != block))
+    return {"data.init_args.block_size": block, "model.config.max_seq_len": context}, ("block_size", "max_seq_len")
+
+
+@FUZZ
+@given(case=inconsistent(), yaml_file=st.booleans())
+def test_values_that_disagree(place, case, yaml_file):
+    values, named = case
+    argv = [item for key, value in values.items() for item in given_as(key, value, yaml_file, place)]
+    code, err = answer("fit", "--config", "presets/tiny", *argv)
+    check_refused("config: inconsistent", code, err, 2, *named)
+    assert all(name in err for name in named), err
+
+
+def _leaves(tree: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        keys.append(path)
+        if isinstance(value, dict):
+            keys += _leaves(value, path + ".")
+    return keys
+
+
+PRESET_KEYS = _leaves(yaml.safe_load(PRESET.read_text()))
+
+
+def _without(tree: dict, key: str) -> dict:
+    head, _, rest = key.partition(".")
+    out = dict(tree)
+    if rest:
+        out[head] = _without(tree[head], rest)
+    else:
+        del out[head]
+    return out
+
+
+@FUZZ
+@given(key=st.sampled_from(PRESET_KEYS))
+def test_a_config_with_a_field_dropped_runs_or_is_refused(place, key):
+    """Most fields have a default: dropping one gives a run. Where none fits (the data's class, the steps a cosine
+    schedule needs) the refusal names what is missing. Never a traceback."""
+    config = place / "dropped.yaml"
+    config.write_text(yaml.safe_dump(_without(yaml.safe_load(PRESET.read_text()), key)))
+    code, err = answer("fit", "--config", str(config), "--data.init_args.max_chars", "20000")
+    RAN["config: field dropped"] += 1
+    assert "Traceback" not in err, f"dropped {key}\n{err[-3000:]}"
+    if code != 0:
+        check_refused("config: field dropped, refused", code, err, 2, *key.split("."), "data", "max_steps")
+
+
+@FUZZ
+@given(key=st.sampled_from([k for k in PRESET_KEYS if k.count(".") >= 1]), typo=st.data())
+def test_a_mistyped_key(place, key, typo):
+    parts = key.split(".")
+    leaf = parts[-1]
+    at = typo.draw(st.integers(0, len(leaf) - 1))
+    wrong = leaf[:at] + typo.draw(st.sampled_from("xqz_")) + leaf[at + 1 :]
+    if wrong == leaf:
+        return
+    bad = ".".join([*parts[:-1], wrong])
+    code, err = answer("fit", "--config", "presets/tiny", f"--{bad}", "1")
+    check_refused("config: mistyped key", code, err, 2, bad)
+
+
+@FUZZ
+@given(text=st.text(min_size=1, max_size=40))
+def test_a_yaml_that_does_not_parse_is_named_with_its_line(place, text):
+    config = place / "broken.yaml"
+    body = f"model:\n  config:\n    d_model: 32\n  - {text}\n"  # a list item where a mapping goes: never YAML
+    config.write_text(body, encoding="utf-8", errors="surrogatepass")
+    code, err = answer("fit", "--config", "presets/tiny", "--config", str(config))
+    check_refused("config: malformed YAML", code, err, 2, f"{config}:")
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+
+@FUZZ
+@given(word=WORDS)
+def test_an_unknown_command(word):
+    if any(word == c.name for c in COMMANDS):
+        return
+    code, err = answer(word, "--config", "presets/tiny")
+    check_refused("command: unknown", code, err, 2, f"'{word}'")
+
+
+@FUZZ
+@given(command=st.sampled_from(["generate", "translate", "export", "average"]), flag=WORDS)
+def test_an_unknown_flag_of_a_command(command, flag):
+    code, err = answer(command, f"--{flag}x", "1")
+    check_refused("command: unknown flag", code, err, 2, f"{flag}x")
+
+
+@FUZZ
+@given(value=WORDS)
+def test_an_export_format_outside_its_choices(value):
+    if value in ("hf", "onnx", "safetensors"):
+        return
+    code, err = answer("export", "--checkpoint", "x.ckpt", "--format", value, "--out", "out")
+    check_refused("command: wrong choice", code, err, 2, "--format")
+    assert "hf, onnx, safetensors" in err
+
+
+# ---- data files ------------------------------------------------------------------------------------------------
+
+GOOD_ROWS = [f"line {i} of a corpus, with words enough to read" for i in range(40)]
+
+
+DATA_MISTAKES = ("empty", "header-only", "binary", "truncated", "wrong columns", "mixed encodings", "bad json")
+
+
+@st.composite
+def broken_data(draw, kind: str) -> tuple[str, bytes, str]:
+    """(file name, bytes, `kind`) for a data file that cannot be read as its name says, in a form drawn."""
+    forms = {"header-only": [".csv", ".tsv"], "wrong columns": [".csv", ".tsv", ".jsonl"], "bad json": [".jsonl"],
+             "truncated": [".csv", ".tsv", ".jsonl", ".txt"]}  # fmt: skip
+    form = draw(st.sampled_from(forms.get(kind, [".txt", ".csv", ".jsonl"])))
+    sep = "\t" if form == ".tsv" else ","
+
+    def lines(rows: list[dict], header: bool = True) -> list[bytes]:
+        """A file's lines (no newlines) holding `rows`, in the file's form."""
+        if form == ".jsonl":
+            return [json.dumps(r, ensure_ascii=False).encode() for r in rows]
+        if form == ".txt":
+            return [r["text"].encode() for r in rows]
+        names = list(rows[0])
+        body = [sep.join(f'"{r[n]}"' for n in names).encode() for r in rows]
+        return [sep.join(names).encode(), *body] if header else body
+
+    rows = [{"text": t} for t in GOOD_ROWS]
+    good = lines(rows)
+    if kind == "empty":
+        return f"empty{form}", b"", kind
+    if kind == "header-only":
+        return f"header{form}", b"text\n", kind
+    if kind == "binary":
+        noise = draw(st.binary(min_size=16, max_size=400))
+        return f"binary{form}", noise[:8] + b"\x00" + noise[8:], kind
+    if kind == "truncated":  # cut inside the last row: a quoted field or a JSON object left open, a character halved
+        last = good[-1]
+        cut = draw(st.integers(2, len(last) - 2))
+        tail = last[:cut] if form != ".txt" else last[:cut] + "\u00e9".encode()[:1]
+        return f"truncated{form}", b"\n".join([*good[:-1], tail]), kind
+    if kind == "wrong columns":
+        names = draw(st.lists(WORDS.filter(lambda w: w not in ("text", "label")), min_size=1, max_size=3, unique=True))
+        return f"columns{form}", b"\n".join(lines([{n: t for n in names} for t in GOOD_ROWS])) + b"\n", kind
+    at = draw(st.integers(1 if form in (".csv", ".tsv") else 0, len(good)))
+    if kind == "mixed encodings":  # one row written in Latin-1 among UTF-8 rows
+        odd = lines([{"text": "na\u00efve caf\u00e9"}], header=False)[0].decode().encode("latin-1")
+    else:
+        odd = draw(st.sampled_from([b'{"text": "an unclosed', b'{"text": }', b"text without braces", b"[1, 2"]))
+    return f"{kind.replace(' ', '-')}{form}", b"\n".join([*good[:at], odd, *good[at:]]) + b"\n", kind
+
+
+@pytest.mark.parametrize("kind", DATA_MISTAKES)
+@settings(FUZZ, max_examples=4)
+@given(data=st.data())
+def test_a_data_file_that_cannot_be_read(place, kind, data):
+    """Read by `prepare` (the whole preparation, as fit's first run does) with the tiny preset's text column."""
+    name, content, _ = data.draw(broken_data(kind))
+    (place / name).write_bytes(content)
+    code, err = answer("prepare", "--config", "presets/tiny", "--data.init_args.dataset", name,
+                       "--data.init_args.cache_dir", str(place / "cache"))  # fmt: skip
+    check_refused(f"data: {kind}", code, err, 1, name)
+
+
+@pytest.mark.parametrize("kind", ["empty", "header-only", "wrong columns"])
+@settings(FUZZ, max_examples=2)
+@given(data=st.data())
+def test_a_labelled_data_file_without_its_rows_or_columns(place, kind, data):
+    """The classifier's data (text and label columns), refused when fit builds it, before any training."""
+    name, content, _ = data.draw(broken_data(kind))
+    (place / name).write_bytes(content)
+    code, err = answer("fit", "--config", "presets/classify-genre", "--data.init_args.dataset", name,
+                       "--data.init_args.vocab_size", "300", "--data.init_args.cache_dir", str(place / "cache"))  # fmt: skip
+    check_refused(f"labelled data: {kind}", code, err, 1, name)
+
+
+# ---- checkpoints and inputs -------------------------------------------------------------------------------------
+
+TASK_COMMANDS = {"language_modeling": "generate", "translation": "translate"}
+
+
+@FUZZ
+@given(
+    name=st.sampled_from(sorted(TASK_COMMANDS) + ["classification"]),
+    keep=st.floats(0.0, 0.98),
+    command=st.sampled_from(["generate", "translate", "export", "validate"]),
+)
+def test_a_checkpoint_cut_short(place, name, keep, command):
+    data = (OLD / f"{name}.ckpt").read_bytes()
+    cut = place / f"cut-{name}.ckpt"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    code, err = answer(*_load_with(command, cut.name))
+    check_refused("checkpoint: truncated", code, err, 1, cut.name)
+
+
+@FUZZ
+@given(content=st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode)), command=st.sampled_from(
+    ["generate", "translate", "export", "validate", "test", "predict"]))  # fmt: skip
+def test_a_file_that_is_not_a_checkpoint(place, content, command):
+    path = place / "not-a-checkpoint.ckpt"
+    path.write_bytes(content)
+    code, err = answer(*_load_with(command, path.name))
+    check_refused("checkpoint: not one", code, err, 1, path.name)
+
+
+@FUZZ
+@given(name=st.sampled_from(["classification", "masked_lm", "translation", "language_modeling"]),
+       command=st.sampled_from(["generate", "translate"]))  # fmt: skip
+def test_a_checkpoint_of_another_task(place, name, command):
+    if TASK_COMMANDS.get(name) == command:
+        return
+    code, err = answer(command, "--checkpoint", str(OLD / f"{name}.ckpt"), "--text", "a", "--max_new_tokens", "2")
+    if command == "generate":
+        code, err = answer(command, "--checkpoint", str(OLD / f"{name}.ckpt"), "--max_new_tokens", "2")
+    check_refused("checkpoint: another task", code, err, 1, "task")
+
+
+@FUZZ
+@given(pair=st.sampled_from([("language_modeling", "translation"), ("classification", "masked_lm"),
+                             ("language_modeling", "classification")]))  # fmt: skip
+def test_checkpoints_of_other_architectures_averaged(place, pair):
+    code, err = answer("average", "--checkpoints", *(str(OLD / f"{n}.ckpt") for n in pair), "--output", "avg.ckpt")
+    check_refused("checkpoint: another architecture", code, err, 1, *(f"{n}.ckpt" for n in pair))
+
+
+def _load_with(command: str, path: str) -> list[str]:
+    if command in ("generate", "translate"):
+        return [command, "--checkpoint", path, "--text" if command == "translate" else "--prompt", "a"]
+    if command == "export":
+        return [command, "--checkpoint", path, "--format", "safetensors", "--out", "exported"]
+    return [command, "--config", "presets/tiny", "--ckpt_path", path]
+
+
+@pytest.fixture(scope="module")
+def learned_translator(tmp_path_factory) -> tuple[Path, int]:
+    """An encoder-decoder with learned positions (it cannot read past max_seq_len) as fit would save it."""
+    tokenizer = train_tokenizer([string.printable * 3], kind="char", vocab_size=128)
+    ids = {role: special_token_id(tokenizer, role) for role in ("pad", "bos", "eos")}
+    config = TransformerConfig(topology="encoder_decoder", positions="learned", d_model=16, n_heads=2, n_layers=1,
+                               d_ff=32, max_seq_len=24, vocab_size=tokenizer.get_vocab_size(),
+                               **{f"{role}_token_id": i for role, i in ids.items()})  # fmt: skip
+    model = Transformer(config)
+    path = tmp_path_factory.mktemp("translator") / "mt.ckpt"
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": {"config": config}, "tokenizer": tokenizer.to_str()}, path)
+    return path, config.max_seq_len
+
+
+@FUZZ
+@given(extra=st.integers(1, 200), lines=st.integers(1, 5), where=st.data())
+def test_a_source_longer_than_the_encoder_reads(place, learned_translator, extra, lines, where):
+    """Learned positions end at max_seq_len: a longer source is refused, naming the line (a note, not a refusal, is
+    generate's answer: a decoder slides over a long prompt, docs/inference.md)."""
+    checkpoint, context = learned_translator
+    long = "x" * (context + extra)
+    inputs = ["short"] * lines
+    at = where.draw(st.integers(0, lines - 1))
+    inputs[at] = long
+    (place / "sources.txt").write_text("\n".join(inputs) + "\n")
+    code, err = answer("translate", "--checkpoint", str(checkpoint), "--input", "sources.txt")
+    check_refused("input: longer than the context", code, err, 1, f"sources.txt line {at + 1}")
+    code, err = answer("translate", "--checkpoint", str(checkpoint), "--text", long)
+    check_refused("input: longer than the context", code, err, 1, "--text")
+
+
+# ---- a few as processes -------------------------------------------------------------------------------------------
+
+
+@settings(FUZZ, max_examples=1)
+@given(data=st.data())
+def test_as_a_process_a_mistake_is_answered_the_same(place, data):
+    """What the process itself prints and returns (its streams, Lightning's lines, the interpreter's exit)."""
+    kind = data.draw(st.sampled_from(["binary", "bad json", "mixed encodings"]))
+    name, content, _ = data.draw(broken_data(kind))
+    (place / name).write_bytes(content)
+    result = subprocess.run(
+        [sys.executable, "-m", "lit_transformer", "prepare", "--config", "presets/tiny",
+         "--data.init_args.dataset", name, "--data.init_args.cache_dir", str(place / "cache")],
+        cwd=place, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    check_refused(f"process: data {kind}", result.returncode, result.stderr, 1, name)
+    assert len(result.stderr.strip().splitlines()) <= 6, result.stderr
+
+
+@settings(FUZZ, max_examples=1)
+@given(keep=st.floats(0.05, 0.95), name=st.sampled_from(sorted(TASK_COMMANDS)))
+def test_as_a_process_a_torn_checkpoint_is_answered_the_same(place, keep, name):
+    data = (OLD / f"{name}.ckpt").read_bytes()
+    (place / "torn.ckpt").write_bytes(data[: int(len(data) * keep)])
+    result = subprocess.run(
+        [sys.executable, "-m", "lit_transformer", TASK_COMMANDS[name], "--checkpoint", "torn.ckpt"],
+        cwd=place, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    check_refused("process: torn checkpoint", result.returncode, result.stderr, 1, "torn.ckpt")
+    assert len(result.stderr.strip().splitlines()) <= 4, result.stderr
