@@ -226,7 +226,7 @@ MISTAKES = {
     ),
     "an export format outside its choices": (
         ["export", "--checkpoint", "bad.ckpt", "--format", "gguf", "--out", "x"], 2,
-        ["format: 'gguf' is not one of hf, onnx, safetensors (the flag --format)"],
+        ["format: 'gguf' is not one of hf, onnx, safetensors, peft (the flag --format)"],
     ),
     "a synonym of a command": (["train", "--config", "presets/tiny"], 2, ["unknown command 'train'. Did you mean 'fit'"]),
     "a missing config": (["fit", "--config", "nope.yaml"], 2, ["--config nope.yaml: no such file here"]),

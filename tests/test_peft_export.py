@@ -136,7 +136,8 @@ def test_what_peft_cannot_load_is_refused_in_one_line_pointing_to_the_merged_exp
     full = _checkpoint(tmp_path / "full.ckpt", gpt2, {}, base=None)
     assert "holds no LoRA adapters" in _refusal("--checkpoint", str(full), *out)
     from lit_transformer.cli.model_commands import export_main
+    from lit_transformer.errors import ConfigError
 
-    with pytest.raises(SystemExit, match="safetensors or onnx, not peft"):
+    with pytest.raises(ConfigError, match="safetensors or onnx, not peft"):
         export_main(["--checkpoint", str(ours), *out, "--quantize", "int8"])
     assert not (tmp_path / "adapter").exists()
