@@ -48,6 +48,7 @@ KNOWN = [
     r"[\w.\-/]+: blocks of \d+ tokens per split \{.*\}",
     r"[\w.\-/]+: pairs per split \{.*\}.*",
     r"predict: writing .*\.jsonl",
+    r"checkpoints: (final|none written) .*",
     r"Wrote .*",
     r"",
 ]

@@ -483,7 +483,7 @@ class SplitStream:
                     f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
                 )
             for f in files:
-                self._check_columns(f)
+                self._check_columns(f, split_of(f) if len(files) > 1 else "train")
         else:
             for canonical, (name, split) in hub_streams(dataset, dataset_config, self.hub_hint).items():
                 self.sources[canonical] = Source(table=split, origin=("hub", name))
@@ -535,13 +535,14 @@ class SplitStream:
                 "uncompressed (.parquet)"
             )
 
-    def _check_columns(self, path: str) -> None:
-        """A row file without the record's columns fails at once, naming the columns it has."""
+    def _check_columns(self, path: str, split: str) -> None:
+        """A row file without the record's columns fails at once, naming the columns it has (and an empty one, the
+        split it would have fed)."""
         columns = columns_of(path, self.encoding) if form_suffix(path) in BUILDERS else None
         if columns == []:
             raise DataFileError(
-                f"{path} is empty: no header, no rows; it needs the columns {', '.join(map(repr, self._columns()))} "
-                "and a row for each example"
+                f"{path} is empty: no header, no rows, so the {split} split has no example; it needs the columns "
+                f"{', '.join(map(repr, self._columns()))} and a row for each example"
             )
         missing = [c for c in self._columns() if columns is not None and c.split(".")[0] not in columns]
         if missing:

@@ -371,7 +371,7 @@ class PairStream(SplitStream):
             )
         return _as_text(found[keys[0]], where), _as_text(found[keys[1]], where)
 
-    def _check_columns(self, path: str) -> None:
+    def _check_columns(self, path: str, split: str) -> None:
         """A file without the pair's columns fails at once, naming the columns it has."""
         columns = columns_of(path, self.encoding)
         if columns is None:
@@ -379,7 +379,7 @@ class PairStream(SplitStream):
         if not self.explicit and "translation" in columns:
             self._read_columns[path] = ["translation"]
             return
-        super()._check_columns(path)
+        super()._check_columns(path, split)
         self._read_columns[path] = list(dict.fromkeys(c.split(".")[0] for c in self.columns))
 
 
