@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _forked import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -94,7 +95,7 @@ def adapt(command: str) -> tuple[str, str]:
             small += " --data.init_args.max_pairs 400 --data.init_args.bleu_samples 2"
         return f"{code} {small}", "resume" if "--ckpt_path last" in code else "fit"
     if kind == "test":
-        return code + " --trainer.limit_test_batches 2", "test"
+        return code + " --trainer.limit_test_batches 1", "test"
     if kind == "generate":
         # Past the context of 128: the window slides. A 4-step model samples EOS at random (about 1 token in 1,024, so
         # a 300-token sample ends early in a run of four); no EOS id (-1) keeps every sample going to 300 tokens.
@@ -259,14 +260,39 @@ def parse_only(command: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(words, code, out.getvalue(), err.getvalue())
 
 
-def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    command = as_module(command)
+def environment() -> dict[str, str]:
+    """The environment after the set-up command: the venv activated, one thread per process."""
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
+    return env
+
+
+def python_module(command: str) -> list[str] | None:
+    """[module, *arguments] of a plain `python -m lit_transformer... ARGS` (no redirection, pipe, `&&`, expansion or
+    glob: a command bash must read), else None."""
+    if any(char in command for char in "$`*?~!{"):
+        return None
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = list(lexer)
+    if any(word and set(word) <= set(lexer.punctuation_chars) for word in words):
+        return None
+    if words[:2] != ["python", "-m"] or len(words) < 3 or words[2].partition(".")[0] != "lit_transformer":
+        return None
+    return words[2:]
+
+
+def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The command as bash runs it in `cwd`; a plain `python -m lit_transformer ...` as a process forked from a warm
+    interpreter (tests/_forked.py), which has imported torch and Lightning already."""
+    command, env = as_module(command), environment()
     # bytes, decoded here: text=True would turn a generated "\r" into "\n" (universal newlines), and a sampled
     # "\n\r" would then read as the "\n\n" that --stop "\n\n" had rightly let through
-    run = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, timeout=timeout)
+    if module := python_module(command):
+        run = warm_python(env).run([sys.executable, "-m", *module], cwd, env, timeout)
+    else:
+        run = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, timeout=timeout)
     decode = lambda data: data.decode("utf-8", errors="replace")  # noqa: E731
     return subprocess.CompletedProcess(run.args, run.returncode, decode(run.stdout), decode(run.stderr))
 
@@ -433,6 +459,11 @@ def check_tensorboard(command: str, workdir: Path) -> None:
 
 
 def test_readme_python_blocks_run_as_written(workdir: Path):
+    """Each block as a script of the reader's folder (`python block.py` there: the folder first on sys.path, as for
+    `python -` there), a process forked from a warm interpreter (tests/_forked.py)."""
     for block in blocks("python"):
-        result = shell(f"python - <<'EOF'\n{block}EOF", workdir, timeout=600)
+        script = workdir / "readme_block.py"
+        script.write_text(block)
+        env = environment()
+        result = warm_python(env).run([sys.executable, str(script)], workdir, env, timeout=600, text=True)
         assert result.returncode == 0, f"{block}\n{result.stderr[-4000:]}"
