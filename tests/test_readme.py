@@ -8,7 +8,9 @@ is checked to parse (--print_config / --help), one marked "# takes minutes" is p
 parser, which then stops it before any work (see parse_only: `--help` would exit before an unknown flag is reported;
 the parse-only commands of `python -m lit_transformer` run in this process: see parse_in_process). The commands run
 in a fresh folder that holds the repository's configs and scripts, with the environment activated, as a newcomer
-runs them after the set-up command; what each is said to produce is checked. Python blocks run as written too.
+runs them after the set-up command; what each is said to produce is checked. Python blocks run as written too. A plain
+`python -m lit_transformer ...` (and a Python block) runs as a process forked from a warm interpreter that has imported
+torch and Lightning already (tests/_forked.py): a process of its own, without seconds of imports each.
 """
 
 from __future__ import annotations
