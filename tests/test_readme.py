@@ -270,9 +270,9 @@ def environment() -> dict[str, str]:
     return env
 
 
-def python_module(command: str) -> list[str] | None:
-    """[module, *arguments] of a plain `python -m lit_transformer... ARGS` (no redirection, pipe, `&&`, expansion or
-    glob: a command bash must read), else None."""
+def python_module(command: str, cwd: Path) -> list[str] | None:
+    """[module, *arguments] of a plain `python -m MODULE ARGS` (or `.venv/bin/python -m ...`, where that venv is this
+    interpreter's) with nothing for bash to read (no redirection, pipe, `&&`, expansion or glob), else None."""
     if any(char in command for char in "$`*?~!{"):
         return None
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
@@ -280,18 +280,26 @@ def python_module(command: str) -> list[str] | None:
     words = list(lexer)
     if any(word and set(word) <= set(lexer.punctuation_chars) for word in words):
         return None
-    if words[:2] != ["python", "-m"] or len(words) < 3 or words[2].partition(".")[0] != "lit_transformer":
+    this_venv = (cwd / ".venv").resolve() == Path(sys.prefix).resolve()
+    if words[:1] not in (["python"], [".venv/bin/python"] if this_venv else ["python"]):
         return None
-    return words[2:]
+    return words[2:] if words[1:2] == ["-m"] and len(words) > 2 else None
 
 
 def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    """The command as bash runs it in `cwd`; a plain `python -m lit_transformer ...` as a process forked from a warm
-    interpreter (tests/_forked.py), which has imported torch and Lightning already."""
+    """The command as bash runs it in `cwd`; a plain `python -m MODULE ...` (also after `SETUP &&`) as a process
+    forked from a warm interpreter (tests/_forked.py), which has imported torch and Lightning already."""
     command, env = as_module(command), environment()
+    setup, _, rest = command.partition(" && ")
     # bytes, decoded here: text=True would turn a generated "\r" into "\n" (universal newlines), and a sampled
     # "\n\r" would then read as the "\n\n" that --stop "\n\n" had rightly let through
-    if module := python_module(command):
+    if rest and " && " not in rest and (module := python_module(rest, cwd)):  # SETUP && PYTHON: as bash runs them
+        before = subprocess.run(["bash", "-c", setup], cwd=cwd, env=env, capture_output=True, timeout=timeout)
+        run = before
+        if before.returncode == 0:
+            run = warm_python(env).run([sys.executable, "-m", *module], cwd, env, timeout)
+            run.stdout, run.stderr = before.stdout + run.stdout, before.stderr + run.stderr
+    elif module := python_module(command, cwd):
         run = warm_python(env).run([sys.executable, "-m", *module], cwd, env, timeout)
     else:
         run = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, timeout=timeout)
