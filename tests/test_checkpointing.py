@@ -27,7 +27,6 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 import _boring  # noqa: E402
-from _forked import WarmProcess, warm_python  # noqa: E402
 
 
 def test_atomic_save_round_trip_leaves_no_temporary_files(tmp_path: Path) -> None:
@@ -151,9 +150,9 @@ def test_tokenizer_larger_than_the_vocabulary_is_refused() -> None:
         check_tokenizer_vocabulary(40, config)
 
 
-def _run_until(args: list[str], marker: str, timeout: float = 60) -> WarmProcess:
+def _run_until(args: list[str], marker: str, timeout: float = 60) -> subprocess.Popen:
     """Start the tiny training script and return once it prints ``marker`` (the process keeps running)."""
-    process = warm_python({**os.environ, "PYTHONPATH": str(REPO)}).popen(  # forked: tests/_forked.py
+    process = subprocess.Popen(
         [sys.executable, str(TESTS / "_boring.py"), *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
