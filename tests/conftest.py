@@ -24,9 +24,29 @@ if sys.platform.startswith("linux"):
         pass
 
 # The longest files go first, so that under `--dist loadfile` no worker starts one of them while the other is
-# finishing: test_readme runs every command of the README and the docs pages in order on one worker (about a
-# third of the suite).
-FIRST = ("test_readme.py", "test_variants.py", "test_own_data.py", "test_cli.py", "test_multinode.py")
+# finishing (test_readme runs every command of the README and the docs pages in order on one worker). Longest by
+# CPU time, measured: a compiling file counts its inductor builds from an empty cache, as on a new machine.
+FIRST = (
+    "test_readme.py",
+    "test_multinode.py",
+    "test_own_data.py",
+    "test_compiled_decoding.py",
+    "test_variants.py",
+    "test_lora.py",
+    "test_compiled_shapes.py",
+    "test_front_door.py",
+    "test_onnx_generation.py",
+    "test_resume.py",
+    "test_spawn_guard.py",
+    "test_ablate.py",
+)
+
+
+def pytest_configure(config) -> None:
+    # xdist would hand out files by their number of tests instead (its --loadscope-reorder, on by default), which
+    # starts a file of few long tests (test_readme) late, and then the other worker waits for it at the end.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list) -> None:
