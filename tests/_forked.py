@@ -341,10 +341,39 @@ _WARM: dict[tuple, WarmPython] = {}
 KEEP = 2  # warm interpreters kept at once (about 0.5 GB each); files use one or two, and run one after the other
 
 
-def warm_python(env: Mapping[str, str]) -> WarmPython:
+class FreshPython:
+    """WarmPython's run and popen as plain subprocess calls: where forking an interpreter is not safe or not there
+    (not Linux: macOS's system libraries are not fork-safe, Windows has no fork; no pidfd_open)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
+
+    def run(self, command, cwd, env=None, timeout=None, text=False) -> subprocess.CompletedProcess:
+        env = self.env if env is None else env
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, timeout=timeout, text=text)
+
+    def popen(self, command, cwd, env=None, stdout=None, stderr=None, text=False, start_new_session=False):
+        env = self.env if env is None else env
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text,
+                                start_new_session=start_new_session)  # fmt: skip
+
+
+def can_fork() -> bool:
+    if not sys.platform.startswith("linux") or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # Linux 5.3 and later
+    except OSError:
+        return False
+    return True
+
+
+def warm_python(env: Mapping[str, str]) -> WarmPython | FreshPython:
     """The warm interpreter for `env`'s start-up variables, shared by the tests of this process that ask for them:
     started at the first request; the least recently used one with no process running ends when a third is needed,
-    the others when this process ends."""
+    the others when this process ends. Where forking cannot be used, fresh processes (FreshPython)."""
+    if not can_fork():
+        return FreshPython(env)
     key = tuple(sorted((k, v) for k, v in env.items() if READ_AT_IMPORT.match(k)))
     if (python := _WARM.pop(key, None)) is not None:
         if python.process.poll() is None:

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _forked import WarmPython
+from _forked import WarmPython, can_fork
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="forks only on Linux (5.3 and later); elsewhere fresh processes")
 
 SCRIPT = """
 import atexit, os, sys
