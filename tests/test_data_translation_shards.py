@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from _forked import warm_python
 
 from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources, translation
 from lit_transformer.data.loaders import load_prepared
@@ -345,13 +346,18 @@ def test_training_batches_resume_elastically_on_another_process_count(tmp_path, 
 # ---------------------------------------------------------------------------------------------------- the CLI
 
 
+# tests/ on the path for the recorders of the runs below (_samples)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+ENV["PYTHONPATH"] = f"{ROOT / 'tests'}{os.pathsep}{ROOT}"
+
+
+def _process(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`command` (`python -m lit_transformer ...`) as a process forked from a warm interpreter (tests/_forked.py)."""
+    return warm_python(ENV).run(command, cwd=cwd, timeout=600, text=True)
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "lit_transformer", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600
-    )
+    result = _process([sys.executable, "-m", "lit_transformer", *args], cwd=cwd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -391,9 +397,8 @@ def _fit_recorded(root: Path, corpus: Path, devices: int, max_steps: int, *extra
     root.mkdir(parents=True, exist_ok=True)
     (root / "run.yaml").write_text(yaml.safe_dump(config))
     preset = str(ROOT / "configs" / "presets" / "tiny-translate.yaml")
-    env = {**ENV, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT}"}
     command = [sys.executable, "-m", "lit_transformer", "fit", "--config", preset, "--config", str(root / "run.yaml")]
-    result = subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = _process([*command, *extra], cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -9,7 +9,6 @@ tests/_samples.py records per rank.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 import _samples  # noqa: E402
+from _forked import warm_python  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BATCH = 8
@@ -53,7 +53,7 @@ def _fit(root: Path, devices: int, max_steps: int, *extra: str) -> None:
     (root / "run.yaml").write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "lit_transformer", "fit", "--config", "configs/presets/tiny.yaml"]
     command += ["--config", str(root / "run.yaml"), *extra]
-    result = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    result = warm_python(ENV).run(command, cwd=REPO, timeout=300, text=True)  # forked: tests/_forked.py
     assert result.returncode == 0, result.stderr[-3000:]
 
 

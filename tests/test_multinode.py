@@ -35,6 +35,7 @@ REPO = TESTS.parent
 DOCS = REPO / "docs" / "clusters.md"
 sys.path.insert(0, str(TESTS))
 import _samples  # noqa: E402
+from _forked import WarmProcess, warm_python  # noqa: E402
 
 BATCH = 8
 TIMEOUT_S = 180  # a bound for a whole launch (pytest's timeout is 600 s a test); a healthy one takes seconds
@@ -124,18 +125,18 @@ def torchrun_nodes(args: list[str], restarts: int = 0) -> list[tuple[list[str], 
 
 
 @contextlib.contextmanager
-def launched(launches: list[tuple[list[str], dict]], logs: Path) -> Iterator[list[subprocess.Popen]]:
+def launched(launches: list[tuple[list[str], dict]], logs: Path) -> Iterator[list[subprocess.Popen | WarmProcess]]:
     """Start every launch at once (their output to logs/node<N>.log); whatever is left is killed on the way out,
-    torchrun's workers (in sessions of their own) included."""
+    torchrun's workers (in sessions of their own) included. A node of the CLI's own (`python -m lit_transformer`) is
+    a process forked from a warm interpreter (tests/_forked.py), torchrun a fresh one (its workers are fresh anyway)."""
     logs.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | WarmProcess] = []
     try:
         for n, (command, env) in enumerate(launches):
+            start = warm_python(ENV).popen if command[1:3] == ["-m", "lit_transformer"] else subprocess.Popen
             with open(logs / f"node{n}.log", "w") as log:
                 procs.append(
-                    subprocess.Popen(
-                        command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                    )
+                    start(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 )
         yield procs
     finally:
@@ -150,7 +151,7 @@ def launched(launches: list[tuple[list[str], dict]], logs: Path) -> Iterator[lis
             proc.wait(timeout=30)
 
 
-def wait_all(procs: list[subprocess.Popen], timeout: float = TIMEOUT_S) -> list[int]:
+def wait_all(procs: list[subprocess.Popen | WarmProcess], timeout: float = TIMEOUT_S) -> list[int]:
     deadline = time.monotonic() + timeout
     return [proc.wait(timeout=max(1.0, deadline - time.monotonic())) for proc in procs]
 

@@ -8,7 +8,9 @@ is checked to parse (--print_config / --help), one marked "# takes minutes" is p
 parser, which then stops it before any work (see parse_only: `--help` would exit before an unknown flag is reported;
 the parse-only commands of `python -m lit_transformer` run in this process: see parse_in_process). The commands run
 in a fresh folder that holds the repository's configs and scripts, with the environment activated, as a newcomer
-runs them after the set-up command; what each is said to produce is checked. Python blocks run as written too.
+runs them after the set-up command; what each is said to produce is checked. Python blocks run as written too. A plain
+`python -m lit_transformer ...` (and a Python block) runs as a process forked from a warm interpreter that has imported
+torch and Lightning already (tests/_forked.py): a process of its own, without seconds of imports each.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _forked import warm_python
 
 from lit_transformer.errors import UserError
 
@@ -100,7 +103,7 @@ def adapt(command: str) -> tuple[str, str]:
             small += " --data.init_args.max_pairs 400 --data.init_args.bleu_samples 2"
         return f"{code} {small}", "resume" if "--ckpt_path last" in code else "fit"
     if kind == "test":
-        return code + " --trainer.limit_test_batches 2", "test"
+        return code + " --trainer.limit_test_batches 1", "test"
     if kind == "generate":
         # Past the context of 128: the window slides. A 4-step model samples EOS at random (about 1 token in 1,024, so
         # a 300-token sample ends early in a run of four); no EOS id (-1) keeps every sample going to 300 tokens.
@@ -268,14 +271,47 @@ def parse_only(command: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(words, code, out.getvalue(), err.getvalue())
 
 
-def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    command = as_module(command)
+def environment() -> dict[str, str]:
+    """The environment after the set-up command: the venv activated, one thread per process."""
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
+    return env
+
+
+def python_module(command: str, cwd: Path) -> list[str] | None:
+    """[module, *arguments] of a plain `python -m MODULE ARGS` (or `.venv/bin/python -m ...`, where that venv is this
+    interpreter's) with nothing for bash to read (no redirection, pipe, `&&`, expansion or glob), else None."""
+    if any(char in command for char in "$`*?~!{"):
+        return None
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = list(lexer)
+    if any(word and set(word) <= set(lexer.punctuation_chars) for word in words):
+        return None
+    this_venv = (cwd / ".venv").resolve() == Path(sys.prefix).resolve()
+    if words[:1] not in (["python"], [".venv/bin/python"] if this_venv else ["python"]):
+        return None
+    return words[2:] if words[1:2] == ["-m"] and len(words) > 2 else None
+
+
+def shell(command: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The command as bash runs it in `cwd`; a plain `python -m MODULE ...` (also after `SETUP &&`) as a process
+    forked from a warm interpreter (tests/_forked.py), which has imported torch and Lightning already."""
+    command, env = as_module(command), environment()
+    setup, _, rest = command.partition(" && ")
     # bytes, decoded here: text=True would turn a generated "\r" into "\n" (universal newlines), and a sampled
     # "\n\r" would then read as the "\n\n" that --stop "\n\n" had rightly let through
-    run = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, timeout=timeout)
+    if rest and " && " not in rest and (module := python_module(rest, cwd)):  # SETUP && PYTHON: as bash runs them
+        before = subprocess.run(["bash", "-c", setup], cwd=cwd, env=env, capture_output=True, timeout=timeout)
+        run = before
+        if before.returncode == 0:
+            run = warm_python(env).run([sys.executable, "-m", *module], cwd, env, timeout)
+            run.stdout, run.stderr = before.stdout + run.stdout, before.stderr + run.stderr
+    elif module := python_module(command, cwd):
+        run = warm_python(env).run([sys.executable, "-m", *module], cwd, env, timeout)
+    else:
+        run = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, timeout=timeout)
     decode = lambda data: data.decode("utf-8", errors="replace")  # noqa: E731
     return subprocess.CompletedProcess(run.args, run.returncode, decode(run.stdout), decode(run.stderr))
 
@@ -489,6 +525,11 @@ def check_serve(command: str, workdir: Path) -> None:
 
 
 def test_readme_python_blocks_run_as_written(workdir: Path):
+    """Each block as a script of the reader's folder (`python block.py` there: the folder first on sys.path, as for
+    `python -` there), a process forked from a warm interpreter (tests/_forked.py)."""
     for block in blocks("python"):
-        result = shell(f"python - <<'EOF'\n{block}EOF", workdir, timeout=600)
+        script = workdir / "readme_block.py"
+        script.write_text(block)
+        env = environment()
+        result = warm_python(env).run([sys.executable, str(script)], workdir, env, timeout=600, text=True)
         assert result.returncode == 0, f"{block}\n{result.stderr[-4000:]}"

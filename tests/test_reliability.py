@@ -22,6 +22,7 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 import _boring  # noqa: E402
+from _forked import WarmProcess, warm_python  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
@@ -101,8 +102,9 @@ def test_without_step_seeding_dropout_diverges_after_resume(tmp_path: Path, monk
     assert max(abs(full[s] - resumed[s]) for s in range(6, 11)) > 1e-4
 
 
-def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
+def _start(args: list[str]) -> WarmProcess:
+    """`python tests/_boring.py ARGS`, a process forked from a warm interpreter (tests/_forked.py)."""
+    return warm_python(ENV).popen(
         [sys.executable, str(TESTS / "_boring.py"), *args],
         cwd=REPO,
         env=ENV,
@@ -112,7 +114,7 @@ def _start(args: list[str]) -> subprocess.Popen:
     )
 
 
-def _wait_for(process: subprocess.Popen, marker: str) -> None:
+def _wait_for(process: WarmProcess, marker: str) -> None:
     for line in process.stdout:
         if line.strip() == marker:
             return
@@ -165,7 +167,7 @@ class TestDeviceOptions:
         assert not [w for w in recwarn if "slower" in str(w.message)]
 
 
-def _stopped(process: subprocess.Popen) -> tuple[str, str]:
+def _stopped(process: WarmProcess) -> tuple[str, str]:
     """The process's output once it ended; a process still running after a minute is a hang: killed, and a failure.
     (A minute, not seconds: the machine may be loaded. A process that waited for a step boundary would sleep 600 s.)"""
     try:
@@ -224,7 +226,7 @@ def test_a_signal_while_fit_prepares_data_ends_the_command_with_a_message(tmp_pa
     config = REPO / "configs" / "presets" / "tiny.yaml"
     args = ["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
     args += ["--checkpoint.dirpath", str(tmp_path / "checkpoints"), "--data.init_args.cache_dir", str(tmp_path / "c")]
-    process = subprocess.Popen(
+    process = warm_python(ENV).popen(
         [sys.executable, str(script), *args], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip

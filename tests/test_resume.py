@@ -1,6 +1,7 @@
 """End to end through the CLI: SIGKILL at random moments, resume with --ckpt_path last, same losses step by step.
 
-Every run is a real `python -m lit_transformer fit` subprocess on the tiny preset, checkpointing every step.
+Every run is a real `python -m lit_transformer fit` process on the tiny preset, checkpointing every step (forked from
+a warm interpreter, tests/_forked.py; under DDP the second rank is a fresh process, as Lightning starts it).
 Per-step losses come from tests/_boring.py's LossRecorder (one JSON line per optimizer step).
 """
 
@@ -22,6 +23,7 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 import _boring  # noqa: E402
+from _forked import warm_python  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 12
@@ -83,7 +85,8 @@ ENV = {
 
 
 def _run(command: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+    """The command as a process forked from a warm interpreter (tests/_forked.py): no seconds of imports each."""
+    result = warm_python(ENV).run(command, cwd=REPO, env=ENV, timeout=timeout, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -93,7 +96,7 @@ def _run_and_kill(command: list[str], after_step: int, delay: float) -> None:
 
     The run gets its own process group, and the whole group is killed: under DDP that includes the second rank.
     """
-    process = subprocess.Popen(
+    process = warm_python(ENV).popen(
         command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
     )
     for line in process.stdout:

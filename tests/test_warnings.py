@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _forked import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "base.yaml"
@@ -62,9 +63,9 @@ def unknown_lines(text: str) -> list[str]:
 
 
 def _command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "lit_transformer", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600
-    )
+    """`python -m lit_transformer ARGS` as a process, forked from a warm interpreter (tests/_forked.py: what it
+    printed while importing torch and Lightning heads the output, as in a fresh process)."""
+    result = warm_python(ENV).run([sys.executable, "-m", "lit_transformer", *args], cwd, timeout=600, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result
 

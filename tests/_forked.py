@@ -1,0 +1,388 @@
+"""`python -m MODULE ARGS` or `python SCRIPT ARGS` as a process of its own, forked from an interpreter that has already imported torch and
+Lightning: each command is still a new process (its own pid, exit status, stdout and stderr, working folder,
+environment, session, signal handlers and atexit), without the seconds a fresh interpreter spends importing them
+first (about 5 CPU-seconds a command, most of what a tiny `fit` costs; a forked one spends about 0.3 s).
+
+What the warm interpreter printed while importing is put before each command's own output, so a check of a command's
+output sees what a fresh process prints. It imports only what the commands would import anyway (the CLI, the model
+commands) and starts no thread, so forking it is safe. Environment variables read at start-up or import (PYTHON*,
+OMP_*, TORCH*, ...) cannot change per command: a command keeps the interpreter's own and may change only the others.
+
+`WarmPython.run` stands for `subprocess.run` and `WarmPython.popen` for `subprocess.Popen`, with the same command
+(`[sys.executable, "-m", MODULE, *ARGS]` or `[sys.executable, SCRIPT, *ARGS]`). Use a fresh process where
+the test is about start-up itself (what a command imports, how fast it starts, a signal during the imports).
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from itertools import count
+from pathlib import Path
+from typing import IO, Any
+
+PRELOAD = ("lit_transformer.cli.lightning_cli", "lit_transformer.cli.model_commands")
+# Variables an interpreter, torch, Hugging Face's libraries (imported with Lightning's torchmetrics) or a native
+# library read once, at start or import. (Not the inductor cache's folder: read when a compile starts, and set in
+# os.environ by torch itself the first time it is computed.)
+READ_AT_IMPORT = re.compile(
+    r"(?!TORCHINDUCTOR_CACHE_DIR$)(PYTHON|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|TORCH|CUDA|LD_|MALLOC_|HF_|TRANSFORMERS_)"
+)
+
+SERVER = r"""
+import gc, importlib, json, os, runpy, select, sys
+
+def serve(requests: int, replies: int) -> dict:
+    '''Fork a child per request line, reply `started PID`, and `exited PID CODE` when it ends; the child returns.'''
+    children, buffer = {}, b""
+    while True:
+        for fd in select.select([requests, *children], [], [])[0]:
+            if fd != requests:
+                pid = children.pop(fd)
+                os.close(fd)
+                os.write(replies, f"exited {pid} {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}\n".encode())
+                continue
+            chunk = os.read(requests, 1 << 16)
+            if not chunk:
+                raise SystemExit(0)
+            buffer += chunk
+            while b"\n" in buffer:
+                line, _, buffer = buffer.partition(b"\n")
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    for fd in (requests, replies, *children):
+                        os.close(fd)
+                    return request
+                children[os.pidfd_open(pid)] = pid
+                os.write(replies, f"started {pid}\n".encode())
+
+requests, replies, out, err, *preload = sys.argv[1:]
+for name in preload:
+    importlib.import_module(name)
+sys.stdout.flush()
+sys.stderr.flush()
+with open(out, "rb") as out_file, open(err, "rb") as err_file:
+    preloaded = {1: out_file.read(), 2: err_file.read()}
+# What is loaded now lives as long as any child: its collector need not walk it, nor copy its pages (copy on write) to
+# do so, at every collection and once more at exit (seconds of CPU a child, otherwise).
+gc.freeze()
+os.write(int(replies), b"ready\n")
+request = serve(int(requests), int(replies))
+
+# The child: the command, as `python -m MODULE ARGS` or `python SCRIPT ARGS` runs it, with its outputs (first: the
+# caller may be waiting to open a pipe's reading end), session, folder and environment.
+for fd in (1, 2):
+    target = request["outputs"][str(fd)]
+    if target == "stdout":
+        os.dup2(1, 2)
+    else:
+        os.dup2(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT), fd)
+    os.write(fd, preloaded[fd])
+if request["session"]:
+    os.setsid()
+os.chdir(request["cwd"])
+os.environ.clear()
+os.environ.update(request["env"])
+sys.argv = [sys.argv[0], *request["args"]]
+# sys.path[0]: the folder a fresh interpreter puts first (-m: the working folder; a script: the script's own)
+sys.path[0] = os.getcwd() if request["module"] else os.path.dirname(os.path.abspath(request["script"]))
+if "numpy" in sys.modules:  # a fresh process seeds numpy from the system's entropy (random reseeds after a fork)
+    sys.modules["numpy"].random.seed()
+del gc, importlib, json, select, serve, requests, replies, out, err, out_file, err_file, preload, preloaded, target, fd
+if request["module"]:
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+else:
+    runpy.run_path(request["script"], run_name="__main__")
+"""
+
+
+class WarmPython:
+    """One warm interpreter, started with `env`, which forks a process per command. Close it (or use it as a context
+    manager) to end the interpreter; processes still running go on."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, preload: Sequence[str] = PRELOAD) -> None:
+        self.env = dict(os.environ if env is None else env)
+        self.folder = Path(tempfile.mkdtemp(prefix="warm_python_"))
+        self._names = count()
+        self._exits: dict[int, int] = {}
+        self._started: list[int] = []
+        self._forked: set[int] = set()
+        requests_read, self._requests = os.pipe()
+        self._replies, replies_write = os.pipe()
+        out, err = self.folder / "preload.out", self.folder / "preload.err"
+        with open(out, "wb") as out_file, open(err, "wb") as err_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", SERVER, str(requests_read), str(replies_write), str(out), str(err), *preload],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_file,
+                stderr=err_file,
+                pass_fds=(requests_read, replies_write),
+            )
+        os.close(requests_read)
+        os.close(replies_write)
+        self._buffer = b""
+        if self._reply(timeout=600) != "ready":
+            raise RuntimeError(f"the warm interpreter did not start: {err.read_text()[-3000:]}")
+
+    def _reply(self, timeout: float | None) -> str | None:
+        """The server's next line, or None after `timeout` seconds."""
+        while b"\n" not in self._buffer:
+            if not select.select([self._replies], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self._replies, 1 << 16)
+            if not chunk:
+                raise RuntimeError(f"the warm interpreter ended: {(self.folder / 'preload.err').read_text()[-3000:]}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def _read(self, timeout: float | None) -> bool:
+        """Read one reply (False after `timeout` seconds without one), noting which process started or exited."""
+        line = self._reply(timeout)
+        if line is None:
+            return False
+        kind, pid, *code = line.split()
+        if kind == "started":
+            self._started.append(int(pid))
+        else:
+            self._exits[int(pid)] = int(code[0])
+        return True
+
+    def _exit_code(self, pid: int, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self._exits:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._read(left) and left is not None and left <= 0:
+                return None
+        return self._exits[pid]
+
+    def _target(self, given: Any, name: str) -> tuple[str, Path | None]:
+        """(where the child writes, the FIFO the caller reads) for a Popen-style stdout/stderr argument."""
+        if given is None:
+            return "/dev/null", None  # nothing to show: a forked child has no terminal of the caller's to inherit
+        if given == subprocess.DEVNULL:
+            return "/dev/null", None
+        if given == subprocess.STDOUT:
+            return "stdout", None
+        if given == subprocess.PIPE:
+            fifo = self.folder / f"{name}.{next(self._names)}"
+            os.mkfifo(fifo)
+            return str(fifo), fifo
+        if isinstance(given, (str, Path)):
+            return str(given), None
+        return given.name, None  # an open file (opened for writing: the child appends to it)
+
+    def popen(
+        self,
+        command: Sequence[str | Path],
+        cwd: str | Path,
+        env: Mapping[str, str] | None = None,
+        stdout: Any = None,
+        stderr: Any = None,
+        text: bool = False,
+        start_new_session: bool = False,
+    ) -> WarmProcess:
+        """What `subprocess.Popen(command, ...)` starts, for `command` = [sys.executable, "-m", MODULE, *ARGS] or
+        [sys.executable, SCRIPT, *ARGS]. stdout and stderr may be PIPE, DEVNULL, STDOUT (stderr), a path or a file
+        open for writing; None discards the output."""
+        command = [str(word) for word in command]
+        if command[0] != sys.executable or len(command) < 2 or (command[1].startswith("-") and command[1] != "-m"):
+            raise ValueError(f"not [sys.executable, '-m', MODULE, ...] nor [sys.executable, SCRIPT, ...]: {command}")
+        module, script = (command[2], None) if command[1] == "-m" else (None, command[1])
+        args = command[3:] if module else command[2:]
+        env = dict(self.env if env is None else env)
+        changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        if fixed := sorted(k for k in changed if READ_AT_IMPORT.match(k)):
+            raise ValueError(f"{fixed} are read at start-up: start a WarmPython with them instead")
+        (out, out_fifo), (err, err_fifo) = self._target(stdout, "stdout"), self._target(stderr, "stderr")
+        request = {"module": module, "script": script, "args": args, "cwd": str(cwd), "env": env}
+        request |= {"outputs": {"1": out, "2": err}, "session": start_new_session}
+        os.write(self._requests, (json.dumps(request) + "\n").encode())
+        while not self._started:
+            self._read(None)
+        pid = self._started.pop(0)
+        self._forked.add(pid)
+        streams = [open(f, "rb") if f else None for f in (out_fifo, err_fifo)]  # noqa: SIM115 (the process's pipes)
+        for fifo in (out_fifo, err_fifo):
+            if fifo:
+                fifo.unlink()
+        if text:
+            streams = [io.TextIOWrapper(s) if s else None for s in streams]
+        return WarmProcess(self, pid, command, *streams)
+
+    def run(
+        self,
+        command: Sequence[str | Path],
+        cwd: str | Path,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        text: bool = False,
+    ) -> subprocess.CompletedProcess:
+        """What `subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=text, timeout=timeout)` returns
+        (text: decoded with universal newlines, as subprocess does)."""
+        name = next(self._names)
+        outputs = [self.folder / f"run.{name}.{kind}" for kind in ("out", "err")]
+        for path in outputs:
+            path.touch()
+        process = self.popen(command, cwd, env, stdout=outputs[0], stderr=outputs[1])
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired as expired:
+            process.kill()
+            process.wait()
+            expired.output, expired.stderr = (path.read_bytes() for path in outputs)
+            raise
+        finally:
+            out, err = (path.read_bytes() for path in outputs)
+            for path in outputs:
+                path.unlink()
+        if text:
+            out, err = (data.decode().replace("\r\n", "\n").replace("\r", "\n") for data in (out, err))
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+    def running(self) -> bool:
+        """Whether a process it started has not been seen to end (its status not read yet)."""
+        if self.process.poll() is not None:
+            return False
+        while self._read(timeout=0):
+            pass
+        return bool(self._forked - self._exits.keys())
+
+    def close(self) -> None:
+        os.close(self._requests)
+        self.process.wait(timeout=60)
+        os.close(self._replies)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> WarmPython:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class WarmProcess:
+    """A process forked by WarmPython, with subprocess.Popen's ways: pid, stdout/stderr (PIPE), poll, wait, signals.
+    (It is the warm interpreter's child, not this process's: its exit status comes from the interpreter.)"""
+
+    def __init__(self, python: WarmPython, pid: int, args: list[str], stdout: IO | None, stderr: IO | None) -> None:
+        self.python, self.pid, self.args, self.stdout, self.stderr = python, pid, args, stdout, stderr
+        self.returncode: int | None = None
+        self._drains: list[threading.Thread] | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.python._exit_code(self.pid, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.python._exit_code(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        """The rest of stdout and stderr (PIPE), once the process ends; both are read at once, so that a process that
+        fills one pipe while the other is read does not block. After a TimeoutExpired, call it again for the rest."""
+        if self._drains is None:
+            self._drained: dict[int, Any] = {}
+
+            def drain(index: int, stream: IO) -> None:
+                self._drained[index] = stream.read()
+
+            streams = [(i, s) for i, s in enumerate((self.stdout, self.stderr)) if s]
+            self._drains = [threading.Thread(target=drain, args=item, daemon=True) for item in streams]
+            for thread in self._drains:
+                thread.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._drains:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._drained.get(0), self._drained.get(1)
+
+    def __enter__(self) -> WarmProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream:
+                stream.close()
+        self.wait()
+
+
+_WARM: dict[tuple, WarmPython] = {}
+KEEP = 2  # warm interpreters kept at once (about 0.5 GB each); files use one or two, and run one after the other
+
+
+class FreshPython:
+    """WarmPython's run and popen as plain subprocess calls: where forking an interpreter is not safe or not there
+    (not Linux: macOS's system libraries are not fork-safe, Windows has no fork; no pidfd_open)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
+
+    def run(self, command, cwd, env=None, timeout=None, text=False) -> subprocess.CompletedProcess:
+        env = self.env if env is None else env
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, timeout=timeout, text=text)
+
+    def popen(self, command, cwd, env=None, stdout=None, stderr=None, text=False, start_new_session=False):
+        env = self.env if env is None else env
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text,
+                                start_new_session=start_new_session)  # fmt: skip
+
+
+def can_fork() -> bool:
+    if not sys.platform.startswith("linux") or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # Linux 5.3 and later
+    except OSError:
+        return False
+    return True
+
+
+def warm_python(env: Mapping[str, str]) -> WarmPython | FreshPython:
+    """The warm interpreter for `env`'s start-up variables, shared by the tests of this process that ask for them:
+    started at the first request; the least recently used one with no process running ends when a third is needed,
+    the others when this process ends. Where forking cannot be used, fresh processes (FreshPython)."""
+    if not can_fork():
+        return FreshPython(env)
+    key = tuple(sorted((k, v) for k, v in env.items() if READ_AT_IMPORT.match(k)))
+    if (python := _WARM.pop(key, None)) is not None:
+        if python.process.poll() is None:
+            _WARM[key] = python  # the most recently used last
+            return python
+        python.close()
+    if not _WARM:
+        atexit.register(lambda: [python.close() for python in _WARM.values()])
+    for old in [k for k, python in _WARM.items() if not python.running()][: max(0, len(_WARM) + 1 - KEEP)]:
+        _WARM.pop(old).close()
+    _WARM[key] = WarmPython(env)
+    return _WARM[key]

@@ -1,0 +1,100 @@
+"""tests/_forked.py: a command forked from a warm interpreter behaves as the same command in a fresh process (exit
+status, output, folder, environment, sys.argv and sys.path, atexit, signals, sessions, timeouts), shows what the
+interpreter printed while importing, and refuses a start-up variable it cannot change. A warm interpreter that
+preloads only tiny modules of the test's own keeps this test at a second."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _forked import WarmPython, can_fork
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="forks only on Linux (5.3 and later); elsewhere fresh processes")
+
+SCRIPT = """
+import atexit, os, sys
+import noisy  # prints at import (in the warm interpreter: while it preloads)
+atexit.register(lambda: print("atexit ran", flush=True))
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "path0", sys.path[0], "var", os.environ.get("SOME_VAR"))
+print("to stderr", file=sys.stderr)
+if sys.argv[1:] == ["raise"]:
+    raise ValueError("boom")
+if sys.argv[1:] == ["exit"]:
+    sys.exit("a message")
+if sys.argv[1:] == ["wait"]:
+    print("WAITING", flush=True)
+    import time
+    time.sleep(60)
+sys.exit(3)
+"""
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory) -> WarmPython:
+    folder = tmp_path_factory.mktemp("warm")
+    (folder / "noisy.py").write_text("import sys\nprint('printed at import', file=sys.stderr)\n")
+    (folder / "script.py").write_text(SCRIPT)
+    (folder / "tool.py").write_text("import sys\nprint('tool', sys.argv[1:])\n")
+    with WarmPython({**os.environ, "PYTHONPATH": str(folder)}, preload=("noisy",)) as warm:
+        warm.test_folder = folder
+        yield warm
+
+
+def test_a_script_gets_its_arguments_folder_environment_and_exit_status(python: WarmPython, tmp_path: Path) -> None:
+    script = python.test_folder / "script.py"
+    env = {**python.env, "SOME_VAR": "set"}
+    result = python.run([sys.executable, str(script), "a", "b"], tmp_path, env, timeout=60, text=True)
+    assert result.returncode == 3
+    assert result.stdout.splitlines() == [
+        f"argv ['a', 'b'] cwd {tmp_path} path0 {python.test_folder} var set",
+        "atexit ran",
+    ]
+    assert result.stderr == "printed at import\nto stderr\n"  # the preload's output first, as in a fresh process
+    fresh = subprocess.run(
+        [sys.executable, str(script), "a", "b"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert (fresh.returncode, fresh.stdout, fresh.stderr) == (result.returncode, result.stdout, result.stderr)
+
+
+def test_a_module_runs_as_with_dash_m(python: WarmPython) -> None:
+    result = python.run([sys.executable, "-m", "tool", "x"], python.test_folder, timeout=60, text=True)
+    assert (result.returncode, result.stdout) == (0, "tool ['x']\n")
+
+
+def test_an_exception_or_a_message_exits_with_status_1(python: WarmPython, tmp_path: Path) -> None:
+    script = str(python.test_folder / "script.py")
+    raised = python.run([sys.executable, script, "raise"], tmp_path, timeout=60, text=True)
+    assert raised.returncode == 1 and "Traceback" in raised.stderr and "ValueError: boom" in raised.stderr
+    exited = python.run([sys.executable, script, "exit"], tmp_path, timeout=60, text=True)
+    assert exited.returncode == 1 and exited.stderr.endswith("a message\n")
+
+
+def test_a_process_in_its_own_session_streams_and_ends_by_a_signal(python: WarmPython, tmp_path: Path) -> None:
+    script = str(python.test_folder / "script.py")
+    process = python.popen([sys.executable, script, "wait"], tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    assert process.stdout.readline().startswith("argv ['wait']")
+    assert process.stdout.readline() == "WAITING\n"
+    assert os.getpgid(process.pid) == process.pid and process.poll() is None
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGTERM and "atexit ran" not in out
+
+
+def test_a_timeout_kills_the_process(python: WarmPython, tmp_path: Path) -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        python.run([sys.executable, str(python.test_folder / "script.py"), "wait"], tmp_path, timeout=1)
+    assert not python.running()
+
+
+def test_a_start_up_variable_cannot_change(python: WarmPython, tmp_path: Path) -> None:
+    for name in ("PYTHONHASHSEED", "OMP_NUM_THREADS", "HF_HUB_OFFLINE"):
+        with pytest.raises(ValueError, match=f"{name}.*read at start-up"):
+            python.run([sys.executable, "-m", "tool"], tmp_path, {**python.env, name: "7"})
+    with pytest.raises(ValueError, match="not \\[sys.executable"):
+        python.run([sys.executable, "-c", "pass"], tmp_path)
