@@ -9,7 +9,6 @@ every rank and node of a multi-process run reads the same shards.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -52,37 +51,57 @@ def _data_section(configs: Sequence[str]) -> dict:
     return data
 
 
-def _config_parser():
-    import jsonargparse
+DESCRIPTION = (
+    "Prepare a run's data once (stream, tokenize in parallel, write token shards); `fit` with the same configs then "
+    "starts at once."
+)
+
+
+def _parser():
+    """The strict parser of every command: --config (only its data section is read) and the DataModule's keys."""
     import lightning as L
 
-    from lit_transformer.cli.arguments import parser_options
-    from lit_transformer.cli.invocation import program
+    from lit_transformer.cli.arguments import command_parser
 
-    parser = jsonargparse.ArgumentParser(**parser_options(program("prepare")))
-    parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
+    parser = command_parser("prepare", DESCRIPTION, EPILOG)
+    parser.add_argument(
+        "--config", "-c", action="append", help="a run's YAML, or a packaged config by name (repeatable, later wins)"
+    )
+    parser.add_subclass_arguments(L.LightningDataModule, "data", required=False)
     return parser
+
+
+def _split_configs(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the --config values, in order; the other arguments): the configs give the data section the rest overrides."""
+    from lit_transformer.cli.arguments import CONFIG_FLAGS
+
+    configs, rest, items = [], [], iter(argv)
+    for item in items:
+        flag, eq, inline = item.partition("=")
+        if eq and flag in CONFIG_FLAGS:
+            configs.append(inline)
+        elif item in CONFIG_FLAGS:
+            configs.extend(v for v in [next(items, None)] if v is not None)
+        else:
+            rest.append(item)
+    return configs, rest
 
 
 def prepare_main(argv: Sequence[str]) -> None:
     from lit_transformer.cli.arguments import parse, resolve_configs
     from lit_transformer.cli.invocation import program
 
-    if any(item == "--data.help" or item.startswith("--data.help=") for item in argv):  # a DataModule's keys
-        _config_parser().parse_args(list(argv))
+    argv = list(argv)
+    parser = _parser()
+    if not argv or any(a in ("-h", "--help") or a == "--data.help" or a.startswith("--data.help=") for a in argv):
+        if not argv:
+            raise ConfigError(
+                "prepare needs --config FILE_OR_NAME (a run's YAML)", hint=f"Run '{program('prepare')} --help'."
+            )
+        parser.parse_args(argv)  # prints the help (of the command, or of a DataModule's keys) and exits
         return
-    parser = argparse.ArgumentParser(
-        prog=program("prepare"),
-        allow_abbrev=False,
-        description="Prepare a run's data once (stream, tokenize in parallel, write token shards); "
-        "`fit` with the same configs then starts at once.",
-        epilog=EPILOG,
-    )
-    parser.add_argument(
-        "--config", "-c", action="append", help="a run's YAML, or a packaged config by name (repeatable, later wins)"
-    )
-    args, overrides = parser.parse_known_args(resolve_configs(argv))
-    if not args.config:
+    configs, overrides = _split_configs(resolve_configs(argv))
+    if not configs:
         raise ConfigError(
             "prepare needs --config FILE_OR_NAME (a run's YAML)", hint=f"Run '{program('prepare')} --help'."
         )
@@ -93,12 +112,11 @@ def prepare_main(argv: Sequence[str]) -> None:
             hint=f"Run '{program('prepare')} --help'.",
         )
 
-    data = _data_section(args.config)
+    data = _data_section(configs)
     import yaml
 
-    config_parser = _config_parser()
-    cfg = parse(config_parser, ["--data", yaml.safe_dump(data), *overrides])
-    datamodule = config_parser.instantiate_classes(cfg).data
+    cfg = parse(parser, ["--data", yaml.safe_dump(data), *overrides])
+    datamodule = parser.instantiate_classes(cfg).data
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("lit_transformer").setLevel(logging.INFO)

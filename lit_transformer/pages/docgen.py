@@ -11,17 +11,19 @@ own class reader, as the CLI reads `data.class_path`'s `init_args`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import sys
 import types
 import typing
+from argparse import SUPPRESS
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+from lit_transformer.records import IMPORT_ROOT, require_source_checkout
+
+PAGE = IMPORT_ROOT / "docs" / "config.md"
 
 # The package's own groups beside model, data and trainer (added in TransformerCLI.add_arguments_to_parser).
 INTRO = """# Configuration reference
@@ -112,9 +114,9 @@ def fields(parser, prefix: str, defaults) -> Iterator[tuple[str, str, str, str]]
             default = action.default
         if isinstance(default, Namespace):
             default = default.as_dict()
-        if isinstance(default, str) and default == argparse.SUPPRESS:
+        if isinstance(default, str) and default == SUPPRESS:
             default = None
-        text = action.help if isinstance(action.help, str) and action.help != argparse.SUPPRESS else ""
+        text = action.help if isinstance(action.help, str) and action.help != SUPPRESS else ""
         yield dest, type_name(hint) if hint is not None else "", default_text(default), text
 
 
@@ -215,10 +217,13 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lit_transformer.cli.arguments import command_parser, parse
+
+    require_source_checkout("lit_transformer.pages.docgen", "the docs/ it writes")
+    parser = command_parser("lit_transformer.pages.docgen", __doc__)
     parser.add_argument("--out", type=Path, default=PAGE, help="where to write the page (default: docs/config.md)")
     parser.add_argument("--check", action="store_true", help="exit 1, naming the page, when it is stale")
-    args = parser.parse_args(argv)
+    args = parse(parser, sys.argv[1:] if argv is None else argv)
     page = render()
     if args.check:
         if not args.out.is_file() or args.out.read_text() != page:

@@ -10,15 +10,12 @@ global backend), and the PNG carries no date or version, so the same JSON gives 
 
 from __future__ import annotations
 
-import argparse
-import json
+import sys
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+from lit_transformer.records import IMPORT_ROOT, read_runs, require_source_checkout
 
-
-def read_runs(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+DOCS = IMPORT_ROOT / "docs"
 
 
 def main_job_figure(runs: list[dict], out: Path) -> Path:
@@ -55,10 +52,13 @@ def main_job_figure(runs: list[dict], out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lit_transformer.cli.arguments import command_parser, parse
+
+    require_source_checkout("lit_transformer.pages.plots", "the docs/ it writes")
+    parser = command_parser("lit_transformer.pages.plots", __doc__)
     parser.add_argument("--jsonl", type=Path, default=DOCS / "main_job.jsonl", help="the runs (one JSON per line)")
     parser.add_argument("--out", type=Path, default=DOCS / "main_job.png", help="the PNG to write")
-    args = parser.parse_args(argv)
+    args = parse(parser, sys.argv[1:] if argv is None else argv)
     print(f"wrote {main_job_figure(read_runs(args.jsonl), args.out)}")
 
 
