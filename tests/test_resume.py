@@ -103,7 +103,10 @@ def _run_and_kill(command: list[str], after_step: int, delay: float) -> None:
         if line.strip() == f"STEP {after_step}":
             time.sleep(delay)
             break
-    os.killpg(process.pid, signal.SIGKILL)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended first: a resumed run whose checkpoint is past after_step never prints it
+        pass
     process.wait(60)
 
 

@@ -77,6 +77,23 @@ def cli_presets(device: str, batches: list[int], steps: int, warmup: int) -> dic
                 f"--model.compile={mode == 'compiled'}",
                 *common,
             ]
+        # The main job's model (the modern block of configs/ablations/frontier.yaml) under AdamW and under Muon with
+        # AdamW: Muon's cost per step, and how much of it a larger batch spreads over more tokens.
+        modern = [
+            "--config=configs/base.yaml",
+            "--config=configs/variants/rmsnorm.yaml",
+            "--config=configs/variants/swiglu.yaml",
+            "--config=configs/variants/rope.yaml",
+            "--model.config.d_ff=352",
+        ]
+        for b in (8, 16):
+            for optimizer in ("adamw", "muon"):
+                runs[f"main job (modern block), {optimizer}, batch {b}"] = [
+                    *modern,
+                    f"--model.optim.optimizer={optimizer}",
+                    f"--data.init_args.batch_size={b}",
+                    *common,
+                ]
         runs["host-bound (d_model 8, batch 1 x 8 tokens)"] = [
             "--config=configs/presets/tiny.yaml",
             *common,
