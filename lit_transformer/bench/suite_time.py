@@ -58,5 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     run = write_run(args.json, figures, command=command_line("bench suite-time", argv), machine=facts)
     print(json.dumps(run, indent=2))
-    if done.returncode:
+    if done.returncode:  # the tests that failed, as pytest's short summary names them (the rest of its output is gone)
+        failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+        print("\n".join(failed or lines[-40:]), file=sys.stderr)
         raise SystemExit(done.returncode)
