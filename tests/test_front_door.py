@@ -432,6 +432,9 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
     """Build the wheel from the committed files, install it (no network: --no-deps, over this environment's
     packages) into a fresh environment, and from an empty folder train the tiny preset by name for 2 steps,
     generate from its checkpoint and print --version."""
+    # A user's shell: no PYTHONPATH (a runner such as `bench suite-time` puts the repository on it for its children;
+    # pip would then find the package installed already, and Python import the repository's instead of the wheel's).
+    env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
     source = tmp_path / "source"
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     for name in filter(None, files.decode().split("\0")):
@@ -457,6 +460,7 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
         check=True,
         capture_output=True,
         timeout=600,
+        env=env,
     )
     (wheel,) = wheels.glob("lit_transformer-*.whl")
     import zipfile
@@ -466,10 +470,14 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
     assert any(n.endswith("licenses/LICENSE") for n in names)
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120, env=env)
     python = venv / "bin" / "python"
     site = subprocess.run(
-        [str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True, text=True, check=True
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     ).stdout.strip()
     import sysconfig
 
@@ -479,6 +487,7 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
         check=True,
         capture_output=True,
         timeout=600,
+        env=env,
     )
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -488,15 +497,15 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
         cwd=empty,
         capture_output=True,
         text=True,
-        env=ENV,
+        env=env,
     ).stdout
     assert where.startswith(str(venv)), where  # the installed package, not the repository's
 
-    version = subprocess.run([str(script), "--version"], cwd=empty, capture_output=True, text=True, env=ENV)
+    version = subprocess.run([str(script), "--version"], cwd=empty, capture_output=True, text=True, env=env)
     assert version.returncode == 0 and version.stdout.startswith("lit_transformer ")
     # A benchmark that runs the repository's tests/ says so in one line, and writes nothing.
     suite = subprocess.run([str(script), "bench", "suite-time", "--json", "suite.json"], cwd=empty,
-                           capture_output=True, text=True, env=ENV)  # fmt: skip
+                           capture_output=True, text=True, env=env)  # fmt: skip
     assert suite.returncode == 2 and "needs a source checkout" in suite.stderr and _is_short(suite.stderr)
     assert not (empty / "suite.json").exists()
     fit = subprocess.run(
@@ -513,7 +522,7 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
         cwd=empty,
         capture_output=True,
         text=True,
-        env=ENV,
+        env=env,
         timeout=600,
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
@@ -535,7 +544,7 @@ def test_an_installed_wheel_runs_a_preset_by_name_from_an_empty_folder(tmp_path:
         cwd=empty,
         capture_output=True,
         text=True,
-        env=ENV,
+        env=env,
         timeout=300,
     )
     assert generate.returncode == 0 and generate.stdout.startswith("ROMEO:"), generate.stderr[-2000:]
