@@ -93,11 +93,7 @@ def prepare_main(argv: Sequence[str]) -> None:
 
     argv = list(argv)
     parser = _parser()
-    if not argv or any(a in ("-h", "--help") or a == "--data.help" or a.startswith("--data.help=") for a in argv):
-        if not argv:
-            raise ConfigError(
-                "prepare needs --config FILE_OR_NAME (a run's YAML)", hint=f"Run '{program('prepare')} --help'."
-            )
+    if any(a in ("-h", "--help") or a == "--data.help" or a.startswith("--data.help=") for a in argv):
         parser.parse_args(argv)  # prints the help (of the command, or of a DataModule's keys) and exits
         return
     configs, overrides = _split_configs(resolve_configs(argv))
