@@ -6,6 +6,7 @@ outside bench/ importing it, and scripts/ holding set-up and developer tools onl
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lit_transformer.bench import BENCHMARKS, main
 from lit_transformer.errors import UserError
@@ -423,3 +425,28 @@ def test_the_source_root_is_computed_once():
         str(p.relative_to(ROOT)) for p in modules if re.search(r"__file__\)?\.resolve\(\)\.parents", p.read_text())
     ]
     assert found == []
+
+
+def test_the_cli_sections_main_job_runs_parse_as_fit_configs_with_their_optimizer_and_batch() -> None:
+    """bench speed's main-job runs (Muon's cost beside AdamW, docs/ablations.md) are valid fit command lines that set
+    what their labels say."""
+    import contextlib
+
+    from lit_transformer.bench.speed import cli_presets
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    runs = {k: v for k, v in cli_presets("cpu", [8], 1, 1).items() if k.startswith("main job")}
+    assert sorted(runs) == sorted(
+        f"main job (modern block), {o}, batch {b}" for b in (8, 16) for o in ("adamw", "muon")
+    )
+    root = Path(__file__).resolve().parents[1]
+    for label, args in runs.items():
+        out = io.StringIO()
+        with contextlib.chdir(root), contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+            run_cli(["fit", *args, "--print_config"])
+        assert done.value.code in (0, None), label
+        printed = yaml.safe_load(out.getvalue())
+        optimizer, batch = label.split(", ")[1], int(label.rsplit(" ", 1)[1])
+        assert printed["model"]["optim"]["optimizer"] == optimizer
+        assert printed["data"]["init_args"]["batch_size"] == batch
+        assert printed["model"]["config"]["norm"] == "rmsnorm" and printed["model"]["config"]["d_ff"] == 352
