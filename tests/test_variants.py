@@ -209,7 +209,11 @@ def test_label_smoothing_keeps_a_translation_task(parser) -> None:
 
 
 def test_no_warmup_keeps_the_schedule(parser) -> None:
-    for preset, schedule in (("base.yaml", "cosine"), ("presets/translate-en-es.yaml", "noam")):
+    for preset, schedule in (
+        ("base.yaml", "wsd"),
+        ("presets/shakespeare-2017.yaml", "cosine"),
+        ("presets/translate-en-es.yaml", "noam"),
+    ):
         with contextlib.chdir(ROOT):
             parsed = parser.parse_args(
                 ["fit", "--config", f"configs/{preset}", "--config", "configs/variants/no_warmup.yaml"]
@@ -292,3 +296,25 @@ def test_one_run_folder_holds_everything_and_resumes(configs_here: Path) -> None
         )
     assert load_checkpoint(configs_here / "elsewhere/run/checkpoints/last.ckpt")["global_step"] == 2
     assert set(os.listdir(configs_here)) - before == {"elsewhere"}
+
+
+# The frontier ablation's cell that configs/base.yaml is (docs/ablations.md quotes its figure as the main job's).
+MAIN_JOB_CELL = ("frontier_recipe.yaml", "wsd + muon 0.0025, adamw 6e-3")
+
+
+def test_the_main_job_is_the_ablations_measured_cell(fit_parser, tmp_path: Path) -> None:
+    """configs/base.yaml trains what the ablation measured: the same model, optimizer, schedule, data and steps as
+    its cell (the seed, the run folder and the grid's logging-only flags apart), so no figure of the page is of a
+    recipe the main job does not run."""
+    from lit_transformer.recipes import ablate
+
+    grid = ablate.Grid.load(ROOT / "configs" / "ablations" / MAIN_JOB_CELL[0])
+    run = next(r for r in grid.runs(tmp_path, extra=[]) if r.cell == MAIN_JOB_CELL[1])
+    with contextlib.chdir(ROOT):
+        cell = fit_parser.parse_args(run.command("fit")[4:])
+        main = fit_parser.parse_args(["--config", "configs/base.yaml"])
+    assert cell.model == main.model
+    seedless = [{k: v for k, v in vars(ns.data.init_args).items() if k != "seed"} for ns in (cell, main)]
+    assert seedless[0] == seedless[1] and cell.data.class_path == main.data.class_path
+    for key in ("max_steps", "val_check_interval", "limit_val_batches", "precision", "gradient_clip_val"):
+        assert cell.trainer[key] == main.trainer[key], key

@@ -4,11 +4,11 @@
 
 Three measurements, each run through the package's own CLI objects (the command of each run is recorded beside it):
 
-1. Domain adaptation: a Shakespeare model (configs/base.yaml's architecture and recipe, trained here for a short fixed
-   budget, --pretrain_steps) fine-tuned on the English Bible (the kjv side of the embedded kjv-rv1909 corpus, one verse
-   per line) for --steps steps: Bible validation bits per character with no fine-tuning, full fine-tuning and LoRA at
-   ranks 4, 8 and 16 on the attention projections (and rank 8 on the feed-forward layers too); for each, trainable
-   parameters, checkpoint size, peak memory (the process's peak RSS) and step time.
+1. Domain adaptation: a Shakespeare model (the main job's 2017 recipe, configs/presets/shakespeare-2017.yaml, trained
+   here for a short fixed budget, --pretrain_steps) fine-tuned on the English Bible (the kjv side of the embedded
+   kjv-rv1909 corpus, one verse per line) for --steps steps: Bible validation bits per character with no fine-tuning,
+   full fine-tuning and LoRA at ranks 4, 8 and 16 on the attention projections (and rank 8 on the feed-forward layers
+   too); for each, trainable parameters, checkpoint size, peak memory (the process's peak RSS) and step time.
 2. Classification: the masked-LM encoder (configs/presets/mlm.yaml, --mlm_steps) turned genre classifier
    (classify-genre.yaml, init_from), LoRA against full fine-tuning: test accuracy, macro-F1, trainable parameters.
 3. An imported model: the Shakespeare model exported to a Hugging Face GPT-2 folder (`export --format hf`), fine-tuned
@@ -47,7 +47,7 @@ from lit_transformer.records import (
 )
 
 CONFIGS = packaged_configs()
-BASE = str(CONFIGS / "base.yaml")
+BASE = str(CONFIGS / "presets" / "shakespeare-2017.yaml")  # the recipe the figures were measured with
 LORA = str(CONFIGS / "finetune" / "lora.yaml")
 MLM = str(CONFIGS / "presets" / "mlm.yaml")
 GENRE = str(CONFIGS / "presets" / "classify-genre.yaml")
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         "--json", type=Path | None, default=None, help="add the run to this file (default: WORK/lora.json)"
     )
     parser.add_argument("--work", type=Path, default=Path("runs/benchmark_lora"), help="runs, logs and checkpoints")
-    parser.add_argument("--pretrain_steps", type=int, default=1500, help="Shakespeare pretraining (base.yaml: 5000)")
+    parser.add_argument("--pretrain_steps", type=int, default=1500, help="Shakespeare pretraining (the preset: 5000)")
     parser.add_argument("--steps", type=int, default=300, help="Bible fine-tuning steps of each run")
     parser.add_argument("--mlm_steps", type=int, default=600, help="masked-LM pretraining (mlm.yaml: 2000)")
     parser.add_argument("--classify_steps", type=int, default=300, help="classifier fine-tuning (genre: 1500)")

@@ -80,7 +80,7 @@ def cli_presets(device: str, batches: list[int], steps: int, warmup: int) -> dic
         # The main job's model (the modern block of configs/ablations/frontier.yaml) under AdamW and under Muon with
         # AdamW: Muon's cost per step, and how much of it a larger batch spreads over more tokens.
         modern = [
-            "--config=configs/base.yaml",
+            "--config=configs/presets/shakespeare-2017.yaml",
             "--config=configs/variants/rmsnorm.yaml",
             "--config=configs/variants/swiglu.yaml",
             "--config=configs/variants/rope.yaml",
