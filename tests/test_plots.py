@@ -27,3 +27,18 @@ def test_a_changed_run_changes_the_figure(tmp_path: Path) -> None:
     assert not np.array_equal(imread(main_job_figure(runs, tmp_path / "x.png")), imread(DOCS / "main_job.png"))
     with pytest.raises(ValueError, match="nanoGPT"):
         main_job_figure([r for r in runs if r["run"] == "ours"], tmp_path / "y.png")
+
+
+def test_the_newest_run_of_each_measurement_is_drawn(tmp_path: Path) -> None:
+    """Runs are appended to one file: a nanoGPT rerun at an iteration count replaces the older one in the line, and
+    the 2017 recipe's run is drawn beside the main job's (changing it changes the figure)."""
+    runs = read_runs(DOCS / "main_job.jsonl")
+    newest = {r["max_iters"]: r for r in runs if r["run"] == "nanoGPT"}
+    only_newest = [r for r in runs if r["run"] != "nanoGPT"] + list(newest.values())
+    assert len(only_newest) < len(runs), "the committed file should hold a superseded nanoGPT run"
+    drawn = imread(main_job_figure(runs, tmp_path / "all.png"))
+    assert np.array_equal(drawn, imread(main_job_figure(only_newest, tmp_path / "newest.png")))
+    moved = [
+        dict(r, bpc=r["bpc"] + 0.1) if r.get("config") == "configs/presets/shakespeare-2017.yaml" else r for r in runs
+    ]
+    assert not np.array_equal(drawn, imread(main_job_figure(moved, tmp_path / "moved.png")))
