@@ -85,10 +85,11 @@ def flag_values(words: list[str], flags: tuple[str, ...]) -> list[str]:
 
 
 def made_by(words: list[str]) -> list[str]:
-    """The paths a command writes: its output flags, `> file`, and a fit's run folder (from its configs too)."""
+    """The paths a command writes: its output flags, `> file`, and the run folder of a command that trains (fit, and
+    `bench nanogpt ... ours`, which runs fit on its config and then scores the checkpoint it wrote)."""
     made = flag_values(words, WRITES)
     made += [words[i + 1] for i, w in enumerate(words[:-1]) if w in (">", ">>")]
-    if "fit" in words:
+    if "fit" in words or ("nanogpt" in words and "ours" in words):
         for config in flag_values(words, ("--config",)):
             path = ROOT / config
             if path.is_file():
@@ -106,6 +107,7 @@ def unmade_reads(pages: list[Path]) -> list[str]:
         for command in page_commands(page.read_text()):
             line = command.partition("  #")[0].strip()
             words = shlex.split(line, comments=True)
+            own_run = made_by(words) if "ours" in words else []  # bench nanogpt ours trains, then reads its checkpoint
             if lit_transformer_command(line) and page == pages[-1]:
                 for path in flag_values(words, READS):
                     known = (
@@ -114,7 +116,7 @@ def unmade_reads(pages: list[Path]) -> list[str]:
                         or ("/" not in path and "." not in path)  # an embedded corpus, a hub name, a kind
                         or OWN.search(path)
                         or resolve_config(path) != path  # a config that ships in the package, by name
-                        or any(path == m or path.startswith(m + "/") for m in made)
+                        or any(path == m or path.startswith(m + "/") for m in made + own_run)
                     )
                     if not known:
                         missing.append(f"{rel(page)}: {path} in {line[:120]}")
