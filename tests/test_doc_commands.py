@@ -84,12 +84,17 @@ def flag_values(words: list[str], flags: tuple[str, ...]) -> list[str]:
     return values
 
 
+def trains_then_scores(words: list[str]) -> bool:
+    """`bench nanogpt ... ours`: runs fit on its config, then reads the checkpoint that fit wrote."""
+    return "nanogpt" in words and "ours" in words
+
+
 def made_by(words: list[str]) -> list[str]:
     """The paths a command writes: its output flags, `> file`, and the run folder of a command that trains (fit, and
     `bench nanogpt ... ours`, which runs fit on its config and then scores the checkpoint it wrote)."""
     made = flag_values(words, WRITES)
     made += [words[i + 1] for i, w in enumerate(words[:-1]) if w in (">", ">>")]
-    if "fit" in words or ("nanogpt" in words and "ours" in words):
+    if "fit" in words or trains_then_scores(words):
         for config in flag_values(words, ("--config",)):
             path = ROOT / config
             if path.is_file():
@@ -107,7 +112,7 @@ def unmade_reads(pages: list[Path]) -> list[str]:
         for command in page_commands(page.read_text()):
             line = command.partition("  #")[0].strip()
             words = shlex.split(line, comments=True)
-            own_run = made_by(words) if "ours" in words else []  # bench nanogpt ours trains, then reads its checkpoint
+            own_run = made_by(words) if trains_then_scores(words) else []
             if lit_transformer_command(line) and page == pages[-1]:
                 for path in flag_values(words, READS):
                     known = (
