@@ -42,3 +42,15 @@ def test_the_newest_run_of_each_measurement_is_drawn(tmp_path: Path) -> None:
         dict(r, bpc=r["bpc"] + 0.1) if r.get("config") == "configs/presets/shakespeare-2017.yaml" else r for r in runs
     ]
     assert not np.array_equal(drawn, imread(main_job_figure(moved, tmp_path / "moved.png")))
+
+
+def test_a_run_with_overrides_is_not_the_recipe_it_overrides(tmp_path: Path) -> None:
+    """`ours --config configs/base.yaml -- FLAGS` (the previous main job, a setting tried at the same budget) appended
+    after the main job's run is not drawn as the main job."""
+    runs = read_runs(DOCS / "main_job.jsonl")
+    main_job = [r for r in runs if r["run"] == "ours" and r["config"] == "configs/base.yaml" and not r.get("overrides")]
+    variant = dict(main_job[-1], overrides="--trainer.max_steps 10", bpc=main_job[-1]["bpc"] + 0.3)
+    drawn = imread(main_job_figure(runs, tmp_path / "all.png"))
+    assert np.array_equal(drawn, imread(main_job_figure([*runs, variant], tmp_path / "variant.png")))
+    shipped = dict(variant, overrides="")
+    assert not np.array_equal(drawn, imread(main_job_figure([*runs, shipped], tmp_path / "shipped.png")))
