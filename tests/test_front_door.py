@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _forked import warm_python
 
 from lit_transformer.cli.arguments import packaged_configs, resolve_config
 from lit_transformer.cli.program import main
@@ -29,6 +30,14 @@ def _process(*args: str, cwd: Path | None = None, python: str = sys.executable) 
     return subprocess.run(
         [python, "-m", "lit_transformer", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600
     )
+
+
+def _forked(*args: str, cwd: Path, script: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m lit_transformer ARGS` (or `python SCRIPT ARGS`) as a process forked from a warm interpreter: a
+    process of its own, without the seconds of importing torch and Lightning (tests/_forked.py). For what happens
+    after start-up; the tests of start-up itself run `_process`."""
+    head = [str(script)] if script else ["-m", "lit_transformer"]
+    return warm_python(ENV).run([sys.executable, *head, *args], cwd=cwd, timeout=600, text=True)
 
 
 def _refusal(*args: str, cwd: Path | None = None) -> tuple[int, str]:
@@ -297,10 +306,10 @@ def test_a_gpu_option_on_a_cpu_machine_is_a_config_mistake(tmp_path: Path):
 
 
 def test_a_refusal_as_a_process_has_no_traceback_unless_debug_asks(tmp_path: Path):
-    plain = _process("fit", "--config", "presets/tiny", "--model.config.n_layer", "6", cwd=tmp_path)
+    plain = _forked("fit", "--config", "presets/tiny", "--model.config.n_layer", "6", cwd=tmp_path)
     assert plain.returncode == 2 and _is_short(plain.stderr), plain.stderr
     assert plain.stderr.startswith("error: unknown key model.config.n_layer")
-    debug = _process("--debug", "fit", "--config", "presets/tiny", "--model.config.n_layer", "6", cwd=tmp_path)
+    debug = _forked("--debug", "fit", "--config", "presets/tiny", "--model.config.n_layer", "6", cwd=tmp_path)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "errors.ConfigError" in debug.stderr
 
 
@@ -355,20 +364,18 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_said_in_a_line(tmp_path: P
     line naming the path and the checkpoint still whole, not a traceback."""
     common = _tiny("--trainer.default_root_dir", "run", "--trainer.logger", "false",
                    "--data.init_args.cache_dir", str(tmp_path / "cache"))  # fmt: skip
-    first = _process(*common, "--trainer.max_steps", "2", "--checkpoint.every_n_train_steps", "2", cwd=tmp_path)
+    first = _forked(*common, "--trainer.max_steps", "2", "--checkpoint.every_n_train_steps", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     size = (tmp_path / "run" / "checkpoints" / "last.ckpt").stat().st_size
-
-    def limit() -> None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
-
-    resumed = subprocess.run(
-        [sys.executable, "-m", "lit_transformer", *common, "--trainer.max_steps", "4", "--checkpoint.every_n_train_steps",
-         "2", "--ckpt_path", "last"],
-        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600, preexec_fn=limit,
-    )  # fmt: skip
+    # The limit is set in the command's own process, before the program runs (as a shell's `ulimit -f` would).
+    limited = tmp_path / "limited.py"
+    limited.write_text(
+        "import resource, runpy\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size // 2}, {size // 2}))\n"
+        "runpy.run_module('lit_transformer', run_name='__main__', alter_sys=True)\n"
+    )
+    resumed = _forked(*common, "--trainer.max_steps", "4", "--checkpoint.every_n_train_steps", "2", "--ckpt_path",
+                      "last", cwd=tmp_path, script=limited)  # fmt: skip
     assert resumed.returncode == 1 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
     (refusal,) = _refusal_lines(resumed.stderr)
     assert "could not write" in refusal and "run/checkpoints/last.ckpt: File too large" in refusal

@@ -65,7 +65,7 @@ def main_job_figure(runs: list[dict], out: Path) -> Path:
     axes.set_ylabel("validation bits per character")
     axes.set_title("The main job against nanoGPT on the same text (lower is better)", fontsize=10)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, loc="center right")
+    axes.legend(fontsize=8, loc="lower right")
     figure.savefig(out, metadata={"Software": None})
     return out
 
