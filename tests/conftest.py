@@ -23,6 +23,12 @@ if sys.platform.startswith("linux"):
     except (OSError, AttributeError, ValueError):  # not glibc: its own allocator, left as it is
         pass
 
+# Lightning gives its loggers a StreamHandler bound to sys.stderr as it is when Lightning is first imported. Imported
+# here, that is the session's own stderr; first imported by a test that captures stderr (capsys, a redirect), the
+# handler would keep that test's stream, closed when the test ends, and a later test's "Seed set to" line would print
+# "--- Logging error ---" (test_front_door.py alone in one process did).
+import lightning  # noqa: E402,F401
+
 # The longest files go first, so that under `--dist loadfile` no worker starts one of them while the other is
 # finishing (test_readme runs every command of the README and the docs pages in order on one worker). Longest by
 # CPU time, measured: a compiling file counts its inductor builds from an empty cache, as on a new machine.

@@ -313,6 +313,25 @@ def test_a_refusal_as_a_process_has_no_traceback_unless_debug_asks(tmp_path: Pat
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "errors.ConfigError" in debug.stderr
 
 
+def test_the_package_log_handler_writes_to_the_stderr_of_the_moment(capsys):
+    """The handler that shows the package's INFO records follows sys.stderr: a command run in-process with stderr
+    redirected (as `_refusal` runs them) leaves no handler bound to a stream closed since, whose next record would
+    print "--- Logging error ---" into the following command's refusal."""
+    import logging
+
+    from lit_transformer.cli.lightning_cli import _StderrHandler
+
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    redirected = io.StringIO()
+    with contextlib.redirect_stderr(redirected):
+        handler.emit(logging.makeLogRecord({"msg": "first"}))
+    assert redirected.getvalue() == "first\n"
+    redirected.close()
+    handler.emit(logging.makeLogRecord({"msg": "second"}))
+    assert capsys.readouterr().err == "second\n"
+
+
 # ---- Lightning's switches -----------------------------------------------------------------------------------------
 
 

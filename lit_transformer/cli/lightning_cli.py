@@ -628,6 +628,20 @@ def switched_off(config: dict, callbacks: list) -> tuple[dict, list]:
     return config, [c for c in callbacks if not isinstance(c, drop)]
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler to whatever sys.stderr is when a record is emitted, not when the handler was made: the program
+    run in-process with stderr redirected (a test, a notebook cell) must not leave a handler bound to a stream that is
+    closed later (the next record would end in "--- Logging error --- I/O operation on closed file")."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns one; sys.stderr is read at each record instead
+        pass
+
+
 def show_package_info_logs() -> None:
     """Let the package's INFO records reach stderr, as Lightning's own do, unless logging was configured already.
 
@@ -638,7 +652,7 @@ def show_package_info_logs() -> None:
     logger = logging.getLogger("lit_transformer")
     if logger.handlers or logger.level != logging.NOTSET or logging.getLogger().hasHandlers():
         return
-    handler = logging.StreamHandler()
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
