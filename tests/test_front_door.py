@@ -313,23 +313,25 @@ def test_a_refusal_as_a_process_has_no_traceback_unless_debug_asks(tmp_path: Pat
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "errors.ConfigError" in debug.stderr
 
 
-def test_the_package_log_handler_writes_to_the_stderr_of_the_moment(capsys):
+def test_the_package_log_handler_writes_to_the_stderr_of_the_moment(tmp_path: Path):
     """The handler that shows the package's INFO records follows sys.stderr: a command run in-process with stderr
-    redirected (as `_refusal` runs them) leaves no handler bound to a stream closed since, whose next record would
-    print "--- Logging error ---" into the following command's refusal."""
-    import logging
-
-    from lit_transformer.cli.lightning_cli import _StderrHandler
-
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    redirected = io.StringIO()
-    with contextlib.redirect_stderr(redirected):
-        handler.emit(logging.makeLogRecord({"msg": "first"}))
-    assert redirected.getvalue() == "first\n"
-    redirected.close()
-    handler.emit(logging.makeLogRecord({"msg": "second"}))
-    assert capsys.readouterr().err == "second\n"
+    redirected (as `_refusal` runs them, or a notebook cell) leaves no handler bound to a stream closed since, whose
+    next record would print "--- Logging error ---" instead. In a process of its own, so that no logging is set up."""
+    script = tmp_path / "logs.py"
+    script.write_text(
+        "import contextlib, io, logging\n"
+        "from lit_transformer.cli.lightning_cli import show_package_info_logs\n"
+        "redirected = io.StringIO()\n"
+        "with contextlib.redirect_stderr(redirected):\n"
+        "    show_package_info_logs()\n"
+        "    logging.getLogger('lit_transformer.data').info('first')\n"
+        "assert redirected.getvalue() == 'first\\n', redirected.getvalue()\n"
+        "redirected.close()\n"
+        "logging.getLogger('lit_transformer.data').info('second')\n"
+    )
+    result = _forked(cwd=tmp_path, script=script)
+    assert result.returncode == 0 and result.stderr.endswith("second\n"), result.stderr
+    assert "Logging error" not in result.stderr, result.stderr
 
 
 # ---- Lightning's switches -----------------------------------------------------------------------------------------
