@@ -33,7 +33,11 @@ from itertools import count
 from pathlib import Path
 from typing import IO, Any
 
+# The four commands' modules, and the DataModules a fit or an evaluation imports while parsing its config (with them
+# Hugging Face's datasets and pandas: about a second of CPU a command otherwise).
 PRELOAD = ("lit_transformer.cli.lightning_cli", "lit_transformer.cli.model_commands")
+PRELOAD += tuple(f"lit_transformer.data.{task}" for task in ("language_modeling", "translation", "classification"))
+PRELOAD += ("lit_transformer.data.captioning",)
 # Variables an interpreter, torch, Hugging Face's libraries (imported with Lightning's torchmetrics) or a native
 # library read once, at start or import. (Not the inductor cache's folder: read when a compile starts, and set in
 # os.environ by torch itself the first time it is computed.)

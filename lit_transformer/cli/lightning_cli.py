@@ -36,6 +36,7 @@ from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
 from lit_transformer.checkpoints.files import CheckpointError, MissingCheckpointError, load_checkpoint
 from lit_transformer.cli.arguments import parser_options, refusal, resolve_configs
 from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
+from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_lookups
 from lit_transformer.cli.program import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
 from lit_transformer.config import SOURCE_FIELDS, TransformerConfig
 from lit_transformer.engine.devices import check_device_options, lost_peer_message, resume_after_restart
@@ -75,6 +76,7 @@ def _parse_once(parse: Callable) -> Callable:
 
 if not hasattr(docstring_parser.parse_from_object, "__wrapped__"):
     docstring_parser.parse_from_object = _parse_once(docstring_parser.parse_from_object)
+index_action_lookups()  # jsonargparse finds each key's action in an index, not by walking 189 options (fast_parsing.py)
 
 # How long a collective (all-reduce, barrier) waits for a peer before the run fails: a hung or unreachable node ends
 # the others within this, not torch's 30 minutes. Data preparation waits without limit (Lightning's own barrier).
@@ -98,6 +100,7 @@ class TransformerCLI(LightningCLIHooks):
         given = kwargs.get("args")
         argv = list(sys.argv[1:] if given is None else given) if isinstance(given, list | tuple | None) else []
         self._only = argv[0] if argv and argv[0] in LightningCLI.subcommands() else None
+        kwargs.setdefault("parser_class", ValidatedOnceParser)
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override] - LightningCLI's is a staticmethod
@@ -175,6 +178,15 @@ class TransformerCLI(LightningCLIHooks):
         check_trainer_options(trainer)
         check_before_data(config, self.subcommand)
         log_evaluation_beside_training(config, self.subcommand)
+
+    def instantiate_classes(self) -> None:
+        """The parsed config (and its command's part), validated at the parse and adjusted since by the package
+        alone, is dumped into the model's hyperparameters and config.yaml without being validated twice more."""
+        if isinstance(self.parser, ValidatedOnceParser):
+            self.parser.trust(self.config)
+        if self.subcommand and isinstance(self._parser(self.subcommand), ValidatedOnceParser):
+            self._parser(self.subcommand).trust(self.config.get(self.subcommand))
+        super().instantiate_classes()
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)

@@ -1,0 +1,170 @@
+"""lit_transformer/cli/fast_parsing.py: jsonargparse's action lookups answered from an index give jsonargparse's own
+answers, for every lookup of real commands; a config the CLI parsed is dumped without a second validation, with the
+same text; anything else is validated as before. Fails on a jsonargparse release the module was not checked against."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+from pathlib import Path
+
+import jsonargparse
+import pytest
+import yaml
+from jsonargparse import ActionConfigFile, Namespace
+from jsonargparse._actions import _ActionConfigLoad
+from test_cli import _cli
+
+from lit_transformer.cli import fast_parsing
+from lit_transformer.cli.fast_parsing import (
+    CHECKED_VERSIONS,
+    ORIGINAL,
+    PRIVATE,
+    ValidatedOnceParser,
+    index_action_lookups,
+    version_checked,
+)
+from lit_transformer.cli.lightning_cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = ROOT / "configs" / "presets"
+
+
+def test_the_installed_jsonargparse_is_a_checked_release_and_its_private_names_are_as_read():
+    assert version_checked(jsonargparse.__version__), (
+        f"jsonargparse {jsonargparse.__version__} is not one lit_transformer/cli/fast_parsing.py was checked against "
+        f"{CHECKED_VERSIONS}: read its private lookups again, then add the version"
+    )
+    for name, parameters in PRIVATE.items():
+        module, _, attribute = name.partition(":")
+        value = getattr(importlib.import_module(module), attribute)
+        if parameters:
+            assert tuple(inspect.signature(ORIGINAL.get(attribute) or value).parameters) == parameters, name
+
+
+def test_the_indexed_lookups_are_in_place_in_every_jsonargparse_module():
+    assert index_action_lookups()
+    for module_name, module in sys.modules.items():
+        if module_name.startswith("jsonargparse"):
+            for attribute, value in vars(module).items():
+                assert value is not ORIGINAL["find_action_and_subcommand"], f"{module_name}.{attribute}"
+                assert value is not ORIGINAL["is_branch_key"], f"{module_name}.{attribute}"
+
+
+def _outcome(function, *args, **kwargs):
+    """What a call gives: its value, or what it raised (jsonargparse raises on some keys too)."""
+    try:
+        return "value", function(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - compared, then raised again
+        return "raised", error
+
+
+def _same(indexed, original) -> bool:
+    if indexed[0] != original[0]:
+        return False
+    if indexed[0] == "raised":
+        return type(indexed[1]) is type(original[1])
+    if isinstance(indexed[1], tuple):  # (action, subcommand): the very action
+        return indexed[1][0] is original[1][0] and indexed[1][1] == original[1][1]
+    return indexed[1] == original[1]
+
+
+@pytest.fixture
+def compared(monkeypatch) -> list[int]:
+    """Every indexed lookup made while the test runs is answered by jsonargparse's own function too and compared."""
+    calls = [0, 0]
+
+    def checked(name: str, position: int):
+        indexed_function = getattr(fast_parsing, name)
+
+        def lookup(*args, **kwargs):
+            calls[position] += 1
+            indexed = _outcome(indexed_function, *args, **kwargs)
+            original = _outcome(ORIGINAL[name], *args, **kwargs)
+            assert _same(indexed, original), (name, args[1:], kwargs, indexed, original)
+            if indexed[0] == "raised":
+                raise indexed[1]
+            return indexed[1]
+
+        return lookup
+
+    find, branch = checked("find_action_and_subcommand", 0), checked("is_branch_key", 1)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("jsonargparse"):
+            for attribute, value in list(vars(module).items()):
+                if value is fast_parsing.find_action_and_subcommand:
+                    monkeypatch.setattr(module, attribute, find)
+                elif value is fast_parsing.is_branch_key:
+                    monkeypatch.setattr(module, attribute, branch)
+    return calls
+
+
+def test_every_lookup_of_a_fit_a_predict_and_refusals_gets_jsonargparse_s_own_answer(tmp_path: Path, compared):
+    run = tmp_path / "run"
+    common = ["--trainer.default_root_dir", str(run), "--data.init_args.cache_dir", str(tmp_path / "cache")]
+    _cli("fit", "--config", str(PRESETS / "tiny.yaml"), *common, "--trainer.max_steps", "2", cwd=tmp_path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("ROMEO:\n")
+    predict = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data.init_args.predict_file", str(prompts)]
+    _cli("predict", "--config", str(PRESETS / "tiny.yaml"), *common, *predict, cwd=tmp_path)
+    assert (run / "predictions.jsonl").is_file() or list(run.rglob("*.jsonl"))
+    for mistake in (["--model.config.n_heads", "3"], ["--model.confg.n_layers", "2"], ["--trainer.max_step", "2"]):
+        refused = _cli("fit", "--config", str(PRESETS / "tiny-translate.yaml"), *mistake, cwd=tmp_path, ok=False)
+        assert "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert compared[0] > 1000 and compared[1] > 0, compared
+
+
+def test_keys_that_are_no_action_and_a_changed_action_list_are_answered_as_jsonargparse_does(compared):
+    parser = ValidatedOnceParser(exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_argument("--model.width", type=int, default=8)
+    parser.add_argument("--model.depth", type=int, default=2)
+    subcommands = parser.add_subcommands(required=False)
+    sub = ValidatedOnceParser(exit_on_error=False)
+    sub.add_argument("--steps", type=int, default=1)
+    subcommands.add_subcommand("fit", sub)
+    keys = ["model", "model.width", "model.wid", "mode", "config", "fit", "fit.steps", "fit.step", "", "fit.", "x.y"]
+    for exclude in (None, _ActionConfigLoad):
+        for key in keys:
+            jsonargparse._subcommands.find_action_and_subcommand(parser, key, exclude)
+    for key in keys:
+        with contextlib.suppress(IndexError):  # "fit" (a subcommand, no dot): jsonargparse's own raises too, compared
+            jsonargparse._subcommands.is_branch_key(parser, key)
+    # an action replaced in place (as a link replaces its target): the index follows
+    position = next(i for i, a in enumerate(parser._actions) if a.dest == "model.width")
+    replacement = ValidatedOnceParser().add_argument("--model.height", type=int)
+    parser._actions[position] = replacement
+    assert jsonargparse._subcommands.find_action_and_subcommand(parser, "model.height")[0] is replacement
+    assert jsonargparse._subcommands.find_action_and_subcommand(parser, "model.width")[0] is None
+    assert compared[0] >= 2 * len(keys) + 2
+
+
+def test_a_parsed_config_dumps_the_same_text_without_a_second_validation(monkeypatch):
+    cli = run_cli(["--config", str(PRESETS / "tiny.yaml"), "--trainer.logger", "false"], run=False)
+    parser, config = cli.parser, cli.config
+    assert isinstance(parser, ValidatedOnceParser)
+    validating = parser.dump(config, skip_validation=False, skip_link_targets=False, skip_none=False, format="yaml")
+    validations = []
+    monkeypatch.setattr(parser, "validate", lambda *a, **k: validations.append(a))
+    trusted = parser.dump(config, skip_link_targets=False, skip_none=False, format="yaml")
+    assert trusted == validating and validations == []
+    # another config (not the CLI's parse) is validated as jsonargparse does
+    other = config.clone()
+    parser.dump(other, format="yaml")
+    assert len(validations) == 1
+
+
+def test_an_untrusted_invalid_config_still_fails_its_dump_and_save(tmp_path: Path):
+    parser = ValidatedOnceParser(exit_on_error=False)
+    parser.add_argument("--width", type=int, default=8)
+    bad = Namespace(width="wide")
+    with pytest.raises(TypeError):
+        parser.dump(bad)
+    with pytest.raises(TypeError):
+        parser.save(bad, tmp_path / "config.yaml", multifile=False)
+    parser.trust(bad)
+    assert yaml.safe_load(parser.dump(bad)) == {"width": "wide"}  # trusted: written as it is, not checked again
+    with pytest.raises(TypeError):
+        parser.dump(bad, skip_validation=False)  # asked for: validated
