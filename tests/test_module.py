@@ -281,7 +281,7 @@ def test_the_gradient_norm_is_global_when_parameters_are_sharded(tmp_path) -> No
     """FSDP2 (fully_shard) over 2 CPU ranks: each rank holds half of each gradient; the norm is the whole one's."""
     tests = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}", "OMP_NUM_THREADS": "1"}
-    result = warm_python(env).run(  # forked from a warm interpreter (tests/_forked.py); its ranks are spawned fresh
+    result = warm_python(env).run(  # forked from a warm interpreter (tests/_forked.py), and its ranks from it
         [sys.executable, str(tests / "_sharded_norm.py"), str(tmp_path)], cwd=os.getcwd(), timeout=300, text=True
     )
     assert result.returncode == 0, result.stderr[-3000:]
