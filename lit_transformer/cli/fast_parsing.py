@@ -134,15 +134,16 @@ def index_action_lookups() -> bool:
         return True
     if not version_checked():
         return False
-    replacements = {}
+    replacements = []
     for name, indexed in (("find_action_and_subcommand", find_action_and_subcommand), ("is_branch_key", is_branch_key)):
         ORIGINAL[name] = getattr(_subcommands, name)
-        replacements[ORIGINAL[name]] = indexed
+        replacements.append((ORIGINAL[name], indexed))
     for module_name, module in list(sys.modules.items()):
         if module_name == "jsonargparse" or module_name.startswith("jsonargparse."):
             for attribute, value in list(vars(module).items()):
-                if callable(value) and value in replacements:
-                    setattr(module, attribute, replacements[value])
+                for original, indexed in replacements:  # by identity: a module may hold unhashable callables
+                    if value is original:
+                        setattr(module, attribute, indexed)
     return True
 
 

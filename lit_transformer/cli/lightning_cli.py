@@ -184,8 +184,9 @@ class TransformerCLI(LightningCLIHooks):
         alone, is dumped into the model's hyperparameters and config.yaml without being validated twice more."""
         if isinstance(self.parser, ValidatedOnceParser):
             self.parser.trust(self.config)
-        if self.subcommand and isinstance(self._parser(self.subcommand), ValidatedOnceParser):
-            self._parser(self.subcommand).trust(self.config.get(self.subcommand))
+        subparser = _subcommand_parser(self.parser, self.subcommand) if self.subcommand else None
+        if isinstance(subparser, ValidatedOnceParser):  # the parser SaveConfigCallback writes config.yaml with
+            subparser.trust(self.config.get(self.subcommand))
         super().instantiate_classes()
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
