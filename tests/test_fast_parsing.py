@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import json
 import sys
 from pathlib import Path
 
@@ -109,7 +110,8 @@ def test_every_lookup_of_a_fit_a_predict_and_refusals_gets_jsonargparse_s_own_an
     prompts.write_text("ROMEO:\n")
     predict = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data.init_args.predict_file", str(prompts)]
     _cli("predict", "--config", str(PRESETS / "tiny.yaml"), *common, *predict, cwd=tmp_path)
-    assert (run / "predictions.jsonl").is_file() or list(run.rglob("*.jsonl"))
+    rows = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    assert [row["input"] for row in rows] == ["ROMEO:"], rows
     for mistake in (["--model.config.n_heads", "3"], ["--model.confg.n_layers", "2"], ["--trainer.max_step", "2"]):
         refused = _cli("fit", "--config", str(PRESETS / "tiny-translate.yaml"), *mistake, cwd=tmp_path, ok=False)
         assert "Traceback" not in refused.stderr, refused.stderr[-2000:]
@@ -166,5 +168,7 @@ def test_an_untrusted_invalid_config_still_fails_its_dump_and_save(tmp_path: Pat
         parser.save(bad, tmp_path / "config.yaml", multifile=False)
     parser.trust(bad)
     assert yaml.safe_load(parser.dump(bad)) == {"width": "wide"}  # trusted: written as it is, not checked again
+    parser.save(bad, tmp_path / "trusted.yaml", multifile=False)  # config.yaml's way (SaveConfigCallback)
+    assert yaml.safe_load((tmp_path / "trusted.yaml").read_text()) == {"width": "wide"}
     with pytest.raises(TypeError):
         parser.dump(bad, skip_validation=False)  # asked for: validated
