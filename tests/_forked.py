@@ -8,6 +8,12 @@ output sees what a fresh process prints. It imports only what the commands would
 commands) and starts no thread, so forking it is safe. Environment variables read at start-up or import (PYTHON*,
 OMP_*, TORCH*, ...) cannot change per command: a command keeps the interpreter's own and may change only the others.
 
+A command that starts itself again (Lightning's DDP launcher starts each further rank as the same command, from the
+first rank) gets its first copy forked from the same warm state: each command forks a twin before it starts, which
+waits for it (fork_twin in SERVER). The copy gets Popen's ways: its pid is the command's child, its outputs, folder,
+environment and session are those the Popen asks for. A second copy, a copy whose start-up variables differ, and any
+other command the process starts are fresh processes, as Popen starts them.
+
 `WarmPython.run` stands for `subprocess.run` and `WarmPython.popen` for `subprocess.Popen`, with the same command
 (`[sys.executable, "-m", MODULE, *ARGS]` or `[sys.executable, SCRIPT, *ARGS]`). Use a fresh process where
 the test is about start-up itself (what a command imports, how fast it starts, a signal during the imports).
@@ -46,7 +52,7 @@ READ_AT_IMPORT = re.compile(
 )
 
 SERVER = r"""
-import gc, importlib, json, os, runpy, select, sys
+import gc, importlib, json, os, re, runpy, select, socket, subprocess, sys
 
 def serve(requests: int, replies: int) -> dict:
     '''Fork a child per request line, reply `started PID`, and `exited PID CODE` when it ends; the child returns.'''
@@ -73,7 +79,93 @@ def serve(requests: int, replies: int) -> dict:
                 children[os.pidfd_open(pid)] = pid
                 os.write(replies, f"started {pid}\n".encode())
 
-requests, replies, out, err, *preload = sys.argv[1:]
+def start(request: dict, preloaded: dict) -> None:
+    '''This process's outputs (and session) become the command's: what the interpreter printed while importing first.'''
+    for fd in (1, 2):
+        target = request["outputs"][str(fd)]
+        if target == "stdout":
+            os.dup2(1, 2)
+        elif isinstance(target, str):
+            os.dup2(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT), fd)
+        os.write(fd, preloaded[fd])
+    if request["session"]:
+        os.setsid()
+
+
+def fork_twin(preloaded: dict) -> tuple | dict:
+    '''A fork of this process before its command starts, which waits for one command from it: the command's own,
+    started again (Lightning's DDP launcher starts each further rank as `python -m MODULE ARGS`, the same command, from
+    the first rank). The rank then forks ready instead of importing torch and Lightning in a fresh interpreter.
+    (socket, pid) in this process; in the twin, once its command arrives, that command's request.'''
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid:
+        theirs.close()
+        return ours, pid
+    ours.close()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)  # the command's outputs stay open only as long as the command holds them
+    os.close(null)
+    message, fds, _, _ = socket.recv_fds(theirs, 1 << 22, 3)
+    if not message:  # the command ended without starting itself again
+        os._exit(0)
+    theirs.close()
+    request = json.loads(message)
+    for fd, target in zip(fds, (0, 1, 2)):
+        os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
+    request["outputs"] = {"1": 1, "2": 2}
+    start(request, preloaded)
+    return request
+
+
+def relaunch(command: dict, twin: tuple, execute_child):
+    '''subprocess.Popen's _execute_child for this command: a Popen of the command itself, as a DDP launcher makes it
+    (`[sys.executable, "-m", MODULE, ...]` or `[sys.executable, SCRIPT, ...]`, no other option, the interpreter's own
+    start-up variables) is handed to the twin; any other Popen, and a second one, starts as Popen starts it.'''
+    same = {command["module"], command["module"] + ".__main__"} if command["module"] else set()
+    own_script = command["script"] and os.path.join(command["cwd"], command["script"])
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
+                       shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid, gids, uid,
+                       umask, start_new_session, process_group):  # fmt: skip
+        given = [os.fsdecode(a) for a in args] if isinstance(args, (list, tuple)) else []
+        variables = {os.fsdecode(k): os.fsdecode(v) for k, v in (os.environ if env is None else env).items()}
+        folder = os.path.abspath(os.getcwd() if cwd is None else os.fsdecode(cwd))
+        module = script = None
+        if given[:1] == [sys.executable] and given[1:2] == ["-m"] and given[2:3] and given[2] in same:
+            module = given[2]
+        elif given[:1] == [sys.executable] and given[1:2] and command["script"]:
+            if os.path.abspath(given[1]) == own_script:
+                script = own_script
+        plain = not shell and preexec_fn is None and not pass_fds and (gid, gids, uid) == (None, None, None)
+        plain = plain and umask < 0 and process_group == -1 and executable in (None, sys.executable)
+        startup = {k: v for k, v in variables.items() if READ_AT_IMPORT.match(k)}
+        if not (twin and (module or script) and plain and startup == STARTUP):
+            return execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                                 creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
+                                 restore_signals, gid, gids, uid, umask, start_new_session, process_group)  # fmt: skip
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(2, os.strerror(2), folder)
+        channel, pid = twin.pop()
+        request = {"module": module, "script": script, "args": given[3 if module else 2 :], "cwd": folder}
+        request["env"] = variables
+        request["session"] = start_new_session
+        streams = [p2cread, c2pwrite, errwrite]
+        streams = [fd if fd != -1 else default for fd, default in zip(streams, (0, 1, 2))]
+        socket.send_fds(channel, [json.dumps(request).encode()], streams)
+        channel.close()
+        self.pid, self._child_created = pid, True
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    return _execute_child
+
+
+READ_AT_IMPORT = re.compile(sys.argv[1])
+STARTUP = {k: v for k, v in os.environ.items() if READ_AT_IMPORT.match(k)}
+requests, replies, out, err, *preload = sys.argv[2:]
 for name in preload:
     importlib.import_module(name)
 sys.stdout.flush()
@@ -87,16 +179,12 @@ os.write(int(replies), b"ready\n")
 request = serve(int(requests), int(replies))
 
 # The child: the command, as `python -m MODULE ARGS` or `python SCRIPT ARGS` runs it, with its outputs (first: the
-# caller may be waiting to open a pipe's reading end), session, folder and environment.
-for fd in (1, 2):
-    target = request["outputs"][str(fd)]
-    if target == "stdout":
-        os.dup2(1, 2)
-    else:
-        os.dup2(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT), fd)
-    os.write(fd, preloaded[fd])
-if request["session"]:
-    os.setsid()
+# caller may be waiting to open a pipe's reading end), session, folder and environment; and its twin, in its session.
+start(request, preloaded)
+twin = [fork_twin(preloaded)]
+if isinstance(twin[0], dict):
+    request, twin = twin[0], []
+subprocess.Popen._execute_child = relaunch(request, twin, subprocess.Popen._execute_child)
 os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
@@ -105,7 +193,7 @@ sys.argv = [sys.argv[0], *request["args"]]
 sys.path[0] = os.getcwd() if request["module"] else os.path.dirname(os.path.abspath(request["script"]))
 if "numpy" in sys.modules:  # a fresh process seeds numpy from the system's entropy (random reseeds after a fork)
     sys.modules["numpy"].random.seed()
-del gc, importlib, json, select, serve, requests, replies, out, err, out_file, err_file, preload, preloaded, target, fd
+del gc, importlib, select, serve, requests, replies, out, err, out_file, err_file, preload, preloaded, twin
 if request["module"]:
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 else:
@@ -129,7 +217,8 @@ class WarmPython:
         out, err = self.folder / "preload.out", self.folder / "preload.err"
         with open(out, "wb") as out_file, open(err, "wb") as err_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", SERVER, str(requests_read), str(replies_write), str(out), str(err), *preload],
+                [sys.executable, "-c", SERVER, READ_AT_IMPORT.pattern, str(requests_read), str(replies_write)]
+                + [str(out), str(err), *preload],
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=out_file,

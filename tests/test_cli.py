@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _forked import warm_python
 from PIL import Image
 
 from lit_transformer.cli.lightning_cli import main, run_cli
@@ -99,10 +100,10 @@ def test_a_value_outside_the_choices_names_them():
 
 
 def _process(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    """`python -m lit_transformer ARGS` as a process of its own: for what needs one (DDP starts its ranks)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "lit_transformer", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    """`python -m lit_transformer ARGS` as a process of its own, for what needs one (DDP starts its ranks): forked
+    from a warm interpreter (tests/_forked.py), as is the second rank Lightning's launcher starts."""
+    command = [sys.executable, "-m", "lit_transformer", *args]
+    result = warm_python(env).run(command, cwd=cwd, env=env, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -34,12 +34,41 @@ sys.exit(3)
 """
 
 
+RANKS = """
+import os, subprocess, sys
+import __main__
+warm = "noisy" in sys.modules  # preloaded: imported before this line only in a process forked from the interpreter
+import noisy
+role = sys.argv[1]
+print(role, "warm" if warm else "fresh", os.getpid(), os.getppid(), os.getcwd(), os.environ.get("RANK"), flush=True)
+if role in ("launcher", "hashseed"):
+    # the command itself, as Lightning's DDP launcher starts its further ranks
+    own = ["-m", __main__.__spec__.name] if __main__.__spec__ else [os.path.abspath(sys.argv[0])]
+    env = {**os.environ, "RANK": "1"}
+    if role == "hashseed":  # a start-up variable changed: a fresh process; the next one is the twin
+        ended = subprocess.run([sys.executable, *own, "rank"], env={**env, "PYTHONHASHSEED": "7"}).returncode
+        first = subprocess.Popen([sys.executable, *own, "rank"], env=env)
+        print("codes", ended, first.wait(), flush=True)
+        sys.exit(0)
+    first = subprocess.Popen([sys.executable, *own, "rank"], env=env, cwd=sys.argv[2], stdout=subprocess.PIPE, text=True)
+    piped = first.stdout.read()
+    second = subprocess.Popen([sys.executable, *own, "rank"], env=env)
+    second.wait()
+    other = subprocess.run([sys.executable, "-m", "tool", "x"], capture_output=True, text=True).stdout
+    print("piped", piped.strip(), flush=True)
+    print("codes", first.wait(), second.wait(), other.strip(), flush=True)
+    sys.exit(0)
+sys.exit(5)
+"""
+
+
 @pytest.fixture(scope="module")
 def python(tmp_path_factory) -> WarmPython:
     folder = tmp_path_factory.mktemp("warm")
     (folder / "noisy.py").write_text("import sys\nprint('printed at import', file=sys.stderr)\n")
     (folder / "script.py").write_text(SCRIPT)
     (folder / "tool.py").write_text("import sys\nprint('tool', sys.argv[1:])\n")
+    (folder / "ranks.py").write_text(RANKS)
     with WarmPython({**os.environ, "PYTHONPATH": str(folder)}, preload=("noisy",)) as warm:
         warm.test_folder = folder
         yield warm
@@ -98,3 +127,31 @@ def test_a_start_up_variable_cannot_change(python: WarmPython, tmp_path: Path) -
             python.run([sys.executable, "-m", "tool"], tmp_path, {**python.env, name: "7"})
     with pytest.raises(ValueError, match="not \\[sys.executable"):
         python.run([sys.executable, "-c", "pass"], tmp_path)
+
+
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_a_command_that_starts_itself_again_forks_its_first_copy_ready(
+    python: WarmPython, tmp_path: Path, how: str
+) -> None:
+    """A DDP launcher's second rank (the same command, started by the first with another RANK, folder and pipe) is
+    forked from the interpreter ready, with Popen's ways (pid, parent, pipe, exit status); a third copy, a copy with a
+    start-up variable changed and another command start fresh."""
+    own = ["-m", "ranks"] if how == "module" else [str(python.test_folder / "ranks.py")]
+    folder = python.test_folder if how == "module" else tmp_path / "launcher"
+    folder.mkdir(exist_ok=True)
+    result = python.run([sys.executable, *own, "launcher", str(tmp_path)], folder, timeout=120, text=True)
+    assert result.returncode == 0, result.stderr
+    (role, kind, pid, *_), *ranks = (line.split() for line in result.stdout.splitlines())
+    assert (role, kind) == ("launcher", "warm")
+    # the second copy (fresh) writes to the launcher's stdout; the first to its pipe, which the launcher reads
+    fresh, (piped, *twin), codes = ranks
+    assert fresh[:2] + fresh[3:] == ["rank", "fresh", pid, str(folder), "1"]
+    assert [piped, *twin[:2], *twin[3:]] == ["piped", "rank", "warm", pid, str(tmp_path), "1"]
+    assert codes == ["codes", "5", "5", "tool", "['x']"]
+    assert result.stderr == "printed at import\n" * 3  # each copy prints what a fresh interpreter prints at import
+
+    seeded = python.run([sys.executable, *own, "hashseed"], folder, timeout=120, text=True)
+    assert seeded.returncode == 0, seeded.stderr
+    assert [line.split()[:2] for line in seeded.stdout.splitlines()] == [
+        ["hashseed", "warm"], ["rank", "fresh"], ["rank", "warm"], ["codes", "5"]
+    ]  # fmt: skip

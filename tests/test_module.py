@@ -146,7 +146,7 @@ def test_ddp_two_processes_normalize_by_the_tokens_of_both_ranks(tmp_path) -> No
     with equal parameters."""
     tests = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}", "OMP_NUM_THREADS": "1"}
-    result = warm_python(env).run(  # rank 0 forked from a warm interpreter (tests/_forked.py), rank 1 fresh
+    result = warm_python(env).run(  # both ranks forked from a warm interpreter (tests/_forked.py)
         [sys.executable, str(tests / "_token_loss.py"), str(tmp_path)], cwd=tests.parent, timeout=300, text=True
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -460,3 +460,35 @@ def test_throughput_is_logged_at_optimizer_steps_and_counts_every_micro_batch() 
     assert seen == [(0, 0), (1, 1), (1, 1), (2, 2), (2, 2), (3, 3)]  # a log after each second micro-batch only
     items, samples = (logger.logged[-1][1][f"train/device/{name}_per_sec"] for name in ("items", "samples"))
     assert items / samples == pytest.approx(16)  # 2 micro-batches of 2 rows of 16 tokens
+
+
+def test_the_cpu_peak_is_measured_at_the_first_mfu_log_once_per_process(monkeypatch, tmp_path: Path) -> None:
+    """On a CPU (no spec sheet) MFU's reference is a matmul measured when MFU is first logged, once per process: a run
+    that logs nothing measures nothing, a second run reuses the first one's figure."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lit_transformer.engine import monitoring
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(monitoring, "_MEASURED", {})
+    monkeypatch.setattr(monitoring, "matmul_peak_flops", lambda *args: calls.append(args) or 1e11)
+
+    def fit(**trainer_args) -> list[dict]:
+        logged: list[dict] = []
+        monitor = monitoring.TokenThroughputMonitor()
+
+        class Watch(L.Callback):
+            def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+                logged.append(dict(trainer.callback_metrics) | {"mfu_reference": monitor.available_flops})
+
+        trainer = L.Trainer(accelerator="cpu", max_steps=2, callbacks=[monitor, Watch()], enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, **trainer_args)  # fmt: skip
+        lit = LitTransformer(TransformerConfig.preset("tiny", vocab_size=128), optim={"warmup_steps": 0})
+        trainer.fit(lit, DataLoader(_batches(128, n=2), batch_size=None))
+        return logged
+
+    assert [row["mfu_reference"] for row in fit(logger=False)] == [None, None] and calls == []
+    for run in ("first", "second"):
+        logged = fit(log_every_n_steps=1, logger=CSVLogger(tmp_path / run))
+        assert [row["mfu_reference"] for row in logged] == [1e11, 1e11], run
+    assert calls == [(torch.device("cpu"), torch.float32)]

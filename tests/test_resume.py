@@ -1,7 +1,7 @@
 """End to end through the CLI: SIGKILL at random moments, resume with --ckpt_path last, same losses step by step.
 
 Every run is a real `python -m lit_transformer fit` process on the tiny preset, checkpointing every step (forked from
-a warm interpreter, tests/_forked.py; under DDP the second rank is a fresh process, as Lightning starts it).
+a warm interpreter, tests/_forked.py; under DDP the second rank too, which Lightning starts as the same command).
 Per-step losses come from tests/_boring.py's LossRecorder (one JSON line per optimizer step).
 """
 

@@ -54,12 +54,12 @@ class TokenThroughputMonitor(L.Callback):
         if stage != "fit":
             return
         device, dtype = trainer.strategy.root_device, compute_dtype(trainer.precision_plugin)
-        peak = self.peak_flops or get_available_flops(device, dtype)
-        if peak is None:
-            from lit_transformer.engine.monitoring import matmul_peak_flops
-
-            peak = matmul_peak_flops(device, dtype)
-        self.available_flops = peak
+        self._device, self._dtype = device, dtype
+        self.available_flops = self.peak_flops or get_available_flops(device, dtype)
+        if self.available_flops is None and device.type == "cuda":
+            self.available_flops = measured_peak_flops(device, dtype)  # now, while the GPU's memory is free
+        # Elsewhere (a CPU) at the first step that logs MFU: a run that logs none (a few steps, no logger) spends no
+        # time on it; the matmuls take longer than a tiny run's training (about 0.3 s on one core).
 
     def _now(self, trainer: L.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -90,6 +90,9 @@ class TokenThroughputMonitor(L.Callback):
         }
         if self._flops:
             rates["flops_per_sec"] = self._flops / elapsed
+            if self.available_flops is None:
+                self.available_flops = measured_peak_flops(self._device, self._dtype)
+                now = self._now(trainer)  # the next interval starts after the measurement
             if self.available_flops:
                 rates["mfu"] = rates["flops_per_sec"] / self.available_flops
         metrics = {f"train/device/{name}": value for name, value in rates.items()}
@@ -227,6 +230,18 @@ class HostMemoryMonitor(L.Callback):
             metrics = {"host/rss_mb": record["rss_mb"], "host/children_rss_mb": record["children_rss_mb"]}
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
+
+
+_MEASURED: dict[tuple[str, torch.dtype, int], float] = {}
+
+
+def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """matmul_peak_flops, measured once per process for a device, dtype and thread count: every fit of a process
+    (an in-process grid, a notebook) then reports MFU against the same reference, and pays for it once."""
+    key = (str(device), dtype, torch.get_num_threads())
+    if key not in _MEASURED:
+        _MEASURED[key] = matmul_peak_flops(device, dtype)
+    return _MEASURED[key]
 
 
 def matmul_peak_flops(
