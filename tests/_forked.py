@@ -52,7 +52,7 @@ READ_AT_IMPORT = re.compile(
 )
 
 SERVER = r"""
-import gc, importlib, json, os, re, runpy, select, socket, subprocess, sys
+import atexit, gc, importlib, json, os, re, runpy, select, socket, subprocess, sys
 
 def serve(requests: int, replies: int) -> dict:
     '''Fork a child per request line, reply `started PID`, and `exited PID CODE` when it ends; the child returns.'''
@@ -127,6 +127,7 @@ def relaunch(command: dict, twin: tuple, execute_child):
     start-up variables) is handed to the twin; any other Popen, and a second one, starts as Popen starts it.'''
     same = {command["module"], command["module"] + ".__main__"} if command["module"] else set()
     own_script = command["script"] and os.path.join(command["cwd"], command["script"])
+    owner = os.getpid()
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
                        shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid, gids, uid,
@@ -143,7 +144,8 @@ def relaunch(command: dict, twin: tuple, execute_child):
         plain = not shell and preexec_fn is None and not pass_fds and (gid, gids, uid) == (None, None, None)
         plain = plain and umask < 0 and process_group == -1 and executable in (None, sys.executable)
         startup = {k: v for k, v in variables.items() if READ_AT_IMPORT.match(k)}
-        if not (twin and (module or script) and plain and startup == STARTUP):
+        ours = twin and os.getpid() == owner  # not in a process the command forked: the twin is not its child
+        if not (ours and (module or script) and plain and startup == STARTUP):
             return execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                                  creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
                                  restore_signals, gid, gids, uid, umask, start_new_session, process_group)  # fmt: skip
@@ -185,6 +187,19 @@ twin = [fork_twin(preloaded)]
 if isinstance(twin[0], dict):
     request, twin = twin[0], []
 subprocess.Popen._execute_child = relaunch(request, twin, subprocess.Popen._execute_child)
+
+
+@atexit.register
+def end_twin(twin=twin, owner=os.getpid()) -> None:
+    '''A twin never handed a command ends with the command (at once: a process the command forked may hold its
+    channel open), reaped here rather than left to init.'''
+    if twin and os.getpid() == owner:
+        channel, pid = twin.pop()
+        channel.close()
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
 os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
@@ -193,7 +208,7 @@ sys.argv = [sys.argv[0], *request["args"]]
 sys.path[0] = os.getcwd() if request["module"] else os.path.dirname(os.path.abspath(request["script"]))
 if "numpy" in sys.modules:  # a fresh process seeds numpy from the system's entropy (random reseeds after a fork)
     sys.modules["numpy"].random.seed()
-del gc, importlib, select, serve, requests, replies, out, err, out_file, err_file, preload, preloaded, twin
+del atexit, gc, importlib, select, serve, requests, replies, out, err, out_file, err_file, preload, preloaded, twin
 if request["module"]:
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 else:

@@ -155,3 +155,11 @@ def test_a_command_that_starts_itself_again_forks_its_first_copy_ready(
     assert [line.split()[:2] for line in seeded.stdout.splitlines()] == [
         ["hashseed", "warm"], ["rank", "fresh"], ["rank", "warm"], ["codes", "5"]
     ]  # fmt: skip
+
+
+def test_a_command_that_does_not_start_itself_again_leaves_no_process_behind(python: WarmPython) -> None:
+    """Its twin, never used, ends with it: nothing is left in the command's session once the command has ended."""
+    process = python.popen([sys.executable, "-m", "tool", "x"], python.test_folder, start_new_session=True)
+    assert process.wait(timeout=60) == 0
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)
