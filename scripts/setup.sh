@@ -32,6 +32,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# Bytecode for the package's own modules, which an editable install does not compile: a process then reads it
+# instead of compiling every module it imports first (more than a second of CPU for a command; where
+# PYTHONDONTWRITEBYTECODE is set, Python never writes it, and each process compiled them again). A module edited later
+# is compiled afresh by Python, its bytecode being older than its source.
+.venv/bin/python -m compileall -q lit_transformer
+
 # The English-Spanish Bible corpus comes from Debian's SWORD modules.
 if [ ! -f /usr/share/sword/mods.d/engKJV2006eb.conf ] || [ ! -f /usr/share/sword/mods.d/spaRV1909eb.conf ]; then
   if command -v apt-get >/dev/null 2>&1; then
