@@ -52,7 +52,7 @@ READ_AT_IMPORT = re.compile(
 )
 
 SERVER = r"""
-import atexit, gc, importlib, json, os, re, runpy, select, socket, subprocess, sys
+import atexit, gc, importlib, inspect, json, os, re, runpy, select, socket, subprocess, sys
 
 def serve(requests: int, replies: int) -> dict:
     '''Fork a child per request line, reply `started PID`, and `exited PID CODE` when it ends; the child returns.'''
@@ -129,9 +129,11 @@ def relaunch(command: dict, twin: tuple, execute_child):
     own_script = command["script"] and os.path.join(command["cwd"], command["script"])
     owner = os.getpid()
 
-    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
-                       shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid, gids, uid,
-                       umask, start_new_session, process_group):  # fmt: skip
+    signature = inspect.signature(execute_child)  # the running Python's (3.11 added process_group)
+
+    def _execute_child(self, *given_args, **given_kwargs):
+        call = signature.bind(self, *given_args, **given_kwargs).arguments
+        args, env, cwd = call["args"], call["env"], call["cwd"]
         given = [os.fsdecode(a) for a in args] if isinstance(args, (list, tuple)) else []
         variables = {os.fsdecode(k): os.fsdecode(v) for k, v in (os.environ if env is None else env).items()}
         folder = os.path.abspath(os.getcwd() if cwd is None else os.fsdecode(cwd))
@@ -141,30 +143,30 @@ def relaunch(command: dict, twin: tuple, execute_child):
         elif given[:1] == [sys.executable] and given[1:2] and command["script"]:
             if os.path.abspath(given[1]) == own_script:
                 script = own_script
-        plain = not shell and preexec_fn is None and not pass_fds and (gid, gids, uid) == (None, None, None)
-        plain = plain and umask < 0 and process_group == -1 and executable in (None, sys.executable)
+        plain = not call["shell"] and call["preexec_fn"] is None and not call["pass_fds"]
+        plain = plain and (call["gid"], call["gids"], call["uid"]) == (None, None, None) and call["umask"] < 0
+        plain = plain and call.get("process_group", -1) == -1 and call["executable"] in (None, sys.executable)
         startup = {k: v for k, v in variables.items() if READ_AT_IMPORT.match(k)}
         ours = twin and os.getpid() == owner  # not in a process the command forked: the twin is not its child
         if not (ours and (module or script) and plain and startup == STARTUP):
-            return execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
-                                 creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
-                                 restore_signals, gid, gids, uid, umask, start_new_session, process_group)  # fmt: skip
+            return execute_child(self, *given_args, **given_kwargs)
         if not os.path.isdir(folder):
             raise FileNotFoundError(2, os.strerror(2), folder)
         channel, pid = twin.pop()
         request = {"module": module, "script": script, "args": given[3 if module else 2 :], "cwd": folder}
         request["env"] = variables
-        request["session"] = start_new_session
-        streams = [p2cread, c2pwrite, errwrite]
+        request["session"] = call["start_new_session"]
+        streams = [call[name] for name in ("p2cread", "c2pwrite", "errwrite")]
         streams = [fd if fd != -1 else default for fd, default in zip(streams, (0, 1, 2))]
         socket.send_fds(channel, [json.dumps(request).encode()], streams)
         channel.close()
         self.pid, self._child_created = pid, True
-        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+        self._close_pipe_fds(*(call[name] for name in PIPE_ENDS))
 
     return _execute_child
 
 
+PIPE_ENDS = ("p2cread", "p2cwrite", "c2pread", "c2pwrite", "errread", "errwrite")  # Popen's names of its pipes' ends
 READ_AT_IMPORT = re.compile(sys.argv[1])
 STARTUP = {k: v for k, v in os.environ.items() if READ_AT_IMPORT.match(k)}
 requests, replies, out, err, *preload = sys.argv[2:]
