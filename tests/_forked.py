@@ -52,7 +52,7 @@ READ_AT_IMPORT = re.compile(
 )
 
 SERVER = r"""
-import atexit, gc, importlib, inspect, json, os, re, runpy, select, socket, subprocess, sys
+import atexit, gc, importlib, inspect, json, os, re, runpy, select, signal, socket, subprocess, sys
 
 def serve(requests: int, replies: int) -> dict:
     '''Fork a child per request line, reply `started PID`, and `exited PID CODE` when it ends; the child returns.'''
@@ -121,7 +121,7 @@ def fork_twin(preloaded: dict) -> tuple | dict:
     return request
 
 
-def relaunch(command: dict, twin: tuple, execute_child):
+def relaunch(command: dict, twin: list, execute_child):
     '''subprocess.Popen's _execute_child for this command: a Popen of the command itself, as a DDP launcher makes it
     (`[sys.executable, "-m", MODULE, ...]` or `[sys.executable, SCRIPT, ...]`, no other option, the interpreter's own
     start-up variables) is handed to the twin; any other Popen, and a second one, starts as Popen starts it.'''
@@ -198,7 +198,7 @@ def end_twin(twin=twin, owner=os.getpid()) -> None:
     if twin and os.getpid() == owner:
         channel, pid = twin.pop()
         channel.close()
-        os.kill(pid, 9)
+        os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 
 
