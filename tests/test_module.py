@@ -423,28 +423,29 @@ def test_the_engine_calls_each_transform_hook_at_its_own():
     assert calls[1:] == [("save", True), ("load", True)]
 
 
+class ThroughputLogs(L.pytorch.loggers.Logger):
+    """A logger that keeps the throughput monitor's records: (step, metrics) each time it logged."""
+
+    name, version = "recorded", 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int, dict]] = []
+
+    def log_hyperparams(self, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if "train/device/items_per_sec" in metrics:
+            self.logged.append((step, metrics))
+
+
 def test_throughput_is_logged_at_optimizer_steps_and_counts_every_micro_batch() -> None:
     """With two micro-batches a step, TokenThroughputMonitor logs once per optimizer step (at the trainer's logging
     steps), never between the micro-batches, and each interval counts the tokens of both."""
-    from lightning.pytorch.loggers import Logger
-
     from lit_transformer.engine.monitoring import TokenThroughputMonitor
 
-    class Recorded(Logger):
-        name, version = "recorded", 0
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.logged: list[tuple[int, dict]] = []
-
-        def log_hyperparams(self, *args, **kwargs) -> None:
-            pass
-
-        def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-            if "train/device/items_per_sec" in metrics:
-                self.logged.append((step, metrics))
-
-    monitor, logger, batches = TokenThroughputMonitor(peak_flops=1e12), Recorded(), _batches(128, n=8)
+    monitor, logger, batches = TokenThroughputMonitor(peak_flops=1e12), ThroughputLogs(), _batches(128, n=8)
     seen: list[tuple[int, int]] = []  # (global_step, logs so far) after each batch
 
     class Watch(L.Callback):
@@ -462,11 +463,9 @@ def test_throughput_is_logged_at_optimizer_steps_and_counts_every_micro_batch() 
     assert items / samples == pytest.approx(16)  # 2 micro-batches of 2 rows of 16 tokens
 
 
-def test_the_cpu_peak_is_measured_at_the_first_mfu_log_once_per_process(monkeypatch, tmp_path: Path) -> None:
+def test_the_cpu_peak_is_measured_at_the_first_mfu_log_once_per_process(monkeypatch) -> None:
     """On a CPU (no spec sheet) MFU's reference is a matmul measured when MFU is first logged, once per process: a run
     that logs nothing measures nothing, a second run reuses the first one's figure."""
-    from lightning.pytorch.loggers import CSVLogger
-
     from lit_transformer.engine import monitoring
 
     calls: list[tuple] = []
@@ -474,21 +473,17 @@ def test_the_cpu_peak_is_measured_at_the_first_mfu_log_once_per_process(monkeypa
     monkeypatch.setattr(monitoring, "matmul_peak_flops", lambda *args: calls.append(args) or 1e11)
 
     def fit(**trainer_args) -> list[dict]:
-        logged: list[dict] = []
-        monitor = monitoring.TokenThroughputMonitor()
-
-        class Watch(L.Callback):
-            def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-                logged.append(dict(trainer.callback_metrics) | {"mfu_reference": monitor.available_flops})
-
-        trainer = L.Trainer(accelerator="cpu", max_steps=2, callbacks=[monitor, Watch()], enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, **trainer_args)  # fmt: skip
+        trainer = L.Trainer(accelerator="cpu", max_steps=2, callbacks=[monitoring.TokenThroughputMonitor()],
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            **trainer_args)  # fmt: skip
         lit = LitTransformer(TransformerConfig.preset("tiny", vocab_size=128), optim={"warmup_steps": 0})
         trainer.fit(lit, DataLoader(_batches(128, n=2), batch_size=None))
-        return logged
+        return [metrics for _, metrics in trainer.logger.logged] if trainer.logger else []
 
-    assert [row["mfu_reference"] for row in fit(logger=False)] == [None, None] and calls == []
+    assert fit(logger=False) == [] and calls == []
     for run in ("first", "second"):
-        logged = fit(log_every_n_steps=1, logger=CSVLogger(tmp_path / run))
-        assert [row["mfu_reference"] for row in logged] == [1e11, 1e11], run
+        logged = fit(log_every_n_steps=1, logger=ThroughputLogs())
+        assert len(logged) == 2, run
+        for metrics in logged:  # MFU against the measured peak, from the first log on
+            assert metrics["train/device/mfu"] == pytest.approx(metrics["train/device/flops_per_sec"] / 1e11), run
     assert calls == [(torch.device("cpu"), torch.float32)]
