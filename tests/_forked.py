@@ -37,6 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from itertools import count
 from pathlib import Path
+from types import MappingProxyType
 from typing import IO, Any
 
 # The four commands' modules, and the DataModules a fit or an evaluation imports while parsing its config (with them
@@ -446,6 +447,23 @@ class WarmProcess:
                 stream.close()
         self.wait()
 
+
+TESTS = Path(__file__).resolve().parent
+HARNESS_ENV = MappingProxyType(
+    {
+        **os.environ,
+        "PYTHONPATH": f"{TESTS}{os.pathsep}{TESTS.parent}",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+)
+"""The environment of the suite's own child processes (a rank, a resumed run, a test script; not a command that stands
+for a user's shell, as the README's and the front door's do): the tests and the repository importable, one thread,
+output unbuffered, Hugging Face offline; read-only, as files share it. Every file that starts such processes uses it,
+so that they share one warm interpreter per pytest worker (warm_python keys them by start-up variables; each one costs
+about 4 s of CPU)."""
 
 _WARM: dict[tuple, WarmPython] = {}
 KEEP = 2  # warm interpreters kept at once (about 0.5 GB each); files use one or two, and run one after the other

@@ -27,6 +27,7 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 import _boring  # noqa: E402
+from _forked import HARNESS_ENV, WarmProcess, warm_python  # noqa: E402
 
 
 def test_atomic_save_round_trip_leaves_no_temporary_files(tmp_path: Path) -> None:
@@ -154,16 +155,13 @@ def test_tokenizer_larger_than_the_vocabulary_is_refused() -> None:
         check_tokenizer_vocabulary(40, config)
 
 
-def _run_until(args: list[str], marker: str, timeout: float = 60) -> subprocess.Popen:
-    """Start the tiny training script and return once it prints ``marker`` (the process keeps running)."""
-    process = subprocess.Popen(
-        [sys.executable, str(TESTS / "_boring.py"), *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+def _run_until(args: list[str], marker: str, timeout: float = 60) -> WarmProcess:
+    """Start the tiny training script (a process forked from a warm interpreter, tests/_forked.py) and return once it
+    prints ``marker`` (the process keeps running)."""
+    process = warm_python(HARNESS_ENV).popen(
+        [sys.executable, TESTS / "_boring.py", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    )  # fmt: skip
     for line in process.stdout:
         if line.strip() == marker:
             return process

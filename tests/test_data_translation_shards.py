@@ -9,7 +9,6 @@ import csv
 import hashlib
 import itertools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from _forked import warm_python
+from _forked import HARNESS_ENV, warm_python
 
 from lit_transformer.data import TranslationDataModule, encode_worker, loaders, shards, sources, translation
 from lit_transformer.data.loaders import load_prepared
@@ -346,9 +345,7 @@ def test_training_batches_resume_elastically_on_another_process_count(tmp_path, 
 # ---------------------------------------------------------------------------------------------------- the CLI
 
 
-# tests/ on the path for the recorders of the runs below (_samples)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-ENV["PYTHONPATH"] = f"{ROOT / 'tests'}{os.pathsep}{ROOT}"
+ENV = HARNESS_ENV  # tests/ on the path for the recorders of the runs below (_samples)
 
 
 def _process(command: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -8,7 +8,6 @@ tests/_samples.py records per rank.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -19,17 +18,11 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 import _samples  # noqa: E402
-from _forked import warm_python  # noqa: E402
+from _forked import HARNESS_ENV, warm_python  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BATCH = 8
-ENV = {
-    **os.environ,
-    "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}",
-    "OMP_NUM_THREADS": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "HF_HUB_OFFLINE": "1",
-}
+ENV = HARNESS_ENV
 
 
 def _fit(root: Path, devices: int, max_steps: int, *extra: str) -> None:

@@ -8,7 +8,8 @@ inputs longer than the context; mistyped commands, flags and choices. Each must 
 
 The cases run in this process through the program's own entry point (`main`, output captured): a Lightning command
 builds its model, data and trainer as a run would and stops where training would start (`run_subcommand` is
-replaced), so a config's refusal is the one a run gives. A few cases run as processes too. The draws are
+replaced), so a config's refusal is the one a run gives. A few cases run as processes too (forked from a warm
+interpreter, tests/_forked.py). The draws are
 derandomized (the same cases on every run, in CI as here) and bounded in number, so the file takes about a minute.
 `pytest tests/test_fuzz_front_door.py -s` prints how many cases each class ran.
 """
@@ -21,7 +22,6 @@ import io
 import json
 import os
 import string
-import subprocess
 import sys
 import traceback
 from dataclasses import fields
@@ -31,6 +31,7 @@ from typing import get_args, get_type_hints
 import pytest
 import torch
 import yaml
+from _forked import warm_python
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -514,10 +515,10 @@ def test_as_a_process_a_mistake_is_answered_the_same(place, data):
     kind = data.draw(st.sampled_from(["binary", "bad json", "mixed encodings"]))
     name, content, _ = data.draw(broken_data(kind))
     (place / name).write_bytes(content)
-    result = subprocess.run(
+    result = warm_python(ENV).run(  # forked from a warm interpreter (tests/_forked.py): a process of its own
         [sys.executable, "-m", "lit_transformer", "prepare", "--config", "presets/tiny",
          "--data.init_args.dataset", name, "--data.init_args.cache_dir", str(place / "cache")],
-        cwd=place, env=ENV, capture_output=True, text=True, timeout=300,
+        cwd=place, timeout=300, text=True,
     )  # fmt: skip
     check_refused(f"process: data {kind}", result.returncode, result.stderr, 1, name)
     assert len(result.stderr.strip().splitlines()) <= 6, result.stderr
@@ -528,9 +529,9 @@ def test_as_a_process_a_mistake_is_answered_the_same(place, data):
 def test_as_a_process_a_torn_checkpoint_is_answered_the_same(place, keep, name):
     data = (OLD / f"{name}.ckpt").read_bytes()
     (place / "torn.ckpt").write_bytes(data[: int(len(data) * keep)])
-    result = subprocess.run(
+    result = warm_python(ENV).run(
         [sys.executable, "-m", "lit_transformer", TASK_COMMANDS[name], "--checkpoint", "torn.ckpt"],
-        cwd=place, env=ENV, capture_output=True, text=True, timeout=300,
+        cwd=place, timeout=300, text=True,
     )  # fmt: skip
     check_refused("process: torn checkpoint", result.returncode, result.stderr, 1, "torn.ckpt")
     assert len(result.stderr.strip().splitlines()) <= 4, result.stderr

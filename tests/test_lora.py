@@ -6,7 +6,6 @@ checkpointing and compile. Tiny models on bases written in tmp dirs; CLI runs of
 from __future__ import annotations
 
 import json
-import os
 import string
 from pathlib import Path
 
@@ -14,8 +13,9 @@ import lightning
 import pytest
 import torch
 import yaml
+from _forked import HARNESS_ENV
 from model_variants import PAPER, build, single_thread, tokens  # noqa: F401 (autouse fixture)
-from test_cli import CONFIGS, ENV, ROOT, _cli, _process
+from test_cli import CONFIGS, ROOT, _cli, _process
 
 from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
 from lit_transformer.config import TransformerConfig
@@ -465,13 +465,12 @@ def test_lora_with_activation_checkpointing_and_compile(lm_runs: Path, tmp_path:
 @pytest.mark.slow
 def test_lora_with_ddp_on_two_cpu_processes(lm_runs: Path, tmp_path: Path):
     """Both ranks hold the same adapters after 4 steps; the checkpoint holds the adapters only."""
-    tests = Path(__file__).parent
     base = lm_runs / "base" / "checkpoints" / "last.ckpt"
     _process(
         "fit", *TINY_LM, "--config", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--config", LORA,
         "--model.init_from", str(base), "--trainer.max_steps", "4", *STEPS, *_where(tmp_path, lm_runs / "cache"),
         "--trainer.callbacks+=_boring.RankParameters", f"--trainer.callbacks.dirpath={tmp_path / 'ranks'}",
-        cwd=ROOT, env={**ENV, "PYTHONPATH": f"{tests}{os.pathsep}{ROOT}"},
+        cwd=ROOT, env=HARNESS_ENV,
     )  # fmt: skip
     saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert saved["global_step"] == 4 and all(".lora_" in k for k in saved["state_dict"])

@@ -23,7 +23,7 @@ from lit_transformer.tasks import LanguageModeling
 from lit_transformer.tasks.losses import IGNORE_INDEX, smoothed_cross_entropy
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _forked import warm_python  # noqa: E402
+from _forked import HARNESS_ENV, warm_python  # noqa: E402
 from _token_loss import GradientRecorder, micro_batches, one_batch, per_token_gradient  # noqa: E402
 from _token_loss import module as token_module  # noqa: E402
 from model_variants import VARIANTS, build, single_thread, variant_id  # noqa: E402, F401 (autouse fixture)
@@ -145,8 +145,7 @@ def test_ddp_two_processes_normalize_by_the_tokens_of_both_ranks(tmp_path) -> No
     """2 CPU ranks x 2 uneven micro-batches: both ranks step with the gradient of all four batches' tokens, and end
     with equal parameters."""
     tests = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}", "OMP_NUM_THREADS": "1"}
-    result = warm_python(env).run(  # both ranks forked from a warm interpreter (tests/_forked.py)
+    result = warm_python(HARNESS_ENV).run(  # both ranks forked from a warm interpreter (tests/_forked.py)
         [sys.executable, str(tests / "_token_loss.py"), str(tmp_path)], cwd=tests.parent, timeout=300, text=True
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -280,8 +279,7 @@ def test_the_gradient_norm_is_computed_once_per_step_for_guard_logging_and_clipp
 def test_the_gradient_norm_is_global_when_parameters_are_sharded(tmp_path) -> None:
     """FSDP2 (fully_shard) over 2 CPU ranks: each rank holds half of each gradient; the norm is the whole one's."""
     tests = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}", "OMP_NUM_THREADS": "1"}
-    result = warm_python(env).run(  # forked from a warm interpreter (tests/_forked.py), and its ranks from it
+    result = warm_python(HARNESS_ENV).run(  # forked from a warm interpreter (tests/_forked.py), and its ranks from it
         [sys.executable, str(tests / "_sharded_norm.py"), str(tmp_path)], cwd=os.getcwd(), timeout=300, text=True
     )
     assert result.returncode == 0, result.stderr[-3000:]

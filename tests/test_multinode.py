@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 import shlex
 import signal
@@ -35,18 +34,11 @@ REPO = TESTS.parent
 DOCS = REPO / "docs" / "clusters.md"
 sys.path.insert(0, str(TESTS))
 import _samples  # noqa: E402
-from _forked import WarmProcess, warm_python  # noqa: E402
+from _forked import HARNESS_ENV, WarmProcess, warm_python  # noqa: E402
 
 BATCH = 8
 TIMEOUT_S = 180  # a bound for a whole launch (pytest's timeout is 600 s a test); a healthy one takes seconds
-ENV = {
-    **os.environ,
-    "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}",
-    "OMP_NUM_THREADS": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
+ENV = dict(HARNESS_ENV)
 for _name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
     ENV.pop(_name, None)
 for _name in [n for n in ENV if n.startswith(("SLURM_", "TORCHELASTIC_"))]:

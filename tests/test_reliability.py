@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -22,9 +21,9 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 import _boring  # noqa: E402
-from _forked import WarmProcess, warm_python  # noqa: E402
+from _forked import HARNESS_ENV, WarmProcess, warm_python  # noqa: E402
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+ENV = HARNESS_ENV
 
 
 def _records(root: Path) -> dict[int, dict]:

@@ -23,7 +23,7 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 import _boring  # noqa: E402
-from _forked import warm_python  # noqa: E402
+from _forked import HARNESS_ENV, warm_python  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 12
@@ -75,13 +75,7 @@ def _command(root: Path, *extra: str, devices: int = 1) -> list[str]:
     ]
 
 
-ENV = {
-    **os.environ,
-    "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}",
-    "OMP_NUM_THREADS": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "HF_HUB_OFFLINE": "1",
-}
+ENV = HARNESS_ENV
 
 
 def _run(command: list[str], timeout: float = 240) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _forked import warm_python
+from _forked import HARNESS_ENV, warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = "wrap your script's entry point in `if __name__ == '__main__':`"
@@ -31,7 +31,7 @@ print("PREPARED", len(data._prepared()["train"]), flush=True)
 def _run(script: Path) -> subprocess.CompletedProcess:
     """Run `script` as `python script.py` does; a run still going after two minutes is the hang: killed, a failure.
     (Minutes, not seconds: each worker imports torch on a possibly loaded machine; the hang never ends.)"""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = HARNESS_ENV
     # Forked from a warm interpreter (tests/_forked.py); the workers it spawns are fresh interpreters, as always.
     process = warm_python(env).popen(
         [sys.executable, str(script)], cwd=script.parent, env=env, text=True, start_new_session=True,

@@ -9,18 +9,17 @@ output itself. Anything else (a warning, a tip, a deprecation, a line echoing a 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _forked import warm_python
+from _forked import HARNESS_ENV, warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "base.yaml"
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"} | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+ENV = {k: v for k, v in HARNESS_ENV.items() if k != "PYTHONWARNINGS"}
 
 # Lines that are known to be good, by who prints them. A new line of the package's own goes here with its command.
 KNOWN = [
