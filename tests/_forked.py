@@ -461,9 +461,9 @@ HARNESS_ENV = MappingProxyType(
 )
 """The environment of the suite's own child processes (a rank, a resumed run, a test script; not a command that stands
 for a user's shell, as the README's and the front door's do): the tests and the repository importable, one thread,
-output unbuffered, Hugging Face offline; read-only, as files share it. Every file that starts such processes uses it,
-so that they share one warm interpreter per pytest worker (warm_python keys them by start-up variables; each one costs
-about 4 s of CPU)."""
+output unbuffered, Hugging Face offline; read-only, as files share it. The files whose child processes are forked use
+it, so that they share one warm interpreter per pytest worker (warm_python keys them by start-up variables; each one
+costs about 4 s of CPU). Those that must start fresh (another hash seed, the logging set-up at import) keep their own."""
 
 _WARM: dict[tuple, WarmPython] = {}
 KEEP = 2  # warm interpreters kept at once (about 0.5 GB each); files use one or two, and run one after the other

@@ -31,10 +31,9 @@ print("PREPARED", len(data._prepared()["train"]), flush=True)
 def _run(script: Path) -> subprocess.CompletedProcess:
     """Run `script` as `python script.py` does; a run still going after two minutes is the hang: killed, a failure.
     (Minutes, not seconds: each worker imports torch on a possibly loaded machine; the hang never ends.)"""
-    env = HARNESS_ENV
     # Forked from a warm interpreter (tests/_forked.py); the workers it spawns are fresh interpreters, as always.
-    process = warm_python(env).popen(
-        [sys.executable, str(script)], cwd=script.parent, env=env, text=True, start_new_session=True,
+    process = warm_python(HARNESS_ENV).popen(
+        [sys.executable, str(script)], cwd=script.parent, text=True, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
