@@ -143,6 +143,31 @@ def test_keys_that_are_no_action_and_a_changed_action_list_are_answered_as_jsona
     assert compared[0] >= 2 * len(keys) + 2
 
 
+def test_each_docstring_is_parsed_once_and_a_framework_class_from_its_docstring_alone(monkeypatch):
+    """Our config's field docstrings (attribute docstrings, read from its source) reach --help, parsed once a process;
+    a Lightning or torch class's source is never read (LightningModule's took 0.3 s a command), its docstring still
+    documents its parameters."""
+    import docstring_parser
+    from lightning.pytorch import LightningModule
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_transformer.cli.lightning_cli import _parse_once
+    from lit_transformer.config import TransformerConfig
+
+    assert hasattr(docstring_parser.parse_from_object, "__wrapped__")  # installed where jsonargparse calls it
+    read = []
+    source = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: read.append(obj) or source(obj))
+    parse = _parse_once(docstring_parser.parser.parse_from_object)  # a cache of its own
+    for _ in range(2):
+        fields = {p.arg_name: p.description for p in parse(TransformerConfig).params}
+        assert fields["n_heads"] and fields["positions"]
+        assert read == [TransformerConfig]
+    parse(LightningModule)
+    assert read == [TransformerConfig]
+    assert "monitor" in {p.arg_name for p in parse(ModelCheckpoint).params} and read == [TransformerConfig]
+
+
 def test_a_parsed_config_dumps_the_same_text_without_a_second_validation(monkeypatch):
     cli = run_cli(["--config", str(PRESETS / "tiny.yaml"), "--trainer.logger", "false"], run=False)
     parser, config = cli.parser, cli.config

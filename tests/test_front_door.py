@@ -116,6 +116,27 @@ def test_a_command_that_does_not_train_imports_no_lightning(argv: list[str]):
     assert loaded == "LOADED []", loaded  # no Lightning, no torchmetrics: --help parses before torch is imported
 
 
+def test_a_commands_first_import_runs_with_the_collector_paused_and_freezes_what_it_made(tmp_path, monkeypatch):
+    """Importing a command's modules makes objects that live as long as the process: Python's collector is paused
+    meanwhile, they are frozen after (later collections skip them), and it runs again; a module already imported is
+    not imported again, nothing frozen."""
+    import gc
+
+    from lit_transformer.cli.program import Command
+
+    (tmp_path / "slow_command.py").write_text(
+        "import gc\nCOLLECTING = gc.isenabled()\nKEPT = [[i] for i in range(1000)]\ndef main(argv): return argv\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_command", raising=False)
+    command = Command("slow", "slow_command:main", "a command")
+    frozen = gc.get_freeze_count()
+    assert command.load()(["x"]) == ["x"] and gc.isenabled()
+    assert sys.modules["slow_command"].COLLECTING is False and gc.get_freeze_count() >= frozen + 1000
+    frozen, made = gc.get_freeze_count(), [[i] for i in range(1000)]
+    assert command.load() is sys.modules["slow_command"].main and gc.get_freeze_count() == frozen and made
+
+
 def test_help_into_a_pipe_closed_early_ends_quietly():
     """`--help | head -1`: the reader is gone before the program writes (its read end closed at once here)."""
     process = subprocess.Popen([sys.executable, "-m", "lit_transformer", "--help"], env=ENV, stdout=subprocess.PIPE,
