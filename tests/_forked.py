@@ -1,4 +1,5 @@
-"""`python -m MODULE ARGS` or `python SCRIPT ARGS` as a process of its own, forked from an interpreter that has already imported torch and
+"""`python -m MODULE ARGS`, `python SCRIPT ARGS` or `python -c CODE ARGS` as a process of its own, forked from an
+interpreter that has already imported torch and
 Lightning: each command is still a new process (its own pid, exit status, stdout and stderr, working folder,
 environment, session, signal handlers and atexit), without the seconds a fresh interpreter spends importing them
 first (about 5 CPU-seconds a command, most of what a tiny `fit` costs; a forked one spends about 0.3 s).
@@ -15,8 +16,9 @@ environment and session are those the Popen asks for. A second copy, a copy whos
 other command the process starts are fresh processes, as Popen starts them.
 
 `WarmPython.run` stands for `subprocess.run` and `WarmPython.popen` for `subprocess.Popen`, with the same command
-(`[sys.executable, "-m", MODULE, *ARGS]` or `[sys.executable, SCRIPT, *ARGS]`). Use a fresh process where
-the test is about start-up itself (what a command imports, how fast it starts, a signal during the imports).
+(`[sys.executable, "-m", MODULE, *ARGS]`, `[sys.executable, SCRIPT, *ARGS]` or `[sys.executable, "-c", CODE, *ARGS]`),
+from any thread, as subprocess's may be called. Use a fresh process where the test is about start-up itself (what a
+command imports, how fast it starts, a signal during the imports).
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ PIPE_ENDS = ("p2cread", "p2cwrite", "c2pread", "c2pwrite", "errread", "errwrite"
 READ_AT_IMPORT = re.compile(sys.argv[1])
 STARTUP = {k: v for k, v in os.environ.items() if READ_AT_IMPORT.match(k)}
 requests, replies, out, err, *preload = sys.argv[2:]
+gc.disable()  # while importing, as the program does for a command's first imports (its collector_paused)
 for name in preload:
     importlib.import_module(name)
 sys.stdout.flush()
@@ -180,6 +183,7 @@ with open(out, "rb") as out_file, open(err, "rb") as err_file:
 # What is loaded now lives as long as any child: its collector need not walk it, nor copy its pages (copy on write) to
 # do so, at every collection and once more at exit (seconds of CPU a child, otherwise).
 gc.freeze()
+gc.enable()
 os.write(int(replies), b"ready\n")
 request = serve(int(requests), int(replies))
 
@@ -207,15 +211,23 @@ os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
 sys.argv = [sys.argv[0], *request["args"]]
-# sys.path[0]: the folder a fresh interpreter puts first (-m: the working folder; a script: the script's own)
-sys.path[0] = os.getcwd() if request["module"] else os.path.dirname(os.path.abspath(request["script"]))
+# sys.path[0]: the folder a fresh interpreter puts first (-m: the working folder; a script: the script's own; -c: '',
+# the working folder at each import)
+if request["script"]:
+    sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))
+else:
+    sys.path[0] = os.getcwd() if request["module"] else ""
 if "numpy" in sys.modules:  # a fresh process seeds numpy from the system's entropy (random reseeds after a fork)
     sys.modules["numpy"].random.seed()
 del atexit, gc, importlib, select, serve, requests, replies, out, err, out_file, err_file, preload, preloaded, twin
 if request["module"]:
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-else:
+elif request["script"]:
     runpy.run_path(request["script"], run_name="__main__")
+else:  # -c: sys.argv[0] is "-c" already (this interpreter's own), the code runs as the module __main__
+    main = type(sys)("__main__")
+    sys.modules["__main__"] = main
+    exec(compile(request["code"], "<string>", "exec"), main.__dict__)
 """
 
 
@@ -230,6 +242,7 @@ class WarmPython:
         self._exits: dict[int, int] = {}
         self._started: list[int] = []
         self._forked: set[int] = set()
+        self._lock = threading.RLock()  # one thread at a time talks to the server (requests, replies, bookkeeping)
         requests_read, self._requests = os.pipe()
         self._replies, replies_write = os.pipe()
         out, err = self.folder / "preload.out", self.folder / "preload.err"
@@ -274,12 +287,16 @@ class WarmPython:
         return True
 
     def _exit_code(self, pid: int, timeout: float | None) -> int | None:
+        """The process's exit status, read within `timeout` seconds (None: waits), else None. Replies are read in
+        slices of 50 ms, the lock released between them, so a thread that waits lets others start and wait too."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while pid not in self._exits:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._read(left) and left is not None and left <= 0:
-                return None
-        return self._exits[pid]
+        while True:
+            with self._lock:
+                if pid in self._exits:
+                    return self._exits[pid]
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not self._read(0.05 if left is None else min(left, 0.05)) and left is not None and left <= 0:
+                    return None
 
     def _target(self, given: Any, name: str) -> tuple[str, Path | None]:
         """(where the child writes, the FIFO the caller reads) for a Popen-style stdout/stderr argument."""
@@ -311,22 +328,27 @@ class WarmPython:
         [sys.executable, SCRIPT, *ARGS]. stdout and stderr may be PIPE, DEVNULL, STDOUT (stderr), a path or a file
         open for writing; None discards the output."""
         command = [str(word) for word in command]
-        if command[0] != sys.executable or len(command) < 2 or (command[1].startswith("-") and command[1] != "-m"):
-            raise ValueError(f"not [sys.executable, '-m', MODULE, ...] nor [sys.executable, SCRIPT, ...]: {command}")
-        module, script = (command[2], None) if command[1] == "-m" else (None, command[1])
-        args = command[3:] if module else command[2:]
+        flag = command[1] if len(command) > 1 and command[1].startswith("-") else None
+        if command[0] != sys.executable or len(command) < 2 + bool(flag) or flag not in (None, "-m", "-c"):
+            raise ValueError(f"not [sys.executable, '-m' or '-c', NAME or CODE, ...] nor [sys.executable, SCRIPT, ...]: "
+                             f"{command}")  # fmt: skip
+        module = command[2] if flag == "-m" else None
+        code = command[2] if flag == "-c" else None
+        script = None if flag else command[1]
+        args = command[3:] if flag else command[2:]
         env = dict(self.env if env is None else env)
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
         if fixed := sorted(k for k in changed if READ_AT_IMPORT.match(k)):
             raise ValueError(f"{fixed} are read at start-up: start a WarmPython with them instead")
         (out, out_fifo), (err, err_fifo) = self._target(stdout, "stdout"), self._target(stderr, "stderr")
-        request = {"module": module, "script": script, "args": args, "cwd": str(cwd), "env": env}
+        request = {"module": module, "script": script, "code": code, "args": args, "cwd": str(cwd), "env": env}
         request |= {"outputs": {"1": out, "2": err}, "session": start_new_session}
-        os.write(self._requests, (json.dumps(request) + "\n").encode())
-        while not self._started:
-            self._read(None)
-        pid = self._started.pop(0)
-        self._forked.add(pid)
+        with self._lock:
+            os.write(self._requests, (json.dumps(request) + "\n").encode())
+            while not self._started:
+                self._read(None)
+            pid = self._started.pop(0)
+            self._forked.add(pid)
         streams = [open(f, "rb") if f else None for f in (out_fifo, err_fifo)]  # noqa: SIM115 (the process's pipes)
         for fifo in (out_fifo, err_fifo):
             if fifo:
@@ -369,9 +391,10 @@ class WarmPython:
         """Whether a process it started has not been seen to end (its status not read yet)."""
         if self.process.poll() is not None:
             return False
-        while self._read(timeout=0):
-            pass
-        return bool(self._forked - self._exits.keys())
+        with self._lock:
+            while self._read(timeout=0):
+                pass
+            return bool(self._forked - self._exits.keys())
 
     def close(self) -> None:
         os.close(self._requests)
@@ -454,6 +477,7 @@ HARNESS_ENV = MappingProxyType(
         **os.environ,
         "PYTHONPATH": f"{TESTS}{os.pathsep}{TESTS.parent}",
         "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_OFFLINE": "1",
@@ -466,6 +490,7 @@ it, so that they share one warm interpreter per pytest worker (warm_python keys 
 costs about 4 s of CPU). Those that must start fresh (another hash seed, the logging set-up at import) keep their own."""
 
 _WARM: dict[tuple, WarmPython] = {}
+_WARM_LOCK = threading.Lock()
 KEEP = 2  # warm interpreters kept at once (about 0.5 GB each); files use one or two, and run one after the other
 
 
@@ -503,14 +528,15 @@ def warm_python(env: Mapping[str, str]) -> WarmPython | FreshPython:
     if not can_fork():
         return FreshPython(env)
     key = tuple(sorted((k, v) for k, v in env.items() if READ_AT_IMPORT.match(k)))
-    if (python := _WARM.pop(key, None)) is not None:
-        if python.process.poll() is None:
-            _WARM[key] = python  # the most recently used last
-            return python
-        python.close()
-    if not _WARM:
-        atexit.register(lambda: [python.close() for python in _WARM.values()])
-    for old in [k for k, python in _WARM.items() if not python.running()][: max(0, len(_WARM) + 1 - KEEP)]:
-        _WARM.pop(old).close()
-    _WARM[key] = WarmPython(env)
-    return _WARM[key]
+    with _WARM_LOCK:  # threads that ask at once (ablate's parallel runs) share one
+        if (python := _WARM.pop(key, None)) is not None:
+            if python.process.poll() is None:
+                _WARM[key] = python  # the most recently used last
+                return python
+            python.close()
+        if not _WARM:
+            atexit.register(lambda: [python.close() for python in _WARM.values()])
+        for old in [k for k, python in _WARM.items() if not python.running()][: max(0, len(_WARM) + 1 - KEEP)]:
+            _WARM.pop(old).close()
+        _WARM[key] = WarmPython(env)
+        return _WARM[key]

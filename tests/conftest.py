@@ -2,8 +2,12 @@
 threads each on a 2-core machine oversubscribe it, and torch then runs many times slower than with one."""
 
 import ctypes
+import gc
+import json
+import math
 import os
 import sys
+from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"  # read when torch is first imported, here and in every subprocess
@@ -23,6 +27,11 @@ if sys.platform.startswith("linux"):
     except (OSError, AttributeError, ValueError):  # not glibc: its own allocator, left as it is
         pass
 
+# Python's cyclic collector waits until the tests are collected (pytest_collection_finish): the imports and the
+# collection make objects that live as long as the session, which its passes walked again and again (2.5 s of CPU of
+# a worker's 7.5 s of collection, measured), as the program's collector_paused explains for a command's imports.
+gc.disable()
+
 # Lightning gives its loggers a StreamHandler bound to sys.stderr as it is when Lightning is first imported. Imported
 # here, that is the session's own stderr; first imported by a test that captures stderr (capsys, a redirect), the
 # handler would keep that test's stream, closed when the test ends, and a later test's "Seed set to" line would print
@@ -30,22 +39,10 @@ if sys.platform.startswith("linux"):
 import lightning  # noqa: E402,F401
 
 # The longest files go first, so that under `--dist loadfile` no worker starts one of them while the other is
-# finishing (test_readme runs every command of the README and the docs pages in order on one worker). Longest by
-# CPU time, measured: a compiling file counts its inductor builds from an empty cache, as on a new machine.
-FIRST = (
-    "test_readme.py",
-    "test_multinode.py",
-    "test_own_data.py",
-    "test_compiled_decoding.py",
-    "test_variants.py",
-    "test_lora.py",
-    "test_compiled_shapes.py",
-    "test_front_door.py",
-    "test_onnx_generation.py",
-    "test_resume.py",
-    "test_spawn_guard.py",
-    "test_ablate.py",
-)
+# finishing (test_readme runs every command of the README and the docs pages in order on one worker): each file's
+# seconds as `python -m lit_transformer bench suite-time` last measured them, from empty caches as on a new machine
+# (it rewrites the file). A file it has not timed yet goes first: it may be long, and a short one costs nothing there.
+FILE_SECONDS = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
 
 
 def pytest_configure(config) -> None:
@@ -53,8 +50,17 @@ def pytest_configure(config) -> None:
     # starts a file of few long tests (test_readme) late, and then the other worker waits for it at the end.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        gc.enable()  # xdist's controller, which collects nothing: its workers do
+
+
+def pytest_collection_finish(session) -> None:
+    # What the session imported and collected (torch, Lightning, transformers, onnx, every test's parameters) lives
+    # until it ends: frozen, the collector skips it from now on. Otherwise each of its full passes walked it all again:
+    # about 30 a worker, 0.5 s of CPU each (measured).
+    gc.freeze()
+    gc.enable()
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    rank = {name: i for i, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the order within a file stays
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, math.inf))  # stable: a file's own order stays

@@ -5,16 +5,41 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _forked import HARNESS_ENV, warm_python
 
 from lit_transformer.recipes import ablate
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = sorted((ROOT / "configs" / "ablations").glob("*.yaml"))
+
+
+@pytest.fixture
+def forked_runs(monkeypatch) -> None:
+    """ablate's processes (each run's `python -m lit_transformer fit ...`, the timing child `python -c ...`) forked
+    from a warm interpreter instead of started fresh: its subprocess.run of a Python command forks. ablate hands its
+    children this process's environment with its threads a run, here HARNESS_ENV's: on 2 cores (one thread a run)
+    the suite's own warm interpreter serves them."""
+    for key, value in HARNESS_ENV.items():
+        monkeypatch.setenv(key, value)
+    plain_run = subprocess.run
+
+    def run(args, *, stdout=None, stderr=None, capture_output=False, text=False, env=None, **rest):
+        if rest or list(args[:1]) != [sys.executable]:
+            return plain_run(args, stdout=stdout, stderr=stderr, capture_output=capture_output, text=text, env=env,
+                             **rest)  # fmt: skip
+        python = warm_python(os.environ if env is None else env)
+        if capture_output:
+            return python.run(args, Path.cwd(), env, text=text)
+        process = python.popen(args, Path.cwd(), env, stdout=stdout, stderr=stderr)
+        return subprocess.CompletedProcess(args, process.wait())
+
+    monkeypatch.setattr(ablate.subprocess, "run", run)
 
 
 @pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.name)
@@ -80,7 +105,7 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path: Path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-def test_a_tiny_grid_runs_tabulates_plots_and_skips_finished_cells(tmp_path: Path, capsys):
+def test_a_tiny_grid_runs_tabulates_plots_and_skips_finished_cells(tmp_path: Path, capsys, forked_runs):
     grid = str(ROOT / "configs/ablations/smoke.yaml")
     ablate.main([grid, "--out", str(tmp_path), "--jobs", "2"])  # returns: no run failed
     table = (tmp_path / "results.md").read_text()
@@ -200,7 +225,7 @@ def test_time_steps_prints_each_cells_step_time_and_the_steps_that_fit_the_bases
 
 
 @pytest.mark.slow
-def test_time_steps_runs_real_timing_processes(tmp_path: Path, capsys):
+def test_time_steps_runs_real_timing_processes(tmp_path: Path, capsys, forked_runs):
     ablate.main([str(ROOT / "configs/ablations/smoke.yaml"), "--out", str(tmp_path), "--time-steps", "2",
                  "--threads", "1", "--cells", "pre-ln"])  # fmt: skip
     rows = json.loads((tmp_path / "step_times.json").read_text())["rows"]

@@ -282,6 +282,44 @@ def test_the_one_proc_reader_reads_this_process():
 # ---- a benchmark that needs a source checkout ----------------------------------------------------------------------
 
 
+def test_suite_time_sums_each_files_seconds_and_the_suite_hands_out_the_longest_first(tmp_path: Path):
+    """`bench suite-time` reads each file's seconds from pytest's JUnit report (a class's tests count for its file);
+    the conftest orders the files by them, a file not timed yet first, and keeps each file's own order."""
+    import conftest
+
+    from lit_transformer.bench.suite_time import file_seconds
+
+    report = tmp_path / "junit.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_short" name="test_a" time="0.5"/>'
+        '<testcase classname="tests.test_long.TestServer" name="test_b" time="2.25"/>'
+        '<testcase classname="tests.test_long" name="test_c[x-1.5]" time="1.0"/>'
+        '<testcase classname="tests.test_short" name="test_d" time="1.04"/></testsuite></testsuites>'
+    )
+    seconds = file_seconds(report)
+    assert seconds == {"test_long.py": 3.2, "test_short.py": 1.5} and list(seconds) == ["test_long.py", "test_short.py"]
+
+    class Item:
+        def __init__(self, name: str, test: str) -> None:
+            self.path, self.name = Path("tests") / name, test
+
+    items = [
+        Item("test_short.py", "a"),
+        Item("test_long.py", "b"),
+        Item("test_new.py", "c"),
+        Item("test_short.py", "d"),
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(conftest, "FILE_SECONDS", seconds)
+        conftest.pytest_collection_modifyitems(items)
+    assert [(i.path.name, i.name) for i in items] == [
+        ("test_new.py", "c"), ("test_long.py", "b"), ("test_short.py", "a"), ("test_short.py", "d")
+    ]  # fmt: skip
+    timed = json.loads((ROOT / "tests" / "file_seconds.json").read_text())
+    assert "test_readme.py" in timed and all(name.startswith("test_") for name in timed)
+
+
 def test_suite_time_refuses_outside_a_source_checkout_in_one_line(tmp_path: Path):
     """The package alone (as a wheel installs it): `bench suite-time` says it needs a checkout, exit 2, no traceback."""
     import shutil

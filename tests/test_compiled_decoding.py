@@ -1,7 +1,8 @@
 """Compiled decoding (GenerationConfig.compile): int8 layers compile through int8_matmul, which computes what the
 packed int8 kernel computes; a compiled int8 translation model steps beside eager decoding over a padded, expanded,
 reordered batch; fp32 `translate --compile true` prints what eager decoding prints, and `generate` takes the flag
-with int8. Behaviour only: the speed-up is measured by `python -m lit_transformer bench speed --only quantized`."""
+with int8. Behaviour only: the speed-up is measured by `python -m lit_transformer bench speed --only quantized`.
+(An ONNX model refuses compile=True: tests/test_onnx_generation.py, beside its exported graphs.)"""
 
 from __future__ import annotations
 
@@ -173,13 +174,3 @@ def test_translate_and_generate_take_compile(tmp_path, capsys):
         + ["--quantize", "int8", "--compile", "true"]
     )
     assert capsys.readouterr().out.startswith("abc")
-
-
-def test_onnx_model_refuses_compile(tmp_path):
-    from lit_transformer.interop import OnnxModel, export_onnx_folder
-
-    pytest.importorskip("onnxruntime")
-    # decoder.onnx alone: generation's graph (the logits graph would double the export's seconds, unused here)
-    folder = export_onnx_folder(build(GPT2, vocab_size=128), tmp_path / "o", logits_graph=False)
-    with pytest.raises(ValueError, match="compile=True compiles the PyTorch model"):
-        OnnxModel(folder, threads=1).generate(tokens(1, 4), max_new_tokens=3, compile=True)

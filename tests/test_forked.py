@@ -95,6 +95,40 @@ def test_a_module_runs_as_with_dash_m(python: WarmPython) -> None:
     assert (result.returncode, result.stdout) == (0, "tool ['x']\n")
 
 
+CODE = """
+import os, sys
+import here  # from the working folder: sys.path[0] is '' under -c
+print(__name__, sys.argv, repr(sys.path[0]), os.getcwd(), here.WHERE)
+sys.exit(4)
+"""
+
+
+def test_code_runs_as_with_dash_c(python: WarmPython, tmp_path: Path) -> None:
+    (tmp_path / "here.py").write_text("WHERE = 'the working folder'\n")
+    command = [sys.executable, "-c", CODE, "a", "b"]
+    result = python.run(command, tmp_path, timeout=60, text=True)
+    assert result.returncode == 4
+    assert result.stdout == f"__main__ ['-c', 'a', 'b'] '' {tmp_path} the working folder\n"
+    fresh = subprocess.run(command, cwd=tmp_path, env=python.env, capture_output=True, text=True)
+    assert (fresh.returncode, fresh.stdout) == (result.returncode, result.stdout)
+    assert result.stderr == "printed at import\n" and fresh.stderr == ""  # the preload's output, as for a script
+
+
+def test_threads_start_and_wait_for_their_own_processes(python: WarmPython, tmp_path: Path) -> None:
+    """subprocess may be called from several threads at once (ablate runs its jobs so): each gets its own process and
+    exit status."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(code: int) -> tuple[int, str]:
+        done = python.run([sys.executable, "-c", f"import time; time.sleep(0.2); print({code}); raise SystemExit({code})"],
+                          tmp_path, timeout=60, text=True)  # fmt: skip
+        return done.returncode, done.stdout
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(run, range(8))) == [(code, f"{code}\n") for code in range(8)]
+    assert not python.running()
+
+
 def test_an_exception_or_a_message_exits_with_status_1(python: WarmPython, tmp_path: Path) -> None:
     script = str(python.test_folder / "script.py")
     raised = python.run([sys.executable, script, "raise"], tmp_path, timeout=60, text=True)
@@ -126,7 +160,7 @@ def test_a_start_up_variable_cannot_change(python: WarmPython, tmp_path: Path) -
         with pytest.raises(ValueError, match=f"{name}.*read at start-up"):
             python.run([sys.executable, "-m", "tool"], tmp_path, {**python.env, name: "7"})
     with pytest.raises(ValueError, match="not \\[sys.executable"):
-        python.run([sys.executable, "-c", "pass"], tmp_path)
+        python.run([sys.executable, "-X", "importtime", "-m", "tool"], tmp_path)  # an interpreter option
 
 
 @pytest.mark.parametrize("how", ["module", "script"])
@@ -163,3 +197,11 @@ def test_a_command_that_does_not_start_itself_again_leaves_no_process_behind(pyt
     assert process.wait(timeout=60) == 0
     with pytest.raises(ProcessLookupError):
         os.killpg(process.pid, 0)
+
+
+def test_the_suite_collects_garbage_again_once_its_tests_are_collected() -> None:
+    """tests/conftest.py pauses Python's cyclic collector while the tests are imported and collected, then freezes
+    what that made and resumes it: a worker left without it would keep every test's garbage cycles until the end."""
+    import gc
+
+    assert gc.isenabled() and gc.get_freeze_count() > 0

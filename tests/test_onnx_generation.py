@@ -115,6 +115,13 @@ def settings(model: Transformer, eos: int) -> dict[str, GenerationConfig]:
     return out
 
 
+def test_an_onnx_model_refuses_compile(tmp_path_factory):
+    """compile=True compiles the PyTorch model's passes: an ONNX model says so instead of decoding uncompiled."""
+    model, folder = export_once("decoder_only-rope-gqa", tmp_path_factory)
+    with pytest.raises(ValueError, match="compile=True compiles the PyTorch model"):
+        OnnxModel(folder, threads=1).generate(batch(model)[0], max_new_tokens=3, compile=True)
+
+
 def test_onnxruntime_generates_our_tokens(exported):
     model, onnx_model = exported
     x, mask = batch(model)

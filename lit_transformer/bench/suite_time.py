@@ -4,6 +4,11 @@ The README quotes the figure; a timed test would be flaky, so the suite's time i
 by name (`lscpu`), with the load average before (another job on 2 cores doubles it). It runs the tests/ of the
 repository, so it needs a source checkout and refuses elsewhere.
 
+A newcomer's first run (and CI's, on a clean machine) starts with empty caches: the prepared corpora and tokenizers
+(LIT_TRANSFORMER_CACHE) and inductor's compiled kernels (TORCHINDUCTOR_CACHE_DIR) are built during the run, so they
+start empty here too unless `--warm-caches` keeps this machine's. A whole-suite run that passes also rewrites
+tests/file_seconds.json, each test file's seconds, from which tests/conftest.py hands out the longest files first.
+
     python -m lit_transformer bench suite-time --json docs/suite_time.json
     python -m lit_transformer bench suite-time --json /tmp/suite.json -- tests/test_model.py -n 0   # pytest's own arguments after --
 """
@@ -15,6 +20,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
+from collections import defaultdict
 from pathlib import Path
 
 from lit_transformer.cli.arguments import command_parser, parse, split_passed_on
@@ -33,19 +40,32 @@ def main(argv: list[str] | None = None) -> None:
     own, pytest_args = split_passed_on(argv)
     parser = command_parser("bench suite-time", __doc__)
     parser.add_argument("--json", type=Path, required=True, help="add this run to the runs of this file")
+    parser.add_argument(
+        "--warm-caches",
+        action="store_true",
+        help="keep this machine's data and inductor caches (a second run's time; by default both start empty)",
+    )
     args = parse(parser, own)
     root = require_source_checkout("bench suite-time", "it runs the repository's tests/")
     facts = machine()
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
-    with tempfile.TemporaryFile("w+") as out:
-        done = run_child(command, cwd=root, env=child_env(), interval=None, stdout=out,
+    with tempfile.TemporaryDirectory(prefix="suite_time_") as scratch, tempfile.TemporaryFile("w+") as out:
+        env = child_env()
+        if not args.warm_caches:
+            env |= {"LIT_TRANSFORMER_CACHE": f"{scratch}/data", "TORCHINDUCTOR_CACHE_DIR": f"{scratch}/inductor"}
+        report = Path(scratch) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(report)]
+        done = run_child([*command, *pytest_args], cwd=root, env=env, interval=None, stdout=out,
                          stderr=subprocess.DEVNULL)  # fmt: skip
         out.seek(0)
         lines = out.read().strip().splitlines()
+        if not pytest_args and done.returncode == 0:  # the whole suite: every file's seconds
+            seconds = file_seconds(report)
+            (root / "tests" / "file_seconds.json").write_text(json.dumps(seconds, indent=1) + "\n")
     summary = lines[-1] if lines else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|xfailed|skipped|errors?)", summary)}
     figures = {
         "pytest": "python -m pytest -q" + "".join(f" {a}" for a in pytest_args),
+        "caches": "warm" if args.warm_caches else "empty",
         "cpu": facts["cpu"],
         "cores": facts["logical_cores"],
         "exit_code": done.returncode,
@@ -62,3 +82,14 @@ def main(argv: list[str] | None = None) -> None:
         failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
         print("\n".join(failed or lines[-40:]), file=sys.stderr)
         raise SystemExit(done.returncode)
+
+
+def file_seconds(junit_xml: Path) -> dict[str, float]:
+    """{test file name: its tests' seconds (set-up and tear-down included)}, longest first, from pytest's JUnit XML
+    report (each test case's classname is its module's dotted path, then its class if any)."""
+    totals: dict[str, float] = defaultdict(float)
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        module = next((part for part in case.get("classname", "").split(".") if part.startswith("test_")), None)
+        if module:
+            totals[f"{module}.py"] += float(case.get("time") or 0)
+    return {name: round(total, 1) for name, total in sorted(totals.items(), key=lambda item: -item[1])}
