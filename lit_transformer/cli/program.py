@@ -47,8 +47,9 @@ class Command:
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while a command's modules are first imported, and what they made frozen
     (gc.freeze: later collections skip it). Importing torch, Lightning and datasets makes about 450k objects that live
-    as long as the process; collecting every 700 allocations, Python walked them all again and again, which cost 2.3
-    s of the 5.4 s of `fit --help` (measured: 3.1 s paused). What the imports left as garbage (about 9 MB) stays."""
+    as long as the process; collecting every 700 allocations, Python walked them all again and again: `fit --help`
+    took 4.4 s, 2.7 s paused (medians of paired runs, a 2-core AMD EPYC). What the imports left as garbage (about 7
+    MB of peak memory) stays."""
     if not gc.isenabled():  # paused by the caller: theirs to resume
         yield
         return
