@@ -1,8 +1,8 @@
 """`python -m MODULE ARGS`, `python SCRIPT ARGS` or `python -c CODE ARGS` as a process of its own, forked from an
-interpreter that has already imported torch and
-Lightning: each command is still a new process (its own pid, exit status, stdout and stderr, working folder,
-environment, session, signal handlers and atexit), without the seconds a fresh interpreter spends importing them
-first (about 5 CPU-seconds a command, most of what a tiny `fit` costs; a forked one spends about 0.3 s).
+interpreter that has already imported torch and Lightning: each command is still a new process (its own pid, exit
+status, stdout and stderr, working folder, environment, session, signal handlers and atexit), without the seconds a
+fresh interpreter spends importing them first (about 5 CPU-seconds a command, most of what a tiny `fit` costs; a
+forked one spends about 0.3 s).
 
 What the warm interpreter printed while importing is put before each command's own output, so a check of a command's
 output sees what a fresh process prints. It imports only what the commands would import anyway (the CLI, the model
@@ -324,9 +324,9 @@ class WarmPython:
         text: bool = False,
         start_new_session: bool = False,
     ) -> WarmProcess:
-        """What `subprocess.Popen(command, ...)` starts, for `command` = [sys.executable, "-m", MODULE, *ARGS] or
-        [sys.executable, SCRIPT, *ARGS]. stdout and stderr may be PIPE, DEVNULL, STDOUT (stderr), a path or a file
-        open for writing; None discards the output."""
+        """What `subprocess.Popen(command, ...)` starts, for `command` = [sys.executable, "-m", MODULE, *ARGS],
+        [sys.executable, SCRIPT, *ARGS] or [sys.executable, "-c", CODE, *ARGS]. stdout and stderr may be PIPE, DEVNULL,
+        STDOUT (stderr), a path or a file open for writing; None discards the output."""
         command = [str(word) for word in command]
         flag = command[1] if len(command) > 1 and command[1].startswith("-") else None
         if command[0] != sys.executable or len(command) < 2 + bool(flag) or flag not in (None, "-m", "-c"):
