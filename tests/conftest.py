@@ -28,8 +28,8 @@ if sys.platform.startswith("linux"):
         pass
 
 # Python's cyclic collector waits until the tests are collected (pytest_collection_finish): the imports and the
-# collection make objects that live as long as the session, which its passes walked again and again (2.5 s of CPU of
-# a worker's 7.5 s of collection, measured), as the program's collector_paused explains for a command's imports.
+# collection make objects that live as long as the session, which its passes walked again and again (2.4 s of CPU of
+# a worker's 7.8 s of collection, measured), as the program's collector_paused explains for a command's imports.
 gc.disable()
 
 # Lightning gives its loggers a StreamHandler bound to sys.stderr as it is when Lightning is first imported. Imported
