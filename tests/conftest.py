@@ -27,6 +27,14 @@ if sys.platform.startswith("linux"):
     except (OSError, AttributeError, ValueError):  # not glibc: its own allocator, left as it is
         pass
 
+# scikit-learn and joblib put two OpenMP variables in os.environ when first imported (the digits corpus imports
+# scikit-learn), so an environment built from os.environ differed with the tests a worker happened to run before. A
+# warm interpreter is keyed by the variables read at start-up (tests/_forked.py), and each difference started one
+# more (3 of a run's 8, about 3 s of CPU each). Set from the start, with those libraries' values, they are the same
+# in every environment.
+for name, value in (("KMP_DUPLICATE_LIB_OK", "True"), ("KMP_INIT_AT_FORK", "FALSE")):
+    os.environ.setdefault(name, value)
+
 # Python's cyclic collector waits until the tests are collected (pytest_collection_finish): the imports and the
 # collection make objects that live as long as the session, which its passes walked again and again (2.4 s of CPU of
 # a worker's 7.8 s of collection, measured), as the program's collector_paused explains for a command's imports.

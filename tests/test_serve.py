@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from _forked import HARNESS_ENV, warm_python
 from test_cli import CONFIGS, ROOT, _cli
 
 pytest.importorskip("litserve")
@@ -73,11 +74,12 @@ class Server:
         self.log = log
         command = [sys.executable, "-m", "lit_transformer", "serve", "--checkpoint", str(checkpoint)]
         command += ["--port", str(self.port), "--log_level", "warning", *args]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.output = log.open("w")
         # A session of its own: whatever happens to the test, the cleanup below reaches every process of the server.
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.output, stderr=subprocess.STDOUT,
-                                        start_new_session=True)  # fmt: skip
+        # Forked from a warm interpreter (tests/_forked.py): the server's own process without seconds of imports; the
+        # inference workers LitServe starts are fresh interpreters, as always.
+        self.process = warm_python(HARNESS_ENV).popen(command, cwd=ROOT, stdout=self.output, stderr=subprocess.STDOUT,
+                                                      start_new_session=True)  # fmt: skip
         self.stopped_in: float | None = None
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
