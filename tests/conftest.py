@@ -67,11 +67,12 @@ def pytest_collection_finish(session) -> None:
     # until it ends: frozen, the collector skips it from now on. Otherwise each of its full passes walked it all again:
     # about 30 a worker, 0.5 s of CPU each (measured).
     gc.freeze()
-    # A full pass at most every 100 passes of the middle generation, not 10: what the tests leave alive between them
-    # (module fixtures' models, datasets, exported graphs) was walked again by each. Measured over a whole run: 145
-    # full passes (23 s of CPU) became 24 (8 s); the largest process's peak RSS went from 1.67 to 1.75 GB. Cycles of
-    # young objects are still collected as often as before.
-    gc.set_threshold(700, 10, 100)
+    # A full pass at most every 100 passes of the middle generation, not Python's 10: what the tests leave alive
+    # between them (module fixtures' models, datasets, exported graphs) was walked again by each. Measured over a whole
+    # run: 145 full passes (23 s of CPU) became 24 (8 s); the largest process's peak RSS went from 1.67 to 1.75 GB.
+    # Cycles of young objects are still collected as often as before.
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 100)
     gc.enable()
 
 
