@@ -347,6 +347,10 @@ class ChildRun:
     share pages, so the sum overstates."""
     exceeded: bool = False
     """Killed for passing `cap_mb`."""
+    system_s: float = 0.0
+    """The system (kernel) seconds of `cpu_s`."""
+    minor_faults: int = 0
+    """Page faults served without I/O (a fresh page zero-filled, a shared one copied): wait4's ru_minflt."""
     samples: list[tuple[float, float]] = field(default_factory=list)
     """(time.time(), the tree's summed MB) at each sample."""
 
@@ -410,6 +414,8 @@ def run_child(
         peak_tree_mb=max(memory) if memory else None,
         exceeded=exceeded,
         samples=samples,
+        system_s=usage.ru_stime,
+        minor_faults=usage.ru_minflt,
     )
 
 

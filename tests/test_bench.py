@@ -340,6 +340,7 @@ def test_suite_time_refuses_outside_a_source_checkout_in_one_line(tmp_path: Path
 
 MISTAKES = {  # a command and an abbreviation of one of its own flags (argparse would have taken it for the flag)
     "bench startup": ["--round", "2"],
+    "bench allocator": ["--round", "2"],
     "bench speed": ["--quic"],
     "bench nanogpt": ["score", "--checkpoin", "x.ckpt"],
     "bench prepare": ["corpus", "--size", "1", "--out", "x.jsonl"],
@@ -393,6 +394,8 @@ def test_a_mistyped_flag_is_refused_in_a_few_lines_with_status_2(command: str, k
     [
         (["bench", "speed", "--only", "decodr"], "only: 'decodr' is not one of decoder, seq2seq"),
         (["bench", "startup", "--rounds", "many"], "rounds: expected an integer, got 'many'"),
+        (["bench", "allocator", "--only", "main"], "only: 'main' is not one of main-job, translate-en-es"),
+        (["bench", "allocator", "--rounds", "0"], "--rounds must be at least 1 (got 0)"),
         (["bench", "nanogpt", "scor"], "unknown subcommand 'scor'"),
         (["bench", "record", "--json", "x.json", "--name", "fit"], "give it after --, starting with fit"),
         (["digit-strips", "--split", "tst"], "split: 'tst' is not one of train, validation, test"),
@@ -488,3 +491,42 @@ def test_the_cli_sections_main_job_runs_parse_as_fit_configs_with_their_optimize
         assert printed["model"]["optim"]["optimizer"] == optimizer
         assert printed["data"]["init_args"]["batch_size"] == batch
         assert printed["model"]["config"]["norm"] == "rmsnorm" and printed["model"]["config"]["d_ff"] == 352
+
+
+def test_the_allocator_benchmarks_runs_parse_as_fit_command_lines_of_their_steps() -> None:
+    """bench allocator's runs are valid fit command lines: no validation, no checkpoint, the steps of their label."""
+    import contextlib
+
+    from lit_transformer.bench.allocator import QUIET, RUNS
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    for label, (config, steps) in RUNS.items():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+            run_cli(["fit", *config, f"--trainer.max_steps={steps}", *QUIET, "--print_config"])
+        assert done.value.code in (0, None), label
+        printed = yaml.safe_load(out.getvalue())
+        assert printed["trainer"]["max_steps"] == steps and printed["trainer"]["limit_val_batches"] == 0
+        assert printed["checkpoint"]["every_n_train_steps"] == 0 and printed["checkpoint"]["save_last"] is False
+
+
+def test_the_allocator_benchmark_alternates_the_settings_and_pairs_each_round(monkeypatch, tmp_path: Path) -> None:
+    """Rounds start with each setting in turn; a ratio is the median of each round's pair, not a ratio of medians."""
+    from lit_transformer.bench import allocator
+    from lit_transformer.records import ChildRun
+
+    order, walls = [], {"reuse": iter([10.0, 10.0, 30.0]), "glibc": iter([11.0, 12.0, 30.0])}
+
+    def fake_fit(config, steps, setting, folder):
+        order.append((steps, setting))
+        wall = 1.0 if steps == 2 else next(walls[setting])
+        return ChildRun(0, wall, 2 * wall, 100.0 if setting == "glibc" else 105.0, None, system_s=0.5, minor_faults=7)
+
+    monkeypatch.setattr(allocator, "fit", fake_fit)
+    figures = allocator.run(["main-job"], rounds=3)
+    assert order == [(2, "reuse"), (160, "reuse"), (160, "glibc"), (160, "glibc"), (160, "reuse"), (160, "reuse"),
+                     (160, "glibc")]  # fmt: skip
+    row = figures["results"]["main-job"]
+    assert row["reuse"]["walls_s"] == [10.0, 10.0, 30.0] and row["glibc"]["wall_s"] == 12.0
+    assert row["wall_ratio_glibc_over_reuse"] == 1.1 and row["peak_rss_ratio_reuse_over_glibc"] == 1.05
+    assert row["reuse"]["minor_faults"] == 7 and row["glibc"]["system_s"] == 0.5

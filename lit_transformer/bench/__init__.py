@@ -20,6 +20,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                 "each command's start-up (wall time, peak RSS) beside `import torch` and `import lightning`"),
     "speed": ("lit_transformer.bench.speed",
               "training step, generation, int8/ONNX/compiled decoding and memory against peers (HF, litgpt, ...)"),
+    "allocator": ("lit_transformer.bench.allocator",
+                  "fit with glibc's malloc keeping freed memory (the default) against glibc's own settings"),
     "nanogpt": ("lit_transformer.bench.nanogpt",
                 "the main job (configs/base.yaml) beside nanoGPT's CPU recipe in bits per character; nanoGPT's bench.py"),
     "prepare": ("lit_transformer.bench.prepare_scale",

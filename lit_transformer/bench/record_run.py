@@ -41,7 +41,9 @@ def record(json_path: Path, name: str, cli_args: list[str], command: str) -> dic
     import torch
 
     from lit_transformer.cli.lightning_cli import run_cli, show_package_info_logs
+    from lit_transformer.engine.host_allocator import keep_freed_memory
 
+    keep_freed_memory()  # as the command sets it
     show_package_info_logs()
     facts = machine(threads=torch.get_num_threads())
     start = time.perf_counter()

@@ -40,6 +40,7 @@ from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_l
 from lit_transformer.cli.program import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
 from lit_transformer.config import SOURCE_FIELDS, TransformerConfig
 from lit_transformer.engine.devices import check_device_options, lost_peer_message, resume_after_restart
+from lit_transformer.engine.host_allocator import keep_freed_memory
 from lit_transformer.engine.lightning_compat import LightningCLIHooks, set_collective_timeout, strategy_with_timeout
 from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.engine.monitoring import LearningRateLogger, SyncFreeProgressBar, TokenThroughputMonitor
@@ -683,8 +684,9 @@ def show_package_info_logs() -> None:
 
 
 def lightning_main(argv: Sequence[str]) -> None:
-    """fit, validate, test or predict (argv[0]): packaged configs found by name, the package's logs shown, a signal
-    before the first step ending the run at once."""
+    """fit, validate, test or predict (argv[0]): glibc's malloc keeping freed memory (engine/host_allocator.py),
+    packaged configs found by name, the package's logs shown, a signal before the first step ending the run at once."""
+    keep_freed_memory()  # before the run allocates: each step reuses the memory the step before it freed
     argv = resolve_configs(argv)
     quiet_dependencies()
     show_package_info_logs()
