@@ -40,7 +40,8 @@ PAGES = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
 
 
 def _reallocate(**env: str) -> tuple[str, int]:
-    clean = {k: v for k, v in os.environ.items() if k not in (MALLOC_ENV, *host_allocator.USER_MALLOC_ENV)}
+    mine = (MALLOC_ENV, "GLIBC_TUNABLES", "LD_PRELOAD", *host_allocator.USER_MALLOC_ENV)  # glibc as it starts
+    clean = {k: v for k, v in os.environ.items() if k not in mine}
     done = subprocess.run([sys.executable, "-c", REALLOCATE], env={**clean, **env}, capture_output=True, text=True,
                           timeout=60, check=True)  # fmt: skip
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
