@@ -530,3 +530,19 @@ def test_the_allocator_benchmark_alternates_the_settings_and_pairs_each_round(mo
     assert row["reuse"]["walls_s"] == [10.0, 10.0, 30.0] and row["glibc"]["wall_s"] == 12.0
     assert row["wall_ratio_glibc_over_reuse"] == 1.1 and row["peak_rss_ratio_reuse_over_glibc"] == 1.05
     assert row["reuse"]["minor_faults"] == 7 and row["glibc"]["system_s"] == 0.5
+
+
+def test_the_allocator_benchmark_refuses_an_allocator_the_users_environment_pins(monkeypatch, capsys) -> None:
+    """A MALLOC_*_ variable would leave both settings the same: refused in a few lines before any run starts;
+    LIT_TRANSFORMER_MALLOC does not count (each run sets it itself)."""
+    from lit_transformer.bench import allocator
+
+    monkeypatch.setattr(allocator, "run", lambda *args: pytest.fail("a run started"))
+    monkeypatch.setenv("LIT_TRANSFORMER_MALLOC", "glibc")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    code, err = _refusal(["bench", "allocator", "--rounds", "1"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 2, err
+    assert "bench allocator compares glibc's malloc settings, but here MALLOC_MMAP_THRESHOLD_ is set" in err
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    if os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+        allocator.refuse_a_users_allocator()  # LIT_TRANSFORMER_MALLOC=glibc alone: no refusal

@@ -49,12 +49,7 @@ def refuse_a_users_allocator() -> None:
     """The comparison needs glibc and neither setting pinned by the user's environment."""
     from lit_transformer.engine.host_allocator import MALLOC_ENV, left_alone
 
-    saved = os.environ.pop(MALLOC_ENV, None)
-    try:
-        reason = left_alone()
-    finally:
-        if saved is not None:
-            os.environ[MALLOC_ENV] = saved
+    reason = left_alone({k: v for k, v in os.environ.items() if k != MALLOC_ENV})  # each run sets it itself
     if reason is not None:
         raise UserError(
             f"bench allocator compares glibc's malloc settings, but here {reason}",

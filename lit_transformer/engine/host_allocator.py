@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Mapping
 
 from lit_transformer.errors import ConfigError
 
@@ -44,28 +45,29 @@ USER_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_T
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
-def choice() -> str:
+def choice(environ: Mapping[str, str] = os.environ) -> str:
     """The value of LIT_TRANSFORMER_MALLOC (default `reuse`); another value is refused, naming the choices."""
-    value = os.environ.get(MALLOC_ENV, "reuse").strip().lower() or "reuse"
+    value = environ.get(MALLOC_ENV, "reuse").strip().lower() or "reuse"
     if value not in CHOICES:
         raise ConfigError(
-            f"{MALLOC_ENV}={os.environ[MALLOC_ENV]!r} is not one of {', '.join(CHOICES)}",
+            f"{MALLOC_ENV}={environ[MALLOC_ENV]!r} is not one of {', '.join(CHOICES)}",
             hint=f"Unset it (freed memory kept for reuse, the default), or set {MALLOC_ENV}=glibc for glibc's own "
             "malloc settings.",
         )
     return value
 
 
-def left_alone() -> str | None:
-    """Why glibc's malloc is left as it is (the user's choice, or no glibc), or None when it is to be set."""
-    if choice() == "glibc":
+def left_alone(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why glibc's malloc is left as it is (the user's choice in `environ`, or no glibc), or None when it is to be
+    set."""
+    if choice(environ) == "glibc":
         return f"{MALLOC_ENV}=glibc"
-    given = [name for name in USER_MALLOC_ENV if name in os.environ]
+    given = [name for name in USER_MALLOC_ENV if name in environ]
     if given:
         return f"{given[0]} is set"
-    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+    if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
         return "GLIBC_TUNABLES sets malloc"
-    preloaded = os.environ.get("LD_PRELOAD", "")
+    preloaded = environ.get("LD_PRELOAD", "")
     other = next((name for name in OTHER_ALLOCATORS if name in preloaded), None)
     if other:
         return f"{other} is preloaded"
