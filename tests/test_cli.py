@@ -200,6 +200,44 @@ def test_validate_scores_a_checkpoint_at_another_context_length(tiny_run: Path):
     assert "learned positions cannot extrapolate" in failed.stderr + failed.stdout
 
 
+def test_evaluation_tokenizes_with_the_checkpoints_tokenizer(tiny_run: Path):
+    """validate, test and predict read their data with the tokenizer saved in --ckpt_path: trained again from these
+    data settings (a shorter sample of the corpus), the char tokenizer would hold other characters under other ids."""
+    from lit_transformer.checkpoints.files import load_checkpoint
+
+    saved = load_checkpoint(tiny_run / "checkpoints" / "last.ckpt")["tokenizer"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(["validate", *_tiny_common(tiny_run), "--data.init_args.max_chars", "20000"])
+    assert cli.datamodule.tokenizer.to_str() == saved and cli.model.tokenizer.to_str() == saved
+    assert "val/ppl" in cli.trainer.callback_metrics
+
+
+def test_resuming_with_data_settings_that_train_another_tokenizer_is_refused(tiny_run: Path, tmp_path: Path):
+    """Before any data is prepared or any step taken, naming the flag that keeps the checkpoint's tokenizer."""
+    import shutil
+
+    (tmp_path / "checkpoints").mkdir()
+    last = shutil.copy(tiny_run / "checkpoints" / "last.ckpt", tmp_path / "checkpoints" / "last.ckpt")
+    before = Path(last).read_bytes()
+    common = _tiny_common(tiny_run)[:-2] + ["--checkpoint.dirpath", str(tmp_path / "checkpoints")]
+    refused = _cli("fit", *common, "--ckpt_path", "last", "--data.init_args.max_chars", "20000", cwd=tmp_path, ok=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "resumes a run whose tokenizer is not the one this run's data settings give" in refused.stderr
+    assert f"--data.init_args.tokenizer {last}" in refused.stderr
+    assert Path(last).read_bytes() == before
+    assert _cli("fit", *common, "--ckpt_path", "last", "--trainer.max_steps", "22", cwd=tmp_path).returncode == 0
+
+
+def test_evaluation_with_a_tokenizer_file_other_than_the_checkpoints_is_refused(tiny_run: Path, tmp_path: Path):
+    from lit_transformer.data.text import train_tokenizer
+
+    other = tmp_path / "other.json"
+    train_tokenizer(["To be, or not to be, that is the question."], "char", 256).save(str(other))
+    refused = _cli("test", *_tiny_common(tiny_run), "--data.init_args.tokenizer", str(other), cwd=tmp_path, ok=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"was trained with another tokenizer than data.init_args.tokenizer {other} gives" in refused.stderr
+
+
 def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
     """predict reads prompts (one per line; an empty line is a prompt too), generates with any GenerationConfig field
     from the command line, and writes {"input", "output", "tokens"} per line, in order."""
@@ -350,7 +388,11 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
     args = ["--config", str(CONFIGS / "presets" / "tiny-translate.yaml"), "--trainer.logger", "false"]
     args += ["--data.init_args.cache_dir", str(run / "cache"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
     args += ["--data.init_args.predict_file", "sources.txt", "--predictions.output", "out.jsonl"]
+    # A data setting that shapes the tokenizer's sample (fit read 2,000 pairs) would train another BPE of the same
+    # size: predict reads with the checkpoint's (no second tokenizer is trained), as translate does.
+    args += ["--data.init_args.max_pairs", "300"]
     _cli("predict", *args, "--model.generation.max_new_tokens", "12", cwd=run)
+    assert len(list((run / "cache" / "tokenizers").glob("*.json"))) == 1
     rows = [json.loads(line) for line in (run / "out.jsonl").read_text().splitlines()]
     assert [r["input"] for r in rows] == sources
     translated = _cli(

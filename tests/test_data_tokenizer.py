@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from lit_transformer.data.cache import fingerprint
 from lit_transformer.data.text import SPECIAL_TOKENS, load_or_train_tokenizer, special_token_id, train_tokenizer
 
 TEXTS = ["To be, or not to be: that is the question.\n", "Whether 'tis nobler in the mind to suffer\n"] * 20
@@ -36,9 +37,13 @@ def test_cache_reuses_and_invalidates(tmp_path):
     again, same_key = load_or_train_tokenizer("byte_bpe", lambda: TEXTS, 300, tmp_path)
     assert key == same_key and again.to_str() == first.to_str()
     assert sorted((tmp_path / "tokenizers").glob("*.json")) == files
-    _, changed_text = load_or_train_tokenizer("byte_bpe", lambda: TEXTS + ["new"], 300, tmp_path)
-    _, changed_size = load_or_train_tokenizer("byte_bpe", lambda: TEXTS, 310, tmp_path)
-    assert len({key, changed_text, changed_size}) == 3
+    other_text, text_key = load_or_train_tokenizer("byte_bpe", lambda: TEXTS + ["new"], 300, tmp_path)
+    other_size, size_key = load_or_train_tokenizer("byte_bpe", lambda: TEXTS, 310, tmp_path)
+    assert len(list((tmp_path / "tokenizers").glob("*.json"))) == 3  # each setting trained and cached its own
+    # The key (of the data it tokenizes) is the tokenizer's own: equal for equal tokenizers, however obtained.
+    assert key == fingerprint("tokenizer", first.to_str()) and size_key != key
+    assert (text_key == key) == (other_text.to_str() == first.to_str())
+    assert size_key == fingerprint("tokenizer", other_size.to_str())
 
 
 def test_racing_builders_agree(tmp_path):

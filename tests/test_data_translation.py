@@ -75,6 +75,18 @@ def test_separate_vocabularies(tmp_path):
     assert "ñ" not in dm.tokenizer.get_vocab() and "í" in dm.target_tokenizer.get_vocab()
 
 
+def test_separate_vocabularies_from_a_checkpoint(tmp_path):
+    """A .ckpt as the tokenizer (evaluating or fine-tuning its model) gives each side its own saved tokenizer, and
+    the keys of the data tokenized by them: the same shards as the run that trained them."""
+    trained = make(tmp_path, write_tsv(tmp_path / "d"), shared_vocab=False)
+    checkpoint = tmp_path / "run.ckpt"
+    saved = {"tokenizer": trained.tokenizer.to_str(), "target_tokenizer": trained.target_tokenizer.to_str()}
+    torch.save(saved, checkpoint)
+    dm = make(tmp_path, tmp_path / "d", shared_vocab=False, tokenizer=str(checkpoint))
+    assert [t.to_str() for t in dm.tokenizers] == [saved["tokenizer"], saved["target_tokenizer"]]
+    assert dm.prepare() == trained.prepare()
+
+
 def test_translation_column_from_json_lines(tmp_path):
     folder = tmp_path / "j"
     folder.mkdir()

@@ -65,15 +65,19 @@ def safe_globals() -> Iterator[None]:
     yield
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint without ever executing code from it; raise ``CheckpointError`` with a clear message."""
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint without ever executing code from it; raise ``CheckpointError`` with a clear message.
+
+    mmap: the tensors stay in the file, mapped, and are read only when touched: for what needs the hyperparameters or
+    the tokenizer alone (a checkpoint of the legacy, non-zip format is read whole all the same)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise MissingCheckpointError(_missing_message(path))
-    _refuse_other_kinds(path)
+    head = _refuse_other_kinds(path)
+    mmap = mmap and head.startswith(CHECKPOINT_MAGIC[0])
     try:
         with safe_globals():
-            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, ValueError, OSError, AttributeError) as error:
         offenders = _disallowed_globals(path, error)
         if offenders:
@@ -94,13 +98,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
 CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
 
 
-def _refuse_other_kinds(path: pathlib.Path) -> None:
+def _refuse_other_kinds(path: pathlib.Path) -> bytes:
     """A file that does not even start as torch.save's output (text, JSON, an image, empty) is named as what it
-    is, not as a torn checkpoint."""
+    is, not as a torn checkpoint. Returns the file's first bytes."""
     with open(path, "rb") as handle:
         head = handle.read(64)
     if not head or any(head.startswith(magic) for magic in CHECKPOINT_MAGIC):
-        return  # a checkpoint, or one cut short before its first byte: load_checkpoint says which
+        return head  # a checkpoint, or one cut short before its first byte: load_checkpoint says which
     try:
         first = head.decode("utf-8").strip().split("\n")[0][:40]
     except UnicodeDecodeError:  # cut inside a character, or not text at all

@@ -199,6 +199,9 @@ class TransformerCLI(LightningCLIHooks):
         if isinstance(subparser, ValidatedOnceParser):  # the parser SaveConfigCallback writes config.yaml with
             subparser.trust(self.config.get(self.subcommand))
         super().instantiate_classes()
+        saved = getattr(self, "_checkpoint_tokenizers", None)
+        if saved is not None:  # before any data is prepared with the data's tokenizer
+            saved.check(self.datamodule, self.subcommand)
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)
@@ -266,7 +269,11 @@ class TransformerCLI(LightningCLIHooks):
                 )
         if not path or path in ("best", "hpc", "registry") or str(path).startswith("registry:"):
             return
-        hparams = dict(load_checkpoint(path).get("hyper_parameters") or {})
+        checkpoint = load_checkpoint(path, mmap=True)  # the weights are not read here: Lightning loads them later
+        self._checkpoint_tokenizers = CheckpointTokenizers.of(checkpoint, str(path))
+        if subcommand != "fit":
+            self._checkpoint_tokenizers.evaluate_with_them(self.config[subcommand])
+        hparams = dict(checkpoint.get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         hparams.pop("generation", None)
         hparams.pop("quantize", None)  # like generation: a choice of this run (predict --model.quantize int8)
@@ -281,6 +288,62 @@ class TransformerCLI(LightningCLIHooks):
                     f"the hyperparameters saved in {path} do not parse as this version's LitTransformer ({detail}): "
                     "it was written by another version or another program"
                 ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointTokenizers:
+    """The tokenizers saved in --ckpt_path (JSON), which its model's embeddings index: the data of a run that
+    evaluates or resumes it must be tokenized by them, whatever its settings would train."""
+
+    path: str
+    source: str | None
+    target: str | None
+
+    @classmethod
+    def of(cls, checkpoint: dict, path: str) -> CheckpointTokenizers:
+        return cls(path, checkpoint.get("tokenizer"), checkpoint.get("target_tokenizer") or checkpoint.get("tokenizer"))
+
+    def evaluate_with_them(self, config) -> None:
+        """validate, test and predict: a tokenizer kind in the data's settings (bpe, ...: train one) stands for the
+        one the checkpoint was trained with, read from it. Trained again from these settings, it would be another
+        wherever a setting that shapes its training sample differs from the run's (a quick run's max_pairs, another
+        dataset to score the model on), with the same vocabulary size, and the scores would be of ids the model never
+        saw. A tokenizer file or hub name is kept, and checked (`check`)."""
+        from lit_transformer.data.text import KINDS
+
+        data = config.get("data")
+        init_args = data.get("init_args") if data is not None and hasattr(data, "get") else None
+        if self.source is not None and init_args is not None and init_args.get("tokenizer") in KINDS:
+            init_args.tokenizer = self.path
+
+    def check(self, datamodule, subcommand: str) -> None:
+        """Refuse data whose tokenizer segments otherwise than the checkpoint's (see evaluate_with_them)."""
+        from lit_transformer.data.text import same_segmentation
+
+        tokenizers = getattr(datamodule, "tokenizers", None)  # a DataModule of this package's: built on first access
+        if self.source is None or tokenizers is None:
+            return
+        if all(same_segmentation(t.to_str(), saved) for t, saved in zip(tokenizers, (self.source, self.target))):
+            return
+        spec = getattr(datamodule, "tokenizer_spec", "")
+        if subcommand == "fit":
+            problem = (
+                f"fit --ckpt_path {self.path} resumes a run whose tokenizer is not the one this run's data settings "
+                "give (a setting that shapes it changed since: the dataset, its sample, vocab_size or tokenizer)"
+            )
+            fix = (
+                "Resume with the run's own data settings (its config.yaml beside the TensorBoard logs), or keep the "
+                f"checkpoint's tokenizer: --data.init_args.tokenizer {self.path}"
+            )
+        else:
+            problem = f"{self.path} was trained with another tokenizer than data.init_args.tokenizer {spec} gives"
+            fix = (
+                "Leave data.init_args.tokenizer at a kind to train (bpe, byte_bpe, char): the checkpoint's own is "
+                f"then used; or give the one it was trained with: --data.init_args.tokenizer {self.path}"
+            )
+        raise ConfigError(
+            f"{problem}: the model's embeddings would meet other ids. {fix}", keys=["data.init_args.tokenizer"]
+        )
 
 
 def check_lora_base(model, hparams: dict, path: str) -> None:

@@ -8,6 +8,7 @@ models, converted). Encoding leaves out the tokenizer's own special tokens: the 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,12 +154,15 @@ def load_or_train_tokenizer(
     """The tokenizer named by `spec` and a fingerprint of it (used to key the token caches).
 
     spec: a kind to train (byte_bpe, bpe, char) on `texts_fn()`, a path to a tokenizer.json, a .ckpt whose saved
-    tokenizer to use (to fine-tune its model on other data), or a hub tokenizer name.
+    tokenizer to use (to fine-tune its model on other data, or to evaluate it: its target tokenizer for tag
+    "target"), or a hub tokenizer name. The fingerprint is of the tokenizer itself, however it was obtained: data
+    tokenized by a trained tokenizer is found again by the same tokenizer read from a checkpoint.
     """
     if spec.endswith(".ckpt"):
         from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
 
-        saved = load_checkpoint(spec).get("tokenizer")
+        checkpoint = load_checkpoint(spec, mmap=True)
+        saved = (tag == "target" and checkpoint.get("target_tokenizer")) or checkpoint.get("tokenizer")
         if saved is None:
             raise CheckpointError(f"Checkpoint {spec!r} holds no tokenizer: give a checkpoint this package wrote")
         return Tokenizer.from_str(saved), fingerprint("tokenizer", saved)
@@ -172,7 +176,7 @@ def load_or_train_tokenizer(
             lambda tok, tmp: tok.save(tmp),
             lambda p: Tokenizer.from_file(str(p)),
         )
-        return tokenizer, key
+        return tokenizer, fingerprint("tokenizer", tokenizer.to_str())
     if os.path.isfile(spec) or spec.endswith(".json"):
         if not os.path.isfile(spec):
             raise MissingFileError(f"Tokenizer file {spec!r} does not exist", keys=["data.init_args.tokenizer"])
@@ -185,6 +189,17 @@ def load_or_train_tokenizer(
         )
         tokenizer = Tokenizer.from_pretrained(spec)
     return tokenizer, fingerprint("tokenizer", tokenizer.to_str())
+
+
+def same_segmentation(tokenizer_json: str, other_json: str) -> bool:
+    """Whether two tokenizers (JSON) give the same ids: post-processors aside, which our encoding never runs (the
+    DataModules place BOS/EOS themselves; save_hf_marian's tokenizer.json has one for transformers' sake)."""
+    if tokenizer_json == other_json:
+        return True
+    a, b = json.loads(tokenizer_json), json.loads(other_json)
+    a.pop("post_processor", None)
+    b.pop("post_processor", None)
+    return a == b
 
 
 def special_token_id(tokenizer: Tokenizer, role: str) -> int | None:

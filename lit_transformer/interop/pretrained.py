@@ -12,6 +12,7 @@ import json
 
 from lit_transformer.checkpoints.files import CheckpointError
 from lit_transformer.config import TransformerConfig
+from lit_transformer.data.text import same_segmentation
 from lit_transformer.errors import ConfigError
 from lit_transformer.model import ENCODER_PREFIXES, Transformer
 from lit_transformer.transforms.lora import locate_lora_base, new_parameters
@@ -129,20 +130,9 @@ def checkpoint_weights(
     return load_adapted(model, checkpoint, new_parameters(model, base), str(path), base)
 
 
-def _same_segmentation(tokenizer_json: str, other_json: str) -> bool:
-    """Whether two tokenizers give the same ids: post-processors aside, which our encoding never runs (the DataModules
-    place BOS/EOS themselves; save_hf_marian's tokenizer.json has one for transformers' sake)."""
-    if tokenizer_json == other_json:
-        return True
-    a, b = json.loads(tokenizer_json), json.loads(other_json)
-    a.pop("post_processor", None)
-    b.pop("post_processor", None)
-    return a == b
-
-
 def check_same_tokenizer(init_from: str, expected_json: str, data_tokenizer_json: str) -> None:
     """Refuse data whose tokenizer segments otherwise than the one `init_from` was trained with."""
-    if not _same_segmentation(data_tokenizer_json, expected_json):
+    if not same_segmentation(data_tokenizer_json, expected_json):
         # The .ckpt or the Marian folder itself names the tokenizer (a folder also its decoder's start token).
         raise ConfigError(
             f"init_from {init_from} was trained with another tokenizer than this run's data: the encoder's "
