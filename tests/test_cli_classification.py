@@ -120,3 +120,38 @@ def test_test_and_predict_report_labels(runs: Path):
         assert row["probability"] == max(row["probabilities"].values())
         assert row["label"] == max(row["probabilities"], key=row["probabilities"].get)
         assert sum(row["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+
+
+def _labelled_folder(folder: Path, labels: list[str]) -> Path:
+    """train/validation/test CSVs of Shakespeare-like lines under `labels`, in turn."""
+    folder.mkdir()
+    lines = ["O Romeo, Romeo, wherefore art thou Romeo?", "Once more unto the breach, dear friends", "To be, or not"]
+    for split, n in (("train", 24), ("validation", 6), ("test", 6)):
+        rows = ["text,label"] + [f'"{lines[i % 3]} {i}",{labels[i % len(labels)]}' for i in range(n)]
+        (folder / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+def test_evaluation_scores_the_checkpoints_classes_on_data_that_holds_fewer(runs: Path, tmp_path: Path):
+    """A classifier scored on another dataset: its classes (and their ids) are the checkpoint's, not the ones this
+    data's training split holds (two of the three here: another number of outputs, or, were there three, other
+    meanings for the same ids)."""
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    folder = _labelled_folder(tmp_path / "two", ["tragedy", "comedy"])
+    genre = ["--config", str(CONFIGS / "presets" / "classify-genre.yaml"), *TINY[-4:], "--trainer.logger", "false"]
+    genre += ["--data.init_args.dataset", str(folder), "--data.init_args.cache_dir", str(tmp_path / "cache")]
+    genre += ["--ckpt_path", str(runs / "genre" / "checkpoints" / "last.ckpt")]
+    cli = run_cli(["test", *genre])
+    assert cli.datamodule.label_names == ["comedy", "history", "tragedy"]
+    assert {"test/f1/comedy", "test/f1/history", "test/f1/tragedy"} <= set(cli.trainer.callback_metrics)
+    refused = _cli("test", *genre, "--data.init_args.label_names", '["tragedy", "comedy"]', cwd=tmp_path, ok=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert 'is a classifier of the classes ["comedy", "history", "tragedy"] (in id order)' in refused.stderr
+    # Resuming on data of other classes is refused before any step (its tokenizer kept, so that the classes differ).
+    checkpoint = str(runs / "genre" / "checkpoints" / "last.ckpt")
+    resume = [*genre[:-2], "--data.init_args.tokenizer", checkpoint, "--checkpoint.dirpath", str(tmp_path / "ckpt")]
+    refused = _cli("fit", *resume, "--ckpt_path", checkpoint, cwd=tmp_path, ok=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert 'but this run\'s data gives ["comedy", "tragedy"]: its outputs would mean other classes' in refused.stderr
+    assert not (tmp_path / "ckpt").exists()
