@@ -54,3 +54,16 @@ def test_a_run_with_overrides_is_not_the_recipe_it_overrides(tmp_path: Path) -> 
     assert np.array_equal(drawn, imread(main_job_figure([*runs, variant], tmp_path / "variant.png")))
     shipped = dict(variant, overrides="")
     assert not np.array_equal(drawn, imread(main_job_figure([*runs, shipped], tmp_path / "shipped.png")))
+
+
+def test_the_line_is_nanogpts_runs_of_the_main_jobs_race(tmp_path: Path) -> None:
+    """A nanoGPT run of another day (another race, on a host of another speed) is not drawn beside the main job; one
+    of its day is."""
+    runs = read_runs(DOCS / "main_job.jsonl")
+    main_job = [r for r in runs if r["run"] == "ours" and r["config"] == "configs/base.yaml" and not r.get("overrides")]
+    nano = next(r for r in reversed(runs) if r["run"] == "nanoGPT")
+    drawn = imread(main_job_figure(runs, tmp_path / "all.png"))
+    other_day = dict(nano, max_iters=12345, wall_s=nano["wall_s"] * 1.5, date="1999-01-01T00:00:00Z")
+    assert np.array_equal(drawn, imread(main_job_figure([*runs, other_day], tmp_path / "other.png")))
+    same_day = dict(other_day, date=main_job[-1]["date"])
+    assert not np.array_equal(drawn, imread(main_job_figure([*runs, same_day], tmp_path / "same.png")))

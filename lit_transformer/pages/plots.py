@@ -28,20 +28,32 @@ OURS = {
 }
 
 
+def race_day(run: dict) -> str:
+    """The UTC day a run was made: the runs of one race are made back to back on one machine."""
+    return str(run.get("date", ""))[:10]
+
+
 def main_job_figure(runs: list[dict], out: Path) -> Path:
     """Bits per character against wall time: our latest fresh-cache run of each recipe in OURS, as shipped (no
-    overrides), as one point, nanoGPT's recipe as a line through its latest run at each iteration count, in order of
-    iterations (runs are appended to one file, so the figure is the newest measurement of each)."""
+    overrides), as one point, and nanoGPT's recipe as a line through its latest run at each iteration count, in order
+    of iterations, among the runs of the main job's race (its day): runs are appended to one file, so the figure is
+    the newest measurement of each; and a host's speed drifts from day to day (the 2017 recipe took 283 s on one day's
+    EPYC and 393 s on another's), so a line through another day's runs would set a slower host's nanoGPT beside the
+    main job."""
     from matplotlib.figure import Figure
 
     # A run with overrides (`ours --config X -- FLAGS`) is a variant of X, not X: the point is the recipe as shipped.
     ours = {config: [r for r in runs if r["run"] == "ours" and r.get("fresh_cache") and r.get("config") == config
                      and not r.get("overrides")]
             for config in OURS}  # fmt: skip
-    latest = {r["max_iters"]: r for r in runs if r["run"] == "nanoGPT"}  # a rerun supersedes the file's older run
+    day = race_day(ours["configs/base.yaml"][-1]) if ours["configs/base.yaml"] else None
+    # a rerun supersedes the file's older run at its iteration count
+    latest = {r["max_iters"]: r for r in runs if r["run"] == "nanoGPT" and race_day(r) == day}
     nano = [latest[iters] for iters in sorted(latest)]
     if not ours["configs/base.yaml"] or not nano:
-        raise ValueError("The runs need one fresh-cache `ours` run of configs/base.yaml and at least one nanoGPT run")
+        raise ValueError(
+            "The runs need one fresh-cache `ours` run of configs/base.yaml and at least one nanoGPT run of its day"
+        )
     figure = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
     axes = figure.add_subplot()
     axes.plot([r["wall_s"] for r in nano], [r["bpc"] for r in nano], "o-", color="tab:gray",
@@ -50,7 +62,7 @@ def main_job_figure(runs: list[dict], out: Path) -> Path:
         axes.annotate(f"{r['max_iters']:,} iterations", (r["wall_s"], r["bpc"]), textcoords="offset points",
                       xytext=(0, 8 if k % 2 == 0 else -14), ha="center", fontsize=8, color="tab:gray")  # fmt: skip
     for config, found in ours.items():
-        if not found:
+        if not found or race_day(found[-1]) != day:
             continue
         color, label = OURS[config]
         run = found[-1]
