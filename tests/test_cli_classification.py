@@ -155,3 +155,9 @@ def test_evaluation_scores_the_checkpoints_classes_on_data_that_holds_fewer(runs
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert 'but this run\'s data gives ["comedy", "tragedy"]: its outputs would mean other classes' in refused.stderr
     assert not (tmp_path / "ckpt").exists()
+    # Data labelled with a class the classifier does not know is refused, naming it (its ids would be another class's).
+    other = _labelled_folder(tmp_path / "other", ["tragedy", "poem", "comedy"])
+    refused = _cli("test", *genre, "--data.init_args.dataset", str(other), cwd=tmp_path, ok=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "label 'poem' is not one of the label names ['comedy', 'history', 'tragedy']" in refused.stderr
+    assert "a checkpoint knows only its classes" in refused.stderr

@@ -199,11 +199,15 @@ class ClassificationDataModule(DataModule):
 
         def lookup(label: Any) -> int:
             if str(label) not in index:
-                where = "the training split" if not self.requested_label_names else "label_names"
+                if not self.requested_label_names:
+                    where, fix = "the training split", f"add training rows labelled {label!r}, or give every class in"
+                else:  # given, or a checkpoint's classes, which validate, test and predict score it on
+                    where = "label_names: the given ones, or an evaluated checkpoint's classes"
+                    fix = "a checkpoint knows only its classes: score it on rows labelled with them; to train, give"
+                    fix += " every class in"
                 raise DataFileError(
                     f"{self.dataset!r} {split}: label {label!r} is not one of the label names {self.label_names} "
-                    f"(taken from {where}): add training rows labelled {label!r}, or give every class in "
-                    "--data.init_args.label_names"
+                    f"(taken from {where}): {fix} --data.init_args.label_names"
                 )
             return index[str(label)]
 
