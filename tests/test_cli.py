@@ -345,6 +345,33 @@ def test_generate_refuses_a_missing_checkpoint_or_another_kind_of_file(tmp_path:
     assert "is a .safetensors export, not a checkpoint" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_model_of_two_vocabularies_is_evaluated_with_both_whatever_shared_vocab_says(tmp_path: Path):
+    """Trained with --data.init_args.shared_vocab false, then validated with the preset's settings (shared): the data
+    is read with the checkpoint's source and target tokenizers, each on its side."""
+    from lit_transformer.checkpoints.files import load_checkpoint
+
+    common = ["--config", str(CONFIGS / "presets" / "tiny-translate.yaml"), "--trainer.logger", "false"]
+    common += ["--data.init_args.cache_dir", str(tmp_path / "cache"), "--data.init_args.max_pairs", "300"]
+    short = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1"]
+    short += ["--checkpoint.dirpath", str(tmp_path / "ckpt"), "--trainer.num_sanity_val_steps", "0"]
+    _cli("fit", *common, *short, "--data.init_args.shared_vocab", "false", cwd=tmp_path)
+    saved = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+    assert saved["tokenizer"] != saved["target_tokenizer"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(
+            [
+                "validate",
+                *common,
+                "--trainer.limit_val_batches",
+                "1",
+                "--ckpt_path",
+                str(tmp_path / "ckpt" / "last.ckpt"),
+            ]
+        )
+    assert [t.to_str() for t in cli.datamodule.tokenizers] == [saved["tokenizer"], saved["target_tokenizer"]]
+    assert "val/nll" in cli.trainer.callback_metrics
+
+
 def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
     run = tmp_path
     _cli(

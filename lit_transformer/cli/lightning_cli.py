@@ -323,6 +323,8 @@ class TrainedVocabularies:
             return
         if self.source is not None and init_args.get("tokenizer") in KINDS:
             init_args.tokenizer = self.path
+            if "shared_vocab" in init_args:  # translation: one vocabulary for both sides, as the checkpoint has it
+                init_args.shared_vocab = self.target == self.source
         if self.label_names is not None and "label_names" in init_args and not init_args.label_names:
             init_args.label_names = list(self.label_names)
 
@@ -339,8 +341,8 @@ class TrainedVocabularies:
                 if subcommand == "fit":
                     message = (
                         f"fit --ckpt_path {self.path} resumes a run whose tokenizer is not the one this run's data "
-                        "settings give (a setting that shapes it changed since: the dataset, its sample, vocab_size "
-                        f"or tokenizer): the model's embeddings would meet other ids. {resume} checkpoint's tokenizer: "
+                        "settings give (a setting that shapes it changed since: the dataset, its sample, vocab_size, "
+                        f"tokenizer or shared_vocab): the model's embeddings would meet other ids. {resume} checkpoint's tokenizer: "
                         f"--data.init_args.tokenizer {self.path}"
                     )
                 else:
