@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import json
 import logging
 import re
 import sys
@@ -200,9 +199,9 @@ class TransformerCLI(LightningCLIHooks):
         if isinstance(subparser, ValidatedOnceParser):  # the parser SaveConfigCallback writes config.yaml with
             subparser.trust(self.config.get(self.subcommand))
         super().instantiate_classes()
-        trained = getattr(self, "_trained_vocabularies", None)
-        if trained is not None:  # before any data is prepared with the data's tokenizer
-            trained.check(self.datamodule, self.subcommand)
+        trained, self._trained = getattr(self, "_trained", None), None
+        if trained is not None and hasattr(self.datamodule, "check_trained"):  # before any data is prepared
+            self.datamodule.check_trained(*trained, resuming=self.subcommand == "fit")
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)
@@ -271,9 +270,9 @@ class TransformerCLI(LightningCLIHooks):
         if not path or path in ("best", "hpc", "registry") or str(path).startswith("registry:"):
             return
         checkpoint = load_checkpoint(path, mmap=True)  # the weights are not read here: Lightning loads them later
-        self._trained_vocabularies = TrainedVocabularies.of(checkpoint, str(path))
+        self._trained = (checkpoint, str(path))  # checked against the DataModule once it exists
         if subcommand != "fit":
-            self._trained_vocabularies.evaluate_with_them(self.config[subcommand])
+            read_as_trained(self.config[subcommand], checkpoint, str(path))
         hparams = dict(checkpoint.get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         hparams.pop("generation", None)
@@ -291,85 +290,16 @@ class TransformerCLI(LightningCLIHooks):
                 ) from None
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainedVocabularies:
-    """What the model in --ckpt_path was trained to read and to answer: its tokenizers (JSON; the ids its embeddings
-    index) and a classifier's label names (what each output means, in id order). A run that evaluates or resumes it
-    must read its data through them, whatever its own data settings would derive."""
-
-    path: str
-    source: str | None
-    target: str | None
-    label_names: tuple[str, ...] | None
-
-    @classmethod
-    def of(cls, checkpoint: dict, path: str) -> TrainedVocabularies:
-        source, labels = checkpoint.get("tokenizer"), checkpoint.get("label_names")
-        target = checkpoint.get("target_tokenizer") or source
-        return cls(path, source, target, tuple(str(n) for n in labels) if labels else None)
-
-    def evaluate_with_them(self, config) -> None:
-        """validate, test and predict: a tokenizer kind in the data settings (bpe, ...: train one) stands for the
-        tokenizer the checkpoint was trained with, read from it, and unset label_names for its classes. Derived again
-        from these settings, either would differ wherever they differ from the run's (a quick run's max_pairs,
-        another dataset to score the model on: a tokenizer of the same size with other ids, classes that are a
-        subset or another set), and the scores would be of ids the model never saw. A tokenizer file or hub name and
-        given label_names are kept, and checked (`check`)."""
-        from lit_transformer.data.text import KINDS
-
-        data = config.get("data")
-        init_args = data.get("init_args") if data is not None and hasattr(data, "get") else None
-        if init_args is None:
-            return
-        if self.source is not None and init_args.get("tokenizer") in KINDS:
-            init_args.tokenizer = self.path
-            if "shared_vocab" in init_args:  # translation: one vocabulary for both sides, as the checkpoint has it
-                init_args.shared_vocab = self.target == self.source
-        if self.label_names is not None and "label_names" in init_args and not init_args.label_names:
-            init_args.label_names = list(self.label_names)
-
-    def check(self, datamodule, subcommand: str) -> None:
-        """Refuse data whose tokenizer segments otherwise than the checkpoint's, or whose classes differ from its
-        classifier's (see evaluate_with_them): called once the DataModule exists, before any data is prepared."""
-        from lit_transformer.data.text import same_segmentation
-
-        resume = "Resume with the run's own data settings (its config.yaml beside the TensorBoard logs), or keep the"
-        tokenizers = getattr(datamodule, "tokenizers", None)  # a DataModule of this package's: built on first access
-        if self.source is not None and tokenizers is not None:
-            pairs = zip(tokenizers, (self.source, self.target))
-            if not all(same_segmentation(tokenizer.to_str(), saved) for tokenizer, saved in pairs):
-                if subcommand == "fit":
-                    message = (
-                        f"fit --ckpt_path {self.path} resumes a run whose tokenizer is not the one this run's data "
-                        "settings give (a setting that shapes it changed since: the dataset, its sample, vocab_size, "
-                        f"tokenizer or shared_vocab): the model's embeddings would meet other ids. {resume} checkpoint's tokenizer: "
-                        f"--data.init_args.tokenizer {self.path}"
-                    )
-                else:
-                    message = (
-                        f"{self.path} was trained with another tokenizer than data.init_args.tokenizer "
-                        f"{getattr(datamodule, 'tokenizer_spec', '')} gives: the model's embeddings would meet other "
-                        "ids. Leave data.init_args.tokenizer at a kind to train (bpe, byte_bpe, char): the "
-                        f"checkpoint's own is then used; or give the one it was trained with: --data.init_args.tokenizer "
-                        f"{self.path}"
-                    )
-                raise ConfigError(message, keys=["data.init_args.tokenizer"])
-        labels = getattr(datamodule, "label_names", None) if self.label_names is not None else None
-        if labels is not None and tuple(labels) != self.label_names:
-            trained, given = json.dumps(list(self.label_names)), json.dumps(list(labels))
-            if subcommand == "fit":
-                message = (
-                    f"fit --ckpt_path {self.path} resumes a classifier of the classes {trained} (in id order), but "
-                    f"this run's data gives {given}: its outputs would mean other classes. {resume} checkpoint's "
-                    f"classes: --data.init_args.label_names '{trained}'"
-                )
-            else:
-                message = (
-                    f"{self.path} is a classifier of the classes {trained} (in id order), but "
-                    f"data.init_args.label_names gives {given}: its outputs would mean other classes. Leave "
-                    "data.init_args.label_names unset (the checkpoint's are then used), or give them in its order"
-                )
-            raise ConfigError(message, keys=["data.init_args.label_names"])
+def read_as_trained(config, checkpoint: dict, path: str) -> None:
+    """validate, test and predict: the data settings changed so that the data reads as the checkpoint's model was
+    trained to read it (its DataModule's `trained_args`: the saved tokenizer for a tokenizer kind, a classifier's
+    classes for unset label_names, ...)."""
+    data = config.get("data")
+    cls = _data_class(data)
+    init_args = data.get("init_args") if cls is not None and hasattr(cls, "trained_args") else None
+    if init_args is not None:
+        for key, value in cls.trained_args(dict(init_args), checkpoint, path).items():
+            setattr(init_args, key, value)
 
 
 def check_lora_base(model, hparams: dict, path: str) -> None:

@@ -25,7 +25,7 @@ from lit_transformer.errors import ConfigError
 
 from .cache import fingerprint, resolve_cache_dir
 from .sources import ENCODING, HELD_OUT, check_encoding, read_inputs
-from .text import encode_input, load_or_train_tokenizer, pad_right, special_token_id
+from .text import KINDS, encode_input, load_or_train_tokenizer, pad_right, same_segmentation, special_token_id
 
 PREDICT_FILE_NEEDED = (
     "predict needs inputs: --data.init_args.predict_file FILE, a text file with one input (a prompt, a source "
@@ -167,6 +167,42 @@ class DataModule(L.LightningDataModule):
     def longest_sequence(cls, args: dict[str, Any]) -> tuple[str, int] | None:
         """(data argument, the most positions a batch's sequence takes): the model's max_seq_len must hold it."""
         return None
+
+    @classmethod
+    def trained_args(cls, args: dict[str, Any], checkpoint: dict[str, Any], path: str) -> dict[str, Any]:
+        """The init args to change (from `args`) so that validate, test and predict read their data as the model in
+        `checkpoint` (the file at `path`) was trained to read it: a tokenizer kind (train one) stands for the tokenizer
+        saved in it. Trained again from these settings, the tokenizer would be another wherever a setting that shapes
+        its sample differs from the run's (a quick run's max_pairs, another dataset to score the model on), often of
+        the same size: the scores would be of ids the model never saw. A tokenizer file or hub name is kept, and
+        checked (check_trained)."""
+        if checkpoint.get("tokenizer") is not None and args.get("tokenizer") in KINDS:
+            return {"tokenizer": path}
+        return {}
+
+    def check_trained(self, checkpoint: dict[str, Any], path: str, resuming: bool) -> None:
+        """Refuse data this DataModule reads otherwise than the model in `checkpoint` (the file at `path`) was trained
+        to (here: its tokenizers), before any data is prepared; `resuming`: fit --ckpt_path, else an evaluation."""
+        source = checkpoint.get("tokenizer")
+        saved = (source, checkpoint.get("target_tokenizer") or source)
+        if source is None or all(same_segmentation(t.to_str(), s) for t, s in zip(self.tokenizers, saved)):
+            return
+        if resuming:
+            message = (
+                f"fit --ckpt_path {path} resumes a run whose tokenizer is not the one this run's data settings give "
+                "(a setting that shapes it changed since: the dataset, its sample, vocab_size, tokenizer or "
+                "shared_vocab): the model's embeddings would meet other ids. Resume with the run's own data settings "
+                "(its config.yaml beside the TensorBoard logs), or keep the checkpoint's tokenizer: "
+                f"--data.init_args.tokenizer {path}"
+            )
+        else:
+            message = (
+                f"{path} was trained with another tokenizer than data.init_args.tokenizer {self.tokenizer_spec} gives: "
+                "the model's embeddings would meet other ids. Leave data.init_args.tokenizer at a kind to train (bpe, "
+                "byte_bpe, char): the checkpoint's own is then used; or give the one it was trained with: "
+                f"--data.init_args.tokenizer {path}"
+            )
+        raise ConfigError(message, keys=["data.init_args.tokenizer"])
 
     def own_state(self) -> dict[str, Any]:
         """What this DataModule keeps in a checkpoint besides the tokenizers (saved by the LightningModule)."""

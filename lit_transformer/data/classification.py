@@ -137,6 +137,38 @@ class ClassificationDataModule(DataModule):
     def longest_sequence(cls, args: dict) -> tuple[str, int]:
         return "max_length", args["max_length"]  # (+1 with pooling=cls: the model prepends its [CLS] itself)
 
+    @classmethod
+    def trained_args(cls, args: dict[str, Any], checkpoint: dict[str, Any], path: str) -> dict[str, Any]:
+        """The base's, and the classifier's classes for unset label_names: derived again from the data's training
+        split, they would be another number (a subset: the head fails to load) or other meanings for the same ids
+        (another set of the same size). Given label_names are kept, and checked (check_trained)."""
+        changed = super().trained_args(args, checkpoint, path)
+        if checkpoint.get("label_names") and not args.get("label_names"):
+            changed["label_names"] = [str(name) for name in checkpoint["label_names"]]
+        return changed
+
+    def check_trained(self, checkpoint: dict[str, Any], path: str, resuming: bool) -> None:
+        """The base's, and the classes: in the classifier's order."""
+        super().check_trained(checkpoint, path, resuming)
+        trained = [str(name) for name in checkpoint.get("label_names") or []]
+        if not trained or trained == list(self.label_names):
+            return
+        names, given = json.dumps(trained), json.dumps(list(self.label_names))
+        if resuming:
+            message = (
+                f"fit --ckpt_path {path} resumes a classifier of the classes {names} (in id order), but this run's "
+                f"data gives {given}: its outputs would mean other classes. Resume with the run's own data settings "
+                "(its config.yaml beside the TensorBoard logs), or keep the checkpoint's classes: "
+                f"--data.init_args.label_names '{names}'"
+            )
+        else:
+            message = (
+                f"{path} is a classifier of the classes {names} (in id order), but data.init_args.label_names gives "
+                f"{given}: its outputs would mean other classes. Leave data.init_args.label_names unset (the "
+                "checkpoint's are then used), or give them in its order"
+            )
+        raise ConfigError(message, keys=["data.init_args.label_names"])
+
     # ------------------------------------------------------------------ rows and labels
 
     def rows(self) -> dict[str, tuple[list[str], list[Any]]]:

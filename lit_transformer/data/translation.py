@@ -128,6 +128,16 @@ class TranslationDataModule(DataModule):
     def longest_sequence(cls, args: dict) -> tuple[str, int]:
         return "max_length", args["max_length"]  # either side, with bos/eos
 
+    @classmethod
+    def trained_args(cls, args: dict[str, Any], checkpoint: dict[str, Any], path: str) -> dict[str, Any]:
+        """The base's, and the checkpoint's vocabularies as they are, one for both sides or one each, whatever
+        shared_vocab says."""
+        changed = super().trained_args(args, checkpoint, path)
+        if changed:
+            target = checkpoint.get("target_tokenizer")
+            changed["shared_vocab"] = target is None or target == checkpoint["tokenizer"]
+        return changed
+
     # ------------------------------------------------------------------ pairs
 
     @property
