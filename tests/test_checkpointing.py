@@ -193,3 +193,50 @@ def test_fit_refuses_a_hostile_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="Refused to load"):
         trainer.fit(_boring.TinyModule(), ckpt_path="last")
     assert not marker.exists()
+
+
+def _tiny_fit(folder: Path, cache: Path, *extra: str):
+    """A tiny run in-process whose checkpoints live in `folder`/checkpoints: validation every 4 steps, last.ckpt
+    every 2, the best by val/nll beside it."""
+    import contextlib
+    import io
+
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    args = ["fit", "--config", str(REPO / "configs" / "presets" / "tiny.yaml"), "--trainer.logger", "false"]
+    args += ["--trainer.enable_progress_bar", "false", "--data.init_args.cache_dir", str(cache)]
+    args += ["--trainer.default_root_dir", str(folder), "--checkpoint.dirpath", str(folder / "checkpoints")]
+    args += ["--trainer.val_check_interval", "4", "--checkpoint.every_n_train_steps", "2", *extra]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return run_cli(args)
+
+
+def _best(cli):
+    (callback,) = [c for c in cli.trainer.checkpoint_callbacks if getattr(c, "monitor", None) == "val/nll"]
+    return callback
+
+
+def test_a_run_folder_moved_elsewhere_resumes_as_the_same_run(tmp_path: Path) -> None:
+    """Moved (or copied to another machine), the run's folder still is the run's: resuming writes its last.ckpt (not
+    a last-v1.ckpt beside a stale one), keeps one best checkpoint, whose score it remembers, and names files of the
+    new place. Resuming from a run's checkpoint into another folder starts a new record there and leaves the first
+    run's files as they were."""
+    import shutil
+
+    _tiny_fit(tmp_path / "before" / "run", tmp_path / "cache", "--trainer.max_steps", "10")
+    shutil.move(tmp_path / "before" / "run", tmp_path / "after")
+    folder = tmp_path / "after" / "checkpoints"
+    cli = _tiny_fit(tmp_path / "after", tmp_path / "cache", "--trainer.max_steps", "12", "--ckpt_path", "last")
+    names = sorted(p.name for p in folder.iterdir())
+    assert names[-1] == "last.ckpt" and load_checkpoint(folder / "last.ckpt")["global_step"] == 12, names
+    (best,) = [name for name in names if name.startswith("best-")]
+    callback = _best(cli)
+    assert callback.best_model_path == str(folder / best)
+    assert f"val_nll{callback.best_model_score.item():.3f}" in best
+    assert callback.best_k_models.keys() == {str(folder / best)}
+
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    branch = tmp_path / "branch"
+    cli = _tiny_fit(branch, tmp_path / "cache", "--trainer.max_steps", "14", "--ckpt_path", str(folder / "last.ckpt"))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert load_checkpoint(branch / "checkpoints" / "last.ckpt")["global_step"] == 14

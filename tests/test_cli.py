@@ -228,6 +228,36 @@ def test_resuming_with_data_settings_that_train_another_tokenizer_is_refused(tin
     assert _cli("fit", *common, "--ckpt_path", "last", "--trainer.max_steps", "22", cwd=tmp_path).returncode == 0
 
 
+def test_with_a_checkpoint_the_command_lines_run_choices_apply(tiny_run: Path, tmp_path: Path):
+    """How a run computes is its own choice, not the checkpoint's: resumed with activation checkpointing the blocks
+    recompute (and the run's checkpoints record it), validated with compile the model says so; the architecture and
+    the recipe stay the checkpoint's."""
+    import shutil
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from lit_transformer.checkpoints.files import load_checkpoint
+
+    (tmp_path / "checkpoints").mkdir()
+    shutil.copy(tiny_run / "checkpoints" / "last.ckpt", tmp_path / "checkpoints" / "last.ckpt")
+    common = _tiny_common(tiny_run)[:-2] + ["--checkpoint.dirpath", str(tmp_path / "checkpoints")]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(
+            ["fit", *common, "--ckpt_path", "last", "--trainer.max_steps", "22", "--trainer.limit_val_batches", "0"]
+            + ["--model.activation_checkpointing", "true", "--model.config.n_layers", "5", "--model.optim.lr", "1"]
+        )
+    assert any(isinstance(m, CheckpointWrapper) for m in cli.model.model.modules())
+    assert cli.trainer.global_step == 22
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert saved["global_step"] == 22 and saved["hyper_parameters"]["activation_checkpointing"] is True
+    trained = load_checkpoint(tiny_run / "checkpoints" / "last.ckpt")["hyper_parameters"]
+    assert saved["hyper_parameters"]["config"]["n_layers"] == trained["config"]["n_layers"] != 5
+    assert saved["hyper_parameters"]["optim"]["lr"] == trained["optim"]["lr"] != 1
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(["validate", *_tiny_common(tiny_run), "--model.compile", "true"])
+    assert cli.model.hparams.compile is True and "val/ppl" in cli.trainer.callback_metrics
+
+
 def test_evaluation_with_a_tokenizer_file_other_than_the_checkpoints_is_refused(tiny_run: Path, tmp_path: Path):
     from lit_transformer.data.text import train_tokenizer
 

@@ -34,6 +34,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
 from lit_transformer.checkpoints.files import CheckpointError, MissingCheckpointError, load_checkpoint
+from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint
 from lit_transformer.cli.arguments import parser_options, refusal, resolve_configs
 from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_lookups
@@ -137,8 +138,9 @@ class TransformerCLI(LightningCLIHooks):
         # ModelCheckpoint that monitors a validation metric defers even last.ckpt until the first validation, which
         # loses work); `best_checkpoint` keeps the best by the validation split's per-token NLL (the loss without label
         # smoothing); for translation `--best_checkpoint.monitor val/bleu --best_checkpoint.mode max` selects by BLEU.
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.add_lightning_class_args(ModelCheckpoint, "best_checkpoint")
+        # RunCheckpoint: ModelCheckpoint whose record of the files follows the run's folder when it moves.
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(RunCheckpoint, "best_checkpoint")
         parser.link_arguments("checkpoint.dirpath", "best_checkpoint.dirpath")
         parser.set_defaults(
             {
@@ -248,8 +250,9 @@ class TransformerCLI(LightningCLIHooks):
     def parse_checkpoint_hyperparameters(self) -> None:
         """LightningCLI builds the model from the hyperparameters saved in --ckpt_path, over the command line's. We
         load the file safely first (a corrupt, truncated or hostile file fails with a message that says what is
-        wrong, and nothing in it ever runs), and keep the command line's `generation` and `quantize`: how to decode is
-        chosen per run (`predict --model.generation.temperature 0`), not inherited from training."""
+        wrong, and nothing in it ever runs), and keep the command line's run choices (LitTransformer.RUN_CHOICES):
+        how to decode, quantize, compile or checkpoint activations is chosen per run (`predict
+        --model.generation.temperature 0`, `fit --ckpt_path last --model.compile true`), not inherited from training."""
         subcommand = self.config.get("subcommand")
         if subcommand:  # first: the checkpoint folder below is read as a path, not as its RUN_FOLDER placeholder
             resolve_run_folder(self.config[subcommand])
@@ -275,8 +278,8 @@ class TransformerCLI(LightningCLIHooks):
             read_as_trained(self.config[subcommand], checkpoint, str(path))
         hparams = dict(checkpoint.get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
-        hparams.pop("generation", None)
-        hparams.pop("quantize", None)  # like generation: a choice of this run (predict --model.quantize int8)
+        for name in LitTransformer.RUN_CHOICES:
+            hparams.pop(name, None)
         if hparams.get("lora") and hparams.get("init_from"):  # a LoRA checkpoint: its base is read again
             check_lora_base(self.config[subcommand].model, hparams, str(path))
         if hparams:

@@ -36,6 +36,14 @@ class LitTransformer(L.LightningModule):
     """Trains a `Transformer` at a task (see lit_transformer/tasks): by default the one its config's topology and
     head imply (a causal language model, a translation model, an encoder-only classifier or masked language model)."""
 
+    RUN_CHOICES: tuple[str, ...] = (
+        "generation", "quantize", "compile", "compile_mode", "compile_scope", "activation_checkpointing",
+    )  # fmt: skip
+    """Arguments that say how this run computes, not what the model is or how it learns: with --ckpt_path the
+    command line's apply, not the checkpoint's (resume compiled, or with activation checkpointing for a larger batch;
+    decode or quantize as this run asks). Each changes no number a checkpoint holds: parameter names and values are
+    the same with and without them."""
+
     def __init__(
         self,
         config: TransformerConfig,

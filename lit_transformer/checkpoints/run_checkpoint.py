@@ -1,0 +1,73 @@
+"""Lightning's ModelCheckpoint, whose record of a run's checkpoints moves with the run's folder.
+
+A ModelCheckpoint saves, inside each checkpoint, the absolute paths of the files it wrote (last, best, the top k) and
+its folder. Resumed from a folder that was moved, copied to another machine or mounted elsewhere, Lightning's own
+sees another folder and keeps none of that record but `best_model_path`: the resumed run then writes `last-v1.ckpt`
+beside the `last.ckpt` it resumed from (which stays the old model, under the name every page calls the final one),
+takes its first validation as the best whatever its score, and reports a best checkpoint in the old place.
+
+Here a resume whose checkpoint lies in this callback's folder is read as the run's own folder, moved: each recorded
+path of the old folder whose file is in this one is this one's. A resume from a checkpoint elsewhere (a run branched
+into a new folder) is left to Lightning, which starts a new record.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+
+_PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that follows its run folder when it moves (see the module's docstring); otherwise the same, and
+    its state is saved under ModelCheckpoint's key, so either class resumes the other's checkpoints."""
+
+    _resumed_from: str | None = None
+    _fitting = True
+
+    @property
+    def state_key(self) -> str:
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Called before load_state_dict, which is given the callback's state alone.
+        self._resumed_from, self._fitting = trainer.ckpt_path, trainer.state.fn == TrainerFn.FITTING
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not self._fitting:  # validate, test and predict save nothing: the record is not theirs to read (or warn of)
+            return
+        old, resumed = state_dict.get("dirpath"), self._resumed_from
+        here = os.path.realpath(self.dirpath) if self.dirpath else None
+        if old and here and old != self.dirpath and resumed and os.path.dirname(os.path.realpath(resumed)) == here:
+            state_dict = moved_record(state_dict, old, self.dirpath)
+        super().load_state_dict(state_dict)
+
+
+def moved_record(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """The callback state with each path under `old` that names a file present under `new` moved there, and `new` as
+    its folder. A path whose file did not come along (only last.ckpt was copied) keeps its old place, as Lightning
+    would; ModelCheckpoint deletes nothing outside its own folder."""
+
+    def moved(path: Any) -> Any:
+        if not isinstance(path, str) or not path:
+            return path
+        relative = os.path.relpath(path, old)
+        if relative.startswith(os.pardir) or os.path.isabs(relative):
+            return path
+        there = os.path.join(new, relative)
+        return there if os.path.isfile(there) else path
+
+    state = {**state, "dirpath": new}
+    for key in _PATH_KEYS:
+        if key in state:
+            state[key] = moved(state[key])
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {moved(path): score for path, score in state["best_k_models"].items()}
+    return state
