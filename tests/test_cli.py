@@ -228,10 +228,10 @@ def test_resuming_with_data_settings_that_train_another_tokenizer_is_refused(tin
     assert _cli("fit", *common, "--ckpt_path", "last", "--trainer.max_steps", "22", cwd=tmp_path).returncode == 0
 
 
-def test_with_a_checkpoint_the_command_lines_run_choices_apply(tiny_run: Path, tmp_path: Path):
+def test_with_a_checkpoint_the_command_lines_run_choices_apply(tiny_run: Path, tmp_path: Path, caplog):
     """How a run computes is its own choice, not the checkpoint's: resumed with activation checkpointing the blocks
     recompute (and the run's checkpoints record it), validated with compile the model says so; the architecture and
-    the recipe stay the checkpoint's."""
+    the recipe stay the checkpoint's, and a line names each setting of the command line they replaced."""
     import shutil
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
@@ -253,9 +253,19 @@ def test_with_a_checkpoint_the_command_lines_run_choices_apply(tiny_run: Path, t
     trained = load_checkpoint(tiny_run / "checkpoints" / "last.ckpt")["hyper_parameters"]
     assert saved["hyper_parameters"]["config"]["n_layers"] == trained["config"]["n_layers"] != 5
     assert saved["hyper_parameters"]["optim"]["lr"] == trained["optim"]["lr"] != 1
+    (notice,) = [r.getMessage() for r in caplog.records if "settings are not used" in r.getMessage()]
+    assert f"model.config.n_layers 5 (the checkpoint's: {trained['config']['n_layers']})" in notice
+    assert f"model.optim.lr 1.0 (the checkpoint's: {trained['optim']['lr']})" in notice
+    assert "--model.init_from" in notice and "activation_checkpointing" not in notice
+    caplog.clear()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        cli = run_cli(["validate", *_tiny_common(tiny_run), "--model.compile", "true"])
+        cli = run_cli(["validate", *_tiny_common(tiny_run), "--model.compile", "true", "--model.optim.lr", "1"])
     assert cli.model.hparams.compile is True and "val/ppl" in cli.trainer.callback_metrics
+    assert not [r for r in caplog.records if "not used" in r.getMessage()]  # evaluation reads no optimizer setting
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        run_cli(["validate", *_tiny_common(tiny_run), "--model.config.positions", "rope"])
+    (notice,) = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
+    assert "model.config.positions rope (the checkpoint's: learned)" in notice and "init_from" not in notice
 
 
 def test_evaluation_with_a_tokenizer_file_other_than_the_checkpoints_is_refused(tiny_run: Path, tmp_path: Path):

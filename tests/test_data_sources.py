@@ -319,3 +319,13 @@ def test_predict_inputs_read_as_users_keep_them(tmp_path):
     with pytest.raises(sources.DataFileError, match=r"prompts\.jsonl:1 is not utf-8 text"):
         sources.read_inputs(tmp_path / "prompts.jsonl")
     assert sources.read_inputs(tmp_path / "prompts.jsonl", encoding="latin-1") == ["se\u00f1or"]
+
+
+@pytest.mark.parametrize("name,content", [("empty.txt", ""), ("empty.jsonl", "\n\n")])
+def test_a_predict_file_without_inputs_is_refused(tmp_path, name, content):
+    """Not a predict run that writes nothing (an empty line of a text file is an input: an unconditioned sample)."""
+    (tmp_path / name).write_text(content)
+    with pytest.raises(sources.DataFileError, match=rf"predict_file '.*{name}' (is empty|holds no input)"):
+        sources.read_inputs(tmp_path / name)
+    (tmp_path / "blank.txt").write_text("\n")
+    assert sources.read_inputs(tmp_path / "blank.txt") == [""]

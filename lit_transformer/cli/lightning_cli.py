@@ -31,6 +31,7 @@ import jsonargparse
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
 from lit_transformer.checkpoints.files import CheckpointError, MissingCheckpointError, load_checkpoint
@@ -282,6 +283,9 @@ class TransformerCLI(LightningCLIHooks):
             hparams.pop(name, None)
         if hparams.get("lora") and hparams.get("init_from"):  # a LoRA checkpoint: its base is read again
             check_lora_base(self.config[subcommand].model, hparams, str(path))
+        unused = unused_settings(self.config[subcommand].get("model"), hparams, training=subcommand == "fit")
+        if unused:
+            rank_zero_info(unused_settings_line(str(path), unused, subcommand))
         if hparams:
             try:
                 self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
@@ -291,6 +295,50 @@ class TransformerCLI(LightningCLIHooks):
                     f"the hyperparameters saved in {path} do not parse as this version's LitTransformer ({detail}): "
                     "it was written by another version or another program"
                 ) from None
+
+
+def unused_settings(model, hparams: dict, training: bool) -> list[tuple[str, object, object]]:
+    """(key, the command line's value, the checkpoint's) for each setting of the model's architecture and task (and,
+    `training`, its recipe: the optimizer and the loss's normalization, which evaluation never reads) that the command
+    line gives otherwise than the checkpoint whose hyperparameters replace it. A value the command line leaves unset
+    or at its default is not counted: the data fills some of those (vocab_size, max_seq_len), and a default is what a
+    config that never mentions the key holds."""
+    if model is None:
+        return []
+    found = []
+    groups = (("config", TransformerConfig), ("optim", Optimization)) if training else (("config", TransformerConfig),)
+    for group, cls in groups:
+        given, saved = model.get(group), hparams.get(group)
+        if given is None or saved is None:
+            continue
+        saved = dataclasses.asdict(saved) if dataclasses.is_dataclass(saved) else dict(saved)
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        for name, value in vars(given).items() if hasattr(given, "__dict__") else dict(given).items():
+            value, kept = _listed(value), _listed(saved.get(name))
+            if name in saved and value is not None and value != defaults.get(name) and value != kept:
+                found.append((f"model.{group}.{name}", value, kept))
+    given, saved = model.get("task"), hparams.get("task")
+    if getattr(given, "class_path", None) and isinstance(saved, dict) and given.class_path == saved.get("class_path"):
+        init_args = saved.get("init_args") or {}
+        for name, value in vars(given.get("init_args") or {}).items():
+            if name in init_args and value is not None and value != init_args[name]:
+                found.append((f"model.task.init_args.{name}", value, init_args[name]))
+    value, kept = model.get("loss_normalization"), hparams.get("loss_normalization")
+    if training and kept is not None and value not in (None, "tokens", kept):
+        found.append(("model.loss_normalization", value, kept))
+    return found
+
+
+def unused_settings_line(path: str, unused: list[tuple[str, object, object]], subcommand: str) -> str:
+    """The notice that says which settings --ckpt_path replaced, and how to train the weights with them."""
+    listed = "; ".join(f"{key} {value} (the checkpoint's: {kept})" for key, value, kept in unused)
+    line = f"--ckpt_path {path}: the model is the checkpoint's, so these settings are not used: {listed}."
+    if subcommand == "fit":
+        line += (
+            " A resumed run goes on as it was trained; to train these weights with other settings, start a new run "
+            f"from them: --model.init_from {path}, without --ckpt_path."
+        )
+    return line
 
 
 def read_as_trained(config, checkpoint: dict, path: str) -> None:

@@ -317,6 +317,8 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
     with open_data(path) as handle:
         lines = [decode(line, str(path), n, encoding, n == 1).rstrip("\r\n") for n, line in enumerate(handle, 1)]
     if form_suffix(path) not in (".jsonl", ".json"):
+        if not lines:  # an empty line is an input (an unconditioned sample); an empty file is a mistake
+            raise DataFileError(f"predict_file {str(path)!r} is empty; write one input a line")
         return lines
     texts = []
     for number, line in enumerate(lines, 1):
