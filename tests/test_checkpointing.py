@@ -240,3 +240,41 @@ def test_a_run_folder_moved_elsewhere_resumes_as_the_same_run(tmp_path: Path) ->
     cli = _tiny_fit(branch, tmp_path / "cache", "--trainer.max_steps", "14", "--ckpt_path", str(folder / "last.ckpt"))
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert load_checkpoint(branch / "checkpoints" / "last.ckpt")["global_step"] == 14
+
+
+def _recorded(root: Path) -> Path:
+    """A config fragment: dropout on (resume must draw the same masks), each step's loss recorded in root, the
+    learning rate schedule 12 steps long whatever max_steps says."""
+    import yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    recorder = {"class_path": "_boring.LossRecorder", "init_args": {"path": str(root / "losses.jsonl")}}
+    config = {
+        "trainer": {"callbacks": [recorder]},
+        "model": {"config": {"dropout": 0.1}, "optim": {"schedule_steps": 12}},
+    }
+    (root / "recorded.yaml").write_text(yaml.safe_dump(config))
+    return root / "recorded.yaml"
+
+
+def test_last_ckpt_of_a_validated_step_records_that_validations_best(tmp_path: Path) -> None:
+    """Lightning writes a step's last.ckpt before the step's validation; it is written again after it, so a run
+    resumed from it knows the best checkpoint that validation wrote: one best file stays, the one with the best
+    score. Resumed from that second write, the run goes on with the losses of a run never stopped."""
+    full = tmp_path / "full"
+    _tiny_fit(full, tmp_path / "cache", "--trainer.max_steps", "12", "--config", str(_recorded(full)))
+    recorded = str(_recorded(tmp_path / "run"))
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "8", "--config", recorded)
+    folder = tmp_path / "run" / "checkpoints"
+    (best,) = [p.name for p in folder.iterdir() if p.name.startswith("best-")]
+    assert best.startswith("best-step000008")
+    state = load_checkpoint(folder / "last.ckpt")["callbacks"]
+    (record,) = [v for k, v in state.items() if k.startswith("ModelCheckpoint{'monitor': 'val/nll'")]
+    assert record["best_model_path"] == str(folder / best) and record["best_k_models"].keys() == {str(folder / best)}
+    cli = _tiny_fit(
+        tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "12", "--ckpt_path", "last", "--config", recorded
+    )
+    (best,) = [p.name for p in folder.iterdir() if p.name.startswith("best-")]
+    assert _best(cli).best_model_path == str(folder / best)
+    expected, resumed = _boring.read_losses(full), _boring.read_losses(tmp_path / "run")
+    assert sorted(resumed) == sorted(expected) == list(range(1, 13)) and resumed == expected

@@ -9,6 +9,13 @@ takes its first validation as the best whatever its score, and reports a best ch
 Here a resume whose checkpoint lies in this callback's folder is read as the run's own folder, moved: each recorded
 path of the old folder whose file is in this one is this one's. A resume from a checkpoint elsewhere (a run branched
 into a new folder) is left to Lightning, which starts a new record.
+
+And Lightning writes a step's last.ckpt at the end of its training batch, before the validation of the same step
+(Lightning issues 7694, "won't fix", and 18687): the file then records the best checkpoint as it was before that
+validation, while the validation writes a new best beside it. Resumed from it, a run forgot that best: the file stayed
+on disk outside the record, and later validations were compared with the older, worse score. Every preset validates
+at steps where last.ckpt is written. Here last.ckpt is written again once that validation is over (one more write
+per such validation), after the other checkpoint callbacks (the CLI orders them so), so it holds their record.
 """
 
 from __future__ import annotations
@@ -39,6 +46,13 @@ class RunCheckpoint(ModelCheckpoint):
     ) -> None:
         # Called before load_state_dict, which is given the callback's state alone.
         self._resumed_from, self._fitting = trainer.ckpt_path, trainer.state.fn == TrainerFn.FITTING
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        wrote_last = self._last_global_step_saved == trainer.global_step  # before this validation, at this step
+        super().on_validation_end(trainer, pl_module)
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and not trainer.fast_dev_run
+        if wrote_last and fitting and self.save_last is True and self.last_model_path:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self._fitting:  # validate, test and predict save nothing: the record is not theirs to read (or warn of)

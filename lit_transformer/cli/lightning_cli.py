@@ -208,6 +208,9 @@ class TransformerCLI(LightningCLIHooks):
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)
+        # A checkpoint that keeps last.ckpt after the others: its file, written again after a validation, then records
+        # the best checkpoint that validation wrote (see RunCheckpoint). Lightning keeps their relative order.
+        callbacks = sorted(callbacks, key=lambda c: isinstance(c, ModelCheckpoint) and c.save_last is True)
         # The progress bar reads its metrics only when the trainer logs (see SyncFreeProgressBar), unless the run
         # turned the bar off or brought its own.
         existing = config.get("callbacks") or []
