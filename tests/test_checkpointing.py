@@ -278,3 +278,27 @@ def test_last_ckpt_of_a_validated_step_records_that_validations_best(tmp_path: P
     assert _best(cli).best_model_path == str(folder / best)
     expected, resumed = _boring.read_losses(full), _boring.read_losses(tmp_path / "run")
     assert sorted(resumed) == sorted(expected) == list(range(1, 13)) and resumed == expected
+
+
+def test_a_resume_with_another_checkpoint_interval_keeps_the_runs_record(tmp_path: Path) -> None:
+    """Lightning keys a checkpoint callback's record by its interval too: resumed with another
+    --checkpoint.every_n_train_steps, it found none, and wrote last-v1.ckpt beside a stale last.ckpt (and warned that
+    the callbacks of the checkpoint should be given, which the command line now leaves out)."""
+    import warnings
+
+    from lit_transformer.cli.console import quiet_dependencies
+
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_dependencies()  # as the command line sets it up
+        cli = _tiny_fit(
+            tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "12", "--ckpt_path", "last",
+            "--checkpoint.every_n_train_steps", "3",
+        )  # fmt: skip
+    folder = tmp_path / "run" / "checkpoints"
+    names = sorted(p.name for p in folder.iterdir())
+    assert len(names) == 2 and names[1] == "last.ckpt" and names[0].startswith("best-"), names
+    assert load_checkpoint(folder / "last.ckpt")["global_step"] == 12
+    assert _best(cli).best_model_path == str(folder / names[0])
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]

@@ -268,6 +268,20 @@ def test_with_a_checkpoint_the_command_lines_run_choices_apply(tiny_run: Path, t
     assert "model.config.positions rope (the checkpoint's: learned)" in notice and "init_from" not in notice
 
 
+def test_ckpt_path_best_scores_the_best_checkpoint_the_run_recorded(tiny_run: Path, tmp_path: Path):
+    """In a new process no callback remembers a best: the run folder's last.ckpt records it. Without such a record
+    the command ends in one line naming the folder (it was a traceback from inside Lightning)."""
+    common = _tiny_common(tiny_run)[:-2] + ["--checkpoint.dirpath", str(tiny_run / "checkpoints")]
+    (best,) = (tiny_run / "checkpoints").glob("best-*.ckpt")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(["test", *common, "--ckpt_path", "best"])
+    assert cli.trainer.ckpt_path == str(best) and "test/ppl" in cli.trainer.callback_metrics
+    refused = _cli("test", *common[:-2], "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "best",
+                   cwd=tmp_path, ok=False)  # fmt: skip
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"--ckpt_path best: no last.ckpt in {tmp_path}/checkpoints (checkpoint.dirpath) records" in refused.stderr
+
+
 def test_evaluation_with_a_tokenizer_file_other_than_the_checkpoints_is_refused(tiny_run: Path, tmp_path: Path):
     from lit_transformer.data.text import train_tokenizer
 

@@ -8,7 +8,8 @@ takes its first validation as the best whatever its score, and reports a best ch
 
 Here a resume whose checkpoint lies in this callback's folder is read as the run's own folder, moved: each recorded
 path of the old folder whose file is in this one is this one's. A resume from a checkpoint elsewhere (a run branched
-into a new folder) is left to Lightning, which starts a new record.
+into a new folder) is left to Lightning, which starts a new record. A record saved with another interval
+(`every_n_train_steps`, part of Lightning's key for it) is this callback's too, if it watched the same metric.
 
 And Lightning writes a step's last.ckpt at the end of its training batch, before the validation of the same step
 (Lightning issues 7694, "won't fix", and 18687): the file then records the best checkpoint as it was before that
@@ -46,6 +47,15 @@ class RunCheckpoint(ModelCheckpoint):
     ) -> None:
         # Called before load_state_dict, which is given the callback's state alone.
         self._resumed_from, self._fitting = trainer.ckpt_path, trainer.state.fn == TrainerFn.FITTING
+        states = checkpoint.get("callbacks")
+        if self._fitting and isinstance(states, dict) and self.state_key not in states:
+            # Lightning's key holds the saving interval too: resumed with another --checkpoint.every_n_train_steps,
+            # its callback found no state, kept no record and wrote last-v1.ckpt beside a stale last.ckpt. The record
+            # of the same metric and mode is this callback's, whatever the interval it was saved with.
+            prefix = f"{ModelCheckpoint.__qualname__}{{'monitor': {self.monitor!r}, 'mode': {self.mode!r},"
+            same = [key for key in states if isinstance(key, str) and key.startswith(prefix)]
+            if len(same) == 1:
+                states[self.state_key] = states.pop(same[0])
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         wrote_last = self._last_global_step_saved == trainer.global_step  # before this validation, at this step
@@ -85,3 +95,23 @@ def moved_record(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     if isinstance(state.get("best_k_models"), dict):
         state["best_k_models"] = {moved(path): score for path, score in state["best_k_models"].items()}
     return state
+
+
+def recorded_best(dirpath: str | os.PathLike, monitor: str | None = None) -> str | None:
+    """The best checkpoint that a run folder's last.ckpt records (`--ckpt_path best` in a new process, where no
+    callback remembers one): the record of the checkpoint callback that monitors `monitor` (any that keeps a best
+    when None), followed to this folder if the run's folder moved; None where there is no such file."""
+    from lit_transformer.checkpoints.files import load_checkpoint
+
+    last = os.path.join(dirpath, "last.ckpt")
+    if not os.path.isfile(last):
+        return None
+    records = (load_checkpoint(last, mmap=True).get("callbacks") or {}).items()
+    named = [state for key, state in records if key.startswith(f"{ModelCheckpoint.__qualname__}{{'monitor': ")]
+    preferred = [s for s in named if monitor is not None and s.get("monitor", monitor) == monitor] or named
+    for state in preferred:
+        path = state.get("best_model_path")
+        for candidate in (path, os.path.join(dirpath, os.path.basename(path or ""))):
+            if path and os.path.isfile(candidate):
+                return candidate
+    return None

@@ -34,6 +34,14 @@ def quiet_dependencies() -> None:
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # rank_zero_info's records
     if not any(isinstance(f, _DropNotActionable) for f in logger.filters):
         logger.addFilter(_DropNotActionable())
+    # Resumed with other checkpoint settings, Lightning lists the checkpoint callbacks' records it found no callback
+    # for; a RunCheckpoint takes the record of its metric whatever the interval, and another metric's is not its own.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
+        r"during `Trainer` instantiation\. Please add the following callbacks: "
+        r"\[(\"ModelCheckpoint\{'monitor': [^\"]*\}\"(, )?)+\]\.$",
+    )
     warnings.filterwarnings(
         "ignore",
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",

@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
 from lit_transformer.checkpoints.files import CheckpointError, MissingCheckpointError, load_checkpoint
-from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint
+from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint, recorded_best
 from lit_transformer.cli.arguments import parser_options, refusal, resolve_configs
 from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_lookups
@@ -274,7 +274,9 @@ class TransformerCLI(LightningCLIHooks):
                     "(--trainer.default_root_dir, as fit had it) or a checkpoint file: --ckpt_path PATH.ckpt",
                     keys=["ckpt_path", "trainer.default_root_dir", "checkpoint.dirpath"],
                 )
-        if not path or path in ("best", "hpc", "registry") or str(path).startswith("registry:"):
+        if path == "best":  # a new process has no callback that remembers a best: the run's last.ckpt records it
+            path = self.config[subcommand].ckpt_path = run_best_checkpoint(self.config[subcommand], subcommand)
+        if not path or path in ("hpc", "registry") or str(path).startswith("registry:"):
             return
         checkpoint = load_checkpoint(path, mmap=True)  # the weights are not read here: Lightning loads them later
         self._trained = (checkpoint, str(path))  # checked against the DataModule once it exists
@@ -298,6 +300,25 @@ class TransformerCLI(LightningCLIHooks):
                     f"the hyperparameters saved in {path} do not parse as this version's LitTransformer ({detail}): "
                     "it was written by another version or another program"
                 ) from None
+
+
+def run_best_checkpoint(config, subcommand: str) -> str:
+    """`--ckpt_path best`: the best checkpoint (by best_checkpoint.monitor) that the run folder's last.ckpt records,
+    or a MissingCheckpointError naming the folder and the way to give a file."""
+    dirpath = (config.get("checkpoint") or {}).get("dirpath")
+    monitor = (config.get("best_checkpoint") or {}).get("monitor")
+    best = recorded_best(dirpath, monitor) if dirpath else None
+    if best is None:
+        present = sorted(p.name for p in Path(dirpath).glob("*.ckpt")) if dirpath and Path(dirpath).is_dir() else []
+        holds = f" (it holds {', '.join(present)})" if present else ""
+        raise MissingCheckpointError(
+            f"--ckpt_path best: no last.ckpt in {dirpath} (checkpoint.dirpath) records a best checkpoint by {monitor} "
+            f"to {subcommand}{holds}. Give the run's folder (--trainer.default_root_dir, as fit had it) or a "
+            "checkpoint file: --ckpt_path PATH.ckpt",
+            keys=["ckpt_path", "trainer.default_root_dir", "checkpoint.dirpath"],
+        )
+    rank_zero_info(f"--ckpt_path best: {best}, the best by {monitor} that {Path(dirpath) / 'last.ckpt'} records")
+    return best
 
 
 def unused_settings(model, hparams: dict, training: bool) -> list[tuple[str, object, object]]:
