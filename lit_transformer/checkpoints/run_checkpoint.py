@@ -1,4 +1,5 @@
-"""Lightning's ModelCheckpoint, whose record of a run's checkpoints moves with the run's folder.
+"""Lightning's ModelCheckpoint, whose record of a run's checkpoints survives a resume: from a moved folder, with
+another saving interval, and from the last.ckpt of a validated step.
 
 A ModelCheckpoint saves, inside each checkpoint, the absolute paths of the files it wrote (last, best, the top k) and
 its folder. Resumed from a folder that was moved, copied to another machine or mounted elsewhere, Lightning's own
@@ -28,12 +29,14 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
+from lit_transformer.checkpoints.files import load_checkpoint
+
 _PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that follows its run folder when it moves (see the module's docstring); otherwise the same, and
-    its state is saved under ModelCheckpoint's key, so either class resumes the other's checkpoints."""
+    """ModelCheckpoint whose record survives a resume (see the module's docstring); otherwise the same, and its state
+    is saved under ModelCheckpoint's key, so either class resumes the other's checkpoints."""
 
     _resumed_from: str | None = None
     _fitting = True
@@ -101,8 +104,6 @@ def recorded_best(dirpath: str | os.PathLike, monitor: str | None = None) -> str
     """The best checkpoint that a run folder's last.ckpt records (`--ckpt_path best` in a new process, where no
     callback remembers one): the record of the checkpoint callback that monitors `monitor` (any that keeps a best
     when None), followed to this folder if the run's folder moved; None where there is no such file."""
-    from lit_transformer.checkpoints.files import load_checkpoint
-
     last = os.path.join(dirpath, "last.ckpt")
     if not os.path.isfile(last):
         return None

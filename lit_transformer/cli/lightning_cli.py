@@ -139,7 +139,8 @@ class TransformerCLI(LightningCLIHooks):
         # ModelCheckpoint that monitors a validation metric defers even last.ckpt until the first validation, which
         # loses work); `best_checkpoint` keeps the best by the validation split's per-token NLL (the loss without label
         # smoothing); for translation `--best_checkpoint.monitor val/bleu --best_checkpoint.mode max` selects by BLEU.
-        # RunCheckpoint: ModelCheckpoint whose record of the files follows the run's folder when it moves.
+        # RunCheckpoint: a ModelCheckpoint whose record of the run's files survives a moved folder, another interval
+        # and a validation at a checkpoint step.
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.add_lightning_class_args(RunCheckpoint, "best_checkpoint")
         parser.link_arguments("checkpoint.dirpath", "best_checkpoint.dirpath")
