@@ -82,32 +82,81 @@ def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
 
 
 def _refuse_other_kinds(path: Path) -> None:
-    """Exports and foreign files are not checkpoints: say what the file is and what to do instead."""
+    """Foreign files and folders are not models: say what the file is and what to do instead."""
     from lit_transformer.checkpoints.files import CheckpointError
 
     if path.is_dir():
-        kind = "a Hugging Face model folder" if (path / "config.json").is_file() else "a folder"
         found = sorted(p.name for p in path.glob("*.ckpt"))[:5]
         hint = f"; the .ckpt files in it: {', '.join(found)}" if found else ""
         raise CheckpointError(
-            f"{path} is {kind}, not a checkpoint: give a .ckpt file written by `fit` (e.g. "
-            f"runs/<name>/checkpoints/last.ckpt){hint}. A Hugging Face GPT-2 folder is fine-tuned with "
-            "`fit --model.init_from FOLDER`."
+            f"{path} is a folder without a config.json, not a model: give a .ckpt file written by `fit` (e.g. "
+            f"runs/<name>/checkpoints/last.ckpt){hint}, or a model folder (`export --format safetensors|hf`, or a "
+            "Hugging Face GPT-2, Llama or Marian folder)."
         )
     if path.suffix in (".safetensors", ".onnx", ".json", ".bin"):
         raise CheckpointError(
-            f"{path} is a {path.suffix} export, not a checkpoint: `generate` and `translate` read the .ckpt files "
-            "that `fit` writes (runs/<name>/checkpoints/last.ckpt)."
+            f"{path} is a {path.suffix} file of an export, not a checkpoint: give its folder (an export of "
+            "--format safetensors or hf), or a .ckpt file that `fit` writes (runs/<name>/checkpoints/last.ckpt)."
         )
 
 
+MODEL_FOLDERS = "a folder `export --format safetensors|hf` wrote, or a Hugging Face GPT-2, Llama or Marian folder"
+
+
+def load_model_folder(folder: Path) -> LoadedModel:
+    """A model folder: what `export --format safetensors` or `--format hf` wrote, or any Hugging Face GPT-2, Llama or
+    Marian folder (a download, a `save_pretrained`). The model its config.json describes, the tokenizer(s) saved beside
+    it, and the task its architecture implies (a folder records no training task: a classifier's labels read as ids)."""
+    import json
+
+    from lit_transformer.checkpoints.files import CheckpointError
+    from lit_transformer.data.marian_tokenizers import is_marian_folder, load_hf_marian_tokenizers
+    from lit_transformer.interop.hf_gpt2 import load_hf_gpt2
+    from lit_transformer.interop.hf_llama import load_hf_llama
+    from lit_transformer.interop.hf_marian import load_hf_marian
+    from lit_transformer.interop.native import FORMAT, load_safetensors
+
+    try:
+        described = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{folder}/config.json is not JSON ({error}): give {MODEL_FOLDERS}") from None
+    kind = described.get("format") or described.get("model_type") if isinstance(described, dict) else None
+    if kind == FORMAT:
+        model = load_safetensors(folder)
+        tokenizer = _folder_tokenizer(folder / "tokenizer.json")
+        target_file = folder / "target_tokenizer.json"
+        return LoadedModel(model, tokenizer, _folder_tokenizer(target_file) if target_file.is_file() else tokenizer)
+    if is_marian_folder(folder):
+        return LoadedModel(load_hf_marian(folder), *load_hf_marian_tokenizers(folder))
+    if kind in ("gpt2", "llama"):
+        model = (load_hf_llama if kind == "llama" else load_hf_gpt2)(folder)
+        tokenizer = _folder_tokenizer(folder / "tokenizer.json")
+        return LoadedModel(model, tokenizer, tokenizer)
+    raise CheckpointError(f"{folder}/config.json describes a {kind or 'model of no known kind'}: give {MODEL_FOLDERS}")
+
+
+def _folder_tokenizer(path: Path) -> Tokenizer:
+    from lit_transformer.checkpoints.files import CheckpointError
+
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path.parent} holds no {path.name}: a model folder carries its tokenizer as the `tokenizers` library "
+            "saves it (`export` writes it; for a transformers download: "
+            f"AutoTokenizer.from_pretrained(DIR).backend_tokenizer.save('{path}'))"
+        )
+    return Tokenizer.from_file(str(path))
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu", base: str | Path | None = None) -> LoadedModel:
-    """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it.
-    `base`: where a LoRA checkpoint's base is now, if it moved from the recorded init_from (its fingerprint is
-    checked all the same)."""
+    """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it, or
+    from a model folder (load_model_folder). `base`: where a LoRA checkpoint's base is now, if it moved from the
+    recorded init_from (its fingerprint is checked all the same)."""
     from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
     from lit_transformer.interop.pretrained import checkpoint_weights
 
+    if Path(path).is_dir() and (Path(path) / "config.json").is_file():
+        loaded = load_model_folder(Path(path))
+        return dataclasses.replace(loaded, model=loaded.model.to(device).eval())
     _refuse_other_kinds(Path(path))
     checkpoint = load_checkpoint(path, map_location="cpu")
     try:

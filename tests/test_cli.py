@@ -391,12 +391,17 @@ def test_generate_refuses_a_missing_checkpoint_or_another_kind_of_file(tmp_path:
     result = _cli("generate", "--checkpoint", str(tmp_path / "nope.ckpt"), cwd=tmp_path, ok=False)
     assert "nope.ckpt" in result.stderr and "Traceback" not in result.stderr
     (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "config.json").write_text("{}")
     result = _cli("generate", "--checkpoint", str(tmp_path / "hf"), cwd=tmp_path, ok=False)
-    assert "is a Hugging Face model folder, not a checkpoint" in result.stderr and "Traceback" not in result.stderr
+    assert "is a folder without a config.json, not a model" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "bert"}')
+    result = _cli("generate", "--checkpoint", str(tmp_path / "hf"), cwd=tmp_path, ok=False)
+    assert "config.json describes a bert: give a folder `export" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "gpt2"')
+    result = _cli("generate", "--checkpoint", str(tmp_path / "hf"), cwd=tmp_path, ok=False)
+    assert "config.json is not JSON" in result.stderr and "Traceback" not in result.stderr
     (tmp_path / "model.safetensors").write_bytes(b"x" * 16)
     result = _cli("generate", "--checkpoint", str(tmp_path / "model.safetensors"), cwd=tmp_path, ok=False)
-    assert "is a .safetensors export, not a checkpoint" in result.stderr and "Traceback" not in result.stderr
+    assert "is a .safetensors file of an export, not a checkpoint: give its folder" in result.stderr
 
 
 def test_a_model_of_two_vocabularies_is_evaluated_with_both_whatever_shared_vocab_says(tmp_path: Path):

@@ -14,6 +14,7 @@ from model_variants import build, single_thread, tokens  # noqa: F401 (autouse f
 from lit_transformer.cli.model_commands import export_main
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.text import train_tokenizer
+from lit_transformer.errors import UserError
 from lit_transformer.interop import (
     OnnxModel,
     gpt2_problems,
@@ -439,3 +440,41 @@ def test_resuming_an_init_from_run_does_not_read_the_folder_again(tmp_path, toke
     assert resumed.trainer.global_step == 2 and resumed.model.init_from == str(folder)
     resumed = fit(3, "--ckpt_path", "last")  # "last" names the same kind of file: its hyperparameters apply too
     assert resumed.trainer.global_step == 3 and resumed.model.init_from == str(folder)
+
+
+LLAMA = {"topology": "decoder_only", "positions": "rope", "norm": "rmsnorm", "activation": "swiglu", "bias": False}
+
+
+@pytest.mark.parametrize("fmt", ["hf", "safetensors"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "paper"])
+def test_a_model_folder_serves_as_its_checkpoint_does(tmp_path, tokenizer, capsys, fmt, arch):
+    """generate, translate, serve and export read a model folder (an export, a Hugging Face download) as they read
+    the checkpoint it came from: the same model, tokenizer and task, so the same printed continuation."""
+    from lit_transformer.cli.model_commands import generate_main, translate_main
+    from lit_transformer.inference import load_model
+
+    spec = {"gpt2": GPT2, "llama": LLAMA, "paper": {**PAPER, "scale_embeddings": True}}[arch]
+    ids = {} if arch == "paper" else {"pad_token_id": None}  # Marian pads; GPT-2 and Llama name no padding token
+    model = large(build(spec, vocab_size=tokenizer.get_vocab_size(), **ids), std=0.2)
+    ckpt = _checkpoint(tmp_path / "last.ckpt", model, tokenizer)
+    export_main(["--checkpoint", str(ckpt), "--format", fmt, "--out", str(tmp_path / fmt)])
+    from_checkpoint, from_folder = load_model(ckpt), load_model(tmp_path / fmt)
+    kind = [task if isinstance(task, type) else type(task) for task in (from_checkpoint.task, from_folder.task)]
+    assert kind[0] is kind[1]
+    x = tokens(2, 8, vocab=tokenizer.get_vocab_size())
+    with torch.no_grad():
+        close(
+            from_folder.model(x, x) if arch == "paper" else from_folder.model(x),
+            model(x, x) if arch == "paper" else model(x),
+        )
+    command, text = (translate_main, "--text") if arch == "paper" else (generate_main, "--prompt")
+    printed = []
+    for path in (ckpt, tmp_path / fmt):
+        capsys.readouterr()
+        command(["--checkpoint", str(path), text, "hello there", "--max_new_tokens", "8", "--temperature", "0"]
+                + ["--num_beams", "1", "--eos_token_id", "-1"])  # fmt: skip
+        printed.append(capsys.readouterr().out)
+    assert printed[0] == printed[1] and printed[0].strip()
+    (tmp_path / fmt / "tokenizer.json").unlink()  # a download without the `tokenizers` file: said, with the fix
+    with pytest.raises(UserError, match=r"holds no tokenizer.json: .*backend_tokenizer.save|holds neither tokenizer"):
+        load_model(tmp_path / fmt)

@@ -24,6 +24,11 @@ Weights = Literal["saved", "trained"]
 """average --weights: saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA
 weights); trained: the optimizer's own weights, which an EMA (WeightAveraging) callback moves to current_model_state."""
 
+CHECKPOINT_HELP = (
+    "A .ckpt written by `fit`, or a model folder: one `export --format safetensors|hf` wrote, or a Hugging Face "
+    "GPT-2, Llama or Marian folder."
+)
+
 
 def decoding_parser(command: str, description: str) -> ArgumentParser:
     """--checkpoint, --device, and every GenerationConfig field as a flag (unset flags keep the task's defaults,
@@ -34,7 +39,7 @@ def decoding_parser(command: str, description: str) -> ArgumentParser:
         " by the Transformer paper's rules (4 beams, GNMT length penalty 0.6, source length + 50, early stopping)."
     )
     parser = command_parser(command, description)
-    parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
+    parser.add_argument("--checkpoint", type=str, required=True, help=CHECKPOINT_HELP)
     parser.add_argument("--device", type=str, default="auto", help="cpu, cuda, or auto.")
     add_base_argument(parser)
     add_quantize_argument(parser)
@@ -103,7 +108,7 @@ def export_main(argv: Sequence[str]) -> None:
         "their scales), peft (a LoRA run's adapters as peft's adapter folder, for PeftModel.from_pretrained on the "
         "Hugging Face GPT-2 or Llama model the run started from).",
     )
-    parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
+    parser.add_argument("--checkpoint", type=str, required=True, help=CHECKPOINT_HELP)
     parser.add_argument("--format", type=Format, required=True, help="hf, onnx, safetensors or peft.")
     parser.add_argument("--out", type=str, required=True, help="Output folder (created if missing).")
     add_base_argument(parser)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from lit_transformer.cli.arguments import command_parser, parse
-from lit_transformer.cli.model_commands import add_base_argument, add_quantize_argument
+from lit_transformer.cli.model_commands import CHECKPOINT_HELP, add_base_argument, add_quantize_argument
 from lit_transformer.errors import UserError
 
 INSTALL = "pip install -e '.[serve]' (or pip install litserve)"
@@ -28,7 +28,7 @@ DESCRIPTION = (
 def serve_main(argv: Sequence[str]) -> None:
     """`serve`: parse, check that LitServe is installed, then start the server (serving/server.py)."""
     parser = command_parser("serve", DESCRIPTION)
-    parser.add_argument("--checkpoint", type=str, required=True, help="A .ckpt written by `fit`.")
+    parser.add_argument("--checkpoint", type=str, required=True, help=CHECKPOINT_HELP)
     parser.add_argument(
         "--host",
         type=Literal["127.0.0.1", "0.0.0.0", "::"],
