@@ -282,6 +282,23 @@ def test_ckpt_path_best_scores_the_best_checkpoint_the_run_recorded(tiny_run: Pa
     assert f"--ckpt_path best: no last.ckpt in {tmp_path}/checkpoints (checkpoint.dirpath) records" in refused.stderr
 
 
+def test_a_model_folder_given_as_ckpt_path_is_answered_with_the_flags_that_score_it(tiny_run: Path, tmp_path: Path):
+    """An export (or a Hugging Face folder) holds weights, not a run: --model.init_from scores it, as the checkpoint
+    it came from scores."""
+    from lit_transformer.cli.model_commands import export_main
+
+    export_main(["--checkpoint", str(tiny_run / "checkpoints" / "last.ckpt"), "--format", "hf", "--out", str(tmp_path)])
+    common = _tiny_common(tiny_run)[:-2]
+    refused = _cli("validate", *common, "--ckpt_path", str(tmp_path), cwd=tmp_path, ok=False)
+    fix = f"--model.init_from {tmp_path} --data.init_args.tokenizer {tmp_path / 'tokenizer.json'}, without --ckpt_path"
+    assert "is a model folder, not a checkpoint" in refused.stderr and fix in refused.stderr, refused.stderr
+    scores = []
+    for args in (["--ckpt_path", str(tiny_run / "checkpoints" / "last.ckpt")], fix.split(", ")[0].split()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            scores.append(run_cli(["validate", *common, *args]).trainer.callback_metrics["val/nll"].item())
+    assert scores[0] == pytest.approx(scores[1], abs=1e-5)
+
+
 def test_evaluation_with_a_tokenizer_file_other_than_the_checkpoints_is_refused(tiny_run: Path, tmp_path: Path):
     from lit_transformer.data.text import train_tokenizer
 

@@ -279,6 +279,14 @@ class TransformerCLI(LightningCLIHooks):
             path = self.config[subcommand].ckpt_path = run_best_checkpoint(self.config[subcommand], subcommand)
         if not path or path in ("hpc", "registry") or str(path).startswith("registry:"):
             return
+        if (Path(path) / "config.json").is_file():  # an export or a Hugging Face folder: weights to start from
+            raise MissingCheckpointError(
+                f"--ckpt_path {path} is a model folder, not a checkpoint (which holds a run's state as well): to "
+                f"{'fine-tune' if subcommand == 'fit' else subcommand} it, start from its weights and read the data "
+                f"with its tokenizer: --model.init_from {path} --data.init_args.tokenizer {Path(path) / 'tokenizer.json'}"
+                ", without --ckpt_path",
+                keys=["ckpt_path"],
+            )
         checkpoint = load_checkpoint(path, mmap=True)  # the weights are not read here: Lightning loads them later
         self._trained = (checkpoint, str(path))  # checked against the DataModule once it exists
         if subcommand != "fit":
