@@ -302,3 +302,19 @@ def test_a_resume_with_another_checkpoint_interval_keeps_the_runs_record(tmp_pat
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 12
     assert _best(cli).best_model_path == str(folder / names[0])
     assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
+
+
+def test_ckpt_path_last_reads_the_file_lightning_resumes(tmp_path: Path) -> None:
+    """The newest last*.ckpt, as Lightning picks it (a last-v1.ckpt it wrote beside an older last.ckpt): the
+    hyperparameters and tokenizer read before the run are that file's, not a stale last.ckpt's."""
+    import os
+    import shutil
+
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "4")
+    folder = tmp_path / "run" / "checkpoints"
+    shutil.copy(folder / "last.ckpt", folder / "last-v1.ckpt")
+    (folder / "last.ckpt").write_text("not this one")
+    os.utime(folder / "last.ckpt", (1, 1))
+    cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "6", "--ckpt_path", "last")
+    assert cli.trainer.global_step == 6 and cli.trainer.ckpt_path == str(folder / "last-v1.ckpt")
+    assert load_checkpoint(folder / "last.ckpt")["global_step"] == 6  # the record's name for the run's last file

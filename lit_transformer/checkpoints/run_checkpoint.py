@@ -104,8 +104,8 @@ def recorded_best(dirpath: str | os.PathLike, monitor: str | None = None) -> str
     """The best checkpoint that a run folder's last.ckpt records (`--ckpt_path best` in a new process, where no
     callback remembers one): the record of the checkpoint callback that monitors `monitor` (any that keeps a best
     when None), followed to this folder if the run's folder moved; None where there is no such file."""
-    last = os.path.join(dirpath, "last.ckpt")
-    if not os.path.isfile(last):
+    last = last_checkpoint(dirpath)
+    if last is None:
         return None
     records = (load_checkpoint(last, mmap=True).get("callbacks") or {}).items()
     named = [state for key, state in records if key.startswith(f"{ModelCheckpoint.__qualname__}{{'monitor': ")]
@@ -116,3 +116,14 @@ def recorded_best(dirpath: str | os.PathLike, monitor: str | None = None) -> str
             if path and os.path.isfile(candidate):
                 return candidate
     return None
+
+
+def last_checkpoint(dirpath: str | os.PathLike) -> str | None:
+    """The file `--ckpt_path last` resumes from, as Lightning picks it: the newest `last*.ckpt` of the folder
+    (last.ckpt, or a last-v1.ckpt that Lightning wrote beside it); None where there is none."""
+    if not os.path.isdir(dirpath):
+        return None
+    found = [
+        e.path for e in os.scandir(dirpath) if e.is_file() and e.name.startswith("last") and e.name.endswith(".ckpt")
+    ]
+    return max(found, key=os.path.getmtime, default=None)

@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
 from lit_transformer.checkpoints.files import CheckpointError, MissingCheckpointError, load_checkpoint
-from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint, recorded_best
+from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint, last_checkpoint, recorded_best
 from lit_transformer.cli.arguments import parser_options, refusal, resolve_configs
 from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_lookups
@@ -267,7 +267,7 @@ class TransformerCLI(LightningCLIHooks):
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
-            path = Path(dirpath) / "last.ckpt" if dirpath and (Path(dirpath) / "last.ckpt").is_file() else None
+            path = last_checkpoint(dirpath) if dirpath else None
             if path is None and subcommand != "fit":  # fit starts afresh (Lightning warns); evaluation must not
                 raise MissingCheckpointError(
                     f"--ckpt_path last: there is no last.ckpt in {dirpath} (checkpoint.dirpath) to {subcommand}, and "
