@@ -33,8 +33,9 @@ class LoadedModel:
     task: type[Task] | Task | None = None  # what it was trained at; None: the task its architecture implies
 
     def __post_init__(self) -> None:
-        if self.task is None:
-            self.task = default_task(self.config)
+        # Always a task object, as a checkpoint's is: serving picks its route by the object's class.
+        if self.task is None or isinstance(self.task, type):
+            self.task = (self.task or default_task(self.config))()
 
     @property
     def config(self) -> TransformerConfig:

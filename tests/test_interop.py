@@ -452,6 +452,7 @@ def test_a_model_folder_serves_as_its_checkpoint_does(tmp_path, tokenizer, capsy
     the checkpoint it came from: the same model, tokenizer and task, so the same printed continuation."""
     from lit_transformer.cli.model_commands import generate_main, translate_main
     from lit_transformer.inference import load_model
+    from lit_transformer.serving.handlers import handler_kind
 
     spec = {"gpt2": GPT2, "llama": LLAMA, "paper": {**PAPER, "scale_embeddings": True}}[arch]
     ids = {} if arch == "paper" else {"pad_token_id": None}  # Marian pads; GPT-2 and Llama name no padding token
@@ -459,8 +460,8 @@ def test_a_model_folder_serves_as_its_checkpoint_does(tmp_path, tokenizer, capsy
     ckpt = _checkpoint(tmp_path / "last.ckpt", model, tokenizer)
     export_main(["--checkpoint", str(ckpt), "--format", fmt, "--out", str(tmp_path / fmt)])
     from_checkpoint, from_folder = load_model(ckpt), load_model(tmp_path / fmt)
-    kind = [task if isinstance(task, type) else type(task) for task in (from_checkpoint.task, from_folder.task)]
-    assert kind[0] is kind[1]
+    assert type(from_folder.task) is type(from_checkpoint.task)
+    assert handler_kind(from_folder.task) is handler_kind(from_checkpoint.task) is not None  # `serve` has its route
     x = tokens(2, 8, vocab=tokenizer.get_vocab_size())
     with torch.no_grad():
         close(
