@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_transformer.checkpoints.run_checkpoint import last_checkpoint
 from lit_transformer.engine.lightning_compat import collective_timeout
 from lit_transformer.errors import ConfigError
 
@@ -160,15 +161,16 @@ def _torchrun_restarts() -> bool:
 
 def resume_after_restart(ckpt_path: str | None, dirpath: str | Path | None) -> str | None:
     """The checkpoint a fit resumes from: "last" when torchrun may restart the workers (--max-restarts above 0), no
-    checkpoint was asked for and the run's checkpoint folder holds a last.ckpt; else `ckpt_path` as given.
+    checkpoint was asked for and the run's checkpoint folder holds a last.ckpt (or last-v1.ckpt: Lightning's "last"); else
+    `ckpt_path` as given.
 
     Not TORCHELASTIC_RESTART_COUNT > 0: torchrun counts only the restarts of a node whose own worker failed (a node
     restarted because another left keeps its count), so the nodes would disagree on whether to resume. The run's
     own last.ckpt is what every node sees alike; a new run under --max-restarts needs a new checkpoint folder."""
     if ckpt_path is not None or not dirpath or not _torchrun_restarts():
         return ckpt_path
-    last = Path(dirpath) / "last.ckpt"
-    if not last.is_file():
+    last = last_checkpoint(dirpath)  # the file Lightning resumes from: the newest last*.ckpt
+    if last is None:
         return ckpt_path
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     rank_zero_info(f"torchrun --max-restarts (restart {count} on this node): resuming from {last} (--ckpt_path last).")
