@@ -33,9 +33,11 @@ class LoadedModel:
     task: type[Task] | Task | None = None  # what it was trained at; None: the task its architecture implies
 
     def __post_init__(self) -> None:
-        # Always a task object, as a checkpoint's is: serving picks its route by the object's class.
+        # Always a task object checked against the architecture, as a checkpoint's is: serving picks its route by the
+        # object's class, and a classifier's label count comes from the config (names() without label names).
         if self.task is None or isinstance(self.task, type):
             self.task = (self.task or default_task(self.config))()
+            self.task.check_config(self.config)
 
     @property
     def config(self) -> TransformerConfig:
@@ -107,7 +109,8 @@ MODEL_FOLDERS = "a folder `export --format safetensors|hf` wrote, or a Hugging F
 def load_model_folder(folder: Path) -> LoadedModel:
     """A model folder: what `export --format safetensors` or `--format hf` wrote, or any Hugging Face GPT-2, Llama or
     Marian folder (a download, a `save_pretrained`). The model its config.json describes, the tokenizer(s) saved beside
-    it, and the task its architecture implies (a folder records no training task: a classifier's labels read as ids)."""
+    it, and its task: the one task.json records (an export of ours: a classifier's label names too), else the one its
+    architecture implies."""
     import json
 
     from lit_transformer.checkpoints.files import CheckpointError
@@ -126,7 +129,12 @@ def load_model_folder(folder: Path) -> LoadedModel:
         model = load_safetensors(folder)
         tokenizer = _folder_tokenizer(folder / "tokenizer.json")
         target_file = folder / "target_tokenizer.json"
-        return LoadedModel(model, tokenizer, _folder_tokenizer(target_file) if target_file.is_file() else tokenizer)
+        target = _folder_tokenizer(target_file) if target_file.is_file() else tokenizer
+        task = None
+        if (folder / "task.json").is_file():  # the training task as its checkpoint recorded it (save_safetensors)
+            record = json.loads((folder / "task.json").read_text(encoding="utf-8"))
+            task = task_from_checkpoint({"hyper_parameters": {"task": record.get("task")}, **record}, model.config)
+        return LoadedModel(model, tokenizer, target, task)
     if is_marian_folder(folder):
         return LoadedModel(load_hf_marian(folder), *load_hf_marian_tokenizers(folder))
     if kind in ("gpt2", "llama"):

@@ -479,3 +479,24 @@ def test_a_model_folder_serves_as_its_checkpoint_does(tmp_path, tokenizer, capsy
     (tmp_path / fmt / "tokenizer.json").unlink()  # a download without the `tokenizers` file: said, with the fix
     with pytest.raises(UserError, match=r"holds no tokenizer.json: .*backend_tokenizer.save|holds neither tokenizer"):
         load_model(tmp_path / fmt)
+
+
+def test_a_classifier_exported_as_safetensors_keeps_its_task_and_labels(tmp_path, tokenizer):
+    """task.json carries what the checkpoint records of its task: the folder predicts the checkpoint's label names,
+    and `serve` routes it as a classifier."""
+    from lit_transformer.inference import load_model
+    from lit_transformer.serving.handlers import handler_kind
+
+    model = build({"topology": "encoder_only", "head": "classification"}, vocab_size=104, num_labels=3)
+    ckpt = _checkpoint(tmp_path / "last.ckpt", model, tokenizer)
+    checkpoint = torch.load(ckpt, weights_only=False)
+    task = {"class_path": "lit_transformer.tasks.classification.Classification", "init_args": {"label_smoothing": 0.1}}
+    checkpoint["hyper_parameters"]["task"] = task
+    checkpoint["label_names"] = ["comedy", "history", "tragedy"]
+    torch.save(checkpoint, ckpt)
+    export_main(["--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "st")])
+    folder, trained = load_model(tmp_path / "st"), load_model(ckpt)
+    assert folder.task.names() == trained.task.names() == ["comedy", "history", "tragedy"]
+    assert folder.task.spec() == trained.task.spec() and handler_kind(folder.task) is handler_kind(trained.task)
+    (tmp_path / "st" / "task.json").unlink()  # an export of an earlier version: the architecture's task, labels as ids
+    assert load_model(tmp_path / "st").task.names() == ["0", "1", "2"]

@@ -37,7 +37,9 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
             "`export --format onnx --quantize int8`)"
         )
     if fmt == "safetensors":
-        return save_safetensors(model, out, source, target)
+        record = {"task": loaded.task.spec()}  # as a checkpoint records the task: its spec, then what it learned
+        loaded.task.on_save_checkpoint(record)
+        return save_safetensors(model, out, source, target, task=record)
     if fmt == "hf":
         if model.config.is_encoder_only:
             raise ConfigError(

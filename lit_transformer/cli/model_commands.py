@@ -18,8 +18,8 @@ from lit_transformer.cli.arguments import command_parser, parse
 from lit_transformer.config import GenerationConfig, field_docs
 
 Format = Literal["hf", "onnx", "safetensors", "peft"]
-"""export --format: a Hugging Face folder, ONNX graphs, safetensors with config.json and tokenizer.json, or a LoRA
-run's adapters as peft's adapter folder."""
+"""export --format: a Hugging Face folder, ONNX graphs, safetensors with config.json, tokenizer.json and task.json, or
+a LoRA run's adapters as peft's adapter folder."""
 Weights = Literal["saved", "trained"]
 """average --weights: saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA
 weights); trained: the optimizer's own weights, which an EMA (WeightAveraging) callback moves to current_model_state."""

@@ -24,8 +24,11 @@ def save_safetensors(
     directory: str | os.PathLike,
     tokenizer: Tokenizer | None = None,
     target_tokenizer: Tokenizer | None = None,
+    task: dict | None = None,
 ) -> Path:
-    """Write the folder; tied matrices are stored once (safetensors refuses aliased tensors)."""
+    """Write the folder; tied matrices are stored once (safetensors refuses aliased tensors). `task`: the training
+    task's record as a checkpoint holds it ({"task": its spec, and what it learned from the data, e.g. label_names}),
+    written as task.json so that a folder is served, generated from or predicted with as its checkpoint is."""
     from lit_transformer.transforms.int8 import is_quantized, quantized_state
 
     directory = Path(directory)
@@ -43,6 +46,8 @@ def save_safetensors(
         tokenizer.save(os.fspath(directory / "tokenizer.json"))
     if target_tokenizer is not None and target_tokenizer is not tokenizer:
         target_tokenizer.save(os.fspath(directory / "target_tokenizer.json"))
+    if task is not None:
+        (directory / "task.json").write_text(json.dumps(task, indent=2) + "\n")
     return directory
 
 
