@@ -210,8 +210,8 @@ import lit_transformer.data.language_modeling as language_modeling
 
 def blocked(*args, **kwargs):  # a corpus that takes minutes to prepare, in Python as preparation runs
     print("BLOCKED", flush=True)
-    for _ in range(6000):  # not one sleep(600): a signal that the kernel hands to another thread (the tokenizer's
-        time.sleep(0.1)    # Rust pool) would not wake it, and Python runs handlers only between bytecodes
+    for _ in range(6000):  # not one sleep(600): a signal that the kernel hands to another of the process's threads
+        time.sleep(0.1)    # would not wake it, and Python runs handlers only between bytecodes
 
 language_modeling.prepare_corpus = blocked
 from lit_transformer.cli import main
