@@ -402,6 +402,10 @@ def test_generate_runs_past_the_context_and_serves_people(tiny_run: Path):
     long_prompt = "ROMEO: " * 200
     result = _cli(*common, "--prompt", long_prompt, "--max_new_tokens", "5", cwd=tiny_run)
     assert "more than the model's context of 64" in result.stderr and "Traceback" not in result.stderr
+    for empty in ("empty.txt", "empty.jsonl"):  # refused naming this command's flag (not predict's predict_file)
+        (tiny_run / empty).write_text("\n" if empty.endswith("jsonl") else "")
+        result = _cli(*common, "--prompt_file", empty, cwd=tiny_run, ok=False)
+        assert f"--prompt_file {empty} is empty: write one prompt per line" in result.stderr, result.stderr
 
 
 def test_generate_refuses_a_missing_checkpoint_or_another_kind_of_file(tmp_path: Path):

@@ -323,9 +323,11 @@ def test_predict_inputs_read_as_users_keep_them(tmp_path):
 
 @pytest.mark.parametrize("name,content", [("empty.txt", ""), ("empty.jsonl", "\n\n")])
 def test_a_predict_file_without_inputs_is_refused(tmp_path, name, content):
-    """Not a predict run that writes nothing (an empty line of a text file is an input: an unconditioned sample)."""
+    """Not a predict run that writes nothing (an empty line of a text file is an input: an unconditioned sample).
+    read_inputs itself returns none: generate and translate refuse an empty file naming their own flag."""
     (tmp_path / name).write_text(content)
-    with pytest.raises(sources.DataFileError, match=rf"predict_file '.*{name}' (is empty|holds no input)"):
-        sources.read_inputs(tmp_path / name)
+    with pytest.raises(sources.DataFileError, match=rf"predict_file '.*{name}' holds no input"):
+        sources.predict_inputs(tmp_path / name)
+    assert sources.read_inputs(tmp_path / name) == []
     (tmp_path / "blank.txt").write_text("\n")
-    assert sources.read_inputs(tmp_path / "blank.txt") == [""]
+    assert sources.predict_inputs(tmp_path / "blank.txt") == [""]

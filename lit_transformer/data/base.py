@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from lit_transformer.errors import ConfigError
 
 from .cache import fingerprint, resolve_cache_dir
-from .sources import ENCODING, HELD_OUT, check_encoding, read_inputs
+from .sources import ENCODING, HELD_OUT, check_encoding, predict_inputs
 from .text import KINDS, encode_input, load_or_train_tokenizer, pad_right, same_segmentation, special_token_id
 
 PREDICT_FILE_NEEDED = (
@@ -322,7 +322,7 @@ class DataModule(L.LightningDataModule):
         """Batches {"input_ids", "attention_mask", "text", "index"} of the predict_file's inputs, in file order."""
         if not self.predict_file:
             raise ConfigError(PREDICT_FILE_NEEDED, keys=["data.init_args.predict_file"])
-        texts = read_inputs(self.predict_file, encoding=self.encoding)
+        texts = predict_inputs(self.predict_file, encoding=self.encoding)
         eos = self.eos_token_id
         rows = [encode_input(self.tokenizer, t, encoder_decoder=self.encoder_decoder, eos_token_id=eos) for t in texts]
         rows = [row[: self.max_input_length] for row in rows]

@@ -317,8 +317,6 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
     with open_data(path) as handle:
         lines = [decode(line, str(path), n, encoding, n == 1).rstrip("\r\n") for n, line in enumerate(handle, 1)]
     if form_suffix(path) not in (".jsonl", ".json"):
-        if not lines:  # an empty line is an input (an unconditioned sample); an empty file is a mistake
-            raise DataFileError(f"predict_file {str(path)!r} is empty; write one input a line")
         return lines
     texts = []
     for number, line in enumerate(lines, 1):
@@ -331,6 +329,13 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
         if not isinstance(row, dict) or not isinstance(row.get(field), str):
             raise DataFileError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
         texts.append(row[field])
+    return texts
+
+
+def predict_inputs(path: str | Path, encoding: str = ENCODING) -> list[str]:
+    """`predict`'s inputs (read_inputs), refused in one line naming predict_file when there is none: an empty line of a
+    text file is an input (an unconditioned sample), an empty file a mistake (a run that would write nothing)."""
+    texts = read_inputs(path, encoding=encoding)
     if not texts:
         raise DataFileError(f"predict_file {str(path)!r} holds no input; write one input a line")
     return texts
