@@ -318,3 +318,38 @@ def test_ckpt_path_last_reads_the_file_lightning_resumes(tmp_path: Path) -> None
     cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "6", "--ckpt_path", "last")
     assert cli.trainer.global_step == 6 and cli.trainer.ckpt_path == str(folder / "last-v1.ckpt")
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 6  # the record's name for the run's last file
+
+
+def test_a_fit_from_an_earlier_checkpoint_of_its_own_folder_is_refused_and_goes_on_elsewhere(tmp_path: Path) -> None:
+    """Its first save would write last.ckpt over the run's later state: refused before any step, the folder as it
+    was; resumed into another folder it trains on from that checkpoint's step."""
+    import shutil
+
+    from lit_transformer.errors import ConfigError
+
+    folder = tmp_path / "run" / "checkpoints"
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "4")
+    shutil.copy(folder / "last.ckpt", folder / "snapshot.ckpt")
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "8", "--ckpt_path", "last")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(
+        ConfigError, match=r"snapshot.ckpt \(step 4\) resumes inside its run's folder, whose last.ckpt is at step 8"
+    ):
+        _tiny_fit(
+            tmp_path / "run",
+            tmp_path / "cache",
+            "--trainer.max_steps",
+            "10",
+            "--ckpt_path",
+            str(folder / "snapshot.ckpt"),
+        )
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    cli = _tiny_fit(
+        tmp_path / "branch",
+        tmp_path / "cache",
+        "--trainer.max_steps",
+        "6",
+        "--ckpt_path",
+        str(folder / "snapshot.ckpt"),
+    )
+    assert cli.trainer.global_step == 6 and {p.name: p.read_bytes() for p in folder.iterdir()} == before

@@ -288,6 +288,8 @@ class TransformerCLI(LightningCLIHooks):
                 keys=["ckpt_path"],
             )
         checkpoint = load_checkpoint(path, mmap=True)  # the weights are not read here: Lightning loads them later
+        if subcommand == "fit":
+            check_no_newer_last(self.config.fit, str(path), checkpoint)
         self._trained = (checkpoint, str(path))  # checked against the DataModule once it exists
         if subcommand != "fit":
             read_as_trained(self.config[subcommand], checkpoint, str(path))
@@ -309,6 +311,24 @@ class TransformerCLI(LightningCLIHooks):
                     f"the hyperparameters saved in {path} do not parse as this version's LitTransformer ({detail}): "
                     "it was written by another version or another program"
                 ) from None
+
+
+def check_no_newer_last(config, path: str, checkpoint: dict) -> None:
+    """A fit resumed from an earlier checkpoint of its own folder (`--ckpt_path best`, a kept snapshot) would write
+    last.ckpt over the run's later state at its first save: refused, naming the way that keeps both (another folder)
+    and the one that gives the later state up (remove last.ckpt first)."""
+    dirpath = (config.get("checkpoint") or {}).get("dirpath")
+    last = last_checkpoint(dirpath) if dirpath else None
+    if last is None or Path(path).resolve().parent != Path(dirpath).resolve() or Path(last).samefile(path):
+        return
+    step, newer = checkpoint.get("global_step", 0), load_checkpoint(last, mmap=True).get("global_step", 0)
+    if newer > step:
+        raise ConfigError(
+            f"--ckpt_path {path} (step {step}) resumes inside its run's folder, whose {Path(last).name} is at step "
+            f"{newer}: its first save would write over that later state. Resume it into another folder "
+            "(--trainer.default_root_dir NEW), or remove the later checkpoint first to go on from here",
+            keys=["ckpt_path", "trainer.default_root_dir"],
+        )
 
 
 def run_best_checkpoint(config, subcommand: str) -> str:
