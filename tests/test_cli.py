@@ -309,6 +309,21 @@ def test_evaluation_with_a_tokenizer_file_other_than_the_checkpoints_is_refused(
     assert f"was trained with another tokenizer than data.init_args.tokenizer {other} gives" in refused.stderr
 
 
+@pytest.mark.parametrize("content", [None, "", '{"text": "ROMEO:"}\n{"txt": 1}\n'], ids=["missing", "empty", "bad"])
+def test_predict_inputs_are_refused_before_any_data_is_prepared(tiny_run: Path, tmp_path: Path, content):
+    """A missing, empty or malformed predict_file is refused in one line before the corpus is read (its preparation
+    can take minutes): the data cache stays empty."""
+    inputs = tmp_path / ("prompts.jsonl" if content and "{" in content else "prompts.txt")
+    if content is not None:
+        inputs.write_text(content)
+    common = _tiny_common(tiny_run)
+    common[common.index(str(tiny_run / "cache"))] = str(tmp_path / "cache")
+    refused = _cli("predict", *common, "--data.init_args.predict_file", str(inputs), cwd=tmp_path, ok=False)
+    assert refused.returncode in (1, 2) and "Traceback" not in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) <= 3 and str(inputs) in refused.stderr, refused.stderr
+    assert not (tmp_path / "cache").exists()
+
+
 def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
     """predict reads prompts (one per line; an empty line is a prompt too), generates with any GenerationConfig field
     from the command line, and writes {"input", "output", "tokens"} per line, in order."""

@@ -549,6 +549,9 @@ def check_before_data(config, subcommand: str | None) -> None:
             from lit_transformer.data.base import PREDICT_FILE_NEEDED
 
             raise ConfigError(PREDICT_FILE_NEEDED, keys=["data.init_args.predict_file"])
+        cls = _data_class(data)
+        if init_args.get("predict_file") and hasattr(cls, "check_predict_file"):
+            cls.check_predict_file(dict(init_args))
     optim = model.get("optim") if model is not None else None
     if subcommand != "fit" or optim is None or not hasattr(optim, "get"):
         return

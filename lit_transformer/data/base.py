@@ -164,6 +164,12 @@ class DataModule(L.LightningDataModule):
         return {}
 
     @classmethod
+    def check_predict_file(cls, args: dict[str, Any]) -> None:
+        """Refuse `predict`'s inputs from the init args alone (missing, empty, malformed), before any data is prepared:
+        the corpus a DataModule reads for its tokenizer can take minutes to prepare."""
+        predict_inputs(args["predict_file"], encoding=args.get("encoding") or ENCODING)
+
+    @classmethod
     def longest_sequence(cls, args: dict[str, Any]) -> tuple[str, int] | None:
         """(data argument, the most positions a batch's sequence takes): the model's max_seq_len must hold it."""
         return None

@@ -403,19 +403,29 @@ class CaptioningDataModule(DataModule):
             start_epoch=epoch,
         )  # fmt: skip
 
-    def predict_dataloader(self) -> DataLoader:
-        """Batches {"src" (, "src_mask"), "image"} of every image (or feature file) in predict_file, a folder,
-        sorted by name."""
-        if not self.predict_file or not Path(self.predict_file).is_dir():
+    @classmethod
+    def check_predict_file(cls, args: dict[str, Any]) -> None:
+        cls._predict_paths(args.get("predict_file"), bool(args.get("features_dir")))
+
+    @staticmethod
+    def _predict_paths(folder: str | None, features: bool) -> list[Path]:
+        """The images (or feature files) of predict's folder, sorted by name; refused in a line when there are none."""
+        if not folder or not Path(folder).is_dir():
             raise ConfigError(
-                f"predict needs a folder of images: --data.init_args.predict_file DIR (got {self.predict_file!r}); "
+                f"predict needs a folder of images: --data.init_args.predict_file DIR (got {folder!r}); "
                 "captions are written one JSON line per image",
                 keys=["data.init_args.predict_file"],
             )
-        suffixes = FEATURE_SUFFIXES if self.features_dir else IMAGE_SUFFIXES
-        paths = sorted(p for p in Path(self.predict_file).iterdir() if p.suffix.lower() in suffixes)
+        suffixes = FEATURE_SUFFIXES if features else IMAGE_SUFFIXES
+        paths = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in suffixes)
         if not paths:
-            raise DataFileError(f"predict_file {self.predict_file!r} holds no {'/'.join(suffixes)} file")
+            raise DataFileError(f"predict_file {folder!r} holds no {'/'.join(suffixes)} file")
+        return paths
+
+    def predict_dataloader(self) -> DataLoader:
+        """Batches {"src" (, "src_mask"), "image"} of every image (or feature file) in predict_file, a folder,
+        sorted by name."""
+        paths = self._predict_paths(self.predict_file, bool(self.features_dir))
         source = ImageSource(None, None, self.image_size, self.channels)
         if self.features_dir:  # predict's folder holds the feature files themselves
             source = _FeatureFiles()
