@@ -30,7 +30,7 @@ class LoadedModel:
     model: Transformer
     tokenizer: Tokenizer
     target_tokenizer: Tokenizer
-    task: type[Task] | Task | None = None  # what it was trained at; None: the task its architecture implies
+    task: type[Task] | Task | None = None  # what it was trained at; None: its architecture's; always an object after
 
     def __post_init__(self) -> None:
         # Always a task object checked against the architecture, as a checkpoint's is: serving picks its route by the
@@ -115,10 +115,8 @@ def load_model_folder(folder: Path) -> LoadedModel:
 
     from lit_transformer.checkpoints.files import CheckpointError
     from lit_transformer.data.marian_tokenizers import is_marian_folder, load_hf_marian_tokenizers
-    from lit_transformer.interop.hf_gpt2 import load_hf_gpt2
-    from lit_transformer.interop.hf_llama import load_hf_llama
-    from lit_transformer.interop.hf_marian import load_hf_marian
     from lit_transformer.interop.native import FORMAT, load_safetensors
+    from lit_transformer.interop.pretrained import load_hf_model
 
     try:
         described = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -136,11 +134,10 @@ def load_model_folder(folder: Path) -> LoadedModel:
             task = task_from_checkpoint({"hyper_parameters": {"task": record.get("task")}, **record}, model.config)
         return LoadedModel(model, tokenizer, target, task)
     if is_marian_folder(folder):
-        return LoadedModel(load_hf_marian(folder), *load_hf_marian_tokenizers(folder))
+        return LoadedModel(load_hf_model(str(folder)), *load_hf_marian_tokenizers(folder))
     if kind in ("gpt2", "llama"):
-        model = (load_hf_llama if kind == "llama" else load_hf_gpt2)(folder)
         tokenizer = _folder_tokenizer(folder / "tokenizer.json")
-        return LoadedModel(model, tokenizer, tokenizer)
+        return LoadedModel(load_hf_model(str(folder)), tokenizer, tokenizer)
     raise CheckpointError(f"{folder}/config.json describes a {kind or 'model of no known kind'}: give {MODEL_FOLDERS}")
 
 
@@ -219,7 +216,7 @@ def _check_command(loaded: LoadedModel, command: str) -> None:
 
     served = loaded.task.command
     if served != command:
-        name = type(loaded.task).__name__ if isinstance(loaded.task, Task) else loaded.task.__name__
+        name = type(loaded.task).__name__
         hint = f"use `python -m lit_transformer {served}`" if served else "no text command decodes it (use `predict`)"
         raise CheckpointError(f"this checkpoint was trained at the {name} task: {hint}")
 

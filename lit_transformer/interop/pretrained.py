@@ -50,21 +50,32 @@ def load_init_from(init_from: str, config: TransformerConfig) -> tuple[Transform
         if config.is_encoder_only:
             return load_pretrained_encoder(init_from, config)
         return load_checkpoint_model(init_from, config)
+    from lit_transformer.interop.hf_marian import is_marian_folder, marian_tokenizer_json
+
+    model = load_hf_model(init_from, base=config).train()
+    # A Marian folder names the tokenizer this run's data must use; a GPT-2 or Llama one's is checked by the data's link.
+    return model, marian_tokenizer_json(init_from) if is_marian_folder(init_from) else None
+
+
+def load_hf_model(folder: str, base: TransformerConfig | None = None) -> Transformer:
+    """Our Transformer (eval mode) from a Hugging Face folder (or, online, a hub name): Marian, Llama or else GPT-2, as
+    its config.json says; `base`, when given, supplies dropout and initialisation."""
     from lit_transformer.interop.hf_gpt2 import load_hf_gpt2
     from lit_transformer.interop.hf_llama import load_hf_llama
-    from lit_transformer.interop.hf_marian import is_marian_folder, load_hf_marian, marian_tokenizer_json
+    from lit_transformer.interop.hf_marian import is_marian_folder, load_hf_marian
 
-    if is_marian_folder(init_from):  # the encoder-decoder, and the tokenizer this run's data must use
-        return load_hf_marian(init_from, base=config).train(), marian_tokenizer_json(init_from)
-    if _model_type(init_from) == "llama":
-        return load_hf_llama(init_from, base=config).train(), None
-    return load_hf_gpt2(init_from, base=config).train(), None
+    if is_marian_folder(folder):
+        return load_hf_marian(folder, base=base)
+    if hf_model_type(folder) == "llama":
+        return load_hf_llama(folder, base=base)
+    return load_hf_gpt2(folder, base=base)
 
 
-def _model_type(init_from: str) -> str | None:
+def hf_model_type(folder: str) -> str | None:
+    """The model_type of a folder's config.json; None without one (a hub name)."""
     from pathlib import Path
 
-    path = Path(init_from) / "config.json"
+    path = Path(folder) / "config.json"
     return json.loads(path.read_text()).get("model_type") if path.is_file() else None
 
 
