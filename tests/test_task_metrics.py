@@ -358,3 +358,28 @@ def test_the_classification_batch_tells_the_averages_apart() -> None:
     assert every > first_only + 10
     assert sum(h in refs for h, refs in zip(hypotheses, references, strict=True)) == 3
     assert sum(h == refs[0] for h, refs in zip(hypotheses, references, strict=True)) == 1
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_no_task_is_told_to_sync_numbers_its_metrics_already_reduced(name: str, monkeypatch, tmp_path) -> None:
+    """In a distributed run Lightning advises `sync_dist=True` for every epoch-level tensor logged; perplexity, bits
+    per character, BLEU and per-class F1 come from torchmetrics' compute(), which has reduced them over the ranks
+    already, so the advice (which reads as though the figure were rank 0's alone) is not shown for them. A process
+    group of one makes Lightning take the distributed path here."""
+    import warnings
+
+    import torch.distributed as dist
+    from lightning.pytorch.trainer.connectors.logger_connector.result import warning_cache
+
+    case = CASES[name]
+    module, batches = _module(case, monkeypatch), case.batches()
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    warning_cache.clear()  # Lightning says each advice once per process
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.validate(module, datamodule=_Data(batches, **case.data))
+    finally:
+        dist.destroy_process_group()
+    assert not [str(w.message) for w in caught if "sync_dist=True" in str(w.message)]

@@ -16,6 +16,8 @@ the YAML (`model.task: {class_path: my_package.MyTask, init_args: {...}}`). See 
 from __future__ import annotations
 
 import inspect
+import re
+import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -32,6 +34,17 @@ if TYPE_CHECKING:
     from lit_transformer.model import Transformer
 
 STAGES = ("val", "test")
+
+
+def log_reduced(module: Any, name: str, value: torch.Tensor, **kwargs: Any) -> None:
+    """Log an epoch's number computed from torchmetrics metrics, whose compute() has already reduced their state over
+    the ranks: every rank holds the same value, so it is logged as is. Lightning advises `sync_dist=True` for any
+    epoch-level tensor of a distributed run; for these names the advice would only average equal numbers, and read as
+    though the figure were rank 0's alone, so it is left out (one warnings filter per name; re-adding one is a no-op)."""
+    warnings.filterwarnings(
+        "ignore", message=re.escape(f"It is recommended to use `self.log({name!r}, ..., sync_dist=True)`")
+    )
+    module.log(name, value, **kwargs)
 
 
 class Loss(NamedTuple):
@@ -225,7 +238,7 @@ class Task(torch.nn.Module):
 
     def log_nll_numbers(self, module: Any, stage: str, nll: torch.Tensor) -> None:
         """What the epoch's per-target NLL says in other units (perplexity; a language model adds bits per char)."""
-        module.log(f"{stage}/ppl", nll.exp(), prog_bar=stage == "val")
+        log_reduced(module, f"{stage}/ppl", nll.exp(), prog_bar=stage == "val")
 
     # ---- prediction and inference -----------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from lit_transformer.errors import ConfigError
-from lit_transformer.tasks.base import STAGES, Loss, Task
+from lit_transformer.tasks.base import STAGES, Loss, Task, log_reduced
 from lit_transformer.tasks.losses import classification_loss
 
 
@@ -156,7 +156,7 @@ class Classification(Task):
             return
         names = self.names()
         for name, value in zip(names, class_f1.compute(), strict=True):
-            module.log(f"{stage}/f1/{name}", value)
+            log_reduced(module, f"{stage}/f1/{name}", value)
         class_f1.reset()
         confusion = getattr(self, f"{stage}_confusion", None)
         if confusion is None or not confusion.update_called:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lit_transformer.tasks.base import Loss, Task, generated_rows
+from lit_transformer.tasks.base import Loss, Task, generated_rows, log_reduced
 
 
 class LanguageModeling(Task):
@@ -58,7 +58,9 @@ class LanguageModeling(Task):
         if self._characters_per_token is not None:
             # Bits per character: one scale for any tokenizer (and for character-level models such as nanoGPT's).
             split = "validation" if stage == "val" else "test"
-            module.log(f"{stage}/bpc", nll / math.log(2) / self._characters_per_token(split), prog_bar=stage == "val")
+            log_reduced(
+                module, f"{stage}/bpc", nll / math.log(2) / self._characters_per_token(split), prog_bar=stage == "val"
+            )
 
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
         return generated_rows(module, batch)

@@ -9,7 +9,7 @@ import torch
 
 from lit_transformer.config import TRANSLATION_DECODING
 from lit_transformer.data.text import encode_input
-from lit_transformer.tasks.base import STAGES, Task, generated_rows, token_labels
+from lit_transformer.tasks.base import STAGES, Task, generated_rows, log_reduced, token_labels
 
 
 def check_right_padded(mask: torch.Tensor) -> None:
@@ -94,7 +94,7 @@ class Translation(Task):
         super().epoch_end(module, stage)
         bleu = getattr(self, f"{stage}_bleu", None)
         if bleu is not None and bleu.update_called:
-            module.log(f"{stage}/bleu", bleu.compute() * 100, prog_bar=True)
+            log_reduced(module, f"{stage}/bleu", bleu.compute() * 100, prog_bar=True)
             bleu.reset()
             self._log_bleu_signature(module, stage)
 
