@@ -47,6 +47,41 @@ def test_batches_are_packed_next_token_blocks(tmp_path, tokenizer):
     assert "winter of our discontent" in dm.decode(torch.cat([b["input_ids"].flatten() for b in dm.val_dataloader()]))
 
 
+@pytest.mark.parametrize(
+    "kind, vocab_size, named",
+    [("char", 14, ["'w' 'h' 'f'", "and 13 more"]), ("char", 256, None), ("bpe", 300, None), ("byte_bpe", 300, None)],
+)
+def test_text_the_tokenizer_has_no_token_for_is_named_in_a_warning(tmp_path, recwarn, kind, vocab_size, named):
+    """A char tokenizer smaller than the text's alphabet encodes the rest as <unk>: the run is told the share, the
+    characters (most frequent first) and the fix. A tokenizer that covers the text says nothing."""
+    dm = make(tmp_path, corpus(tmp_path), tokenizer=kind, vocab_size=vocab_size)
+    dm.prepare_data()
+    messages = [str(w.message) for w in recwarn if "<unk>" in str(w.message)]
+    if named is None:
+        assert messages == []
+        return
+    (message,) = messages
+    unk = dm.tokenizer.token_to_id("<unk>")
+    tokens = dm._splits["train"].head(10**9)
+    share = (tokens == unk).mean()
+    assert 0.2 < share < 0.9 and f"{share:.1%} of the training tokens are <unk>" in message
+    assert all(c in message for c in named) and "'e'" not in message  # 'e', the most frequent letter, has a token
+    assert "vocab_size=14 most frequent characters, special tokens included, and this text has 35 distinct" in message
+    assert "raise data.init_args.vocab_size" in message
+
+
+def test_a_loaded_tokenizer_without_the_text_s_characters_is_named_with_them(tmp_path, recwarn):
+    """Fine-tuning on text in which a checkpoint's (here a tokenizer file's) vocabulary lacks characters: the warning
+    names them and says the tokenizer was made for other text."""
+    english = make(tmp_path, corpus(tmp_path), tokenizer="char", vocab_size=256)
+    path = english.save_tokenizer(tmp_path / "tok")
+    dm = make(tmp_path, corpus(tmp_path, "accents.txt", unicode=True), tokenizer=str(path))
+    dm.prepare_data()
+    (message,) = [str(w.message) for w in recwarn if "<unk>" in str(w.message)]
+    assert "no token for 'í' '—' (most frequent first)" in message
+    assert f"data.init_args.tokenizer={path} was made for other text" in message
+
+
 def test_predict_reads_prompts_encoded_as_training_encodes_them(tmp_path):
     """One row per line of the predict_file, in order, padded on the right with a mask that says what is real; an
     empty prompt is EOS alone (the boundary that precedes every document in training); JSONL takes "text"."""

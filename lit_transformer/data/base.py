@@ -14,24 +14,43 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
+import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from tokenizers import Tokenizer
 
 from lit_transformer.errors import ConfigError
 
 from .cache import fingerprint, resolve_cache_dir
 from .sources import ENCODING, HELD_OUT, check_encoding, predict_inputs
-from .text import KINDS, encode_input, load_or_train_tokenizer, pad_right, same_segmentation, special_token_id
+from .text import (
+    KINDS,
+    encode_input,
+    load_or_train_tokenizer,
+    pad_right,
+    same_segmentation,
+    special_token_id,
+    unknown_characters,
+    unknown_token_id,
+)
 
 PREDICT_FILE_NEEDED = (
     "predict needs inputs: --data.init_args.predict_file FILE, a text file with one input (a prompt, a source "
     'sentence, a passage) per line or a JSONL file whose lines hold a "text" field'
 )
 DROPPED_IN = "0.2.0"  # the version that drops the deprecated data keys
+
+
+# Training text whose tokens are this share <unk> or more is named in a warning (a rare emoji in web text stays
+# under it); the share is read from the first COVERAGE_TOKENS training tokens, at every start (a few MB of a memory map).
+UNKNOWN_SHARE = 1e-3
+COVERAGE_TOKENS = 1_000_000
+COVERAGE_CHARS = 1_000_000  # the text the missing characters are named from, read only when the share is reached
 
 
 def warn_deprecated_key(key: str, fix: str) -> None:
@@ -216,6 +235,47 @@ class DataModule(L.LightningDataModule):
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         """Restore `own_state()`."""
+
+    def warn_unknown_tokens(
+        self, tokens: np.ndarray, total: int, texts: Callable[[], Sequence[str]], tokenizer: Tokenizer
+    ) -> None:
+        """Warn when `tokens` (the first of the training split's `total`) are UNKNOWN_SHARE <unk> or more, naming
+        the characters the tokenizer has no token for (read from `texts()`, called only then) and the fix for where
+        the tokenizer came from. The model sees all of those characters as one token and cannot write them, and its
+        loss and bits per character score each as an easy prediction, so a run looks better than it is. A char
+        tokenizer smaller than the text's alphabet, and a checkpoint's tokenizer fine-tuned on text with other
+        characters, both did this silently."""
+        unk_id = unknown_token_id(tokenizer)
+        if unk_id is None or not len(tokens):
+            return
+        unknown = int(np.count_nonzero(tokens == unk_id))
+        if unknown < UNKNOWN_SHARE * len(tokens):
+            return
+        sample = texts()
+        missing = unknown_characters(tokenizer, sample, unk_id)
+        shown = " ".join(repr(piece) for piece, _ in missing.most_common(12))
+        more = f" and {len(missing) - 12} more" if len(missing) > 12 else ""
+        if self.tokenizer_spec == "char":
+            alphabet = len(set().union(*map(set, sample)))
+            fix = (
+                f"A char tokenizer keeps the vocab_size={self.requested_vocab_size} most frequent characters, special "
+                f"tokens included, and this text has {alphabet:,} distinct ones: raise data.init_args.vocab_size "
+                "(or take data.init_args.tokenizer byte_bpe, which has a token for every byte)."
+            )
+        elif self.tokenizer_spec in KINDS:
+            fix = "Take data.init_args.tokenizer byte_bpe, which has a token for every byte."
+        else:
+            fix = (
+                f"data.init_args.tokenizer={self.tokenizer_spec} was made for other text. A byte-level tokenizer "
+                "(byte_bpe, GPT-2's) has a token for every byte; a model fine-tuned from a checkpoint keeps the "
+                "checkpoint's tokenizer, so text like this one needs a model trained with such a tokenizer."
+            )
+        read = "" if len(tokens) >= total else f" (the first {len(tokens):,} read)"
+        rank_zero_warn(
+            f"{self.dataset}: {unknown / len(tokens):.1%} of the training tokens{read} are <unk>: the tokenizer has no "
+            f"token for {shown}{more} (most frequent first). The model sees all of them as one token and can never "
+            f"write them, and its loss and bits per character score each as an easy prediction. {fix}"
+        )
 
     # ------------------------------------------------------------------ tokenizers
 

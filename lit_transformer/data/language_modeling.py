@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from ..config import TransformerConfig
 from ..errors import ConfigError
 from . import corpora
-from .base import DataModule
+from .base import COVERAGE_CHARS, COVERAGE_TOKENS, DataModule
 from .cache import hash_file
 from .loaders import BlockStreamLoader, ResumableLoader, fixed_size_batches, load_prepared
 from .shards import SHARD_TOKENS, RecordKind, prepare
@@ -162,6 +162,11 @@ class LanguageModelingDataModule(DataModule):
                 raise self._empty()
             sizes = {s: (shards.characters, len(shards)) for s, shards in self._splits.items()}
             rank_zero_info(f"{self.dataset}: (characters, tokens) per split {sizes}; held-out: {info['held_out']}")
+            limit = COVERAGE_CHARS if self.max_chars is None else min(self.max_chars, COVERAGE_CHARS)
+            train = self._splits["train"]
+            self.warn_unknown_tokens(
+                train.head(COVERAGE_TOKENS), len(train), lambda: sample_texts(self.stream, limit), self.tokenizer
+            )
         return self._splits
 
     def prepare(self) -> Path:

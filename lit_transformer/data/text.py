@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, TextIO
@@ -209,6 +210,28 @@ def special_token_id(tokenizer: Tokenizer, role: str) -> int | None:
         if token_id is not None:
             return token_id
     return None
+
+
+def unknown_token_id(tokenizer: Tokenizer) -> int | None:
+    """The id text without a token of its own encodes to (a char or bpe tokenizer's <unk>, a loaded tokenizer's unk
+    token); None for byte-level tokenizers, which have a token for every byte."""
+    model = tokenizer.model
+    token = getattr(model, "unk_token", None)
+    if token:
+        return tokenizer.token_to_id(token)
+    unk_id = getattr(model, "unk_id", None)  # a Unigram model names its unknown token by id
+    return unk_id if isinstance(unk_id, int) else None
+
+
+def unknown_characters(tokenizer: Tokenizer, texts: Sequence[str], unk_id: int) -> Counter[str]:
+    """How often each piece of `texts` that encodes to `unk_id` occurs (a character, for char and bpe tokenizers;
+    a word, for a word-level tokenizer), read back from the encoding's offsets into the text."""
+    missing: Counter[str] = Counter()
+    for text, encoding in zip(texts, tokenizer.encode_batch(list(texts), add_special_tokens=False), strict=True):
+        for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
+            if token_id == unk_id:
+                missing[text[start:end]] += 1
+    return missing
 
 
 class TextStream:
