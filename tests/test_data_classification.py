@@ -69,6 +69,20 @@ def test_local_files_give_padded_batches_with_masks_and_label_ids(tmp_path, fmt:
         assert names[texts.index(text)] == dm.label_names[label]
 
 
+@pytest.mark.parametrize("vocab_size, warned", [(12, True), (100, False)])
+def test_texts_the_tokenizer_has_no_token_for_are_named_in_a_warning(tmp_path, recwarn, vocab_size, warned):
+    """As for a language model: a classifier's texts encoded largely as <unk> (a char tokenizer smaller than their
+    alphabet) are named in a warning with the fix; a tokenizer that covers them says nothing."""
+    dm = make(tmp_path, write(tmp_path / "d", "jsonl"), vocab_size=vocab_size)
+    dm.prepare_data()
+    dm.setup()
+    messages = [str(w.message) for w in recwarn if "<unk>" in str(w.message)]
+    assert len(messages) == warned
+    if warned:
+        assert "of the training tokens are <unk>: the tokenizer has no token for" in messages[0]
+        assert "vocab_size=12 most frequent characters" in messages[0]
+
+
 @pytest.mark.parametrize("held_out", [None, 0.2])
 def test_a_missing_validation_and_test_split_is_carved_by_hash(tmp_path, held_out):
     """Each missing held-out split takes its share of the hash buckets: 10% each by default (this DataModule's

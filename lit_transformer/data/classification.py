@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError
 from . import corpora
-from .base import DataModule
+from .base import COVERAGE_CHARS, COVERAGE_TOKENS, DataModule
 from .loaders import RecordShards, ResumableLoader, load_prepared, token_budget_batches
 from .shards import SHARD_TOKENS, TextsKind, prepare
 from .sources import (
@@ -315,7 +315,26 @@ class ClassificationDataModule(DataModule):
             info, self._splits = load_prepared(self.prepare(), LabelledShards)
             sizes = {split: len(shards) for split, shards in self._splits.items()}
             rank_zero_info(f"{self.dataset}: texts per split {sizes}; held-out: {info['held_out']}")
+            train = self._splits["train"]
+            rows = int(np.searchsorted(np.cumsum(train.lengths), COVERAGE_TOKENS, side="right"))
+            head = train.read(range(max(1, rows))) if len(train) else []
+            self.warn_unknown_tokens(
+                np.concatenate(head) if head else np.zeros(0, np.int64),
+                int(train.lengths.sum()),
+                self._first_texts,
+                self.tokenizer,
+            )
         return self._splits
+
+    def _first_texts(self) -> list[str]:
+        """The training split's first texts, up to COVERAGE_CHARS characters."""
+        texts, total = [], 0
+        for record in self.stream.records_of("train"):
+            if total >= COVERAGE_CHARS:
+                break
+            texts.append(record.text)
+            total += len(record.text)
+        return texts
 
     def prepare(self) -> Path:
         """Stream every split into token shards once, labels beside the ids (training the tokenizer first when
