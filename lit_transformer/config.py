@@ -544,7 +544,8 @@ class GenerationConfig:
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     """Token ids that end a row as EOS does (kept in the output), besides eos_token_id."""
     eos_token_id: int | None = None
-    """The token that ends a row; None uses the model config's eos_token_id."""
+    """The token that ends a row; None uses the model config's eos_token_id; -1: none does, every row runs to
+    max_new_tokens."""
     max_source_offset: int | None = 50
     """encoder_decoder: a translation is at most its source's length + this many tokens (the paper's +50); None
     bounds it by max_new_tokens alone."""
@@ -584,6 +585,10 @@ class GenerationConfig:
             problems.append(f"max_source_offset={self.max_source_offset} must be >= 1 or None")
         if self.window_keep is not None and self.window_keep < 1:
             problems.append(f"window_keep={self.window_keep} must be >= 1 or None")
+        if self.eos_token_id is not None and self.eos_token_id < -1:
+            problems.append(f"eos_token_id={self.eos_token_id} must be a token id, -1 (none) or None")
+        if any(t < 0 for t in self.stop_token_ids):
+            problems.append(f"stop_token_ids={self.stop_token_ids} must be token ids (0 or more)")
         if problems:
             raise ConfigError(_listed("GenerationConfig", problems))
 

@@ -77,3 +77,40 @@ def test_a_shared_key_fills_the_datamodule(tmp_path):
         parser.parse_args(
             ["--data", "lit_transformer.data.LanguageModelingDataModule", "--data.init_args.max_tokens", "9"]
         )
+
+
+def counts(cls: type) -> dict[str, bool]:
+    """Every integer argument jsonargparse gives `cls` (int, int | None, or a tuple of ints), and whether it is a
+    tuple."""
+    import typing
+
+    found = {}
+    parser = ArgumentParser()
+    parser.add_class_arguments(cls, "d")
+    for action in parser._actions:
+        hint = getattr(action, "_typehint", None)
+        if not action.dest.startswith("d.") or hint is None:
+            continue
+        args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        if args == [int]:
+            found[action.dest[2:]] = False
+        elif typing.get_origin(hint) is tuple and set(args) == {int}:
+            found[action.dest[2:]] = True
+    return found
+
+
+@pytest.mark.parametrize("cls", list(FIXED), ids=lambda c: c.__name__)
+def test_every_count_of_every_datamodule_refuses_a_negative_value_when_built(cls, tmp_path):
+    """By rule, not case by case: each integer argument of a DataModule given -1 is refused in one line naming its
+    key, when the DataModule is built and before any data is read. A negative num_workers, seed, vocab_size,
+    max_examples or lines_per_passage failed deep in the run with a traceback (torch's DataLoader, numpy, the
+    tokenizer trainer, itertools.islice), a negative bleu_samples or max_pairs quietly did nothing."""
+    from lit_transformer.errors import ConfigError
+
+    found = counts(cls)
+    assert {"batch_size", "num_workers", "seed", "vocab_size"} & found.keys()  # the walk sees the shared counts
+    for key, is_tuple in sorted(found.items()):
+        value = (-1,) * len(inspect.signature(cls.__init__).parameters[key].default) if is_tuple else -1
+        with pytest.raises(ConfigError, match=rf"{key}") as refused:
+            cls(dataset=str(tmp_path / "corpus.txt"), cache_dir=str(tmp_path / "cache"), **{key: value})
+        assert f"data.init_args.{key}" in refused.value.keys, (key, refused.value.keys)

@@ -535,3 +535,86 @@ def test_as_a_process_a_torn_checkpoint_is_answered_the_same(place, keep, name):
     )  # fmt: skip
     check_refused("process: torn checkpoint", result.returncode, result.stderr, 1, "torn.ckpt")
     assert len(result.stderr.strip().splitlines()) <= 4, result.stderr
+
+
+# ---- every integer flag of every command -------------------------------------------------------------------------
+
+# The other commands' required arguments, so that a flag's value is what is judged (the model commands read a
+# checkpoint first: GenerationConfig's checks need its task).
+COMMAND_ARGS = {
+    "generate": ["--checkpoint", str(OLD / "language_modeling.ckpt"), "--max_new_tokens", "2"],
+    "translate": ["--checkpoint", str(OLD / "translation.ckpt"), "--text", "a", "--max_new_tokens", "2"],
+    "average": ["--checkpoints", str(OLD / "language_modeling.ckpt"), "--output", "avg.ckpt"],
+    "export": ["--checkpoint", str(OLD / "language_modeling.ckpt"), "--format", "hf", "--out", "out"],
+    "serve": ["--checkpoint", str(OLD / "language_modeling.ckpt")],
+    "ablate": [str(ROOT / "configs" / "ablations" / "frontier.yaml"), "--dry-run"],
+    "digit-strips": ["--out", "strips"],
+    "translation-recipe": ["--run", "run", "--config", "presets/tiny-translate"],
+}
+# Integer flags for which -1 means something: a seed (torch seeds its generator with any integer), and eos_token_id
+# -1, no token ends a row (below -1 it is refused).
+NEGATIVE_MEANS_SOMETHING = {
+    ("generate", "--seed"),
+    ("translate", "--seed"),
+    ("ablate", "--seeds"),
+    ("generate", "--eos_token_id"),
+    ("translate", "--eos_token_id"),
+}
+
+
+def integer_flags(command: str) -> list[str]:
+    """The flags of a command's own parser whose type is an integer (int, int | None, a restricted int, a list of
+    them), read from the parser the command builds: a flag added later is walked too."""
+    import jsonargparse
+
+    class Built(Exception):
+        pass
+
+    def stop(self, *args, **kwargs):
+        raise Built(self)
+
+    original = jsonargparse.ArgumentParser.parse_args
+    jsonargparse.ArgumentParser.parse_args = stop
+    try:
+        next(c for c in COMMANDS if c.name == command).load()([])
+    except Built as built:
+        parser = built.args[0]
+    finally:
+        jsonargparse.ArgumentParser.parse_args = original
+    flags = []
+    for action in parser._actions:
+        hint = str(getattr(action, "_typehint", None) or action.type)
+        if action.option_strings and ("int" in hint.replace("Literal", "").lower()):
+            flags.append(action.option_strings[0])
+    return flags
+
+
+def test_the_walk_sees_the_commands_and_their_integer_flags():
+    assert set(COMMAND_ARGS) == {c.name for c in COMMANDS} - {"fit", "validate", "test", "predict", "prepare", "bench"}
+    assert {"--num_samples", "--seed", "--top_k", "--stop_token_ids"} <= set(integer_flags("generate"))
+    assert {"--batch_size", "--num_beams"} <= set(integer_flags("translate"))
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_ARGS))
+def test_every_integer_flag_of_every_command_refuses_a_negative_value(place, command):
+    """By rule: each integer flag given -1 is refused (exit 2, the flag named, no traceback) unless a negative number
+    means something there. `translate --batch_size 0` was a traceback, `generate --num_samples -1`, `--batch_size -2`
+    and `--stop_token_ids -1` printed nothing and exited 0, `digit-strips --count -1` and `ablate --jobs 0` were
+    tracebacks."""
+    for flag in integer_flags(command):
+        if (command, flag) in NEGATIVE_MEANS_SOMETHING:
+            continue
+        code, err = answer(command, *COMMAND_ARGS[command], flag, "-1")
+        check_refused(f"command: {flag} negative", code, err, 2, flag.lstrip("-"))
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "held_out"])
+def test_a_shared_data_key_the_task_sets_itself_is_refused_as_such(place, key):
+    """`--data.init_args.max_tokens` with a language model was answered "unknown key data.init_args.max_tokens. Did
+    you mean data.init_args.max_tokens?": the suggestions came from every base class's __init__, the refusal from
+    what jsonargparse accepts. The suggestions now come from what it accepts, and a base's argument the class sets
+    itself is named as such."""
+    code, err = answer("fit", "--config", "presets/tiny", f"--data.init_args.{key}", "9")
+    check_refused("config: a key the task sets", code, err, 2, f"data.init_args.{key}")
+    assert f"LanguageModelingDataModule sets DataModule's {key} itself and takes no such argument" in err
+    assert "Did you mean" not in err

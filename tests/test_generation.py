@@ -324,6 +324,13 @@ def test_invalid_generation_arguments():
         model.generate(prompt(model), max_new_tokens=3, num_beams=0)
     with pytest.raises(ValueError, match="window_keep=65 exceeds max_seq_len=64"):
         model.generate(prompt(model), max_new_tokens=3, window_keep=65)
+    with pytest.raises(ValueError, match=r"eos_token_id=-2 must be a token id, -1 \(none\) or None"):
+        model.generate(prompt(model), max_new_tokens=3, eos_token_id=-2)
+    with pytest.raises(ValueError, match=r"stop_token_ids=\[2, -5\] must be token ids"):
+        model.generate(prompt(model), max_new_tokens=3, stop_token_ids=[2, -5])
+    vocab = model.config.tgt_vocab_size  # an id the model never writes would never stop a row
+    with pytest.raises(ValueError, match=rf"\[{vocab}\] are not tokens of this model, whose vocabulary has ids 0 to"):
+        model.generate(prompt(model), max_new_tokens=3, stop_token_ids=[vocab])
 
 
 @variants

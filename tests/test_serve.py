@@ -242,6 +242,8 @@ class TestLanguageModel:
             ({"text": "a", "temprature": 0}, 422, "did you mean temperature?"),
             ({"text": "a", "temperature": -1}, 422, "temperature=-1.0 must be >= 0"),
             ({"text": "a", "max_new_tokens": 100000}, 422, "limit of 1024"),
+            ({"text": "a", "stop_token_ids": [-1]}, 422, "must be token ids (0 or more)"),
+            ({"text": "a", "eos_token_id": 100000}, 422, "[100000] are not tokens of this model (ids 0 to "),
             ({"text": long_prompt}, 400, "more than the model's context of 64"),
             (b"{not json", 422, "not valid JSON"),
             (["a", "list"], 422, "must be a JSON object"),

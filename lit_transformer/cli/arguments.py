@@ -250,6 +250,7 @@ _CLASS_PATH = re.compile(r"Problem with given class_path '([\w.]+)'")
 _EXPECTED = re.compile(r"Expected an? (?:<class '([\w.]+)'>|([^\n]+?))\.\s*Got value: (.*)")
 _UNION = re.compile(r"Subtypes: \[(.*)\][\s\S]*?Given value: (.*)")
 _LITERAL = re.compile(r"typing\.Literal\[(.*?)\]")
+_RESTRICTED = re.compile(r"Not of type (\w+): (.*?) does not conform to restriction")
 _REQUIRED = re.compile(r"the following arguments are required: (.+)")
 
 
@@ -266,15 +267,18 @@ def known_keys(parser: ArgumentParser) -> list[str]:
     return keys
 
 
-def class_keys(class_path: str) -> list[str]:
-    """The init arguments a class takes (its own and its bases'), for a suggestion under `init_args`."""
+def _load_class(class_path: str) -> type | None:
     module, _, name = class_path.rpartition(".")
     try:
         import importlib
 
-        cls = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        return []
+        return None
+
+
+def _init_names(cls: type) -> list[str]:
+    """Every argument of the __init__s of a class and its bases."""
     names: list[str] = []
     for klass in inspect.getmro(cls):
         init = klass.__dict__.get("__init__")
@@ -286,6 +290,33 @@ def class_keys(class_path: str) -> list[str]:
             continue
         names += [p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     return sorted(set(names))
+
+
+def class_keys(class_path: str) -> list[str]:
+    """The init arguments a class takes, for a suggestion under `init_args`: those jsonargparse accepts for it (its
+    own, and its bases' that reach them through **kwargs, but not a base's argument the class sets itself); else,
+    for a class jsonargparse cannot read, every __init__'s of it and its bases."""
+    cls = _load_class(class_path)
+    if cls is None:
+        return []
+    try:
+        parser = ArgumentParser()
+        parser.add_class_arguments(cls, "init_args")
+    except Exception:  # jsonargparse cannot read it: the arguments it would be given by name
+        return _init_names(cls)
+    return sorted(key.removeprefix("init_args.") for key in known_keys(parser) if key.startswith("init_args."))
+
+
+def set_by_class(class_path: str, option: str) -> str | None:
+    """The base class whose __init__ argument `option` is, where the class sets it itself and takes no such argument
+    (a language-modelling DataModule packs blocks and passes max_tokens=None to DataModule); else None."""
+    cls = _load_class(class_path)
+    if cls is None or option in class_keys(class_path):
+        return None
+    for klass in inspect.getmro(cls)[1:]:
+        if option in _init_names(klass):
+            return klass.__name__
+    return None
 
 
 def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> ConfigError:
@@ -302,6 +333,13 @@ def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> Config
             return _unknown_key(f"{group}.{option}", class_keys(class_path), argv, help_hint, prefix=f"{group}.")
         key = f"{group}.init_args.{option}"
         hint = f"Run '{prog} --{group}.help {class_path}' for every {group}.init_args key."
+        base = set_by_class(class_path, option)
+        if base is not None:
+            name = class_path.rpartition(".")[2]
+            return ConfigError(
+                f"{key} ({_where(key, argv)}): {name} sets {base}'s {option} itself and takes no such argument",
+                hint=hint,
+            )
         return _unknown_key(key, class_keys(class_path), argv, hint, prefix=f"{group}.init_args.")
     group = _GROUP.search(message)
     if group:
@@ -378,10 +416,13 @@ def _wrong_value(key: str, message: str, argv: Sequence[str], hint: str) -> Conf
     listed, the nearest first), where it was given."""
     expected = _EXPECTED.search(message)
     union = _UNION.search(message)
+    restricted = _RESTRICTED.search(message)
     if expected:
         kinds, value = [expected.group(1) or expected.group(2)], expected.group(3).strip()
     elif union:
         kinds, value = _split_types(union.group(1)), union.group(2).strip()
+    elif restricted:  # a jsonargparse.typing restriction: PositiveInt, NonNegativeInt
+        kinds, value = [restricted.group(1)], restricted.group(2).strip()
     else:
         return None
     choices = [c for kind in kinds for c in _literal_choices(kind)]

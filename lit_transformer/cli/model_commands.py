@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from jsonargparse import ArgumentParser
+from jsonargparse.typing import PositiveInt
 
 from lit_transformer.cli.arguments import command_parser, parse
 from lit_transformer.config import GenerationConfig, field_docs
@@ -78,7 +79,7 @@ def generate_main(argv: Sequence[str]) -> None:
     parser = decoding_parser("generate", "Continue a prompt with a trained decoder-only model.")
     parser.add_argument("--prompt", type=str, default="\n", help="Text to continue.")
     parser.add_argument("--prompt_file", type=str | None, default=None, help="A file of prompts, one per line.")
-    parser.add_argument("--num_samples", type=int, default=1, help="Samples per prompt.")
+    parser.add_argument("--num_samples", type=PositiveInt, default=1, help="Samples per prompt.")
     args = parse(parser, argv)
     from lit_transformer.inference import run_generate
 
@@ -90,7 +91,7 @@ def translate_main(argv: Sequence[str]) -> None:
     parser = decoding_parser("translate", "Translate text with a trained encoder-decoder model.")
     parser.add_argument("--text", type=str | None, default=None, help="A sentence to translate.")
     parser.add_argument("--input", type=str | None, default=None, help="A file of sentences, one per line.")
-    parser.add_argument("--batch_size", type=int, default=16, help="Sentences translated at once.")
+    parser.add_argument("--batch_size", type=PositiveInt, default=16, help="Sentences translated at once.")
     args = parse(parser, argv)
     from lit_transformer.inference import run_translate
 

@@ -30,6 +30,7 @@ from .cache import fingerprint, resolve_cache_dir
 from .sources import ENCODING, HELD_OUT, check_encoding, predict_inputs
 from .text import (
     KINDS,
+    SPECIAL_TOKENS,
     encode_input,
     load_or_train_tokenizer,
     pad_right,
@@ -51,6 +52,20 @@ DROPPED_IN = "0.2.0"  # the version that drops the deprecated data keys
 UNKNOWN_SHARE = 1e-3
 COVERAGE_TOKENS = 1_000_000
 COVERAGE_CHARS = 1_000_000  # the text the missing characters are named from, read only when the share is reached
+
+
+def check_least(**bounds: tuple[Any, int]) -> None:
+    """Refuse a data.init_args count below its least, as `key=(value, least)`: None passes (unset), and each item
+    of a tuple is checked. A count out of range otherwise failed deep inside the run (a DataLoader's num_workers, a
+    tokenizer trainer's vocab_size, a numpy seed) or quietly did nothing."""
+    for key, (value, least) in bounds.items():
+        items = value if isinstance(value, tuple | list) else (value,)
+        if any(item is not None and item < least for item in items):
+            raise ConfigError(
+                f"data.init_args.{key}={value!r}: {'each must be' if isinstance(value, tuple | list) else 'must be'} "
+                f"{least} or more",
+                keys=[f"data.init_args.{key}"],
+            )
 
 
 def warn_deprecated_key(key: str, fix: str) -> None:
@@ -138,6 +153,13 @@ class DataModule(L.LightningDataModule):
                 f"tokenizer_sample_chars={tokenizer_sample_chars} must be positive",
                 keys=["data.init_args.tokenizer_sample_chars"],
             )
+        # vocab_size: the special tokens and one character at least (a tokenizer file or hub name ignores it)
+        check_least(
+            vocab_size=(vocab_size, len(SPECIAL_TOKENS) + 1),
+            num_workers=(num_workers, 0),
+            seed=(seed, 0),
+            predict_batch_size=(predict_batch_size, 1),
+        )
         if not 0 < held_out < 0.5:
             raise ConfigError(
                 f"held_out={held_out} must be between 0 and 0.5 (validation and test take it each)",

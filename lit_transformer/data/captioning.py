@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import ConfigError, MissingFileError
 from . import corpora
-from .base import DataModule, warn_deprecated_key
+from .base import DataModule, check_least, warn_deprecated_key
 from .corpora.digits import DigitStrips
 from .loaders import RecordShards, ResumableLoader, fixed_size_batches, load_prepared, target_batch
 from .shards import SHARD_TOKENS, TextsKind, prepare
@@ -282,6 +282,12 @@ class CaptioningDataModule(DataModule):
             raise ConfigError(
                 f"channels={channels}: images are read as greyscale (1) or RGB (3)", keys=["data.init_args.channels"]
             )
+        check_least(
+            image_size=(tuple(image_size), 1),
+            max_caption_tokens=(max_caption_tokens, 1),
+            strips=(tuple(strips), 1),
+            bleu_samples=(bleu_samples, 0),
+        )
         self.images_dir, self.features_dir, self.image_column = images_dir, features_dir, image_column
         self.image_size, self.channels = tuple(image_size), channels
         self.max_caption_tokens, self.strips, self.bleu_samples = max_caption_tokens, tuple(strips), bleu_samples

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError
 from . import corpora
-from .base import COVERAGE_CHARS, COVERAGE_TOKENS, DataModule
+from .base import COVERAGE_CHARS, COVERAGE_TOKENS, DataModule, check_least
 from .loaders import RecordShards, ResumableLoader, load_prepared, token_budget_batches
 from .shards import SHARD_TOKENS, TextsKind, prepare
 from .sources import (
@@ -120,6 +120,7 @@ class ClassificationDataModule(DataModule):
                 f"Need max_length >= 1 and max_tokens >= max_length or None (got {max_length}, {self.max_tokens})",
                 keys=["data.init_args.max_length", "data.init_args.max_tokens"],
             )
+        check_least(max_examples=(max_examples, 1), lines_per_passage=(lines_per_passage, 1))
         self.label_column = label_column
         self.requested_label_names = label_names
         self.multi_label = multi_label

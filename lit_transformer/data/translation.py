@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError
 from . import corpora
-from .base import DataModule, warn_deprecated_key
+from .base import DataModule, check_least, warn_deprecated_key
 from .cache import fingerprint
 from .loaders import ResumableLoader, load_prepared, map_file, target_batch, token_budget_plan
 from .marian_tokenizers import load_hf_marian_tokenizers, marian_decoder_start_token_id
@@ -111,6 +111,7 @@ class TranslationDataModule(DataModule):
                 f"Need max_length >= 2 and max_tokens >= max_length (got {max_length}, {max_tokens})",
                 keys=["data.init_args.max_length", "data.init_args.max_tokens"],
             )
+        check_least(max_pairs=(max_pairs, 1), bleu_samples=(bleu_samples, 0))
         if storage is not None:
             warn_deprecated_key(
                 "storage", "ignored: pairs always stream into token shards (the same batches, memory flat in corpus "

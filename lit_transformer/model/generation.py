@@ -301,6 +301,12 @@ def plan_decoding(
         raise ConfigError(f"window_keep={gen.window_keep} exceeds max_seq_len={cfg.max_seq_len}")
     eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
     stops = [t for t in [eos, *gen.stop_token_ids] if t is not None]
+    outside = [t for t in stops if t >= cfg.tgt_vocab_size]
+    if outside:  # an id the model never writes: the row would never stop there
+        raise ConfigError(
+            f"eos_token_id/stop_token_ids {outside} are not tokens of this model, whose vocabulary has ids 0 to "
+            f"{cfg.tgt_vocab_size - 1}"
+        )
     fill = cfg.pad_token_id if cfg.pad_token_id is not None else eos
     max_new, limit = gen.max_new_tokens, None
     if cfg.is_encoder_decoder:

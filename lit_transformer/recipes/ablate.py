@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse.typing import PositiveInt
 
 from lit_transformer.cli.arguments import command_parser, parse, resolve_config, split_passed_on
 from lit_transformer.errors import ConfigError, UserError
@@ -622,9 +623,9 @@ def parse_args(argv: list[str] | None) -> tuple[Any, list[str]]:
     parser.add_argument(
         "--out", type=Path | None, default=None, help="output folder (one grid) or parent folder (several)"
     )
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once; the cores are split between them")
+    parser.add_argument("--jobs", type=PositiveInt, default=1, help="runs at once; the cores are split between them")
     parser.add_argument(
-        "--threads", type=int | None, default=None, help="torch threads per run (default: cores // jobs)"
+        "--threads", type=PositiveInt | None, default=None, help="torch threads per run (default: cores // jobs)"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="replace the grids' seeds")
     parser.add_argument("--cells", type=str, nargs="+", default=None, help="only these cells")

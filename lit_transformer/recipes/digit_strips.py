@@ -12,13 +12,15 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from jsonargparse.typing import PositiveInt
+
 from lit_transformer.cli.arguments import command_parser, parse
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = command_parser("digit-strips", __doc__)
     parser.add_argument("--split", type=Literal["train", "validation", "test"], default="test", help="the scans drawn")
-    parser.add_argument("--count", type=int, default=8, help="how many strips")
+    parser.add_argument("--count", type=PositiveInt, default=8, help="how many strips")
     parser.add_argument("--out", type=str, default="strips", help="the folder they go to")
     args = parse(parser, sys.argv[1:] if argv is None else argv)
 

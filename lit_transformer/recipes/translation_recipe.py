@@ -24,6 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from jsonargparse.typing import PositiveInt
+
 from lit_transformer.cli.arguments import command_parser, parse
 from lit_transformer.records import child_env, command_line, machine, write_run
 
@@ -157,8 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = command_parser("translation-recipe", __doc__)
     parser.add_argument("--run", type=Path, required=True, help="The run folder (checkpoints/, tensorboard/).")
     parser.add_argument("--config", type=Path, required=True, help="The config the run was trained with.")
-    parser.add_argument("--last", type=int, default=5, help="How many of the last checkpoints to average.")
-    parser.add_argument("--jobs", type=int, default=2, help="`test` processes at a time.")
+    parser.add_argument("--last", type=PositiveInt, default=5, help="How many of the last checkpoints to average.")
+    parser.add_argument("--jobs", type=PositiveInt, default=2, help="`test` processes at a time.")
     parser.add_argument(
         "--plot", type=Path | None, default=None, help="The curve's PNG (default: RUN/recipe/val-bleu.png)."
     )

@@ -167,6 +167,12 @@ class Handler:
             return Refusal(422, f"num_beams={gen.num_beams} is above this server's limit of {MAX_BEAMS}")
         if gen.window_keep is not None and gen.window_keep > context:
             return Refusal(422, f"window_keep={gen.window_keep} exceeds the model's context of {context} tokens")
+        vocab = self.config.tgt_vocab_size
+        outside = [t for t in [gen.eos_token_id, *gen.stop_token_ids] if t is not None and t >= vocab]
+        if outside:
+            return Refusal(
+                422, f"eos_token_id/stop_token_ids {outside} are not tokens of this model (ids 0 to {vocab - 1})"
+            )
         return gen
 
 
