@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -618,3 +619,57 @@ def test_a_shared_data_key_the_task_sets_itself_is_refused_as_such(place, key):
     check_refused("config: a key the task sets", code, err, 2, f"data.init_args.{key}")
     assert f"LanguageModelingDataModule sets DataModule's {key} itself and takes no such argument" in err
     assert "Did you mean" not in err
+
+
+# ---- every integer or number of every callback group ---------------------------------------------------------------
+
+# Callback arguments for which -1 means something: a seed, Lightning's save_top_k (-1 keeps every checkpoint).
+CALLBACK_NEGATIVE_MEANS_SOMETHING = {
+    "step_seed.seed",
+    "samples.seed",
+    "checkpoint.save_top_k",
+    "best_checkpoint.save_top_k",
+}
+
+
+def callback_numbers(monkeypatch) -> list[str]:
+    """Every int or float argument of the callback groups `fit` builds (checkpoint, samples, attention, ...), read by
+    recording the groups the CLI adds: a callback or argument added later is walked too."""
+    import typing
+
+    from lightning.pytorch import Callback
+    from lightning.pytorch.cli import LightningArgumentParser
+
+    groups: dict[str, type] = {}
+    original = LightningArgumentParser.add_lightning_class_args
+
+    def record(self, lightning_class, nested_key, *args, **kwargs):
+        if isinstance(lightning_class, type) and issubclass(lightning_class, Callback):  # not the trainer
+            groups[nested_key] = lightning_class
+        return original(self, lightning_class, nested_key, *args, **kwargs)
+
+    monkeypatch.setattr(LightningArgumentParser, "add_lightning_class_args", record)
+    answer("fit", "--config", "presets/tiny")
+    monkeypatch.undo()
+    keys = []
+    for group, cls in groups.items():
+        for name, parameter in inspect.signature(cls.__init__).parameters.items():
+            hint = typing.get_type_hints(cls.__init__).get(name)
+            kinds = set(typing.get_args(hint)) - {type(None)} or {hint}
+            if kinds & {int, float} and parameter.default is not inspect.Parameter.empty:
+                keys.append(f"{group}.{name}")
+    return keys
+
+
+def test_every_number_of_every_callback_refuses_a_negative_value(place, monkeypatch):
+    """By rule: each numeric argument of the callbacks `fit` builds, given -1, is refused before training (exit 2,
+    the key named, no traceback), unless -1 means something there. `--samples.num_translations -1` translated all
+    sources but one, `--attention.max_tokens -1` drew all tokens but the last, `--throughput.peak_flops -1` gave a
+    negative MFU: each ran without a word."""
+    keys = callback_numbers(monkeypatch)
+    assert {"samples.num_translations", "attention.max_tokens", "nonfinite.max_consecutive"} <= set(keys)
+    for key in keys:
+        if key in CALLBACK_NEGATIVE_MEANS_SOMETHING:
+            continue
+        code, err = answer("fit", "--config", "presets/tiny", f"--{key}", "-1")
+        check_refused(f"callback: {key} negative", code, err, 2, key)

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import docstring_parser
 import jsonargparse
@@ -202,7 +203,14 @@ class TransformerCLI(LightningCLIHooks):
         subparser = _subcommand_parser(self.parser, self.subcommand) if self.subcommand else None
         if isinstance(subparser, ValidatedOnceParser):  # the parser SaveConfigCallback writes config.yaml with
             subparser.trust(self.config.get(self.subcommand))
-        super().instantiate_classes()
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        groups = {
+            key: value.as_dict()
+            for key, value in vars(config).items()
+            if key not in ("model", "data", "trainer") and isinstance(value, jsonargparse.Namespace)
+        }
+        with lightning_refusals(callbacks=groups):  # a callback group's options, refused as Lightning built it
+            super().instantiate_classes()
         trained, self._trained = getattr(self, "_trained", None), None
         if trained is not None and hasattr(self.datamodule, "check_trained"):  # before any data is prepared
             self.datamodule.check_trained(*trained, resuming=self.subcommand == "fit")
@@ -475,20 +483,36 @@ def set_once(config) -> None:
 
 
 @contextlib.contextmanager
-def lightning_refusals(also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+def lightning_refusals(
+    also: tuple[type[Exception], ...] = (), callbacks: dict[str, Any] | None = None
+) -> Iterator[None]:
     """Lightning's refusals of a user's trainer options (MisconfigurationException: `max_steps` must be ...; while the
     Trainer is built, which judges nothing but those options, its TypeError and ValueError too: `devices` selected
     with `CPUAccelerator` should be an int > 0) as the ConfigError they are, naming the trainer keys its message
-    names."""
+    names. With `callbacks` (each callback group's parsed options, while they are built), a refusal of a Lightning
+    callback's options (ModelCheckpoint's `every_n_train_steps` must be >= 0) names the group keys whose given value
+    the message quotes."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
         yield
-    except (MisconfigurationException, *also) as error:
-        if isinstance(error, UserError):
-            raise
+    except (MisconfigurationException, ConfigError, *also) as error:
         message = " ".join(str(error).split())
         named = dict.fromkeys(re.findall(r"\w+", message))
+        keys = [
+            f"{group}.{name}"
+            for group, options in (callbacks or {}).items()
+            for name in named
+            if name in options and f"{name}={options[name]}" in message
+        ]
+        if isinstance(error, ConfigError):  # a callback of the package's refused its own option: say where it was given
+            if keys and not error.keys:
+                error.keys = tuple(keys)
+            raise
+        if isinstance(error, UserError):
+            raise
+        if callbacks is not None:
+            raise ConfigError(f"Lightning refuses a callback's options: {message}", keys=keys) from error
         keys = [f"trainer.{name}" for name in named if name in TRAINER_ARGUMENTS]
         raise ConfigError(f"Lightning refuses the trainer options: {message}", keys=keys) from error
 

@@ -36,6 +36,11 @@ class TokenThroughputMonitor(L.Callback):
             peak_flops: The device's peak FLOP/s for MFU (model FLOPs utilisation: the share of that peak the
                 model's arithmetic uses); None uses Lightning's table, else measures a matmul.
         """
+        if peak_flops is not None and not peak_flops > 0:
+            raise ConfigError(
+                f"throughput.peak_flops={peak_flops} must be a positive FLOP/s figure (or null)",
+                keys=["throughput.peak_flops"],
+            )
         self.peak_flops = peak_flops
         self.available_flops: float | None = None
         self.tokens_per_sec: float | None = None

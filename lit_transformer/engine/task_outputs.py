@@ -18,6 +18,7 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from lit_transformer.config import GenerationConfig
+from lit_transformer.errors import ConfigError
 
 
 def _tensorboard(trainer: L.Trainer):
@@ -54,6 +55,11 @@ class GenerateSamples(L.Callback):
             num_translations: Validation sources translated for an encoder-decoder model.
             seed: Seed of the sampling generator, so successive samples differ only by what the model learned.
         """
+        if num_translations < 0:
+            raise ConfigError(
+                f"samples.num_translations={num_translations} must be 0 (none) or more",
+                keys=["samples.num_translations"],
+            )
         self.prompts = prompts or ["\n"]
         self.generation = generation
         self.num_translations = num_translations
@@ -88,6 +94,12 @@ class AttentionMaps(L.Callback):
             max_tokens: Tokens of the first validation sample shown on each axis.
             max_layers: Layers drawn per attention kind (the first ones); 0 turns the maps off (no forward pass).
         """
+        if max_tokens < 1:
+            raise ConfigError(f"attention.max_tokens={max_tokens} must be 1 or more", keys=["attention.max_tokens"])
+        if max_layers < 0:
+            raise ConfigError(
+                f"attention.max_layers={max_layers} must be 0 (no maps) or more", keys=["attention.max_layers"]
+            )
         self.max_tokens = max_tokens
         self.max_layers = max_layers
 
