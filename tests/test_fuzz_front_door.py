@@ -635,6 +635,7 @@ CALLBACK_NEGATIVE_MEANS_SOMETHING = {
 def callback_numbers(monkeypatch) -> list[str]:
     """Every int or float argument of the callback groups `fit` builds (checkpoint, samples, attention, ...), read by
     recording the groups the CLI adds: a callback or argument added later is walked too."""
+    import types
     import typing
 
     from lightning.pytorch import Callback
@@ -655,7 +656,8 @@ def callback_numbers(monkeypatch) -> list[str]:
     for group, cls in groups.items():
         for name, parameter in inspect.signature(cls.__init__).parameters.items():
             hint = typing.get_type_hints(cls.__init__).get(name)
-            kinds = set(typing.get_args(hint)) - {type(None)} or {hint}
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kinds = set(typing.get_args(hint)) - {type(None)} if union else {hint}
             if kinds & {int, float} and parameter.default is not inspect.Parameter.empty:
                 keys.append(f"{group}.{name}")
     return keys

@@ -108,6 +108,17 @@ class Optimization:
             yield f"model.optim.muon_ns_steps={self.muon_ns_steps} must be at least 1"
         if self.muon_weight_decay < 0 or self.muon_momentum_warmup_steps < 0:
             yield "model.optim.muon_weight_decay and muon_momentum_warmup_steps must be >= 0"
+        for name in ("eps", "weight_decay"):  # torch's Adam refused a negative one only once the run had started
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                yield f"model.optim.{name}={getattr(self, name)} must be >= 0 (or null: the optimizer's default)"
+        if self.betas is not None and not all(0.0 <= beta < 1.0 for beta in self.betas):
+            yield f"model.optim.betas={list(self.betas)} must each lie in [0, 1)"
+        if self.warmup_steps < 0:
+            yield f"model.optim.warmup_steps={self.warmup_steps} must be >= 0"
+        if self.schedule_steps is not None and self.schedule_steps < 1:
+            yield f"model.optim.schedule_steps={self.schedule_steps} must be at least 1 (or null: trainer.max_steps)"
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            yield f"model.optim.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]: the final lr's share of lr"
 
     @classmethod
     def of(cls, value: Optimization | dict | None, **flat: Any) -> Optimization:

@@ -44,6 +44,15 @@ class LoraOptions:
 
     def __post_init__(self) -> None:
         if self.rank < 1:
-            raise ConfigError(f"lora.rank={self.rank}: the adapters need a rank of at least 1")
+            raise ConfigError(
+                f"lora.rank={self.rank}: the adapters need a rank of at least 1", keys=["model.lora.rank"]
+            )
+        if not self.alpha > 0:
+            raise ConfigError(
+                f"lora.alpha={self.alpha} must be positive: the update is scaled by alpha / rank",
+                keys=["model.lora.alpha"],
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"lora.dropout={self.dropout} must lie in [0, 1)", keys=["model.lora.dropout"])
         if not self.target_modules:
             raise ConfigError("lora.target_modules is empty: name the Linear layers to adapt (qkv, out, up, down, ...)")
