@@ -458,6 +458,30 @@ def test_a_checkpoint_of_another_task(place, name, command):
     check_refused("checkpoint: another task", code, err, 1, "task")
 
 
+# The task each packaged preset's data feeds, and a preset per task.
+PRESET_OF_TASK = {
+    "language_modeling": "presets/tiny",
+    "translation": "presets/tiny-translate",
+    "classification": "presets/classify-genre",
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict", "fit"])
+@pytest.mark.parametrize("name", ["classification", "masked_lm", "translation", "language_modeling"])
+def test_a_checkpoint_of_another_task_given_to_a_lightning_command(place, name, command):
+    """`validate --config presets/tiny --ckpt_path TRANSLATION.ckpt` ended in a KeyError from inside the task's loss,
+    once the data had been prepared: each checkpoint against each preset whose data feeds another task is refused
+    before any data is read (exit 1, the checkpoint named, the DataModule that feeds it said)."""
+    fed = {"masked_lm": ("language_modeling", "classification")}.get(name, (name,))
+    for task, preset in PRESET_OF_TASK.items():
+        if task in fed:
+            continue
+        inputs = ["--data.init_args.predict_file", str(OLD / "make.py")] if command == "predict" else []
+        code, err = answer(command, "--config", preset, "--ckpt_path", str(OLD / f"{name}.ckpt"), *inputs)
+        check_refused(f"checkpoint: another task's, {command}", code, err, 1, f"{name}.ckpt")
+        assert f"is a {name} model" in err
+
+
 @FUZZ
 @given(pair=st.sampled_from([("language_modeling", "translation"), ("classification", "masked_lm"),
                              ("language_modeling", "classification")]))  # fmt: skip
@@ -675,3 +699,14 @@ def test_every_number_of_every_callback_refuses_a_negative_value(place, monkeypa
             continue
         code, err = answer("fit", "--config", "presets/tiny", f"--{key}", "-1")
         check_refused(f"callback: {key} negative", code, err, 2, key)
+
+
+def test_a_model_task_its_data_does_not_feed_is_refused_before_any_data_is_read(place):
+    """A language-modelling task over the genre classifier's data (the architecture changed to match) trained on
+    batches of whole passages and their class ids as next-token labels: refused, naming both keys."""
+    code, err = answer(
+        "fit", "--config", "presets/classify-genre", "--model.task", "lit_transformer.tasks.LanguageModeling",
+        "--model.config.topology", "decoder_only",
+    )  # fmt: skip
+    check_refused("config: task and data", code, err, 2, "model.task")
+    assert "is not a task ClassificationDataModule makes batches for" in err and "data.class_path" in err

@@ -53,6 +53,7 @@ from lit_transformer.engine.preemption import PreemptionCheckpoint, exit_on_sign
 from lit_transformer.engine.step_seed import StepSeed
 from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
 from lit_transformer.errors import ConfigError, UserError
+from lit_transformer.tasks import task_class_of
 
 # Field docstrings of TransformerConfig become --help text.
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -212,6 +213,9 @@ class TransformerCLI(LightningCLIHooks):
         with lightning_refusals(callbacks=groups):  # a callback group's options, refused as Lightning built it
             super().instantiate_classes()
         trained, self._trained = getattr(self, "_trained", None), None
+        task = getattr(self.model, "task", None)
+        if task is not None and hasattr(self.datamodule, "check_task"):  # the model's task and this data
+            self.datamodule.check_task(task.name, type(task).__name__, None if trained is None else trained[1])
         if trained is not None and hasattr(self.datamodule, "check_trained"):  # before any data is prepared
             self.datamodule.check_trained(*trained, resuming=self.subcommand == "fit")
 
@@ -296,6 +300,11 @@ class TransformerCLI(LightningCLIHooks):
                 keys=["ckpt_path"],
             )
         checkpoint = load_checkpoint(path, mmap=True)  # the weights are not read here: Lightning loads them later
+        data_class = _data_class(self.config[subcommand].get("data"))
+        if data_class is not None and hasattr(data_class, "check_task"):  # before the model is built from it
+            task = task_class_of(dict(checkpoint.get("hyper_parameters") or {}))
+            if task is not None:
+                data_class.check_task(task.name, task.__name__, str(path))
         if subcommand == "fit":
             check_no_newer_last(self.config.fit, str(path), checkpoint)
         self._trained = (checkpoint, str(path))  # checked against the DataModule once it exists

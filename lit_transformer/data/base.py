@@ -68,6 +68,13 @@ def check_least(**bounds: tuple[Any, int]) -> None:
             )
 
 
+def import_data_module(name: str) -> type:
+    """A packaged DataModule class by name (lit_transformer.data imports them lazily)."""
+    import lit_transformer.data as data
+
+    return getattr(data, name)
+
+
 def warn_deprecated_key(key: str, fix: str) -> None:
     """A FutureWarning for a deprecated DataModule key, naming the version that drops it and what to do instead."""
     warnings.warn(f"data.{key} is deprecated and dropped in {DROPPED_IN}: {fix}", FutureWarning, stacklevel=3)
@@ -84,6 +91,8 @@ class DataModule(L.LightningDataModule):
     encoder_decoder: ClassVar[bool] = False  # predict inputs: a prompt's tokens, or a source's tokens then EOS
     required_special_tokens: ClassVar[tuple[str, ...]] = ()  # roles both tokenizers must share (translation's)
     tokenizer_tag: ClassVar[str] = ""  # in a trained tokenizer's cache key
+    # The tasks (Task.name) whose batches this DataModule makes; None: not declared, not checked (a user's own).
+    feeds: ClassVar[tuple[str, ...] | None] = None
     num_labels: int | None = None  # a classifier's classes; linked into the model config by the CLI
     max_input_length: int | None = None  # predict inputs are cut to this many tokens
 
@@ -250,6 +259,33 @@ class DataModule(L.LightningDataModule):
                 f"--data.init_args.tokenizer {path}"
             )
         raise ConfigError(message, keys=["data.init_args.tokenizer"])
+
+    @classmethod
+    def check_task(cls, name: str, task_class: str, path: str | None = None) -> None:
+        """Refuse a model task (its Task.name and class name) this DataModule makes no batches for (`feeds`), before
+        any data is read: a translation checkpoint validated on a language model's data ended in a KeyError from
+        inside the task's loss, once the data had been prepared. `path`: the checkpoint the task came from
+        (validate, test, predict, fit --ckpt_path): a checkpoint of another task is a file that cannot be used."""
+        if cls.feeds is None or not name or name in cls.feeds:
+            return
+        from lit_transformer.data import DATA_MODULES
+
+        mine, feeds = cls.__name__, " and ".join(cls.feeds)
+        others = [other for other in DATA_MODULES if name in (getattr(import_data_module(other), "feeds", None) or ())]
+        fed_by = f"{name} is fed by {' or '.join(others)}" if others else f"no packaged DataModule feeds {name}"
+        if path is not None:
+            from lit_transformer.checkpoints.files import CheckpointError
+
+            raise CheckpointError(
+                f"{path} is a {name} model, and {mine} makes batches for {feeds} only ({fed_by}): give the configs "
+                "the run was trained with (config.yaml beside its TensorBoard logs), or a checkpoint of a model of "
+                "this data's task",
+                keys=["ckpt_path", "data.class_path"],
+            )
+        raise ConfigError(
+            f"model.task {task_class} ({name}) is not a task {mine} makes batches for (it feeds {feeds}; {fed_by})",
+            keys=["model.task", "data.class_path"],
+        )
 
     def own_state(self) -> dict[str, Any]:
         """What this DataModule keeps in a checkpoint besides the tokenizers (saved by the LightningModule)."""

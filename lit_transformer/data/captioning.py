@@ -226,6 +226,8 @@ class CaptionCollate:
 class CaptioningDataModule(DataModule):
     """Image (or image-feature) captioning data: see the module's docstring for the sources and the batches."""
 
+    feeds = ("captioning",)
+
     tokenizer_tag = "captions"
 
     def __init__(

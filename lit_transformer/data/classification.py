@@ -79,6 +79,8 @@ class ClassificationDataModule(DataModule):
     from it shares its vocabulary.
     """
 
+    feeds = ("classification", "masked_lm")
+
     max_input_length = None  # set from max_length
 
     def __init__(

@@ -58,6 +58,8 @@ class LanguageModelingDataModule(DataModule):
     vocabulary size and special ids into the model config.
     """
 
+    feeds = ("language_modeling", "masked_lm")
+
     def __init__(
         self,
         dataset: str = "shakespeare",

@@ -57,6 +57,8 @@ class TranslationDataModule(DataModule):
     vocabulary sizes and special ids into the model config.
     """
 
+    feeds = ("translation",)
+
     encoder_decoder = True  # predict inputs are sources: their tokens, then EOS
     required_special_tokens = ("pad", "bos", "eos")
 

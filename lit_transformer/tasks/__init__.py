@@ -76,6 +76,20 @@ def _task_class(name: str) -> type[Task]:
     return cls
 
 
+def task_class_of(hparams: dict[str, Any]) -> type[Task] | None:
+    """The task class a checkpoint's hyperparameters record (their `task`, else, for older checkpoints, the one their
+    architecture implies); None where they say neither."""
+    from lit_transformer.config import TransformerConfig
+
+    spec = hparams.get("task")
+    if spec:
+        return _task_class(dict(spec)["class_path"] if isinstance(spec, dict) or hasattr(spec, "class_path") else spec)
+    config = hparams.get("config")
+    if config is None:
+        return None
+    return default_task(config if isinstance(config, TransformerConfig) else TransformerConfig(**dict(config)))
+
+
 def build_task(task: Task | str | dict | None, config: TransformerConfig, **deprecated: Any) -> Task:
     """The task object of `model.task` (an object, a short name or import path, or {class_path, init_args}; None:
     the architecture's default), with the deprecated LitTransformer options passed through, checked against the
