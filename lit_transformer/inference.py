@@ -276,7 +276,12 @@ def _check_source_lengths(loaded: LoadedModel, texts: Sequence[str], where: str)
 def run_generate(args) -> None:
     """`generate` with its parsed options (model_commands.generate_main): continue prompts with a decoder-only
     model, printing tokens as they are produced."""
-    prompts = _inputs("--prompt_file", args.prompt_file, "prompt") if args.prompt_file is not None else [args.prompt]
+    if args.prompt is not None and args.prompt_file is not None:  # one of them would be left out without a word
+        raise ConfigError("generate takes --prompt TEXT or --prompt_file FILE, not both")
+    if args.prompt_file is not None:
+        prompts = _inputs("--prompt_file", args.prompt_file, "prompt")
+    else:
+        prompts = ["\n" if args.prompt is None else args.prompt]
     loaded = _load(args)
     _check_command(loaded, "generate")
     gen = _generation(args, loaded.task)

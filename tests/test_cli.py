@@ -421,6 +421,10 @@ def test_generate_runs_past_the_context_and_serves_people(tiny_run: Path):
         (tiny_run / empty).write_text("\n" if empty.endswith("jsonl") else "")
         result = _cli(*common, "--prompt_file", empty, cwd=tiny_run, ok=False)
         assert f"--prompt_file {empty} is empty: write one prompt per line" in result.stderr, result.stderr
+    result = _cli(*common, "--prompt", "ROMEO:", "--prompt_file", "two.txt", cwd=tiny_run, ok=False)
+    assert "generate takes --prompt TEXT or --prompt_file FILE, not both" in result.stderr  # --prompt was dropped
+    out = _cli(*common, "--max_new_tokens", "5", cwd=tiny_run).stdout  # no prompt: a sample from a newline
+    assert out.startswith("\n") and len(out) > 1
 
 
 def test_generate_refuses_a_missing_checkpoint_or_another_kind_of_file(tmp_path: Path):

@@ -77,7 +77,9 @@ def add_quantize_argument(parser: ArgumentParser) -> None:
 def generate_main(argv: Sequence[str]) -> None:
     """`generate`: continue prompts with a decoder-only model, printing tokens as they are produced."""
     parser = decoding_parser("generate", "Continue a prompt with a trained decoder-only model.")
-    parser.add_argument("--prompt", type=str, default="\n", help="Text to continue.")
+    parser.add_argument(
+        "--prompt", type=str | None, default=None, help="Text to continue; unset: a sample from a newline."
+    )
     parser.add_argument("--prompt_file", type=str | None, default=None, help="A file of prompts, one per line.")
     parser.add_argument("--num_samples", type=PositiveInt, default=1, help="Samples per prompt.")
     args = parse(parser, argv)
