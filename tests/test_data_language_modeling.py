@@ -207,6 +207,20 @@ def test_missing_text_column_is_a_clear_error(tmp_path):
         make(tmp_path, path).texts()
 
 
+@pytest.mark.parametrize("value", [["To be", "or not"], {"line": "To be"}, 1601])
+def test_a_text_value_that_is_not_text_is_refused_where_it_is(tmp_path, value):
+    """A row whose text column holds a list, an object or a number was dropped without a word (a file of lists
+    trained on none of them); it is refused naming the file and line, as a classifier's or a pair's is. A null or
+    absent value is still a blank row, dropped."""
+    from lit_transformer.data.sources import DataFileError
+
+    path = tmp_path / "train.jsonl"
+    rows = [{"text": LINE}, {"text": None}, {"other": 1}, {"text": value}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataFileError, match=rf"train.jsonl:4: the text column 'text' holds {type(value).__name__} "):
+        make(tmp_path, path).prepare_data()
+
+
 def test_empty_corpus_is_a_clear_error(tmp_path):
     (tmp_path / "empty.txt").write_text("  \n\n")
     with pytest.raises(ValueError, match="empty"):

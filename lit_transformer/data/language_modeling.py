@@ -321,12 +321,20 @@ class CorpusStream(SplitStream):
     # ------------------------------------------------------------------ splits
 
     def _text(self, row: dict, where: str) -> str:
-        """A row's text ("" when blank or absent in this row: such rows are dropped)."""
+        """A row's text ("" when blank, null or absent in this row: such rows are dropped). A value of another kind (a
+        number, a list, an object) is refused where it is, as the other tasks' readers refuse it: it was dropped
+        without a word, so a file whose text column held lists trained on none of them."""
         try:
             text = column_value(row, self.text_column)
         except KeyError:
             return ""
-        return text if isinstance(text, str) else ""
+        if text is not None and not isinstance(text, str):
+            raise DataFileError(
+                f"{where}: the text column {self.text_column!r} holds {type(text).__name__} {str(text)[:40]!r}, not "
+                "text: give each row a string (join a list yourself), or choose another column with "
+                "--data.init_args.text_column"
+            )
+        return text or ""
 
     def _carving_mode(self) -> str:
         """hash when the training source has at least HASH_MIN_DOCUMENTS documents, else lines."""
