@@ -30,6 +30,24 @@ def make(tmp_path, dataset, **kwargs):
     return TranslationDataModule(dataset=str(dataset), **{**args, **kwargs})
 
 
+@pytest.mark.parametrize("vocab_size", [16, 200])
+def test_pairs_the_tokenizer_has_no_token_for_are_named_per_side(tmp_path, recwarn, vocab_size):
+    """As for a language model, per side: a char tokenizer smaller than the pairs' alphabet warns once for the
+    source and once for the target, naming the characters each lacks; one that covers them says nothing."""
+    dm = make(tmp_path, write_tsv(tmp_path / "d"), vocab_size=vocab_size)
+    dm.prepare_data()
+    dm.setup()
+    messages = [str(w.message) for w in recwarn if "<unk>" in str(w.message)]
+    if vocab_size == 200:
+        assert messages == []
+        return
+    assert len(messages) == 2
+    source, target = messages
+    assert "of the training source tokens are <unk>" in source and "of the training target tokens are <unk>" in target
+    assert "'y'" in source and "'y'" not in target  # each side's characters from its own text: "my" is English
+    assert "'j'" in target and "'j'" not in source  # and "roja" Spanish
+
+
 def test_batch_layout(tmp_path):
     dm = make(tmp_path, write_tsv(tmp_path / "d"))
     dm.prepare_data()

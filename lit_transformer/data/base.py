@@ -295,7 +295,7 @@ class DataModule(L.LightningDataModule):
         """Restore `own_state()`."""
 
     def warn_unknown_tokens(
-        self, tokens: np.ndarray, total: int, texts: Callable[[], Sequence[str]], tokenizer: Tokenizer
+        self, tokens: np.ndarray, total: int, texts: Callable[[], Sequence[str]], tokenizer: Tokenizer, side: str = ""
     ) -> None:
         """Warn when `tokens` (the first of the training split's `total`) are UNKNOWN_SHARE <unk> or more, naming
         the characters the tokenizer has no token for (read from `texts()`, called only then) and the fix for where
@@ -330,7 +330,7 @@ class DataModule(L.LightningDataModule):
             )
         read = "" if len(tokens) >= total else f" (the first {len(tokens):,} read)"
         rank_zero_warn(
-            f"{self.dataset}: {unknown / len(tokens):.1%} of the training tokens{read} are <unk>: the tokenizer has no "
+            f"{self.dataset}: {unknown / len(tokens):.1%} of the training{side} tokens{read} are <unk>: the tokenizer has no "
             f"token for {shown}{more} (most frequent first). The model sees all of them as one token and can never "
             f"write them, and its loss and bits per character score each as an easy prediction. {fix}"
         )

@@ -11,6 +11,7 @@ Validation, test and predict batches also carry "src_text" and "ref_text" (lists
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -26,7 +27,7 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError
 from . import corpora
-from .base import DataModule, check_least, warn_deprecated_key
+from .base import COVERAGE_CHARS, COVERAGE_TOKENS, DataModule, check_least, warn_deprecated_key
 from .cache import fingerprint
 from .loaders import ResumableLoader, load_prepared, map_file, target_batch, token_budget_plan
 from .marian_tokenizers import load_hf_marian_tokenizers, marian_decoder_start_token_id
@@ -251,10 +252,24 @@ class TranslationDataModule(DataModule):
                 info, splits = load_prepared(self.prepare(), PairShards)
                 sizes = {s: len(shards) for s, shards in splits.items()}
                 rank_zero_info(f"{self.dataset}: pairs per split {sizes}; held-out: {info['held_out']}")
+                self._warn_unknown_tokens(splits["train"])
             shards = splits[split]
             keep = self._keep(split, shards.source_lengths + 1, shards.target_lengths + 1)
             ids = self.pad_token_id, self.bos_token_id, self.eos_token_id
             self._datasets[split] = ShardPairDataset(shards, keep, *ids)
+
+    def _warn_unknown_tokens(self, train: PairShards) -> None:
+        """Each side's first COVERAGE_TOKENS training tokens checked for <unk> (DataModule.warn_unknown_tokens): a
+        Marian tokenizer, or one trained on other text, given pairs with characters it has no token for."""
+        rows = int(np.searchsorted(np.cumsum(train.source_lengths), COVERAGE_TOKENS, side="right"))
+        sources, targets, _ = train.read(range(min(len(train), max(1, rows)))) if len(train) else ([], [], None)
+        texts = functools.cache(lambda: sample_pairs(self.pair_stream, COVERAGE_CHARS, self.max_pairs))
+        for side, ids, lengths, tokenizer, index in (
+            (" source", sources, train.source_lengths, self.tokenizers[0], 0),
+            (" target", targets, train.target_lengths, self.tokenizers[1], 1),
+        ):
+            tokens = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+            self.warn_unknown_tokens(tokens, int(lengths.sum()), lambda i=index: texts()[i], tokenizer, side)
 
     def loader(self, split: str, shuffle: bool) -> ResumableLoader:
         if split not in self._datasets:
