@@ -710,3 +710,16 @@ def test_a_model_task_its_data_does_not_feed_is_refused_before_any_data_is_read(
     )  # fmt: skip
     check_refused("config: task and data", code, err, 2, "model.task")
     assert "is not a task ClassificationDataModule makes batches for" in err and "data.class_path" in err
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "muon"])
+def test_fp16_weights_with_an_eps_fp16_rounds_to_zero_are_refused_before_training(place, optimizer):
+    """`--trainer.precision 16-true` keeps Adam's state in fp16, where the default eps (1e-8; adam's 1e-9) is 0: the
+    tiny preset's weights were all NaN after its first step, and the run ended at the non-finite guard's limit with
+    nothing saved. Refused before training, naming both keys; an eps fp16 can hold is taken."""
+    flags = ["fit", "--config", "presets/tiny", "--trainer.precision", "16-true", "--model.optim.optimizer", optimizer]
+    code, err = answer(*flags)
+    check_refused("config: fp16 eps", code, err, 2, "trainer.precision")
+    assert "where Adam's eps=" in err and "--model.optim.eps 1e-4" in err
+    code, err = answer(*flags, "--model.optim.eps", "1e-4")
+    assert code == 0, err[-2000:]

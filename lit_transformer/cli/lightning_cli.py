@@ -48,7 +48,7 @@ from lit_transformer.engine.lightning_compat import LightningCLIHooks, set_colle
 from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.engine.monitoring import LearningRateLogger, SyncFreeProgressBar, TokenThroughputMonitor
 from lit_transformer.engine.nonfinite_guard import NonFiniteLossGuard
-from lit_transformer.engine.optimizers import Optimization, check_optimizer_strategy
+from lit_transformer.engine.optimizers import Optimization, check_optimizer_precision, check_optimizer_strategy
 from lit_transformer.engine.preemption import PreemptionCheckpoint, exit_on_signals
 from lit_transformer.engine.step_seed import StepSeed
 from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
@@ -191,6 +191,8 @@ class TransformerCLI(LightningCLIHooks):
             optim = config.get("model.optim")
             if optim is not None and optim.get("optimizer") == "muon":
                 check_optimizer_strategy(Optimization(optimizer="muon"), strategy)
+            if optim is not None:  # an eps that fp16 rounds to 0 turns every weight NaN at the first step
+                check_optimizer_precision(optim.get("optimizer"), optim.get("eps"), trainer.precision)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
         check_trainer_options(trainer)
         check_before_data(config, self.subcommand)

@@ -21,7 +21,12 @@ from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.engine.deprecated_options import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
 from lit_transformer.engine.gradients import clip_gradients, gradient_norm
 from lit_transformer.engine.lightning_compat import trainer_logs_now
-from lit_transformer.engine.optimizers import Optimization, build_optimizer, check_optimizer_strategy
+from lit_transformer.engine.optimizers import (
+    Optimization,
+    build_optimizer,
+    check_optimizer_precision,
+    check_optimizer_strategy,
+)
 from lit_transformer.engine.schedules import build_schedule
 from lit_transformer.errors import ConfigError
 from lit_transformer.model import Transformer
@@ -420,6 +425,8 @@ class LitTransformer(L.LightningModule):
             and getattr(trainer.precision_plugin, "scaler", None) is not None
         )
         fused = (self.device.type == "cuda" and not scaled_and_clipped) if optim.fused is None else optim.fused
+        if trainer is not None:  # the command line judged it before any data; a Python caller, here
+            check_optimizer_precision(optim.optimizer, optim.eps, trainer.precision)
         optimizer = build_optimizer(self.model, optim, fused)
         max_steps = trainer.max_steps if trainer is not None else -1
         total = optim.schedule_steps or (max_steps if max_steps and max_steps > 0 else None)

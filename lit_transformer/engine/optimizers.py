@@ -358,6 +358,24 @@ def build_muon(model: torch.nn.Module, optim: Optimization, fused: bool) -> Muon
 _SHARDING_STRATEGIES = ("fsdp", "deepspeed", "modelparallel", "model_parallel")
 
 
+def check_optimizer_precision(optimizer: str, eps: float | None, precision: Any) -> None:
+    """Refuse, before training, `trainer.precision 16-true` with an Adam eps that is 0 in fp16. 16-true keeps the
+    weights and the optimizer's state in fp16, where eps below 2**-25 rounds to 0 (AdamW's 1e-8, the paper's 1e-9):
+    the first step divides 0 by 0 wherever a gradient entry and its running square are 0 (the embedding of a token
+    the batch lacks), and every weight turned NaN at step 1 (the tiny preset, measured). bf16 keeps fp32's exponent
+    range, and the mixed precisions keep fp32 weights and state, so only 16-true is judged."""
+    if str(precision) != "16-true":
+        return
+    value = eps if eps is not None else (1e-9 if optimizer == "adam" else 1e-8)
+    if float(torch.tensor(value, dtype=torch.float16)) == 0.0:
+        raise ConfigError(
+            f"trainer.precision=16-true keeps the optimizer's state in fp16, where Adam's eps={value:g} is 0: the "
+            "first step divides by zero and the weights turn NaN. Give --model.optim.eps 1e-4 (or larger), or train "
+            "in bf16-true, bf16-mixed or 16-mixed",
+            keys=["trainer.precision", "model.optim.eps"],
+        )
+
+
 def check_optimizer_strategy(optim: Optimization, strategy: Any) -> None:
     """Refuse, before training, a strategy the optimizer cannot run under: Muon orthogonalises whole matrices, and
     FSDP, DeepSpeed (ZeRO) and ModelParallel give each rank flat or sharded pieces of them."""
