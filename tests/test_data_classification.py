@@ -83,6 +83,27 @@ def test_texts_the_tokenizer_has_no_token_for_are_named_in_a_warning(tmp_path, r
         assert "vocab_size=12 most frequent characters" in messages[0]
 
 
+def test_one_class_and_a_list_label_without_multi_label_are_refused_before_training(tmp_path):
+    """Training rows of one class ended in torchmetrics' traceback (num_classes must be larger than 1); a list label
+    in single-label data became a class named "['comedy', 'tragedy']". Each is refused naming the fix."""
+    from lit_transformer.data.sources import DataFileError
+    from lit_transformer.errors import ConfigError
+
+    one = tmp_path / "one.jsonl"
+    one.write_text("".join(json.dumps({"text": f"a merry jest {i}", "label": "comedy"}) + "\n" for i in range(40)))
+    with pytest.raises(DataFileError, match=r"the training split has one class, \['comedy'\]: a classifier tells two"):
+        _ = make(tmp_path, one).label_names
+    with pytest.raises(ConfigError, match="label_names gives one class"):
+        _ = make(tmp_path, write(tmp_path / "d", "jsonl"), label_names=["comedy"]).label_names
+    listed = tmp_path / "listed.jsonl"
+    data = rows(40)
+    data[3]["label"] = ["comedy", "tragedy"]
+    listed.write_text("".join(json.dumps(r) + "\n" for r in data))
+    with pytest.raises(DataFileError, match=r"labelled with a list, \['comedy', 'tragedy'\].*multi_label true"):
+        _ = make(tmp_path, listed).label_names
+    assert make(tmp_path, listed, multi_label=True).label_names == ["comedy", "history", "tragedy"]
+
+
 @pytest.mark.parametrize("held_out", [None, 0.2])
 def test_a_missing_validation_and_test_split_is_carved_by_hash(tmp_path, held_out):
     """Each missing held-out split takes its share of the hash buckets: 10% each by default (this DataModule's

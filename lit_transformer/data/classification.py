@@ -221,7 +221,24 @@ class ClassificationDataModule(DataModule):
                         f"The training split of {self.dataset!r} has no labelled text: every row's "
                         f"{self.text_column!r} is blank or its {self.label_column!r} empty"
                     )
-            self._label_names = self._names_from(labels, class_names, flat=True)
+                listed = next((y for y in labels if isinstance(y, list)), None)
+                if listed is not None and not self.multi_label:  # it became a class named "['a', 'b']"
+                    raise DataFileError(
+                        f"The training split of {self.dataset!r} has a row labelled with a list, {listed!r}: rows with "
+                        "several labels are multi-label data: set --data.init_args.multi_label true, or give each row "
+                        "one label"
+                    )
+            names = self._names_from(labels, class_names, flat=True)
+            if len(names) < 2 and not self.multi_label:  # torchmetrics' refusal was a traceback
+                where = "data.init_args.label_names gives" if self.requested_label_names else "the training split has"
+                message = (
+                    f"{self.dataset!r}: {where} one class, {names}: a classifier tells two or more apart; give rows of "
+                    "the other classes (or list them all in --data.init_args.label_names)"
+                )
+                if self.requested_label_names:
+                    raise ConfigError(message, keys=["data.init_args.label_names"])
+                raise DataFileError(message)
+            self._label_names = names
         return self._label_names
 
     @property
