@@ -205,6 +205,27 @@ def test_a_missing_feature_file_names_the_image(caption_folder, tmp_path):
         dm.setup()
 
 
+def test_missing_and_unreadable_images_are_named_not_a_traceback(caption_folder, tmp_path):
+    """A row naming an image that is not there ended the run with a FileNotFoundError traceback at the batch that
+    first read it: every image is looked for at setup, before any batch, and the missing ones are named with the fix.
+    A file that is not an image is named when a batch reads it."""
+    from lit_transformer.data.sources import DataFileError
+    from lit_transformer.errors import MissingFileError
+
+    root, path = caption_folder
+    args = dict(image_size=(8, 16), channels=3, batch_size=4, tokenizer="bpe", vocab_size=60)
+    (root / "images" / "img4.png").unlink()  # a training image
+    dm = CaptioningDataModule(str(path), images_dir=str(root / "images"), cache_dir=str(tmp_path / "c1"), **args)
+    with pytest.raises(MissingFileError, match=r"names 1 of its 9 images where no file is: .*img4.png\. .*images_dir"):
+        dm.setup()
+    (root / "images" / "img4.png").write_text("not an image")
+    dm = CaptioningDataModule(str(path), images_dir=str(root / "images"), cache_dir=str(tmp_path / "c2"), **args)
+    dm.setup()
+    with pytest.raises(DataFileError, match=r"image .*img4.png cannot be read \(UnidentifiedImageError"):
+        for _ in dm.train_dataloader():
+            pass
+
+
 def test_an_offline_hub_name_says_how_to_use_local_files(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(OfflineError, match="--data.dataset captions.csv"):

@@ -121,14 +121,27 @@ class ImageSource:
         )
         self.held, self.strips = held, strips
 
+    def path(self, name: str, folder: str | None) -> Path:
+        """Where a named image is read from (a dataset's own: the prepared images/; else images_dir or the folder of
+        the file that named it)."""
+        held = folder is not None and self.held is not None and Path(folder).parts[-2:] == self.held.parts[-2:]
+        return (self.held if held else Path(self.images_dir or folder or ".")) / name
+
     def __call__(self, name: str, folder: str | None) -> torch.Tensor:
         if self.strips is not None:
             split, index = name.rsplit("-", 1)
             return torch.from_numpy(self.strips[split].images[int(index)])
-        held = folder is not None and self.held is not None and Path(folder).parts[-2:] == self.held.parts[-2:]
-        path = (self.held if held else Path(self.images_dir or folder or ".")) / name
+        path = self.path(name, folder)
         if self.features_dir is None:
-            return load_image(path, self.image_size, self.channels)
+            from PIL import UnidentifiedImageError
+
+            try:
+                return load_image(path, self.image_size, self.channels)
+            except (UnidentifiedImageError, OSError, SyntaxError) as error:  # in a batch, mid-run: name the file
+                raise DataFileError(
+                    f"image {path} cannot be read ({type(error).__name__}: {error}): replace the file, or leave its "
+                    "rows out of the data; the last checkpoint resumes the run"
+                ) from error
         return load_features(_feature_file(Path(self.features_dir), path.stem))
 
 
@@ -388,9 +401,32 @@ class CaptioningDataModule(DataModule):
             for split in splits.values():
                 name, folder, _ = split.shards.extras([split.first(0)])[0]
                 _feature_file(Path(self.features_dir), (Path(self.images_dir or folder or ".") / name).stem)
+        elif source.strips is None:
+            self._check_images(splits, source)
         self.splits = splits
         sizes = {split: (len(s), s.captions) for split, s in splits.items()}
         rank_zero_info(f"{self.dataset}: (images, captions) per split {sizes}; held-out: {info['held_out']}")
+
+    def _check_images(self, splits: dict[str, CaptionSplit], source: ImageSource, chunk: int = 4096) -> None:
+        """Every image the splits name is a file where it resolves, before any batch: a missing one ended the run
+        with a FileNotFoundError traceback at the batch that first read it. One stat per image, names read a chunk at
+        a time (memory stays flat in the number of images)."""
+        missing, total = [], 0
+        for split in splits.values():
+            for start in range(0, len(split), chunk):
+                rows = [split.first(i) for i in range(start, min(len(split), start + chunk))]
+                for name, folder, _ in split.shards.extras(rows):
+                    total += 1
+                    path = source.path(name, folder)
+                    if not path.is_file():
+                        missing.append(str(path))
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise MissingFileError(
+                f"{self.dataset!r} names {len(missing)} of its {total} images where no file is: {shown}. A row's image "
+                "path is read from data.init_args.images_dir when given, else from the folder of the file that names "
+                "it: give --data.init_args.images_dir the folder that holds the images, or fix those rows' paths"
+            )
 
     def _collate(self, split: CaptionSplit | None, names: list[str] | None = None) -> CaptionCollate:
         return CaptionCollate(
