@@ -99,6 +99,10 @@ def test_the_command_writes_a_checkpoint_that_generate_loads(tmp_path, tokenizer
         _write(tmp_path / f"step{step:06d}.ckpt", step, tokenizer_json)
     average_main(["--checkpoints", str(tmp_path), "--last", "2", "--output", str(tmp_path / "avg" / "avg.ckpt")])
     assert "the mean of 2 checkpoints" in capsys.readouterr().out
+    average_main(["--checkpoints", str(tmp_path), "--last", "1", "--output", str(tmp_path / "one.ckpt")])
+    assert "its weights are step000030.ckpt (step 30) alone, the one step found: nothing was averaged" in (
+        capsys.readouterr().out
+    )
     loaded = load_model(tmp_path / "avg" / "avg.ckpt")
     expected = (load_checkpoint(tmp_path / "step000020.ckpt")["state_dict"]["model.lm_head.weight"] * 0.5) + (
         load_checkpoint(tmp_path / "step000030.ckpt")["state_dict"]["model.lm_head.weight"] * 0.5

@@ -195,4 +195,7 @@ def run_average(args) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(averaged, output)
     listed = ", ".join(f"{Path(e['path']).name} (step {e['step']})" for e in averaged["averaged_from"])
+    if len(paths) == 1:  # a folder of one step (last.ckpt and its best are one step): nothing was averaged
+        print(f"Wrote {output}: its weights are {listed} alone, the one step found: nothing was averaged")
+        return
     print(f"Wrote {output}: the mean of {len(paths)} checkpoints: {listed}")
