@@ -94,7 +94,8 @@ def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transfo
         raise CheckpointError(f"init_from {path}: the checkpoint has no hyper_parameters.config (not written by `fit`)")
     if saved.topology != config.topology:
         raise ConfigError(
-            f"init_from {path} holds a {saved.topology} model; this run's model.config.topology is "
+            f"init_from {path} holds {'an' if saved.topology.startswith('e') else 'a'} {saved.topology} model; this "
+            f"run's model.config.topology is "
             f"{config.topology}: set it to {saved.topology}"
         )
     resolved = saved.replace(**{name: getattr(config, name) for name in TRAINING_FIELDS})
