@@ -27,6 +27,7 @@ from pathlib import Path
 from jsonargparse.typing import PositiveInt
 
 from lit_transformer.cli.arguments import command_parser, parse
+from lit_transformer.errors import MissingFileError, UserError
 from lit_transformer.records import child_env, command_line, machine, write_run
 
 DECODINGS = {
@@ -107,6 +108,30 @@ def raw_curve(run: Path, config: Path, jobs: int, flags: list[str] = ()) -> list
         return sorted(pool.map(one, steps[1::2]))  # every 200 steps, where the logged validations are
 
 
+def run_curve(run: Path, tag: str) -> list[tuple[int, float]]:
+    """(optimizer step, value) of `tag` over the whole run: each TensorBoard folder under it in version order (a run
+    resumed after a stop logs into a new version_N), a step logged again after a resume keeping its last value. It
+    read the events of exactly one folder, and failed with a ValueError for a resumed run or a wrong --run."""
+    from lit_transformer.recipes.ablate import read_scalars
+
+    def version(folder: Path) -> tuple[int, str]:
+        number = folder.name.removeprefix("version_")
+        return (int(number), "") if number.isdigit() else (-1, str(folder))
+
+    folders = sorted({p.parent for p in run.rglob("events.out.tfevents.*")}, key=version)
+    if not folders:
+        raise MissingFileError(
+            f"--run {run}: no TensorBoard events under it; give the folder fit wrote (its --trainer.default_root_dir, "
+            "holding checkpoints/ and tensorboard/)"
+        )
+    by_step: dict[int, float] = {}
+    for folder in folders:
+        by_step.update((step + 1, value) for step, value in read_scalars(folder).get(tag, []))
+    if not by_step:
+        raise UserError(f"--run {run}: its TensorBoard events hold no {tag}: the run logged no validation BLEU")
+    return sorted(by_step.items())
+
+
 def plot_curve(
     run: Path, plot: Path, title: str = "", raw: list[tuple[int, float]] | None = None
 ) -> list[tuple[int, float]]:
@@ -116,13 +141,8 @@ def plot_curve(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (events,) = {p.parent for p in run.rglob("events.out.tfevents.*")}
-    acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-    acc.Reload()
-    bleu = [(e.step + 1, e.value) for e in acc.Scalars("val/bleu")]
-    ppl = [(e.step + 1, e.value) for e in acc.Scalars("val/ppl")]
+    bleu, ppl = run_curve(run, "val/bleu"), run_curve(run, "val/ppl")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(
         *zip(*bleu, strict=True),
@@ -174,6 +194,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot_only", action="store_true", help="Draw the curve and stop.")
     parser.add_argument("--raw_curve", action="store_true", help="Also validate the optimizer's weights per step.")
     args = parse(parser, argv)
+    if not sorted((args.run / "checkpoints").glob("*.ckpt")):  # before anything is written into it
+        raise MissingFileError(
+            f"--run {args.run}: no checkpoints in {args.run / 'checkpoints'}; give the folder fit wrote (its "
+            "--trainer.default_root_dir, holding checkpoints/ and tensorboard/)"
+        )
     facts = machine()
     args.plot = args.plot or args.run / "recipe" / "val-bleu.png"
     args.plot.parent.mkdir(parents=True, exist_ok=True)
