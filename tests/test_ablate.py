@@ -245,3 +245,13 @@ def test_a_language_modelling_grid_tabulates_validation_bits_per_character(tmp_p
     assert "val bpc" in header and "val BLEU" not in header
     (muon,) = [line for line in table.splitlines() if line.startswith("| muon |")]
     assert "1.820 ± 0.028" in muon
+
+
+def test_a_grid_found_nowhere_is_named_as_a_grid_with_the_nearest_packaged_one(tmp_path, monkeypatch):
+    """ablate's grids are positional files: a missing one was refused as "--config NAME", a flag never given."""
+    from lit_transformer.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="^grid frontir: no such file here") as refused:
+        ablate.main(["frontir", "--dry-run"])
+    assert "did you mean ablations/frontier?" in refused.value.hint

@@ -177,16 +177,16 @@ def packaged_names() -> list[str]:
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
 
 
-def existing_config(value: str) -> str:
+def existing_config(value: str, given_as: str = "--config") -> str:
     """A config given by path or by packaged name (resolve_config), read as YAML; one found nowhere, or that is not
-    YAML, is refused naming it."""
+    YAML, is refused naming it as it was given (`given_as`: the flag, or "grid" for ablate's positional files)."""
     resolved = resolve_config(value)
     if resolved is value and not Path(value).exists() and not _inline(value):
         names = packaged_names()
         near = difflib.get_close_matches(value.removesuffix(".yaml").removeprefix("configs/"), names, n=3, cutoff=0.5)
         hint = "did you mean " + ", ".join(near) + "? " if near else ""
         raise ConfigError(
-            f"--config {value}: no such file here, and no packaged config of that name",
+            f"{given_as} {value}: no such file here, and no packaged config of that name",
             hint=f"{hint}Packaged configs go by name, for example --config base or --config presets/tiny "
             f"(all of them: {packaged_configs()}).",
         )

@@ -111,7 +111,7 @@ def _resolve(path: str) -> str:
     ablations/base/x), from any working folder."""
     from lit_transformer.cli.arguments import existing_config
 
-    return existing_config(str(path))
+    return existing_config(str(path), given_as="grid")
 
 
 @dataclass
