@@ -360,6 +360,22 @@ def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
     assert "predict needs inputs: --data.init_args.predict_file FILE" in failed.stderr
 
 
+def test_predict_reads_no_training_data(tiny_run: Path, tmp_path: Path):
+    """predict needs the checkpoint (its tokenizer) and the predict_file alone: it prepared the whole training corpus
+    first, and refused to run where the corpus was not (a checkpoint taken to another machine). With the dataset
+    gone and an empty cache, the predictions are the same, and nothing is prepared."""
+    (tmp_path / "prompts.txt").write_text("ROMEO:\nJULIET:\n")
+    args = ["--data.init_args.predict_file", "prompts.txt", "--model.generation.temperature", "0"]
+    args += ["--model.generation.max_new_tokens", "6"]
+    _cli("predict", *_tiny_common(tiny_run), *args, "--predictions.output", "with.jsonl", cwd=tmp_path)
+    common = _tiny_common(tiny_run)
+    common[common.index(str(tiny_run / "cache"))] = str(tmp_path / "cache")
+    gone = ["--data.init_args.dataset", str(tmp_path / "gone.txt"), "--predictions.output", "without.jsonl"]
+    _cli("predict", *common, *args, *gone, cwd=tmp_path)
+    assert (tmp_path / "without.jsonl").read_text() == (tmp_path / "with.jsonl").read_text()
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no shard, no tokenizer
+
+
 def _tiny_common(tiny_run: Path) -> list[str]:
     return [
         "--config",

@@ -120,6 +120,10 @@ def test_test_and_predict_report_labels(runs: Path):
         assert row["probability"] == max(row["probabilities"].values())
         assert row["label"] == max(row["probabilities"], key=row["probabilities"].get)
         assert sum(row["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+    # The checkpoint's classes and tokenizer are all predict needs: the same rows without the training data.
+    gone = [*genre, "--data.init_args.dataset", str(runs / "gone.jsonl")]
+    _cli("predict", *gone, *args[:2], "--predictions.output", str(runs / "labels-nodata.jsonl"), cwd=runs)
+    assert (runs / "labels-nodata.jsonl").read_text() == output.read_text()
 
 
 def _labelled_folder(folder: Path, labels: list[str]) -> Path:

@@ -430,8 +430,18 @@ class DataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ Lightning hooks
 
     def prepare_data(self) -> None:
-        """Once per node: train the tokenizer(s) and tokenize every split into the cache."""
+        """Once per node: train the tokenizer(s) and tokenize every split into the cache. Not for `predict`, which
+        reads the predict_file with the checkpoint's tokenizer alone: it prepared the whole training corpus first, and
+        refused to run where that corpus was not (a checkpoint used on another machine)."""
+        if self.predicting:
+            return
         self.prepare()
+
+    @property
+    def predicting(self) -> bool:
+        """The trainer runs `predict` (setup's stage says the same to `setup`)."""
+        trainer = getattr(self, "trainer", None)
+        return trainer is not None and trainer.state.fn == "predict"
 
     def train_dataloader(self):
         return self.loader("train", shuffle=True)

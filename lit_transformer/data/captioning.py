@@ -392,6 +392,8 @@ class CaptioningDataModule(DataModule):
         return self._root
 
     def setup(self, stage: str | None = None) -> None:
+        if stage == "predict":  # the predict_file and the tokenizer alone: no split is read
+            return
         if self.splits:
             return
         info, shards = load_prepared(self.prepare(), CaptionShards)

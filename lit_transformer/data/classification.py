@@ -212,7 +212,8 @@ class ClassificationDataModule(DataModule):
         """The classes in id order (what the model's outputs mean); saved in checkpoints. Without label_names or a
         ClassLabel column, the distinct labels of the training split, read in one pass (its labels only)."""
         if self._label_names is None:
-            class_names = self.stream.class_names()
+            # Given (or a checkpoint's, for evaluation and predict) label names need no data: predict reads none.
+            class_names = None if self.requested_label_names else self.stream.class_names()
             labels = []
             if not self.requested_label_names and class_names is None:
                 labels = self._first_pass()[1]
@@ -366,6 +367,8 @@ class ClassificationDataModule(DataModule):
         return self._root
 
     def setup(self, stage: str | None = None) -> None:
+        if stage == "predict":  # the predict_file and the tokenizer alone: no split is read
+            return
         splits = self._prepared()
         pad = self.pad_token_id if self.pad_token_id is not None else 0
         for split in SPLITS:

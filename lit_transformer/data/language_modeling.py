@@ -178,6 +178,8 @@ class LanguageModelingDataModule(DataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Every rank: open the shards (memory-mapped per batch) and view them as blocks."""
+        if stage == "predict":  # the predict_file and the tokenizer alone: no split is read
+            return
         splits = self._prepared()
         for split in SPLITS:
             if split not in self._blocks:

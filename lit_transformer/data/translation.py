@@ -244,6 +244,8 @@ class TranslationDataModule(DataModule):
     def setup(self, stage: str | None = None) -> None:
         """Every rank: open the token shards and drop over-long pairs (counted in a warning); only the index is read,
         16 bytes per pair."""
+        if stage == "predict":  # the predict_file and the tokenizer alone: no split is read
+            return
         splits = None
         for split in SPLITS:
             if split in self._datasets:
