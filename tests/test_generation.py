@@ -440,3 +440,27 @@ def test_kv_cache_reorder_selects_rows_of_the_filled_positions():
         reference = tuple(r.index_select(0, rows) for r in reference)
         assert torch.equal(cache.k[:, :, : cache.length], reference[0])
         assert torch.equal(cache.v[:, :, : cache.length], reference[1])
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_predict_rows_hold_each_row_s_own_tokens_not_the_batch_s_padding(num_beams):
+    """A translation row ends at its source length + max_source_offset; rows of a batch whose sources differ end at
+    different steps, and a row that ended is filled with pad to the batch's longest. `predict` wrote that filling
+    into the row's "tokens" (…, 98, 0, 0, 0, … for an empty source beside longer ones)."""
+    from tokenizers import Tokenizer, models
+
+    from lit_transformer.config import GenerationConfig
+    from lit_transformer.data.text import SPECIAL_TOKENS
+    from lit_transformer.tasks.base import generation_rows
+
+    model = peaky({"topology": "encoder_decoder"})
+    names = [*SPECIAL_TOKENS, *(f"t{i}" for i in range(len(SPECIAL_TOKENS), model.config.tgt_vocab_size))]
+    tokenizer = Tokenizer(models.WordLevel({name: i for i, name in enumerate(names)}, unk_token="<unk>"))
+    pad = model.config.pad_token_id
+    src = torch.full((2, 6), pad, dtype=torch.long)
+    src[0, :6], src[1, :2] = tokens(1, 6)[0], tokens(1, 2)[0]
+    mask = src != pad
+    generation = GenerationConfig(max_new_tokens=20, max_source_offset=3, eos_token_id=-1, num_beams=num_beams)
+    rows = generation_rows(model, tokenizer, generation, src, mask, ["long", "short"])
+    assert [len(row["tokens"]) for row in rows] == [6 + 3, 2 + 3]  # each row's own limit, no pad after it
+    assert all(pad not in row["tokens"][-1:] for row in rows)

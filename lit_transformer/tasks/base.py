@@ -96,14 +96,22 @@ def generation_rows(
     The output is cut by the GenerationConfig's stop strings and stops at EOS (not part of "tokens")."""
     from lit_transformer.data.text import TextStream
 
-    stream = TextStream(tokenizer, len(input_ids), generation.stop, [model.config.eos_token_id])
+    eos_id = model.config.eos_token_id if generation.eos_token_id is None else generation.eos_token_id
+    stream = TextStream(tokenizer, len(input_ids), generation.stop, [eos_id] if eos_id != -1 else [])  # -1: none
     if generation.num_beams == 1:
         model.generate(input_ids, generation, attention_mask=attention_mask, streamer=stream)
     else:  # beam search settles its tokens at the end: replay them through the same stop rules
         for step_tokens in model.generate(input_ids, generation, attention_mask=attention_mask).T:
             stream(step_tokens)
-    rows = zip(texts, stream.texts(), stream.ids, strict=True)
-    return [{"input": text, "output": output, "tokens": tokens} for text, output, tokens in rows]
+    pad = model.config.pad_token_id
+    out = []
+    for text, output, tokens in zip(texts, stream.texts(), stream.ids, strict=True):
+        # A row that ended before the batch's longest (its length limit, a stop id) is filled with pad to that length:
+        # the filling is not the row's (it was written into "tokens" while the text, skipping it, read right).
+        while pad is not None and pad != eos_id and tokens and tokens[-1] == pad:
+            tokens.pop()
+        out.append({"input": text, "output": output, "tokens": tokens})
+    return out
 
 
 class Task(torch.nn.Module):
