@@ -23,6 +23,7 @@ from lit_transformer.data.text import TextStream, pad_right
 from lit_transformer.errors import ConfigError, MissingFileError
 from lit_transformer.model import Transformer
 from lit_transformer.tasks import Task, build_task, default_task
+from lit_transformer.tasks.base import text_stop_ids
 
 
 @dataclass
@@ -300,7 +301,7 @@ def run_generate(args) -> None:
             sys.stdout.write(prompt)
             if gen.num_beams > 1:  # beam search settles its tokens only at the end: the text is printed then
                 out = loaded.model.generate(torch.tensor([ids], device=loaded.device), gen, generator=generator)
-                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [loaded.config.eos_token_id])
+                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, text_stop_ids(loaded.config, gen))
                 for token in out[0].tolist():
                     stream(torch.tensor([token]))
                 sys.stdout.write(stream.texts()[0])

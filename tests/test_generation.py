@@ -447,15 +447,11 @@ def test_predict_rows_hold_each_row_s_own_tokens_not_the_batch_s_padding(num_bea
     """A translation row ends at its source length + max_source_offset; rows of a batch whose sources differ end at
     different steps, and a row that ended is filled with pad to the batch's longest. `predict` wrote that filling
     into the row's "tokens" (…, 98, 0, 0, 0, … for an empty source beside longer ones)."""
-    from tokenizers import Tokenizer, models
-
     from lit_transformer.config import GenerationConfig
-    from lit_transformer.data.text import SPECIAL_TOKENS
     from lit_transformer.tasks.base import generation_rows
 
     model = peaky({"topology": "encoder_decoder"})
-    names = [*SPECIAL_TOKENS, *(f"t{i}" for i in range(len(SPECIAL_TOKENS), model.config.tgt_vocab_size))]
-    tokenizer = Tokenizer(models.WordLevel({name: i for i, name in enumerate(names)}, unk_token="<unk>"))
+    tokenizer = _numbered_tokenizer(model.config.tgt_vocab_size)
     pad = model.config.pad_token_id
     src = torch.full((2, 6), pad, dtype=torch.long)
     src[0, :6], src[1, :2] = tokens(1, 6)[0], tokens(1, 2)[0]
@@ -464,3 +460,36 @@ def test_predict_rows_hold_each_row_s_own_tokens_not_the_batch_s_padding(num_bea
     rows = generation_rows(model, tokenizer, generation, src, mask, ["long", "short"])
     assert [len(row["tokens"]) for row in rows] == [6 + 3, 2 + 3]  # each row's own limit, no pad after it
     assert all(pad not in row["tokens"][-1:] for row in rows)
+
+
+def _numbered_tokenizer(vocab: int):
+    """A word-level tokenizer whose ids are the model's: the special tokens, then t4, t5, ..."""
+    from tokenizers import Tokenizer, models
+
+    from lit_transformer.data.text import SPECIAL_TOKENS
+
+    names = [*SPECIAL_TOKENS, *(f"t{i}" for i in range(len(SPECIAL_TOKENS), vocab))]
+    return Tokenizer(models.WordLevel({name: i for i, name in enumerate(names)}, unk_token="<unk>"))
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_row_s_text_ends_at_the_generation_s_eos_token_id(num_beams):
+    """The text of predict's and serve's rows ended at the model's EOS whatever the GenerationConfig said: with
+    eos_token_id set to a token decoding writes, the row ends there (the tokens before it kept); with -1 no token
+    ends it, and it runs to max_new_tokens."""
+    from lit_transformer.config import GenerationConfig
+    from lit_transformer.tasks.base import generation_rows, text_stop_ids
+
+    model = peaky({"topology": "decoder_only"})
+    tokenizer, x = _numbered_tokenizer(model.config.tgt_vocab_size), prompt(model, batch=1)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    free = GenerationConfig(max_new_tokens=6, eos_token_id=-1, num_beams=num_beams)
+    (row,) = generation_rows(model, tokenizer, free, x, mask, ["p"])
+    assert len(row["tokens"]) == 6 and text_stop_ids(model.config, free) == []
+    tokens = row["tokens"]
+    k = next(i for i in range(1, 6) if tokens[i] not in tokens[:i])  # a token not written before it
+    ended = free.replace(eos_token_id=tokens[k])
+    (row_ended,) = generation_rows(model, tokenizer, ended, x, mask, ["p"])
+    assert text_stop_ids(model.config, ended) == [tokens[k]] and tokens[k] not in row_ended["tokens"]
+    if num_beams == 1:  # greedy writes the same tokens up to the new EOS (beams search otherwise once it may end)
+        assert row_ended["tokens"] == tokens[:k]

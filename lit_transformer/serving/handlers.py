@@ -34,7 +34,7 @@ from lit_transformer.config import GenerationConfig
 from lit_transformer.data.text import TextStream, pad_right
 from lit_transformer.inference import LoadedModel, load_model
 from lit_transformer.serving.requests import CaptionRequest, ClassificationRequest, TextRequest, decoding_options
-from lit_transformer.tasks.base import generation_rows
+from lit_transformer.tasks.base import generation_rows, text_stop_ids
 
 log = logging.getLogger(__name__)
 
@@ -225,9 +225,8 @@ class TextGeneration(Handler):
         feeds this generator through a queue."""
         chunks: queue.Queue = queue.Queue()
         done = object()
-        stream = TextStream(
-            self.loaded.target_tokenizer, 1, item.gen.stop, [self.config.eos_token_id], echo=_QueueWriter(chunks)
-        )
+        stops = text_stop_ids(self.config, item.gen)
+        stream = TextStream(self.loaded.target_tokenizer, 1, item.gen.stop, stops, echo=_QueueWriter(chunks))
         gen = item.gen.replace(num_beams=1)  # streaming decodes greedily or samples: beams settle only at the end
 
         def decode() -> None:

@@ -84,6 +84,13 @@ def generated_rows(module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
     )  # fmt: skip
 
 
+def text_stop_ids(config: TransformerConfig, generation: GenerationConfig) -> list[int]:
+    """The id at which a row's text ends (not part of it): the GenerationConfig's eos_token_id, else the model's; none
+    for -1 (no token ends a row), as decoding itself reads it."""
+    eos_id = config.eos_token_id if generation.eos_token_id is None else generation.eos_token_id
+    return [] if eos_id is None or eos_id == -1 else [eos_id]
+
+
 def generation_rows(
     model: Transformer,
     tokenizer: Tokenizer,
@@ -96,8 +103,8 @@ def generation_rows(
     The output is cut by the GenerationConfig's stop strings and stops at EOS (not part of "tokens")."""
     from lit_transformer.data.text import TextStream
 
+    stream = TextStream(tokenizer, len(input_ids), generation.stop, text_stop_ids(model.config, generation))
     eos_id = model.config.eos_token_id if generation.eos_token_id is None else generation.eos_token_id
-    stream = TextStream(tokenizer, len(input_ids), generation.stop, [eos_id] if eos_id != -1 else [])  # -1: none
     if generation.num_beams == 1:
         model.generate(input_ids, generation, attention_mask=attention_mask, streamer=stream)
     else:  # beam search settles its tokens at the end: replay them through the same stop rules
