@@ -249,6 +249,21 @@ def test_an_encoder_decoder_stops_at_its_own_limit_with_a_note(positions):
     assert out.shape == (1, model.config.max_seq_len - 1)
 
 
+def test_the_context_note_comes_only_when_the_context_cuts_a_translation():
+    """A translation's defaults (max_new_tokens 200, source length + 50) above a context of 64 warned on every call
+    of every CPU translation preset, whatever the sources: only sources whose + 50 bound passes the context do."""
+    import warnings
+
+    model = peaky({"topology": "encoder_decoder"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 5 source tokens + 50 fit in the 63 a translation may take
+        short = model.generate(tokens(1, 5), max_new_tokens=200, eos_token_id=-1, max_source_offset=50)
+    assert short.shape == (1, 55)
+    with pytest.warns(UserWarning, match="max_seq_len - 1 = 63"):  # 20 + 50 do not
+        long = model.generate(tokens(1, 20), max_new_tokens=200, eos_token_id=-1, max_source_offset=50)
+    assert long.shape == (1, 63)
+
+
 def test_a_translation_is_at_most_its_source_length_plus_the_offset_per_row():
     model = peaky({"topology": "encoder_decoder"})
     x = tokens(2, 6, seed=3)

@@ -310,17 +310,24 @@ def plan_decoding(
     fill = cfg.pad_token_id if cfg.pad_token_id is not None else eos
     max_new, limit = gen.max_new_tokens, None
     if cfg.is_encoder_decoder:
-        if max_new > cfg.max_seq_len - 1:  # BOS takes the first of the decoder's max_seq_len positions
-            warnings.warn(
-                f"max_new_tokens={max_new} exceeds what this encoder-decoder can produce: translations stop at "
-                f"max_seq_len - 1 = {cfg.max_seq_len - 1} tokens",
-                stacklevel=4,
-            )
-            max_new = cfg.max_seq_len - 1
+        context = cfg.max_seq_len - 1  # BOS takes the first of the decoder's max_seq_len positions
+        lengths = None
         if gen.max_source_offset is not None and cfg.source != "patches":  # an image has no length to bound by
             keep = model.drop_if_unpadded(attention_mask)
             n = input_ids.shape[1]
             lengths = keep.sum(1) if keep is not None else torch.full((input_ids.shape[0],), n, device=input_ids.device)
+        # What these rows may ask for: max_new_tokens, or less where their sources bound them. The context cuts a
+        # translation only when that is more: a default cap above the context is no news (it warned on every
+        # translation preset's defaults, whatever the sources).
+        wanted = max_new if lengths is None else min(max_new, int(lengths.max()) + gen.max_source_offset)
+        if wanted > context:
+            warnings.warn(
+                f"max_new_tokens={max_new} exceeds what this encoder-decoder can produce: translations stop at "
+                f"max_seq_len - 1 = {context} tokens",
+                stacklevel=4,
+            )
+        max_new = min(max_new, context)
+        if lengths is not None:
             limit = (lengths + gen.max_source_offset).clamp(max=max_new)
             max_new = min(max_new, int(limit.max()))
     stop_ids = torch.tensor(stops, device=input_ids.device) if stops else None
