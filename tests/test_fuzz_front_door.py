@@ -723,3 +723,15 @@ def test_fp16_weights_with_an_eps_fp16_rounds_to_zero_are_refused_before_trainin
     assert "where Adam's eps=" in err and "--model.optim.eps 1e-4" in err
     code, err = answer(*flags, "--model.optim.eps", "1e-4")
     assert code == 0, err[-2000:]
+
+
+def test_a_resume_with_another_block_size_is_told_that_the_context_is_the_checkpoint_s(place):
+    """`fit --ckpt_path CKPT --data.init_args.block_size N` (N not the checkpoint's context) was answered "give one of
+    them (the other follows)", which a resume cannot do: the checkpoint fixes the context. The refusal says so and
+    names the two ways on."""
+    path = str(OLD / "language_modeling.ckpt")
+    context = torch.load(path, map_location="cpu", weights_only=False)["hyper_parameters"]["config"]["max_seq_len"]
+    code, err = answer("fit", "--config", "presets/tiny", "--ckpt_path", path, "--data.init_args.block_size",
+                       str(context // 2))  # fmt: skip
+    check_refused("config: a resume's block size", code, err, 2, "data.init_args.block_size")
+    assert f"resumes a model whose context is {context} tokens" in err and f"--model.init_from {path}" in err

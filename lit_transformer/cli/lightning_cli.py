@@ -690,6 +690,16 @@ def link_context_length(config, subcommand: str | None) -> None:
         init_args.block_size = context
     elif not context_given:
         model.config.max_seq_len = block
+    elif block != context and subcommand == "fit" and config.get("ckpt_path"):  # the context is the checkpoint's
+        path = config.ckpt_path
+        weights = "PATH.ckpt" if path in ("last", "best", "hpc", "registry") else path
+        raise ConfigError(
+            f"fit --ckpt_path {path} resumes a model whose context is {context} tokens (its model.config.max_seq_len), "
+            f"and data.init_args.block_size={block} would train it on blocks of another length: resume with "
+            f"block_size {context} (or leave it unset), or train on {block} in a new run that starts from its weights "
+            f"(--model.init_from {weights}, without --ckpt_path)",
+            keys=["data.init_args.block_size", "ckpt_path"],
+        )
     elif block != context and subcommand == "fit":
         raise ConfigError(
             f"data.init_args.block_size={block} and model.config.max_seq_len={context} disagree: the model trains on "
