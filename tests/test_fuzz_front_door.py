@@ -710,6 +710,13 @@ def test_a_model_task_its_data_does_not_feed_is_refused_before_any_data_is_read(
     )  # fmt: skip
     check_refused("config: task and data", code, err, 2, "model.task")
     assert "is not a task ClassificationDataModule makes batches for" in err and "data.class_path" in err
+    # A translation preset with a language model's DataModule: refused from the configs, before the DataModule read
+    # the Bible as text ("no column 'text'", the first thing that reading met).
+    code, err = answer(
+        "fit", "--config", "presets/tiny-translate", "--data.class_path", "lit_transformer.data.LanguageModelingDataModule"
+    )  # fmt: skip
+    check_refused("config: task and data", code, err, 2, "model.task")
+    assert "translation is fed by TranslationDataModule" in err and "no column" not in err
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "muon"])

@@ -195,6 +195,7 @@ class TransformerCLI(LightningCLIHooks):
                 check_optimizer_precision(optim.get("optimizer"), optim.get("eps"), trainer.precision)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
         check_trainer_options(trainer)
+        check_task_and_data(config)
         check_before_data(config, self.subcommand)
         log_evaluation_beside_training(config, self.subcommand)
 
@@ -669,6 +670,26 @@ def _default(owner: Callable | type, name: str) -> object:
         return field.default if field is not None else inspect.Parameter.empty
     parameter = inspect.signature(owner).parameters.get(name)
     return parameter.default if parameter is not None else inspect.Parameter.empty
+
+
+def check_task_and_data(config) -> None:
+    """The model's task (model.task, else its architecture's) against the tasks the data's DataModule feeds, from the
+    configs alone: the data is read when the DataModule is built (its tokenizer, for the vocabulary size), so a
+    mismatch was refused for whatever that reading met first (a translation preset's Bible read as a language
+    model's text: "no column 'text'"). A --ckpt_path checkpoint's task was judged already, as the file was read."""
+    data_class, model = _data_class(config.get("data")), config.get("model")
+    if data_class is None or model is None or not hasattr(data_class, "check_task"):
+        return
+
+    def plain(value):
+        return value.as_dict() if isinstance(value, jsonargparse.Namespace) else value
+
+    try:
+        task = task_class_of({"task": plain(model.get("task")), "config": plain(model.get("config"))})
+    except ConfigError:  # no task for this architecture: building the model says so, naming the fields
+        return
+    if task is not None:
+        data_class.check_task(task.name, task.__name__)
 
 
 def link_context_length(config, subcommand: str | None) -> None:

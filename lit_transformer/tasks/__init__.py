@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +89,10 @@ def task_class_of(hparams: dict[str, Any]) -> type[Task] | None:
     config = hparams.get("config")
     if config is None:
         return None
-    return default_task(config if isinstance(config, TransformerConfig) else TransformerConfig(**dict(config)))
+    if not isinstance(config, TransformerConfig):  # its architecture fields are all default_task reads
+        defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+        config = types.SimpleNamespace(**{**defaults, **dict(config)})
+    return default_task(config)
 
 
 def build_task(task: Task | str | dict | None, config: TransformerConfig, **deprecated: Any) -> Task:
