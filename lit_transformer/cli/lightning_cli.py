@@ -673,10 +673,12 @@ def _default(owner: Callable | type, name: str) -> object:
 
 
 def check_task_and_data(config) -> None:
-    """The model's task (model.task, else its architecture's) against the tasks the data's DataModule feeds, from the
-    configs alone: the data is read when the DataModule is built (its tokenizer, for the vocabulary size), so a
-    mismatch was refused for whatever that reading met first (a translation preset's Bible read as a language
-    model's text: "no column 'text'"). A --ckpt_path checkpoint's task was judged already, as the file was read."""
+    """A given model.task against the tasks the data's DataModule feeds, from the configs alone: the data is read when
+    the DataModule is built (its tokenizer, for the vocabulary size), so a mismatch was refused for whatever that
+    reading met first (a translation preset's Bible read as a language model's text: "no column 'text'"). A task
+    that comes from the architecture is judged once the model is built, so that the architecture's own mistakes
+    (topology encoder_decoder with positions none) are named first; a --ckpt_path checkpoint's task was judged as
+    the file was read."""
     data_class, model = _data_class(config.get("data")), config.get("model")
     if data_class is None or model is None or not hasattr(data_class, "check_task"):
         return
@@ -684,10 +686,10 @@ def check_task_and_data(config) -> None:
     def plain(value):
         return value.as_dict() if isinstance(value, jsonargparse.Namespace) else value
 
-    try:
-        task = task_class_of({"task": plain(model.get("task")), "config": plain(model.get("config"))})
-    except ConfigError:  # no task for this architecture: building the model says so, naming the fields
+    spec = plain(model.get("task"))
+    if not spec:  # the architecture's task: judged once the model is built, after the architecture's own checks
         return
+    task = task_class_of({"task": spec})
     if task is not None:
         data_class.check_task(task.name, task.__name__)
 
