@@ -217,8 +217,9 @@ class TransformerCLI(LightningCLIHooks):
             super().instantiate_classes()
         trained, self._trained = getattr(self, "_trained", None), None
         task = getattr(self.model, "task", None)
-        if task is not None and hasattr(self.datamodule, "check_task"):  # the model's task and this data
-            self.datamodule.check_task(task.name, type(task).__name__, None if trained is None else trained[1])
+        if trained is None and task is not None and hasattr(self.datamodule, "check_task"):
+            # the architecture's task, now that the model is built (a given one and a checkpoint's were judged before)
+            self.datamodule.check_task(task.name, type(task).__name__)
         if trained is not None and hasattr(self.datamodule, "check_trained"):  # before any data is prepared
             self.datamodule.check_trained(*trained, resuming=self.subcommand == "fit")
 

@@ -68,13 +68,6 @@ def check_least(**bounds: tuple[Any, int]) -> None:
             )
 
 
-def import_data_module(name: str) -> type:
-    """A packaged DataModule class by name (lit_transformer.data imports them lazily)."""
-    import lit_transformer.data as data
-
-    return getattr(data, name)
-
-
 def warn_deprecated_key(key: str, fix: str) -> None:
     """A FutureWarning for a deprecated DataModule key, naming the version that drops it and what to do instead."""
     warnings.warn(f"data.{key} is deprecated and dropped in {DROPPED_IN}: {fix}", FutureWarning, stacklevel=3)
@@ -268,10 +261,10 @@ class DataModule(L.LightningDataModule):
         (validate, test, predict, fit --ckpt_path): a checkpoint of another task is a file that cannot be used."""
         if cls.feeds is None or not name or name in cls.feeds:
             return
-        from lit_transformer.data import DATA_MODULES
+        import lit_transformer.data as data  # its DataModules, imported lazily by name
 
         mine, feeds = cls.__name__, " and ".join(cls.feeds)
-        others = [other for other in DATA_MODULES if name in (getattr(import_data_module(other), "feeds", None) or ())]
+        others = [other for other in data.DATA_MODULES if name in (getattr(data, other).feeds or ())]
         fed_by = f"{name} is fed by {' or '.join(others)}" if others else f"no packaged DataModule feeds {name}"
         if path is not None:
             from lit_transformer.checkpoints.files import CheckpointError
