@@ -73,6 +73,22 @@ def test_gpt2_folder_loads_in_transformers_with_our_logits(tmp_path, tokenizer, 
     assert (hf_tok.bos_token, hf_tok.eos_token) == ("<bos>", "<eos>")
 
 
+@pytest.mark.parametrize("n_kv_heads", [2, 1], ids=["gqa", "mqa"])
+def test_grouped_query_attention_is_a_gpt2_with_our_logits(tmp_path, n_kv_heads):
+    """GPT-2 has one key/value head per query head: each of ours is repeated for its group (the folder had K and V
+    weights of n_kv_heads heads, which transformers refused as a size mismatch)."""
+    model = large(build({**GPT2, "n_kv_heads": n_kv_heads}, pad_token_id=None))
+    save_hf_gpt2(model, tmp_path)
+    hf, info = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+    x = tokens(2, 24)
+    with torch.no_grad():
+        ours = model(x)
+        close(ours, hf.eval()(x).logits)
+        close(load_hf_gpt2(tmp_path)(x), ours)
+    assert ours.abs().max() > 3
+
+
 def test_gpt2_activation_names_are_not_interchangeable(tmp_path):
     """The test above could fail: at these activations exact and tanh GELU differ by far more than its 1e-5."""
     model = large(build({**GPT2, "activation": "gelu_tanh"}, pad_token_id=None))
@@ -114,8 +130,9 @@ def test_a_transformers_gpt2_loads_with_its_logits(tmp_path, activation):
 def test_gpt2_refuses_what_it_cannot_express(tmp_path, field, value):
     cfg = TransformerConfig.preset("tiny", **{field: value})
     assert any(p.startswith(f"{field}=") for p in gpt2_problems(cfg))
-    with pytest.raises(ValueError, match=f"{field}={value!r}: GPT-2 can only express"):
+    with pytest.raises(ValueError, match=f"{field}={value!r}: GPT-2 can only express") as refusal:
         save_hf_gpt2(Transformer(cfg), tmp_path)
+    assert "export --format safetensors (this package's folder) and --format onnx keep any model" in str(refusal.value)
     assert not (tmp_path / "model.safetensors").exists()
 
 
@@ -151,8 +168,11 @@ def test_a_hub_name_offline_fails_at_once(monkeypatch):
         {**PAPER, "scale_embeddings": False, "target_vocab_size": 100, "activation": "gelu"},
         # zero_init_output is an initialisation: the trained (here: random) model is a Marian like any other.
         {**PAPER, "scale_embeddings": True, "tie_embeddings": False, "activation": "relu2", "zero_init_output": True},
+        # Marian has no grouped-query attention: each key/value head is written once per query head it serves.
+        {**PAPER, "scale_embeddings": True, "n_kv_heads": 2},
+        {**PAPER, "scale_embeddings": True, "n_kv_heads": 1},
     ],
-    ids=["paper", "untied-gelu_tanh", "two-vocabularies-gelu", "untied-relu2-zero_init_output"],
+    ids=["paper", "untied-gelu_tanh", "two-vocabularies-gelu", "untied-relu2-zero_init_output", "gqa", "mqa"],
 )
 def test_the_paper_model_is_a_marian_with_our_logits(tmp_path, variant):
     model = large(build(variant, init="xavier"), std=0.3)

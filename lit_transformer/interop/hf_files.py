@@ -15,7 +15,7 @@ from tokenizers.processors import TemplateProcessing
 from lit_transformer.checkpoints.files import follow_umask
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.sources import is_local_name
-from lit_transformer.errors import MissingFileError
+from lit_transformer.errors import ConfigError, MissingFileError
 
 # The switches none of the Hugging Face architectures we write can hold: field -> (the value they all have, what
 # they lack). zero_init_output is an initialisation only, so any format holds a model trained with it.
@@ -38,6 +38,28 @@ def switch_problems(cfg: TransformerConfig, architecture: str) -> list[str]:
         for name, (value, lacks) in HF_LACKS.items()
         if getattr(cfg, name) != value
     ]
+
+
+def cannot_save(architecture: str, problems: list[str]) -> ConfigError:
+    """The refusal of a model `architecture` cannot express: each field, then where every model can go."""
+    return ConfigError(
+        f"This model cannot be saved as a Hugging Face {architecture}:\n  - "
+        + "\n  - ".join(problems)
+        + "\nexport --format safetensors (this package's folder) and --format onnx keep any model."
+    )
+
+
+def full_heads_qkv(tensor: torch.Tensor, cfg: TransformerConfig) -> torch.Tensor:
+    """A fused QKV weight or bias of grouped-query attention as multi-head attention's: each key/value head repeated
+    for the query heads it serves (attend() gives each H / H_kv consecutive ones). The same logits, for formats with no
+    grouped-query attention (GPT-2, Marian); unchanged where every query head has its own key/value head."""
+    if cfg.kv_heads == cfg.n_heads:
+        return tensor
+    kv = cfg.kv_heads * cfg.head_dim
+    q, k, v = tensor.split((cfg.d_model, kv, kv))
+    group = cfg.n_heads // cfg.kv_heads
+    k, v = (t.unflatten(0, (cfg.kv_heads, cfg.head_dim)).repeat_interleave(group, 0).flatten(0, 1) for t in (k, v))
+    return torch.cat([q, k, v])
 
 
 WEIGHT_PATTERNS = [

@@ -15,8 +15,15 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.errors import BadFileError, ConfigError
-from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_hf_folder, switch_problems, write_hf_folder
+from lit_transformer.errors import BadFileError
+from lit_transformer.interop.hf_files import (
+    HF_SWITCHES_OFF,
+    cannot_save,
+    full_heads_qkv,
+    read_hf_folder,
+    switch_problems,
+    write_hf_folder,
+)
 from lit_transformer.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -34,7 +41,7 @@ FROM_HF_ACTIVATION = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
 GPT2_SHAPE = {
     "topology": ("decoder_only", "GPT-2 has no encoder; export encoder-decoder models with save_hf_marian"),
     "norm_position": ("pre", "GPT-2 normalises before each sublayer (ln_1, ln_2) and once at the end (ln_f)"),
-    "positions": ("learned", "GPT-2 adds a learned position table (wpe); it has no sinusoidal encoding"),
+    "positions": ("learned", "GPT-2 adds a learned position table (wpe): no sinusoids, rotary, ALiBi or none"),
     "scale_embeddings": (False, "GPT-2 adds token and position embeddings unscaled"),
     "bias": (True, "GPT-2's Conv1D projections and LayerNorms always carry biases"),
     "tie_embeddings": (True, "GPT2LMHeadModel ties lm_head to the token embedding wte"),
@@ -63,7 +70,7 @@ def gpt2_problems(cfg: TransformerConfig) -> list[str]:
 def _check_gpt2(cfg: TransformerConfig) -> None:
     problems = gpt2_problems(cfg)
     if problems:
-        raise ConfigError("This model cannot be saved as a Hugging Face GPT-2:\n  - " + "\n  - ".join(problems))
+        raise cannot_save("GPT-2", problems)
 
 
 def to_hf_config(cfg: TransformerConfig) -> dict:
@@ -144,7 +151,8 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """GPT2LMHeadModel's parameter names (lm_head is tied to wte, so not stored, as save_pretrained does). wte holds
-    the true vocabulary: padded rows (pad_vocab_to_multiple_of) are ours alone and are dropped."""
+    the true vocabulary: padded rows (pad_vocab_to_multiple_of) are ours alone and are dropped. Grouped-query
+    attention is written as the multi-head attention that computes it (full_heads_qkv)."""
     s = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     out = {
         "transformer.wte.weight": s["tgt_embed.weight"][: model.config.vocab_size],
@@ -156,6 +164,8 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         ours, theirs = f"decoder_blocks.{i}.", f"transformer.h.{i}."
         for our_name, hf_name in _BLOCK_NAMES.items():
             tensor = s[ours + our_name]
+            if our_name.startswith("self_attn.qkv."):  # GPT-2 has no grouped-query attention: K/V heads repeated
+                tensor = full_heads_qkv(tensor, model.config)
             # Conv1D weights are (in, out): the transpose of nn.Linear's.
             out[theirs + hf_name] = tensor.T if hf_name in _CONV1D_WEIGHTS else tensor
     return {k: v.contiguous() for k, v in out.items()}

@@ -16,8 +16,14 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import TransformerConfig
-from lit_transformer.errors import BadFileError, ConfigError
-from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_hf_folder, switch_problems, write_hf_folder
+from lit_transformer.errors import BadFileError
+from lit_transformer.interop.hf_files import (
+    HF_SWITCHES_OFF,
+    cannot_save,
+    read_hf_folder,
+    switch_problems,
+    write_hf_folder,
+)
 from lit_transformer.interop.hf_gpt2 import pad_rows
 from lit_transformer.model import Transformer
 
@@ -200,7 +206,7 @@ def save_hf_llama(model: Transformer, directory: str | os.PathLike, tokenizer: T
     cfg = model.config
     problems = llama_problems(cfg)
     if problems:
-        raise ConfigError("This model cannot be saved as a Hugging Face Llama:\n  - " + "\n  - ".join(problems))
+        raise cannot_save("Llama", problems)
     return write_hf_folder(directory, to_hf_config(cfg), to_hf_state_dict(model), tokenizer, cfg)
 
 

@@ -30,8 +30,15 @@ from lit_transformer.data.marian_tokenizers import (  # noqa: F401 - the Marian 
     marian_decoder_start_token_id,
     spm_tokenizer,
 )
-from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
-from lit_transformer.interop.hf_files import HF_SWITCHES_OFF, read_state_dict, save_hf_tokenizer, switch_problems
+from lit_transformer.errors import BadFileError, MissingFileError
+from lit_transformer.interop.hf_files import (
+    HF_SWITCHES_OFF,
+    cannot_save,
+    full_heads_qkv,
+    read_state_dict,
+    save_hf_tokenizer,
+    switch_problems,
+)
 from lit_transformer.model import Transformer
 
 # Marian's names for our activations: gelu_pytorch_tanh is F.gelu(approximate="tanh"), the very function we call;
@@ -155,6 +162,8 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     cfg = model.config
     d = cfg.d_model
     s = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    # Marian has no grouped-query attention: written as the multi-head attention that computes it.
+    s |= {k: full_heads_qkv(v, cfg) for k, v in s.items() if ".self_attn.qkv." in k}
     s["src_embed.weight"] = s["src_embed.weight"][: cfg.vocab_size]
     s["tgt_embed.weight"] = s["tgt_embed.weight"][: cfg.tgt_vocab_size]
     s["lm_head.weight"] = s["lm_head.weight"][: cfg.tgt_vocab_size]
@@ -188,7 +197,7 @@ def save_hf_marian(
     cfg = model.config
     problems = marian_problems(cfg)
     if problems:
-        raise ConfigError("This model cannot be saved as a Hugging Face MarianMTModel:\n  - " + "\n  - ".join(problems))
+        raise cannot_save("MarianMTModel", problems)
     hf = MarianMTModel(MarianConfig(**to_hf_config(cfg)))
     state = to_hf_state_dict(model)
     missing, unexpected = hf.load_state_dict(state, strict=False)
