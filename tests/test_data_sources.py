@@ -249,6 +249,30 @@ def test_an_encoding_that_is_not_line_by_line_is_refused_with_the_fix(tmp_path):
         sources.check_encoding("klingon")
 
 
+TEXT = "In the beginning God created the heaven and the earth.\nAnd the earth was without form.\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("train.txt", TEXT.encode("utf-16"), r"train\.txt is UTF-16 text \(it starts with that byte order mark\)"),
+        ("train.txt", TEXT.encode("utf-16-le"), r"train\.txt is UTF-16LE text \(a zero byte after each character\)"),
+        ("train.txt", TEXT.encode("utf-16-be"), r"train\.txt is UTF-16BE text \(a zero byte before each character\)"),
+        ("train.txt", TEXT.encode("utf-32"), r"train\.txt is UTF-32 text .*iconv -f UTF-32 -t UTF-8"),
+        ("train.csv", ("text,label\n" + TEXT.replace("\n", ",x\n")).encode("utf-16"), r"iconv -f UTF-16 -t UTF-8"),
+        ("train.jsonl", '{"text": "a", "label": "x"}\n'.encode("utf-16"), r"train\.utf8\.jsonl \(Windows Notepad"),
+    ],
+)
+def test_a_utf16_or_utf32_file_is_named_with_the_conversion(tmp_path, name, data, message):
+    """Windows writes UTF-16 (Notepad's 'Unicode', PowerShell 5's >): named as such, not as binary data that "another
+    encoding will not help", nor as an encoding to give (the reader splits lines at the byte 0x0A)."""
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(sources.DataFileError, match=message):
+        stream = (CorpusStream if name.endswith(".txt") else LabelledStream)(str(tmp_path / name))
+        for split in ("train", "validation", "test"):
+            list(stream.records_of(split))
+
+
 @pytest.mark.parametrize(
     ("name", "data", "message"),
     [

@@ -176,6 +176,15 @@ def decode(
     byte in `data` that says it), never replaced."""
     if first and encoding.replace("_", "-").lower() in ("utf-8", "utf8") and data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8) :]
+    wide = _wide_encoding(data) if first else None
+    if wide:
+        name, how = wide
+        converted = Path(path).with_name(f"{Path(path).stem}.utf8{''.join(Path(path).suffixes[-1:])}")
+        raise DataFileError(
+            f"{path} is {name} text ({how}), not {encoding}, and is not read line by line: convert it to UTF-8 first, "
+            f"e.g. iconv -f {name} -t UTF-8 {path} > {converted}"
+            + (" (Windows Notepad's 'Unicode' and PowerShell 5's > write UTF-16)" if name.startswith("UTF-16") else "")
+        )
     controls = len(data) - len(data.translate(None, CONTROL_BYTES))
     if b"\x00" in data or (len(data) >= 8 and controls > len(data) // 4):  # no text reads so, in any encoding
         at = data.index(b"\x00") if b"\x00" in data else 0
@@ -208,6 +217,29 @@ def decode(
             f"{path}:{number} is not {encoding} text (bytes {bad!r}); if the file is in another encoding, name it, "
             f"e.g. --data.init_args.encoding latin-1 (or cp1252); no byte is replaced silently"
         ) from None
+
+
+# Byte order marks of the encodings whose newline is not the byte 0x0A; UTF-32's first (its LE mark begins as UTF-16's).
+WIDE_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+             (codecs.BOM_UTF16_BE, "UTF-16"))  # fmt: skip
+
+
+def _wide_encoding(data: bytes) -> tuple[str, str] | None:
+    """(encoding, how it was told) of a file's first line in UTF-16 or UTF-32: by its byte order mark, or for UTF-16
+    without one, by a zero byte in every other place, as Latin text has; None for any other."""
+    mark = next((name for bom, name in WIDE_BOMS if data.startswith(bom)), None)
+    if mark:
+        return mark, "it starts with that byte order mark"
+    sample = data[:4096]
+    half = len(sample) // 2
+    if half < 4:
+        return None
+    even, odd = sample[0::2].count(0), sample[1::2].count(0)
+    if odd > 0.6 * half and even < 0.1 * half:
+        return "UTF-16LE", "a zero byte after each character"
+    if even > 0.6 * half and odd < 0.1 * half:
+        return "UTF-16BE", "a zero byte before each character"
+    return None
 
 
 # The control bytes text never holds (tab, newlines, vertical tab, form feed and carriage return aside): NUL is one.
