@@ -262,6 +262,11 @@ MISTAKES = {
     ),
     "a synonym of a command": (["train", "--config", "presets/tiny"], 2, ["unknown command 'train'. Did you mean 'fit'"]),
     "a missing config": (["fit", "--config", "nope.yaml"], 2, ["--config nope.yaml: no such file here"]),
+    "epochs for the main job's schedule": (
+        ["fit", "--config", "base", "--trainer.max_steps", "-1", "--trainer.max_epochs", "2"], 2,
+        ["model.optim.schedule wsd decays over the run's optimizer steps", "trainer.max_epochs 2 is not read",
+         "--trainer.max_steps N"],
+    ),
     "a DataModule key mistyped": (
         ["fit", "--config", "presets/tiny", "--data.init_args.block_sizee", "8"], 2,
         ["Did you mean data.init_args.block_size",

@@ -593,13 +593,20 @@ def check_before_data(config, subcommand: str | None) -> None:
     if subcommand != "fit" or optim is None or not hasattr(optim, "get"):
         return
     schedule = model.get("schedule") or optim.get("schedule")  # the deprecated flat key first, as LitTransformer
-    if schedule == "cosine" and not (model.get("schedule_steps") or optim.get("schedule_steps")):
+    if schedule in ("cosine", "wsd") and not (model.get("schedule_steps") or optim.get("schedule_steps")):
         steps = config.trainer.get("max_steps")
         if steps in (None, -1, 0):  # other values are Lightning's to judge (lightning_refusals)
+            epochs = config.trainer.get("max_epochs")
+            why = (
+                f" (trainer.max_epochs {epochs} is not read: Lightning's estimated_stepping_batches breaks mid-epoch "
+                "resume, Lightning issue #20550)"
+                if epochs not in (None, -1)
+                else ""
+            )
             raise ConfigError(
-                "model.optim.schedule cosine decays over the run's optimizer steps, and trainer.max_steps is not set: "
-                "give --trainer.max_steps N (or --model.optim.schedule_steps N)",
-                keys=["model.optim.schedule", "trainer.max_steps"],
+                f"model.optim.schedule {schedule} decays over the run's optimizer steps, and trainer.max_steps is not "
+                f"set{why}: give --trainer.max_steps N (or --model.optim.schedule_steps N)",
+                keys=["model.optim.schedule", "trainer.max_steps"] + (["trainer.max_epochs"] if why else []),
             )
 
 

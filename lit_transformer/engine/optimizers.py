@@ -48,7 +48,8 @@ class Optimization:
     warmup_steps: int = 100
     """Optimizer steps of linear warmup (noam: the paper's warmup_steps, 4000)."""
     schedule_steps: int | None = None
-    """Length of the cosine or wsd schedule in optimizer steps; None uses trainer.max_steps."""
+    """Length of the cosine or wsd schedule in optimizer steps; None uses trainer.max_steps (trainer.max_epochs is not
+    read: Lightning's estimated_stepping_batches breaks mid-epoch resume, Lightning issue #20550)."""
     min_lr_ratio: float = 0.1
     """Where the cosine and wsd schedules end, as a fraction of lr (the speedrun's cooldown ends at 0.1 too)."""
     decay_fraction: float = 0.2
