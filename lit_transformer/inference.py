@@ -22,6 +22,7 @@ from lit_transformer.data.sources import DataFileError
 from lit_transformer.data.text import TextStream, pad_right
 from lit_transformer.errors import ConfigError, MissingFileError
 from lit_transformer.model import Transformer
+from lit_transformer.model.generation import check_for_model
 from lit_transformer.tasks import Task, build_task, default_task
 from lit_transformer.tasks.base import text_stop_ids
 
@@ -196,12 +197,33 @@ def task_from_checkpoint(checkpoint: dict, config: TransformerConfig) -> Task:
 def _device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        kind = torch.device(name).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device {name} is not a device decoding runs on: give cpu, cuda (or cuda:N), mps or auto")
+    if (kind == "cuda" and not torch.cuda.is_available()) or (kind == "mps" and not torch.backends.mps.is_available()):
         raise ConfigError(f"--device {name} asks for a GPU, but none is available here; use --device cpu")
     return name
 
 
-def _generation(args, task: type[Task] | Task) -> GenerationConfig:
+SAMPLING = ("temperature", "top_k", "top_p", "seed")
+
+
+def _generation(args, loaded: LoadedModel) -> GenerationConfig:
+    """The decoding settings of a command's flags over the task's defaults, judged against the model before anything
+    is printed; sampling flags that beam search does not read are named in a note."""
+    gen = _settings(args, loaded.task)
+    check_for_model(gen, loaded.config)
+    unread = [f"--{name}" for name in SAMPLING if gen.num_beams > 1 and args.get(name) is not None]
+    if unread:
+        verb = "is" if len(unread) == 1 else "are"
+        _note(f"--num_beams {gen.num_beams} decodes deterministically: {', '.join(unread)} {verb} not read")
+    return gen
+
+
+def _settings(args, task: type[Task] | Task) -> GenerationConfig:
     values = {f.name: args[f.name] for f in dataclasses.fields(GenerationConfig)}
     for name in ("stop", "stop_token_ids"):
         if values[name] is not None and not isinstance(values[name], list):
@@ -285,7 +307,12 @@ def run_generate(args) -> None:
         prompts = ["\n" if args.prompt is None else args.prompt]
     loaded = _load(args)
     _check_command(loaded, "generate")
-    gen = _generation(args, loaded.task)
+    gen = _generation(args, loaded)
+    if gen.num_beams > 1 and args.num_samples > 1:  # beam search draws nothing: every sample would be the same text
+        raise ConfigError(
+            f"--num_samples {args.num_samples} with --num_beams {gen.num_beams}: beam search is deterministic, so "
+            "every sample would be the same text; sample several with --num_beams 1 (and a temperature above 0)"
+        )
     generator = torch.Generator(device=loaded.device)
     generator.manual_seed(gen.seed) if gen.seed is not None else generator.seed()
     window = loaded.config.max_seq_len
@@ -321,7 +348,7 @@ def run_translate(args) -> None:
     texts = [args.text] if args.text is not None else _inputs("--input", args.input, "sentence")
     loaded = _load(args)
     _check_command(loaded, "translate")
-    gen = _generation(args, loaded.task)
+    gen = _generation(args, loaded)
     _check_source_lengths(loaded, texts, "--text" if args.text is not None else f"--input {args.input}")
     for start in range(0, len(texts), args.batch_size):
         for text in translate(loaded, texts[start : start + args.batch_size], gen):

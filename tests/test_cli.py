@@ -443,6 +443,34 @@ def test_generate_runs_past_the_context_and_serves_people(tiny_run: Path):
     assert out.startswith("\n") and len(out) > 1
 
 
+@pytest.mark.parametrize(
+    "flags, refusal",
+    [
+        (["--window_keep", "100"], "window_keep=100 exceeds max_seq_len=64"),
+        (["--stop_token_ids", "500"], "eos_token_id/stop_token_ids [500] are not tokens of this model"),
+        (["--device", "tpu"], "--device tpu is not a device decoding runs on: give cpu, cuda (or cuda:N), mps or auto"),
+        (["--num_beams", "3", "--num_samples", "2"], "beam search is deterministic, so every sample would be the same"),
+    ],
+    ids=["window_keep", "stop_token_ids", "device", "beams-samples"],
+)
+def test_generate_refuses_settings_the_model_cannot_use_before_printing(tiny_run: Path, flags, refusal):
+    """A window past the context was refused once the window slid, after the prompt had been printed (on the line of
+    the refusal); a device torch does not know was a RuntimeError traceback; samples of beam search were the same."""
+    checkpoint = str(tiny_run / "checkpoints" / "last.ckpt")
+    result = _cli("generate", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--max_new_tokens", "80", *flags,
+                  cwd=tiny_run, ok=False)  # fmt: skip
+    assert result.returncode == 2 and refusal in result.stderr, result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_generate_names_the_sampling_flags_beam_search_does_not_read(tiny_run: Path):
+    checkpoint = str(tiny_run / "checkpoints" / "last.ckpt")
+    common = ["generate", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--max_new_tokens", "5", "--num_beams", "2"]
+    result = _cli(*common, "--top_k", "5", "--temperature", "0.5", cwd=tiny_run)
+    assert "note: --num_beams 2 decodes deterministically: --temperature, --top_k are not read" in result.stderr
+    assert "note:" not in _cli(*common, cwd=tiny_run).stderr  # the task's sampling defaults are not the user's
+
+
 def test_generate_refuses_a_missing_checkpoint_or_another_kind_of_file(tmp_path: Path):
     result = _cli("generate", "--checkpoint", str(tmp_path / "nope.ckpt"), cwd=tmp_path, ok=False)
     assert "nope.ckpt" in result.stderr and "Traceback" not in result.stderr

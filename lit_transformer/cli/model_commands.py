@@ -41,7 +41,7 @@ def decoding_parser(command: str, description: str) -> ArgumentParser:
     )
     parser = command_parser(command, description)
     parser.add_argument("--checkpoint", type=str, required=True, help=CHECKPOINT_HELP)
-    parser.add_argument("--device", type=str, default="auto", help="cpu, cuda, or auto.")
+    parser.add_argument("--device", type=str, default="auto", help="cpu, cuda (or cuda:N), mps, or auto.")
     add_base_argument(parser)
     add_quantize_argument(parser)
     hints, docs = typing.get_type_hints(GenerationConfig), field_docs(GenerationConfig)

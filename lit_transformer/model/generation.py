@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from lit_transformer.config import GenerationConfig
+from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -288,15 +288,9 @@ class DecodingPlan:
     fill: int | None
 
 
-def plan_decoding(
-    model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig | None, overrides
-) -> DecodingPlan:
-    """The settings (config with overrides) and what they come to for this model and input; shared by every model
-    that decodes through `decode` (the Transformer, an exported graph)."""
-    cfg = model.config
-    if cfg.is_encoder_only:
-        raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
-    gen = (config or GenerationConfig()).replace(**overrides)
+def check_for_model(gen: GenerationConfig, cfg: TransformerConfig) -> list[int]:
+    """Refuse settings this model cannot decode with (a window past its context, a stop id outside its vocabulary);
+    the ids that end a row. Commands call it before they print anything, decoding again when it starts."""
     if gen.window_keep is not None and gen.window_keep > cfg.max_seq_len:
         raise ConfigError(f"window_keep={gen.window_keep} exceeds max_seq_len={cfg.max_seq_len}")
     eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
@@ -307,6 +301,20 @@ def plan_decoding(
             f"eos_token_id/stop_token_ids {outside} are not tokens of this model, whose vocabulary has ids 0 to "
             f"{cfg.tgt_vocab_size - 1}"
         )
+    return stops
+
+
+def plan_decoding(
+    model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig | None, overrides
+) -> DecodingPlan:
+    """The settings (config with overrides) and what they come to for this model and input; shared by every model
+    that decodes through `decode` (the Transformer, an exported graph)."""
+    cfg = model.config
+    if cfg.is_encoder_only:
+        raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
+    gen = (config or GenerationConfig()).replace(**overrides)
+    stops = check_for_model(gen, cfg)
+    eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
     fill = cfg.pad_token_id if cfg.pad_token_id is not None else eos
     max_new, limit = gen.max_new_tokens, None
     if cfg.is_encoder_decoder:
