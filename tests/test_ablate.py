@@ -255,3 +255,23 @@ def test_a_grid_found_nowhere_is_named_as_a_grid_with_the_nearest_packaged_one(t
     with pytest.raises(ConfigError, match="^grid frontir: no such file here") as refused:
         ablate.main(["frontir", "--dry-run"])
     assert "did you mean ablations/frontier?" in refused.value.hint
+
+
+def test_a_cells_config_that_changes_an_override_wins_and_fit_accepts_the_command(tmp_path: Path):
+    """A cell's variant config comes after the grid's overrides, so where it sets one of their keys it wins (as
+    jsonargparse reads arguments in order). fit refuses a flag a later config sets again, so the composed command
+    leaves the dead override out: the same run."""
+    from lit_transformer.cli.arguments import check_flag_order
+
+    (tmp_path / "longer.yaml").write_text("trainer:\n  max_steps: 4\n")
+    (tmp_path / "grid.yaml").write_text(
+        "base: [configs/presets/tiny.yaml]\n"
+        "overrides: [--trainer.max_steps 3, --trainer.val_check_interval 3]\n"
+        f"cells:\n  short: []\n  longer: [--config {tmp_path / 'longer.yaml'}]\n"
+    )
+    grid = ablate.Grid.load(tmp_path / "grid.yaml")
+    commands = {run.cell: run.command("fit")[4:] for run in grid.runs(tmp_path / "out", extra=[])}
+    assert "--trainer.max_steps" in commands["short"] and "--trainer.max_steps" not in commands["longer"]
+    for argv in commands.values():
+        check_flag_order(argv)
+        assert "--trainer.val_check_interval" in argv

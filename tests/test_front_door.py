@@ -262,6 +262,11 @@ MISTAKES = {
     ),
     "a synonym of a command": (["train", "--config", "presets/tiny"], 2, ["unknown command 'train'. Did you mean 'fit'"]),
     "a missing config": (["fit", "--config", "nope.yaml"], 2, ["--config nope.yaml: no such file here"]),
+    "a flag before the config that sets it": (
+        ["fit", "--trainer.max_steps", "3", "--config", "presets/tiny"], 2,
+        ["--trainer.max_steps 3 is set again by presets/tiny.yaml (packaged), given after it: later arguments win",
+         "Put flags after the configs they change"],
+    ),
     "epochs for the main job's schedule": (
         ["fit", "--config", "base", "--trainer.max_steps", "-1", "--trainer.max_epochs", "2"], 2,
         ["model.optim.schedule wsd decays over the run's optimizer steps", "trainer.max_epochs 2 is not read",
@@ -615,3 +620,24 @@ def test_generate_with_beams_prints_the_settled_text(capsys):
     )
     out = capsys.readouterr().out
     assert out.startswith("ROMEO:") and len(out.strip()) > len("ROMEO:")
+
+
+def test_a_flag_a_later_config_sets_is_found_and_a_composed_command_leaves_it_out(tmp_path: Path):
+    """The preset's 20 steps ran where the flag said 3. A flag before a config that does not set its key stays (the
+    order matters only where both set it); an ablation grid's overrides, which a cell's variant config may change,
+    are composed without the dead flag: the same run, which fit accepts."""
+    from lit_transformer.cli.arguments import check_flag_order, overridden_flags, without_overridden
+
+    tiny = resolve_config("presets/tiny")
+    (tmp_path / "steps.yaml").write_text("trainer:\n  max_steps: 7\nmodel:\n  config: {d_model: 64}\n")
+    steps = str(tmp_path / "steps.yaml")
+    argv = ["--trainer.max_steps", "3", "--model.config.d_model=48", "--trainer.max_epochs", "1", "--config", steps]
+    assert [(i, n) for i, n, _ in overridden_flags(argv)] == [(0, 2), (2, 1)]
+    assert without_overridden(argv) == ["--trainer.max_epochs", "1", "--config", steps]
+    check_flag_order(["--trainer.max_epochs", "1", "--config", tiny])  # tiny sets no max_epochs
+    check_flag_order(["--config", tiny, "--trainer.max_steps", "3"])
+    check_flag_order(["--trainer.max_steps", "3", "--config", steps, "--trainer.max_steps", "4"])  # the last flag wins
+    with pytest.raises(ValueError, match="these flags would do nothing"):
+        check_flag_order(argv)
+    # a group below the key is not a value: --data CLASS and a config's data.init_args are merged, not replaced
+    assert overridden_flags(["--data.init_args", "{}", "--config", tiny]) == []

@@ -516,6 +516,76 @@ def _given(key: str, argv: Sequence[str]) -> str | None:
     return None
 
 
+def overridden_flags(argv: Sequence[str]) -> list[tuple[int, int, str]]:
+    """(index, tokens, why) of each `--key VALUE` (or `--key=VALUE`) that a config given after it sets again: later
+    arguments win (jsonargparse reads them in order), so such a flag does nothing."""
+    items = list(argv)
+    found = []
+    for i, item in enumerate(items):
+        name, eq, value = item.partition("=")
+        if not name.startswith("--") or name in CONFIG_FLAGS or "." not in name:
+            continue
+        key = name[2:].removesuffix("+")
+        where = _given(key, items[i + 1 :])
+        if where is not None and where != f"--{key}" and _sets_a_value(where, key):
+            shown = value if eq else (items[i + 1] if i + 1 < len(items) else "")
+            found.append((i, 1 if eq else 2, f"--{key} {shown} is set again by {where}, given after it"))
+    return found
+
+
+def check_flag_order(argv: Sequence[str]) -> None:
+    """Refuse a flag that a config given after it sets again: `--trainer.max_steps 3 --config presets/tiny` ran the
+    preset's 20 steps without a word."""
+    lost = [why for _, _, why in overridden_flags(argv)]
+    if lost:
+        raise ConfigError(
+            "; ".join(lost)
+            + f": later arguments win, so {'the flag' if len(lost) == 1 else 'these flags'} would do nothing. Put "
+            "flags after the configs they change (--config FILE ... --KEY VALUE)"
+        )
+
+
+def without_overridden(argv: Sequence[str]) -> list[str]:
+    """argv without the flags a later config sets again: the same run, for argv a program composes in layers (an
+    ablation grid's overrides, then a cell's variant config that changes one of them)."""
+    dropped = {i + k for i, n, _ in overridden_flags(argv) for k in range(n)}
+    return [item for i, item in enumerate(argv) if i not in dropped]
+
+
+def _sets_a_value(where: str, key: str) -> bool:
+    """Whether the config `where` (as _given shows it) gives `key` a value, not a group of keys below it: a group may
+    be merged with a flag's class (--data CLASS), a value replaces the flag's."""
+    import yaml
+
+    path = resolve_config(where.removesuffix(" (packaged)"))
+    try:
+        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return False
+    nested = [tree.get(c) for c in ("fit", "validate", "test", "predict")] if isinstance(tree, dict) else []
+    return any(_value_at(node, key.split(".")) not in (_NOT_SET, _SUBTREE) for node in (tree, *nested))
+
+
+_NOT_SET, _SUBTREE = object(), object()
+
+
+def _value_at(tree: Any, parts: list[str]) -> Any:
+    """The value a YAML tree holds at a key path (nested or dotted): _SUBTREE for a mapping, _NOT_SET for none."""
+    if not isinstance(tree, dict):
+        return _NOT_SET
+    if not parts:
+        return _SUBTREE
+    for i in range(1, len(parts) + 1):
+        head = ".".join(parts[:i])
+        if head in tree:
+            if i == len(parts):
+                return _SUBTREE if isinstance(tree[head], dict) else tree[head]
+            found = _value_at(tree[head], parts[i:])
+            if found is not _NOT_SET:
+                return found
+    return _NOT_SET
+
+
 def _shown(path: str) -> str:
     """A config file as a user names it: a packaged one by its name (presets/tiny.yaml), another as given."""
     try:

@@ -56,7 +56,13 @@ from typing import Any
 import yaml
 from jsonargparse.typing import PositiveInt
 
-from lit_transformer.cli.arguments import command_parser, parse, resolve_config, split_passed_on
+from lit_transformer.cli.arguments import (
+    command_parser,
+    parse,
+    resolve_config,
+    split_passed_on,
+    without_overridden,
+)
 from lit_transformer.errors import ConfigError, UserError
 from lit_transformer.records import machine, read_runs, write_run
 
@@ -192,19 +198,21 @@ class Run:
         configs = [token for path in self.grid.base for token in ("--config", path)]
         seed = [token for flag in self.grid.seed_flags for token in (f"--{flag}", str(self.seed))]
         logger = {"class_path": LOGGER, "init_args": {"save_dir": str(self.folder), "name": "tb", "version": stage}}
-        return [
-            *configs,
-            *self.grid.overrides,
-            *self.grid.cells[self.cell],
-            *self.extra,
-            *seed,
-            "--trainer.default_root_dir",
-            str(self.folder),
-            "--trainer.logger",
-            json.dumps(logger),
-            "--checkpoint.dirpath",
-            str(self.folder / "checkpoints"),
-        ]
+        return without_overridden(
+            [
+                *configs,
+                *self.grid.overrides,
+                *self.grid.cells[self.cell],
+                *self.extra,
+                *seed,
+                "--trainer.default_root_dir",
+                str(self.folder),
+                "--trainer.logger",
+                json.dumps(logger),
+                "--checkpoint.dirpath",
+                str(self.folder / "checkpoints"),
+            ]
+        )  # a cell's config that changes an override wins, as it always did: the dead flag is left out (fit refuses it)
 
     def command(self, stage: str) -> list[str]:
         """The `fit` (resuming from last.ckpt when there is one), `test` (from the best checkpoint) or `eval-N`
@@ -529,6 +537,7 @@ def timing_command(grid: Grid, cell: str | None, out: Path, warmup: int, steps: 
     folder = out / "timing" / re.sub(r"[^\w.+-]+", "_", cell or BASE_ROW).strip("_")
     where = ["--trainer.default_root_dir", str(folder), "--checkpoint.dirpath", str(folder / "checkpoints")]
     fit = [*configs, *flags, *extra, *seed, *where, *TIMING_FLAGS, "--trainer.max_steps", str(warmup + steps + 1)]
+    fit = without_overridden(fit)
     child = "from lit_transformer.recipes.ablate import time_child; time_child()"
     return [sys.executable, "-c", child, str(warmup), str(steps), *fit]
 
