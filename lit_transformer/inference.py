@@ -264,7 +264,15 @@ def _load(args) -> LoadedModel:
     device = args.device
     if device == "auto" and args.quantize != "none":
         device = "cpu"  # the int8 kernels are CPU kernels
-    return quantize_loaded(load_model(args.checkpoint, _device(device), args.base), args.quantize)
+    device = _device(device)
+    if args.quantize != "none" and torch.device(device).type != "cpu":  # judged before the model is loaded there
+        from lit_transformer.transforms.int8 import QuantizationError
+
+        raise QuantizationError(
+            f"--quantize {args.quantize}: int8 dynamic quantization runs on the CPU only (--device {device}): use "
+            "--device cpu, or bf16/fp16 on a GPU instead"
+        )
+    return quantize_loaded(load_model(args.checkpoint, device, args.base), args.quantize)
 
 
 def _inputs(flag: str, path: str, what: str) -> list[str]:

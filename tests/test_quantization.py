@@ -200,7 +200,7 @@ def _checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
     return path
 
 
-def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, capsys):
+def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, capsys, monkeypatch):
     from lit_transformer.cli.model_commands import generate_main, translate_main
 
     vocab = tokenizer.get_vocab_size()
@@ -231,8 +231,9 @@ def test_generate_translate_and_export_take_quantize_int8(tmp_path, tokenizer, c
     assert translation.shape == (2, 6)
     with pytest.raises(ConfigError, match="safetensors or onnx, not hf"):
         export_main(["--checkpoint", str(lm), "--format", "hf", "--out", str(tmp_path / "o"), "--quantize", "int8"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before any model is loaded there
     with pytest.raises(ConfigError, match="--quantize int8: int8 dynamic quantization runs on the CPU only"):
-        generate_main([*common, "--quantize", "int8", "--device", "meta"])
+        generate_main([*common, "--quantize", "int8", "--device", "cuda"])
 
 
 def test_predict_quantizes_and_fit_refuses(tmp_path, monkeypatch):
