@@ -353,3 +353,21 @@ def test_a_fit_from_an_earlier_checkpoint_of_its_own_folder_is_refused_and_goes_
         str(folder / "snapshot.ckpt"),
     )
     assert cli.trainer.global_step == 6 and {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_a_new_fit_in_a_folder_with_a_run_says_where_its_files_go(tmp_path: Path, caplog) -> None:
+    """Lightning starts the new run beside the earlier one and writes its last checkpoint as last-v1.ckpt, while
+    last.ckpt (what the pages call the final model) stays the earlier run's: said at the start, with how to resume
+    that run instead, in place of Lightning's warning that the folder is not empty."""
+    import logging
+    import warnings
+
+    folder = tmp_path / "run" / "checkpoints"
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "2")
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "2")
+    note = f"note: {folder} holds an earlier run (last.ckpt); this fit starts a new one beside it, whose last "
+    assert note + "checkpoint will be last-v1.ckpt. To go on with the earlier run, give --ckpt_path last" in caplog.text
+    assert cli.trainer.global_step == 2 and load_checkpoint(folder / "last-v1.ckpt")["global_step"] == 2
+    assert not [w for w in caught if "exists and is not empty" in str(w.message)]

@@ -281,6 +281,8 @@ class TransformerCLI(LightningCLIHooks):
         if subcommand == "fit":  # restarted by torchrun (--max-restarts): go on from the run's last checkpoint
             dirpath = (self.config.fit.get("checkpoint") or {}).get("dirpath")
             self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
+            if self.config.fit.ckpt_path is None and dirpath:
+                note_earlier_run(dirpath)
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
@@ -622,6 +624,24 @@ def log_evaluation_beside_training(config, subcommand: str | None) -> None:
         if str(getattr(spec, "class_path", "")).endswith("TensorBoardLogger") and init_args is not None:
             if init_args.get("version") is None:
                 init_args.version = subcommand
+
+
+def note_earlier_run(dirpath: str) -> None:
+    """A new fit in a checkpoint folder that holds a run's last.ckpt: Lightning starts another run beside it, writing
+    last-v1.ckpt (the next free name), while every page calls last.ckpt the final model. Said at the start, with the
+    two other things the user may have meant, in place of Lightning's warning that the folder is not empty."""
+    last = last_checkpoint(dirpath)
+    if last is None:
+        return
+    version = 1
+    while (Path(dirpath) / f"last-v{version}.ckpt").exists():
+        version += 1
+    rank_zero_info(
+        f"note: {dirpath} holds an earlier run ({Path(last).name}); this fit starts a new one beside it, whose last "
+        f"checkpoint will be last-v{version}.ckpt. To go on with the earlier run, give --ckpt_path last; for a folder "
+        "of its own, --trainer.default_root_dir DIR"
+    )
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
 def checkpoints_line(trainer: L.Trainer) -> str | None:
