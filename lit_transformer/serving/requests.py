@@ -95,6 +95,18 @@ def validation_reason(errors: list[dict[str, Any]], fields: list[str]) -> str:
     (`fields`: the request's field names, for an unknown one's nearest)."""
     import difflib
 
+    def named(error: dict[str, Any]) -> str:
+        return ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+
+    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+    missing = [e for e in errors if e.get("type") == "missing"]
+    if len(extra) == 1 and len(missing) == 1:  # a required field sent under another name ({"prompt": ...})
+        more = f" (and {len(errors) - 2} more)" if len(errors) > 2 else ""
+        return (
+            f"{named(extra[0])} is not a field of this request, and {named(missing[0])} is required: send "
+            f"{named(missing[0])} in its place{more}"
+        )
+    errors = extra + [e for e in errors if e not in extra]  # an unknown field explains the rest, most often
     error = errors[0]
     where = [str(part) for part in error.get("loc", ()) if part != "body"]
     kind = error.get("type")
