@@ -371,3 +371,7 @@ def test_a_new_fit_in_a_folder_with_a_run_says_where_its_files_go(tmp_path: Path
     assert note + "checkpoint will be last-v1.ckpt. To go on with the earlier run, give --ckpt_path last" in caplog.text
     assert cli.trainer.global_step == 2 and load_checkpoint(folder / "last-v1.ckpt")["global_step"] == 2
     assert not [w for w in caught if "exists and is not empty" in str(w.message)]
+    with warnings.catch_warnings(record=True) as caught:  # resuming: the run's folder holds its files, as it should
+        warnings.simplefilter("always")
+        _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "4", "--ckpt_path", "last")
+    assert not [w for w in caught if "exists and is not empty" in str(w.message)]

@@ -283,6 +283,8 @@ class TransformerCLI(LightningCLIHooks):
             self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
             if self.config.fit.ckpt_path is None and dirpath:
                 note_earlier_run(dirpath)
+            else:  # resuming: the run's own folder holds its files, as it should
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
