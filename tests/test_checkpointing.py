@@ -110,6 +110,19 @@ def test_missing_file_names_what_was_looked_for_and_lists_neighbours(tmp_path: P
         load_checkpoint(tmp_path / "nowhere" / "last.ckpt")
 
 
+def test_the_neighbours_of_a_missing_checkpoint_are_listed_in_step_order(tmp_path: Path) -> None:
+    """step=10 after step=9 (an alphabetical list put it after step=1), and of many, the first and the newest: the
+    list was cut at the 20th name, before the latest steps of a run that keeps every checkpoint."""
+    for step in range(1, 31):
+        (tmp_path / f"step={step}.ckpt").touch()
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path / "last.ckpt")
+    listed = str(error.value).split("Checkpoints found in ")[1]
+    first = ", ".join(f"step={s}.ckpt" for s in range(1, 11))
+    last = ", ".join(f"step={s}.ckpt" for s in range(21, 31))
+    assert listed == f"{tmp_path}: {first}, … 10 more …, {last}."
+
+
 def test_checkpoint_io_refuses_non_finite_weights_and_keeps_the_previous_file(tmp_path: Path) -> None:
     io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
     io.save_checkpoint({"state_dict": {"w": torch.ones(2)}}, path)

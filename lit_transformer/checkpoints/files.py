@@ -132,20 +132,34 @@ def _load_error_detail(error: Exception) -> str:
     return f"{type(error).__name__}: {detail or '(no detail)'}"
 
 
+def _listed_checkpoints(folder: pathlib.Path, but: pathlib.Path | None = None) -> str:
+    """The .ckpt files of `folder` in the order of their numbers (step=2 before step=10), at most 20: the first and
+    the last 10 of more."""
+    import re
+
+    def natural(name: str) -> list:
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+    names = sorted((p.name for p in folder.glob("*.ckpt") if p != but), key=natural)
+    if len(names) > 20:
+        names = [*names[:10], f"… {len(names) - 20} more …", *names[-10:]]
+    return ", ".join(names)
+
+
 def _nearby_checkpoints(path: pathlib.Path) -> str:
     folder = path.parent if path.parent.is_dir() else None
-    found = sorted(p.name for p in folder.glob("*.ckpt") if p != path) if folder else []
+    found = _listed_checkpoints(folder, but=path) if folder else ""
     if not found:
         return f"no other .ckpt files in {path.parent}"
-    return f".ckpt files in {folder}: " + ", ".join(found[:20]) + (" …" if len(found) > 20 else "")
+    return f".ckpt files in {folder}: {found}"
 
 
 def _missing_message(path: pathlib.Path) -> str:
     kind = "is a folder, not a checkpoint file" if path.is_dir() else "does not exist"
     where = path if path.is_dir() else path.parent
-    listing = sorted(p.name for p in where.glob("*.ckpt")) if where.is_dir() else []
+    listing = _listed_checkpoints(where) if where.is_dir() else ""
     hint = (
-        f"Checkpoints found in {where}: {', '.join(listing[:20])}"
+        f"Checkpoints found in {where}: {listing}"
         if listing
         else f"No .ckpt files in {where}" + ("" if where.is_dir() else " (the folder does not exist either)")
     )
