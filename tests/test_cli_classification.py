@@ -98,6 +98,8 @@ def test_classifier_logs_f1_per_class_and_a_confusion_matrix(runs: Path):
     assert logged["val/f1"][step] == pytest.approx(sum(per_class) / 3, abs=1e-6)
     assert all(0.0 <= v <= 1.0 for v in [*per_class, logged["val/accuracy"][step]])
     assert logged["val/nll"][step] > 0
+    (best,) = (runs / "genre" / "checkpoints").glob("best-*.ckpt")  # the metric's name apart from its value
+    assert best.name.startswith("best-step") and best.name.endswith(f"-val_f1_{logged['val/f1'][step]:.3f}.ckpt")
 
 
 def test_test_and_predict_report_labels(runs: Path):
