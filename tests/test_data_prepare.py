@@ -333,6 +333,11 @@ def test_the_prepare_command_fills_the_cache_that_fit_then_reads(tmp_path, capsy
         main(["prepare", "--config", str(config), "--trainer.max_steps", "3"])
     assert refused.value.code == 2
     assert "error: prepare takes --config and --data.* keys only, not --trainer.max_steps" in capsys.readouterr().err
+    # a flag before a config that sets it: fit reads the config's value, so prepare must not prepare the flag's
+    with pytest.raises(SystemExit) as refused:
+        main(["prepare", "--data.init_args.block_size", "16", "--config", str(config)])
+    assert refused.value.code == 2
+    assert "--data.init_args.block_size 16 is set again by " in capsys.readouterr().err
 
 
 def test_worker_processes_write_the_same_shards_as_one_process(tmp_path, monkeypatch):

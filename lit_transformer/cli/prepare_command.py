@@ -88,7 +88,7 @@ def _split_configs(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def prepare_main(argv: Sequence[str]) -> None:
-    from lit_transformer.cli.arguments import parse, resolve_configs
+    from lit_transformer.cli.arguments import check_flag_order, parse, resolve_configs
     from lit_transformer.cli.invocation import program
 
     argv = list(argv)
@@ -96,6 +96,7 @@ def prepare_main(argv: Sequence[str]) -> None:
     if any(a in ("-h", "--help") or a == "--data.help" or a.startswith("--data.help=") for a in argv):
         parser.parse_args(argv)  # prints the help (of the command, or of a DataModule's keys) and exits
         return
+    check_flag_order(resolve_configs(argv))  # as fit judges it: prepare must prepare the data fit would read
     configs, overrides = _split_configs(resolve_configs(argv))
     if not configs:
         raise ConfigError(
