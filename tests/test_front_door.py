@@ -267,6 +267,10 @@ MISTAKES = {
         ["--trainer.max_steps 3 is set again by presets/tiny.yaml (packaged), given after it: later arguments win",
          "Put flags after the configs they change"],
     ),
+    "a data flag before the config that names the DataModule": (
+        ["fit", "--data.init_args.num_workers", "0", "--config", "presets/tiny"], 2,
+        ["--data.init_args.num_workers comes before presets/tiny.yaml (packaged), which names the DataModule"],
+    ),  # was "unknown key data.init_args.num_workers (in presets/tiny.yaml ...)": the key is the preset's own
     "epochs for the main job's schedule": (
         ["fit", "--config", "base", "--trainer.max_steps", "-1", "--trainer.max_epochs", "2"], 2,
         ["model.optim.schedule wsd decays over the run's optimizer steps", "trainer.max_epochs 2 is not read",

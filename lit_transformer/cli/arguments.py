@@ -545,6 +545,30 @@ def check_flag_order(argv: Sequence[str]) -> None:
         )
 
 
+def check_data_flags_after_its_class(argv: Sequence[str]) -> None:
+    """Refuse a --data.* flag given before the argument that names the DataModule (a config's data.class_path, or
+    --data CLASS): jsonargparse judged it against LightningDataModule, which takes no such key, and the refusal
+    named the config's key as unknown. For a parse that failed: said in place of that refusal."""
+    items = list(argv)
+    for i, item in enumerate(items):
+        name, eq, value = item.partition("=")
+        if name in ("--data", "--data.class_path"):
+            where = name
+        else:
+            path = value if name in CONFIG_FLAGS else item if i and items[i - 1] in CONFIG_FLAGS else None
+            if not path or _given("data.class_path", [CONFIG_FLAGS[0], path]) is None:
+                continue
+            where = _shown(resolve_config(path))
+        early = [a.partition("=")[0] for a in items[:i] if a.startswith("--data.") and not a.startswith("--data.help")]
+        if early:
+            raise ConfigError(
+                f"{early[0]} comes before {where}, which names the DataModule (data.class_path): its keys are known "
+                "only once its class is. Put --data.* flags after the configs and --data CLASS (--config FILE ... "
+                "--KEY VALUE)"
+            )
+        return
+
+
 def without_overridden(argv: Sequence[str]) -> list[str]:
     """argv without the flags a later config sets again: the same run, for argv a program composes in layers (an
     ablation grid's overrides, then a cell's variant config that changes one of them)."""

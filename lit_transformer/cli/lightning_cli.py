@@ -37,7 +37,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
 from lit_transformer.checkpoints.files import CheckpointError, MissingCheckpointError, load_checkpoint
 from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint, last_checkpoint, recorded_best
-from lit_transformer.cli.arguments import check_flag_order, parser_options, refusal, resolve_configs
+from lit_transformer.cli.arguments import (
+    check_data_flags_after_its_class,
+    check_flag_order,
+    parser_options,
+    refusal,
+    resolve_configs,
+)
 from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_lookups
 from lit_transformer.cli.program import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
@@ -128,11 +134,12 @@ class TransformerCLI(LightningCLIHooks):
         argv = list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
         subparser = _subcommand_parser(parser, argv[0] if argv else None)
         describe_package_defaults(subparser or parser)
+        check_flag_order(argv[1:])  # before the parse: a flag a later config sets again is the mistake to name
         try:
             super().parse_arguments(parser, args)
         except jsonargparse.ArgumentError as error:
+            check_data_flags_after_its_class(argv[1:])
             raise refusal(str(error), subparser or parser, argv[1:]) from None
-        check_flag_order(argv[1:])
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in TOKENIZER_LINKS + DATA_LINKS:
