@@ -7,7 +7,6 @@ Decoding settings are a GenerationConfig; every one of its fields is a flag of b
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import sys
 from collections.abc import Sequence
@@ -223,13 +222,19 @@ def _generation(args, loaded: LoadedModel) -> GenerationConfig:
     return gen
 
 
+def typed_escapes(text: str) -> str:
+    """`text` with the backslash escapes a person types (\\n, \\t, \\u00bf) read as the characters they stand for, and
+    every other character kept: "unicode_escape" alone reads the UTF-8 of "¿" or "。" as Latin-1 (mojibake)."""
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
 def _settings(args, task: type[Task] | Task) -> GenerationConfig:
     values = {f.name: args[f.name] for f in dataclasses.fields(GenerationConfig)}
     for name in ("stop", "stop_token_ids"):
         if values[name] is not None and not isinstance(values[name], list):
             values[name] = [values[name]]
     if values["stop"]:  # --stop "\n\n" means two newlines, as a person typing it means
-        values["stop"] = [codecs.decode(s, "unicode_escape") for s in values["stop"]]
+        values["stop"] = [typed_escapes(s) for s in values["stop"]]
     return GenerationConfig.for_task(task, **values)
 
 

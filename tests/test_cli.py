@@ -578,3 +578,15 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
         cwd=run,
     ).stdout.splitlines()
     assert [r["output"] for r in rows] == translated
+
+
+@pytest.mark.parametrize(
+    "typed, meant",
+    [("\\n\\n", "\n\n"), ("a\\tb", "a\tb"), ("\\u00bf", "¿"), ("¿", "¿"), ("é", "é"), ("。", "。"), ("Qué\\n", "Qué\n")],
+)
+def test_a_stop_string_keeps_its_characters_and_reads_typed_escapes(typed, meant):
+    """--stop "¿" was read through unicode_escape alone, which takes the UTF-8 bytes for Latin-1: "Â¿", a string the
+    text never holds, so generation never stopped there (a Spanish or Chinese stop string did nothing)."""
+    from lit_transformer.inference import typed_escapes
+
+    assert typed_escapes(typed) == meant
