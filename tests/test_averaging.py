@@ -172,3 +172,36 @@ def test_the_average_of_an_ema_run_loads_in_test_translate_predict_and_export(em
     assert (ema_run / "out.jsonl").read_text().count("\n") == 1
     export_main(["--checkpoint", "avg.ckpt", "--format", "safetensors", "--out", "exported"])
     assert (ema_run / "exported" / "config.json").is_file()
+
+
+def test_a_file_named_beside_its_folder_counts_once_and_the_output_is_judged_first(tmp_path, tokenizer_json):
+    """`--checkpoints DIR DIR/step000020.ckpt --last 2` averaged step 20 with itself ("the mean of 2 checkpoints"),
+    an --output that is a folder was told to free disk space, and an --output over the run's last.ckpt replaced the
+    file `fit --ckpt_path last` resumes from with weights only."""
+    for step in (10, 20):
+        _write(tmp_path / f"step{step:06d}.ckpt", step, tokenizer_json)
+    _write(tmp_path / "last.ckpt", 20, tokenizer_json)
+    names = [p.name for p in select_checkpoints([tmp_path, tmp_path / "step000020.ckpt"], last=2)]
+    assert names == ["step000010.ckpt", "step000020.ckpt"]
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ConfigError, match="--output .*out is a folder: give the file to write"):
+        average_main(["--checkpoints", str(tmp_path), "--output", str(tmp_path / "out")])
+    before = (tmp_path / "last.ckpt").read_bytes()
+    with pytest.raises(ConfigError, match="is a checkpoint a run resumes from"):
+        average_main(["--checkpoints", str(tmp_path), "--output", str(tmp_path / "last.ckpt")])
+    assert (tmp_path / "last.ckpt").read_bytes() == before
+
+
+def test_fit_refuses_to_resume_from_an_average_and_names_init_from(tmp_path, tokenizer_json):
+    """Lightning's KeyError ("Trying to restore optimizer state but checkpoint contains only the model ...
+    save_weights_only") was the answer, a traceback that named the wrong cause."""
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    for step in (10, 20):
+        _write(tmp_path / f"step{step:06d}.ckpt", step, tokenizer_json)
+    average_main(["--checkpoints", str(tmp_path), "--output", str(tmp_path / "avg.ckpt")])
+    tiny = str(ROOT / "configs" / "presets" / "tiny.yaml")
+    with pytest.raises(
+        CheckpointError, match="holds weights only \\(an average of 2 checkpoints\\).*--model.init_from"
+    ):
+        run_cli(["fit", "--config", tiny, "--ckpt_path", str(tmp_path / "avg.ckpt"), "--trainer.logger", "false"])

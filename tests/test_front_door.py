@@ -271,6 +271,13 @@ MISTAKES = {
         ["fit", "--data.init_args.num_workers", "0", "--config", "presets/tiny"], 2,
         ["--data.init_args.num_workers comes before presets/tiny.yaml (packaged), which names the DataModule"],
     ),  # was "unknown key data.init_args.num_workers (in presets/tiny.yaml ...)": the key is the preset's own
+    "test without a checkpoint": (
+        ["test", "--config", "presets/tiny"], 1, ["test needs a trained model: give --ckpt_path PATH.ckpt"],
+    ),  # it scored the untrained model the configs build, and predict wrote its random text
+    "predict without a checkpoint": (
+        ["predict", "--config", "presets/tiny", "--data.init_args.predict_file", "prompts.txt"], 1,
+        ["predict needs a trained model", "or --model.init_from for pretrained weights"],
+    ),
     "epochs for the main job's schedule": (
         ["fit", "--config", "base", "--trainer.max_steps", "-1", "--trainer.max_epochs", "2"], 2,
         ["model.optim.schedule wsd decays over the run's optimizer steps", "trainer.max_epochs 2 is not read",

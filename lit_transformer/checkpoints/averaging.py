@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 
 from lit_transformer.checkpoints.files import CheckpointError, atomic_save, config_differences, load_checkpoint
-from lit_transformer.errors import ConfigError, MissingFileError
+from lit_transformer.errors import ConfigError, MissingFileError, UserError
 
 Weights = Literal["saved", "trained"]
 """saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA weights); trained: the
@@ -69,6 +69,10 @@ def select_checkpoints(
             files.append((source, False))
         else:
             raise MissingFileError(f"--checkpoints {source}: no such file or folder")
+    seen: dict[Path, bool] = {}  # a file named on its own inside a folder also given is that folder's file, once
+    for path, in_folder in files:
+        seen[path.resolve()] = seen.get(path.resolve(), False) or in_folder
+    files = [(path, seen.pop(path.resolve())) for path, _ in files if path.resolve() in seen]
     by_step: dict[tuple[int, Path], Path] = {}
     for path, in_folder in files:
         checkpoint = _peek(path)
@@ -185,13 +189,34 @@ def average_checkpoints(paths: Sequence[str | Path], weights: Weights = "saved")
     return result
 
 
+def check_output(output: Path) -> None:
+    """Refuse an --output that is a folder, or a checkpoint that resumes a run: the average holds weights only, so
+    written over a run's last.ckpt it left a file `fit --ckpt_path last` cannot resume from."""
+    if output.is_dir():
+        raise ConfigError(f"--output {output} is a folder: give the file to write, e.g. {output / 'averaged.ckpt'}")
+    if output.is_file() and "optimizer_states" in _peek_or_nothing(output):
+        raise ConfigError(
+            f"--output {output} is a checkpoint a run resumes from (it holds the optimizer's state), which the "
+            "average (weights only) would replace: write it to another file, e.g. "
+            f"{output.with_name('averaged.ckpt')}"
+        )
+
+
+def _peek_or_nothing(path: Path) -> dict[str, Any]:
+    try:
+        return _peek(path)
+    except UserError:  # not a checkpoint: a file of another kind, written over as before
+        return {}
+
+
 def run_average(args) -> None:
     """`average` with its parsed options (model_commands.average_main): write the mean of several checkpoints'
     weights as one checkpoint."""
     steps = parse_steps(args.steps) if args.steps is not None else None
+    output = Path(args.output)
+    check_output(output)
     paths = select_checkpoints(args.checkpoints, args.last, steps)
     averaged = average_checkpoints(paths, args.weights)
-    output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(averaged, output)
     listed = ", ".join(f"{Path(e['path']).name} (step {e['step']})" for e in averaged["averaged_from"])

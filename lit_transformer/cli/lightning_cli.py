@@ -305,6 +305,15 @@ class TransformerCLI(LightningCLIHooks):
                 )
         if path == "best":  # a new process has no callback that remembers a best: the run's last.ckpt records it
             path = self.config[subcommand].ckpt_path = run_best_checkpoint(self.config[subcommand], subcommand)
+        if not path and subcommand in ("validate", "test", "predict"):
+            model = self.config[subcommand].get("model") or {}
+            if not model.get("init_from"):  # the model the configs build: random weights
+                raise MissingCheckpointError(
+                    f"{subcommand} needs a trained model: give --ckpt_path PATH.ckpt (or last, or best, of the run "
+                    "folder --trainer.default_root_dir), or --model.init_from for pretrained weights; without either, "
+                    "the untrained model the configs build would be scored",
+                    keys=["ckpt_path"],
+                )
         if not path or path in ("hpc", "registry") or str(path).startswith("registry:"):
             return
         if (Path(path) / "config.json").is_file():  # an export or a Hugging Face folder: weights to start from
@@ -322,6 +331,15 @@ class TransformerCLI(LightningCLIHooks):
             if task is not None:
                 data_class.check_task(task.name, task.__name__, str(path))
         if subcommand == "fit":
+            if "optimizer_states" not in checkpoint:  # Lightning's KeyError blamed save_weights_only
+                averaged = checkpoint.get("averaged_from")
+                what = f"an average of {len(averaged)} checkpoints" if averaged else "no optimizer state"
+                raise CheckpointError(
+                    f"--ckpt_path {path} holds weights only ({what}), so it cannot resume a run: start a new run "
+                    f"from its weights with --model.init_from {path} (without --ckpt_path), or resume from the "
+                    "run's own last.ckpt",
+                    keys=["ckpt_path"],
+                )
             check_no_newer_last(self.config.fit, str(path), checkpoint)
         self._trained = (checkpoint, str(path))  # checked against the DataModule once it exists
         if subcommand != "fit":
