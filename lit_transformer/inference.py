@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.data.sources import DataFileError
 from lit_transformer.data.text import TextStream, pad_right
-from lit_transformer.errors import ConfigError, MissingFileError
+from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
 from lit_transformer.model import Transformer
 from lit_transformer.model.generation import check_for_model
 from lit_transformer.tasks import Task, build_task, default_task
@@ -285,6 +285,8 @@ def _inputs(flag: str, path: str, what: str) -> list[str]:
     refusal naming the flag and the file: missing, binary, not UTF-8, empty."""
     from lit_transformer.data.sources import read_inputs
 
+    if Path(path).is_dir():
+        raise BadFileError(f"{flag} {path} is a folder: give a text file with one {what} per line")
     if not Path(path).is_file():
         raise MissingFileError(f"{flag} {path} does not exist: give a text file with one {what} per line")
     lines = read_inputs(path)

@@ -360,6 +360,26 @@ def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
     assert "predict needs inputs: --data.init_args.predict_file FILE" in failed.stderr
 
 
+@pytest.mark.parametrize(
+    "inputs, output, refusal",
+    [
+        ("folder", "out.jsonl", "predict_file 'folder' is a folder: give a file with one input per line"),
+        ("in.txt", "folder", "--predictions.output folder is a folder: give the file to write"),
+        ("in.txt", "in.txt", "--predictions.output in.txt is the predict_file: the predictions would overwrite"),
+    ],
+    ids=["predict_file-folder", "output-folder", "output-is-input"],
+)
+def test_predict_refuses_a_folder_or_its_own_inputs_for_a_file(tiny_run: Path, inputs, output, refusal):
+    """A folder as predict_file was called missing; as the output, an IsADirectoryError traceback; the predict_file
+    as the output was overwritten by its own predictions."""
+    (tiny_run / "folder").mkdir(exist_ok=True)
+    (tiny_run / "in.txt").write_text("ROMEO:\n")
+    args = ["--data.init_args.predict_file", inputs, "--predictions.output", output]
+    failed = _cli("predict", *_tiny_common(tiny_run), *args, cwd=tiny_run, ok=False)
+    assert refusal in failed.stderr and "Traceback" not in failed.stderr, failed.stderr
+    assert (tiny_run / "in.txt").read_text() == "ROMEO:\n"
+
+
 def test_predict_reads_no_training_data(tiny_run: Path, tmp_path: Path):
     """predict needs the checkpoint (its tokenizer) and the predict_file alone: it prepared the whole training corpus
     first, and refused to run where the corpus was not (a checkpoint taken to another machine). With the dataset
@@ -433,6 +453,9 @@ def test_generate_runs_past_the_context_and_serves_people(tiny_run: Path):
     long_prompt = "ROMEO: " * 200
     result = _cli(*common, "--prompt", long_prompt, "--max_new_tokens", "5", cwd=tiny_run)
     assert "more than the model's context of 64" in result.stderr and "Traceback" not in result.stderr
+    (tiny_run / "prompts").mkdir(exist_ok=True)  # a folder was called missing
+    result = _cli(*common, "--prompt_file", "prompts", cwd=tiny_run, ok=False)
+    assert "--prompt_file prompts is a folder: give a text file with one prompt per line" in result.stderr
     for empty in ("empty.txt", "empty.jsonl"):  # refused naming this command's flag (not predict's predict_file)
         (tiny_run / empty).write_text("\n" if empty.endswith("jsonl") else "")
         result = _cli(*common, "--prompt_file", empty, cwd=tiny_run, ok=False)
@@ -582,7 +605,15 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
 
 @pytest.mark.parametrize(
     "typed, meant",
-    [("\\n\\n", "\n\n"), ("a\\tb", "a\tb"), ("\\u00bf", "¿"), ("¿", "¿"), ("é", "é"), ("。", "。"), ("Qué\\n", "Qué\n")],
+    [
+        ("\\n\\n", "\n\n"),
+        ("a\\tb", "a\tb"),
+        ("\\u00bf", "¿"),
+        ("¿", "¿"),
+        ("é", "é"),
+        ("。", "。"),
+        ("Qué\\n", "Qué\n"),
+    ],
 )
 def test_a_stop_string_keeps_its_characters_and_reads_typed_escapes(typed, meant):
     """--stop "¿" was read through unicode_escape alone, which takes the UTF-8 bytes for Latin-1: "Â¿", a string the

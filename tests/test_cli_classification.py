@@ -126,6 +126,25 @@ def test_test_and_predict_report_labels(runs: Path):
     gone = [*genre, "--data.init_args.dataset", str(runs / "gone.jsonl")]
     _cli("predict", *gone, *args[:2], "--predictions.output", str(runs / "labels-nodata.jsonl"), cwd=runs)
     assert (runs / "labels-nodata.jsonl").read_text() == output.read_text()
+    # A CSV's text column, not its raw lines (the header "text,label" was classified as an input, each row with its
+    # quotes and label)
+    rows = ["text,label", *(f'"{line}",comedy' for line in lines)]
+    (runs / "lines.csv").write_text("\n".join(rows) + "\n")
+    args = ["--data.init_args.predict_file", "lines.csv", "--predictions.output", str(runs / "labels-csv.jsonl")]
+    _cli("predict", *genre, *args, cwd=runs)
+    assert (runs / "labels-csv.jsonl").read_text() == output.read_text()
+
+
+def test_predict_with_a_masked_lm_is_refused_before_anything_is_read_or_written(runs: Path):
+    """It refused at the first batch, after the data had been read and its output file emptied."""
+    (runs / "keep.jsonl").write_text("kept\n")
+    mlm = ["--config", str(CONFIGS / "presets" / "mlm.yaml"), *_where(runs / "mlm"), *TINY[-4:]]
+    mlm += ["--ckpt_path", str(runs / "mlm" / "checkpoints" / "last.ckpt"), "--data.init_args.predict_file", "k.txt"]
+    (runs / "k.txt").write_text("a line\n")
+    result = _cli("predict", *mlm, "--predictions.output", str(runs / "keep.jsonl"), cwd=runs, ok=False)
+    assert "a masked LM has no labels to predict: fine-tune it into a classifier" in result.stderr, result.stderr
+    assert "--model.init_from " + str(runs / "mlm" / "checkpoints" / "last.ckpt") in result.stderr
+    assert (runs / "keep.jsonl").read_text() == "kept\n"
 
 
 def _labelled_folder(folder: Path, labels: list[str]) -> Path:

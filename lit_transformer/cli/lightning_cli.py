@@ -330,6 +330,11 @@ class TransformerCLI(LightningCLIHooks):
             task = task_class_of(dict(checkpoint.get("hyper_parameters") or {}))
             if task is not None:
                 data_class.check_task(task.name, task.__name__, str(path))
+                if subcommand == "predict" and task.cannot_predict:  # before any data, and before the output is opened
+                    raise CheckpointError(
+                        f"predict --ckpt_path {path}: {task.cannot_predict.replace('THIS.ckpt', str(path))}",
+                        keys=["ckpt_path"],
+                    )
         if subcommand == "fit":
             if "optimizer_states" not in checkpoint:  # Lightning's KeyError blamed save_weights_only
                 averaged = checkpoint.get("averaged_from")

@@ -338,9 +338,15 @@ def split_of(path: str) -> str:
 
 
 def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING) -> list[str]:
-    """The inputs of a predict run: a .jsonl/.json file's `field` per line, or else every line of a text file (either
-    may be compressed)."""
+    """The inputs of a predict run: a .jsonl/.json file's `field` per line, a .csv/.tsv file's `field` column, or else
+    every line of a text file (each may be compressed)."""
     path = Path(path)
+    if path.is_dir():
+        raise BadFileError(
+            f"predict_file {str(path)!r} is a folder: give a file with one input per line (text, or JSON lines or "
+            f'CSV with a "{field}" field)',
+            keys=["data.init_args.predict_file"],
+        )
     if not path.is_file():
         raise MissingFileError(
             f"predict_file {str(path)!r} does not exist; give a text file with one input per line",
@@ -348,6 +354,8 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
         )
     with open_data(path) as handle:
         lines = [decode(line, str(path), n, encoding, n == 1).rstrip("\r\n") for n, line in enumerate(handle, 1)]
+    if form_suffix(path) in (".csv", ".tsv"):  # read as rows: a header names the columns, a quoted field may hold ","
+        return _csv_column(lines, path, field)
     if form_suffix(path) not in (".jsonl", ".json"):
         return lines
     texts = []
@@ -362,6 +370,19 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
             raise DataFileError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
         texts.append(row[field])
     return texts
+
+
+def _csv_column(lines: list[str], path: Path, field: str) -> list[str]:
+    """The `field` column of a CSV or TSV file's rows (its header names the columns): its header and the other
+    columns were read as inputs, one raw line each."""
+    rows = csv.reader(lines, delimiter="\t" if form_suffix(path) == ".tsv" else ",")
+    header = next(rows, None)
+    if not header or field not in header:
+        raise DataFileError(
+            f'{path} has no column "{field}"; its columns are {header or []}: name the column "{field}" in the header'
+        )
+    column = header.index(field)
+    return [row[column] if column < len(row) else "" for row in rows if row]
 
 
 def predict_inputs(path: str | Path, encoding: str = ENCODING) -> list[str]:

@@ -245,17 +245,32 @@ class PredictionWriter(BasePredictionWriter):
         path = Path(self.output) if self.output else Path(trainer.default_root_dir) / "predictions.jsonl"
         if trainer.world_size > 1:
             path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        if path.is_dir():
+            raise ConfigError(
+                f"--predictions.output {path} is a folder: give the file to write, e.g. {path / 'predictions.jsonl'}",
+                keys=["predictions.output"],
+            )
+        inputs = getattr(trainer.datamodule, "predict_file", None)
+        if inputs and path.exists() and path.resolve() == Path(inputs).resolve():
+            raise ConfigError(
+                f"--predictions.output {path} is the predict_file: the predictions would overwrite their inputs; "
+                "give another file",
+                keys=["predictions.output", "data.init_args.predict_file"],
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._file = path.open("w", encoding="utf-8")
         rank_zero_info(f"predict: writing {path}")
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        if self._file is None:  # opened with the first predictions: a refusal before them leaves an old file whole
+            self._file = self.path.open("w", encoding="utf-8")
         for row in prediction:
             self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._file.flush()
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._file is None and self.path is not None:  # a run with no batch: its (empty) predictions all the same
+            self._file = self.path.open("w", encoding="utf-8")
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -130,6 +130,8 @@ class Task(torch.nn.Module):
     """The DataModule attributes this task reads (see data_fields); attach receives those the DataModule has."""
     command: ClassVar[str | None] = None
     """The inference command that serves a checkpoint of this task (generate, translate), if any."""
+    cannot_predict: ClassVar[str | None] = None
+    """Why `predict` has nothing to write for this task, and what to do instead; None where it predicts."""
     generation_defaults: ClassVar[dict[str, Any]] = {"temperature": 0.8, "top_k": 50}
     """GenerationConfig fields of this task's decoding defaults (GenerationConfig.for_task)."""
     fullgraph: ClassVar[bool] = True

@@ -55,6 +55,11 @@ class MaskedLM(Task):
     Training draws the corruption from torch's generator (seeded per step by StepSeed); each evaluation batch masks
     the same positions every time (a generator seeded by its index), so validations compare."""
 
+    cannot_predict: ClassVar[str | None] = (
+        "a masked LM has no labels to predict: fine-tune it into a classifier (fit --config presets/classify-genre "
+        "--model.init_from THIS.ckpt, with your labelled data), then predict with that run's checkpoint"
+    )
+
     name: ClassVar[str] = "masked_lm"
     fullgraph: ClassVar[bool] = False  # the corruption draws on a generator
     architecture: ClassVar[dict[str, str]] = {"topology": "encoder_only", "head": "masked_lm"}
@@ -90,4 +95,4 @@ class MaskedLM(Task):
         return torch.Generator(module.device).manual_seed(batch_idx)
 
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
-        raise ConfigError("predict classifies with an encoder_only classification model; a masked LM has no labels")
+        raise ConfigError(self.cannot_predict)
