@@ -43,3 +43,29 @@ def test_a_folder_that_is_not_a_run_is_refused_before_anything_is_written(tmp_pa
     (tmp_path / "empty" / "checkpoints" / "last.ckpt").write_bytes(b"")
     with pytest.raises(MissingFileError, match="no TensorBoard events under it"):
         main(["--run", str(tmp_path / "empty"), "--config", "presets/tiny-translate", "--plot_only"])
+
+
+def test_a_run_without_step_checkpoints_and_broken_flags_are_refused_in_a_line(tmp_path):
+    """A run that kept no step*.ckpt (the tiny preset's) ended in an IndexError traceback after the plot; --flags
+    with an open quote in shlex's ValueError traceback."""
+    from lit_transformer.errors import ConfigError
+
+    run = tmp_path / "run"
+    _log(run / "tensorboard" / "version_0", {"val/bleu": [(9, 1.0)], "val/ppl": [(9, 90.0)]})
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(MissingFileError, match=r"averages the run's step checkpoints .* --last 5 asks for more"):
+        main(["--run", str(run), "--config", "presets/tiny-translate"])
+    with pytest.raises(ConfigError, match="does not split as shell words"):
+        main(["--run", str(run), "--config", "presets/tiny-translate", "--plot_only", "--flags", "--a 'b"])
+
+
+def test_a_step_the_recipe_runs_passes_the_commands_refusal_on():
+    """A `test` or `average` the recipe ran that refused (a config of another task, --last past the checkpoints) was
+    a RuntimeError traceback wrapping the child's stderr; it is that refusal, with the child's exit status."""
+    from lit_transformer.errors import UserError
+    from lit_transformer.recipes.translation_recipe import _cli
+
+    with pytest.raises(UserError, match="`average --checkpoints nothere` refused: --checkpoints nothere: no such") as e:
+        _cli("average", "--checkpoints", "nothere", "--output", "x.ckpt")
+    assert e.value.status == 1

@@ -27,7 +27,7 @@ from pathlib import Path
 from jsonargparse.typing import PositiveInt
 
 from lit_transformer.cli.arguments import command_parser, parse
-from lit_transformer.errors import MissingFileError, UserError
+from lit_transformer.errors import ConfigError, MissingFileError, UserError
 from lit_transformer.records import child_env, command_line, machine, write_run
 
 DECODINGS = {
@@ -45,6 +45,12 @@ def _cli(*args: str) -> str:
     env = child_env(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     done = subprocess.run([sys.executable, "-m", "lit_transformer", *args], env=env, capture_output=True, text=True)
     if done.returncode != 0:
+        lines = done.stderr.rstrip().splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+        if starts and done.returncode in (1, 2):  # the command's own refusal: passed on as this command's
+            refusal = UserError(f"`{' '.join(args[:3])}` refused: " + "\n".join(lines[starts[-1] :])[len("error: ") :])
+            refusal.status = done.returncode
+            raise refusal
         raise RuntimeError(f"{' '.join(args[:3])} failed:\n{done.stderr[-3000:]}")
     return done.stdout + done.stderr
 
@@ -199,10 +205,21 @@ def main(argv: list[str] | None = None) -> None:
             f"--run {args.run}: no checkpoints in {args.run / 'checkpoints'}; give the folder fit wrote (its "
             "--trainer.default_root_dir, holding checkpoints/ and tensorboard/)"
         )
+    try:
+        flags = shlex.split(args.flags)
+    except ValueError as error:
+        raise ConfigError(f"--flags {args.flags!r} does not split as shell words ({error})", keys=["flags"]) from None
+    steps = sorted((args.run / "checkpoints").glob("step*.ckpt"))
+    if not args.plot_only and len(steps) < args.last:
+        raise MissingFileError(
+            f"--run {args.run}: the recipe averages the run's step checkpoints (checkpoints/step*.ckpt) and --last "
+            f"{args.last} asks for more than the {len(steps)} there: keep them as translate-en-es-gpu.yaml does "
+            "(--checkpoint.filename 'step{step:06d}' --checkpoint.monitor step --checkpoint.mode max "
+            "--checkpoint.save_top_k 5: the last five), or give a smaller --last"
+        )
     facts = machine()
     args.plot = args.plot or args.run / "recipe" / "val-bleu.png"
     args.plot.parent.mkdir(parents=True, exist_ok=True)
-    flags = shlex.split(args.flags)
     saved = args.run / "recipe" / "raw_validation_bleu.json"
     raw = raw_curve(args.run, args.config, args.jobs, flags) if args.raw_curve else None
     if raw:
