@@ -134,14 +134,23 @@ def test_a_tiny_grid_runs_tabulates_plots_and_skips_finished_cells(tmp_path: Pat
 
 @pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.name)
 def test_every_cell_parses_as_a_fit_config(path: Path, capsys):
-    """Every key a grid sets exists and every value lies inside its choices: all cells' flags parsed in one go."""
+    """Every key a grid sets exists and every value lies inside its choices: all cells' flags parsed in one go, every
+    cell's configs before every cell's other flags (fit refuses a flag a later config sets again: smoke.yaml's post-ln
+    flag sets the key pre-ln's config does)."""
     import yaml
 
+    from lit_transformer.cli.arguments import without_overridden
     from lit_transformer.cli.lightning_cli import run_cli
 
     grid = ablate.Grid.load(path)
     args = ablate.Grid.runs(grid, Path("/tmp/ablate-parse"), extra=[])[0].command("fit")[4:]
-    args += [token for flags in grid.cells.values() for token in flags]
+    pairs: list[list[str]] = []  # each flag with its value: "--key value", or "--key=value" alone
+    for tokens in map(list, grid.cells.values()):
+        while tokens:
+            flag = tokens.pop(0)
+            pairs.append([flag] if "=" in flag else [flag, tokens.pop(0)])
+    configs = [t for pair in pairs if pair[0] in ("--config", "-c") for t in pair]
+    args = without_overridden(args + configs + [t for pair in pairs if pair[0] not in ("--config", "-c") for t in pair])
     with pytest.raises(SystemExit) as exit_info:
         run_cli(["fit", *args, "--print_config"])
     assert exit_info.value.code in (0, None), capsys.readouterr().err[-2000:]
@@ -210,7 +219,8 @@ def test_time_steps_prints_each_cells_step_time_and_the_steps_that_fit_the_bases
     cells = ["--cells", "modern block", "muon", "all together"]
     assert ablate.ablate([grid, "--out", str(tmp_path), "--time-steps", "40", "--threads", "1", *cells]) == 0
     out = capsys.readouterr().out
-    assert "The base's budget: 5000 steps at 60.0 ms = 300 s of training." in out
+    assert "The base's budget: 5000 steps (the trainer.max_steps of its configs alone" in out
+    assert "at 60.0 ms = 300 s of training" in out
     assert "| muon | 90.0 | 1.50 | 3300 | `--trainer.max_steps 3300 --trainer.val_check_interval 3300` |" in out
     assert "| modern block | 66.6 | 1.11 | 4500 |" in out and "| all together | 120.0 | 2.00 | 2500 |" in out
     base = commands["base"]
@@ -275,3 +285,113 @@ def test_a_cells_config_that_changes_an_override_wins_and_fit_accepts_the_comman
     for argv in commands.values():
         check_flag_order(argv)
         assert "--trainer.val_check_interval" in argv
+
+
+def test_an_unknown_cell_is_refused_before_the_finished_table_is_rewritten(tmp_path: Path):
+    """`--cells nope` kept no cell, printed "0 of 0 runs already finished" and rewrote results.md and results.json as
+    empty tables over the finished ones; now it is refused, naming the grid's cells (the nearest first)."""
+    from lit_transformer.errors import ConfigError
+
+    (tmp_path / "results.md").write_text("the finished table\n")
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    with pytest.raises(ConfigError, match=r"^--cells pre_lm: no such cell in .*smoke\.yaml") as refused:
+        ablate.ablate([grid, "--out", str(tmp_path), "--cells", "pre-ln", "pre_lm", "--report-only"])
+    assert refused.value.hint == "Its cells, the nearest first: pre-ln, post-ln"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.md"]
+    assert (tmp_path / "results.md").read_text() == "the finished table\n"
+
+
+@pytest.mark.parametrize(
+    ("cells", "message"),
+    [
+        ('"heads 2": {model.config.n_heads: 2}\n  heads/2: {model.config.n_heads: 1}', "'heads 2' and 'heads/2'"),
+        ('"..": {model.config.n_heads: 1}', r"cell '\.\.' makes no folder of its own"),
+        ("results.md: {}", "a file ablate writes"),
+    ],
+    ids=["one folder", "outside the grid", "over the table"],
+)
+def test_cells_without_a_folder_of_their_own_are_refused(tmp_path: Path, cells: str, message: str):
+    """Cell names were made folder names without a check: `heads 2` and `heads/2` both ran in heads_2/, so one fit
+    stood for both cells (the table showed its numbers twice), and `..` put its runs beside the grid's folder."""
+    from lit_transformer.errors import ConfigError
+
+    path = tmp_path / "grid.yaml"
+    path.write_text(f"base: [configs/presets/tiny.yaml]\ncells:\n  {cells}\n")
+    with pytest.raises(ConfigError, match=message):
+        ablate.Grid.load(path)
+
+
+@pytest.mark.parametrize(
+    ("seeds", "message"), [("[]", "is empty"), ("", "is empty"), ("[1, 2, 1]", "lists seed 1 twice")]
+)
+def test_a_grid_without_seeds_or_with_one_twice_is_refused(tmp_path: Path, seeds: str, message: str):
+    """`seeds: []` ran nothing and exited 0 with an empty table; a seed listed twice ran twice in one folder."""
+    from lit_transformer.errors import ConfigError
+
+    path = tmp_path / "grid.yaml"
+    path.write_text(f"base: [configs/presets/tiny.yaml]\nseeds: {seeds}\ncells:\n  a: {{model.config.n_heads: 2}}\n")
+    with pytest.raises(ConfigError, match=f"grid.yaml: seeds {message}"):
+        ablate.Grid.load(path)
+
+
+def test_two_grids_of_one_name_are_refused_rather_than_sharing_their_runs(tmp_path: Path):
+    """`ablate configs/ablations/smoke.yaml ./smoke.yaml --out twice` put both in twice/smoke: the second grid's
+    runs were the first's (finished, so skipped) and its table showed the first grid's numbers."""
+    from lit_transformer.errors import ConfigError
+
+    copy = tmp_path / "smoke.yaml"
+    copy.write_text((ROOT / "configs/ablations/smoke.yaml").read_text().replace("max_steps: 10", "max_steps: 12"))
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    with pytest.raises(ConfigError, match=f"grids {grid} and {copy} would share the folder {tmp_path / 'out'}/smoke"):
+        ablate.ablate([grid, str(copy), "--out", str(tmp_path / "out"), "--dry-run"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_time_steps_with_dry_run_prints_the_timing_commands_and_with_report_only_is_refused(
+    tmp_path: Path, capsys, monkeypatch
+):
+    """`--dry-run --time-steps 2` and `--report-only --time-steps 2` started the timing processes (training)."""
+    from lit_transformer.errors import ConfigError
+
+    def timed(command: list[str], env: dict) -> float:
+        raise AssertionError(f"a timing process started: {command}")
+
+    monkeypatch.setattr(ablate, "measure_step", timed)
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    assert ablate.ablate([grid, "--out", str(tmp_path), "--time-steps", "2", "--dry-run", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("time_child()' 5 2 ") == 3 and "# smoke/pre-ln timing" in out and "OMP_NUM_THREADS=1" in out
+    with pytest.raises(ConfigError, match="--time-steps with --report-only"):
+        ablate.ablate([grid, "--out", str(tmp_path), "--time-steps", "2", "--report-only"])
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_out_that_is_a_file_is_refused_naming_out(tmp_path: Path):
+    """`--out afile --report-only` on a plain file ended in a FileExistsError traceback (after the runs, without it)."""
+    from lit_transformer.errors import ConfigError
+
+    (tmp_path / "afile").write_text("x\n")
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    for out in ("afile", "afile/sub"):
+        with pytest.raises(ConfigError, match=f"^--out {tmp_path / out}: {tmp_path / 'afile'} is a file"):
+            ablate.ablate([grid, "--out", str(tmp_path / out), "--report-only"])
+
+
+@pytest.mark.parametrize(
+    ("budget", "base_s", "cell_s", "steps"),
+    [(5000, 0.06, 0.09, 3300), (10, 1.0, 1.0, 10), (20, 0.01, 0.02, 10), (150, 1.0, 1.2, 100), (3, 1.0, 9.0, 1)],
+)
+def test_equal_time_steps_round_down_and_never_exceed_the_budget(budget, base_s, cell_s, steps):
+    """Rounded down to a hundred, as the help says; a floor of 100 gave a 10-step budget 100 steps (ten times it)."""
+    assert ablate.equal_time_steps(budget, base_s, cell_s) == steps
+
+
+def test_time_steps_names_where_the_budget_comes_from_and_keeps_a_small_one(tmp_path: Path, capsys, monkeypatch):
+    """smoke.yaml's base configs train 20 steps and its overrides 10: the line said "The base's budget: 20 steps"
+    without saying it is the base configs' (the timed base row's), and offered every cell 100 steps."""
+    monkeypatch.setattr(ablate, "measure_step", lambda command, env: 0.05)
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    assert ablate.ablate([grid, "--out", str(tmp_path), "--time-steps", "2", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "The base's budget: 20 steps (the trainer.max_steps of its configs alone, as timed, not the grid's" in out
+    assert "| pre-ln | 50.0 | 1.00 | 20 | `--trainer.max_steps 20 --trainer.val_check_interval 20` |" in out

@@ -30,13 +30,20 @@ is reported as "cannot extrapolate".
 
 Equal time: `--time-steps N` trains nothing to the end: it times N optimizer steps (after a few untimed ones) of the
 grid's base config alone and of each cell (its first seed), one process after another with the grid's threads, and
-prints each cell's seconds per step, its ratio to the base's, and the steps that fit the base's own budget (its
-trainer.max_steps at its step time, rounded down to a hundred) as the flags to put in the cell; step_times.json in
---out records them with the machine. Time on the machine and threads that will run the grid, with nothing else on it.
+prints each cell's seconds per step, its ratio to the base's, and the steps that fit the base's own budget (the
+trainer.max_steps of the base configs, not the grid's overrides, at the base's step time; rounded down to a hundred,
+under a hundred to a step) as the flags to put in the cell; step_times.json in --out records them with the machine.
+With --dry-run it prints the timing commands. Time on the machine and threads that will run the grid, with nothing
+else on it.
+
+Refused before anything runs or is written: a --cells name no grid holds, cells whose names make one folder (or
+none: `..`), a seed listed twice or none, two grids that would share a folder, an --out that is a file, and
+--time-steps with --report-only.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -63,7 +70,7 @@ from lit_transformer.cli.arguments import (
     split_passed_on,
     without_overridden,
 )
-from lit_transformer.errors import ConfigError, UserError
+from lit_transformer.errors import ConfigError
 from lit_transformer.records import machine, read_runs, write_run
 
 LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
@@ -120,6 +127,62 @@ def _resolve(path: str) -> str:
     return existing_config(str(path), given_as="grid")
 
 
+# What ablate itself writes in a grid's folder: a cell's run folder of that name would stand in the way.
+OWN_FILES = frozenset(
+    {"timing", "results.md", "results.json", "step_times.json", "eval_bpc.png"}
+    | {f"{tag.replace('/', '_')}.png" for tag in CURVES}
+)
+
+
+def folder_name(cell: str) -> str:
+    """A cell's folder under the grid's: letters, digits and . + - kept, the rest one `_` (none at either end)."""
+    return re.sub(r"[^\w.+-]+", "_", cell).strip("_")
+
+
+def check_cell_folders(path: Path, cells: Iterable[str]) -> None:
+    """Each cell its own safe folder: two names that sanitize to one folder would share their runs (a finished one
+    skipped as the other's), and `..` would put them outside the grid's folder."""
+    seen: dict[str, str] = {}
+    for cell in cells:
+        folder = folder_name(cell)
+        if set(folder) <= {"."} or folder in OWN_FILES:
+            raise ConfigError(
+                f"{path}: cell {cell!r} makes no folder of its own ({folder!r}"
+                + (", a file ablate writes beside the cells" if folder in OWN_FILES else "")
+                + "): give it a name with a letter or digit"
+            )
+        other = seen.setdefault(folder.casefold(), cell)
+        if other != cell:
+            shared = folder_name(other)
+            where = (
+                f"the folder {folder}/"
+                if shared == folder
+                else f"{shared}/ and {folder}/, one folder where file names ignore case"
+            )
+            raise ConfigError(
+                f"{path}: cells {other!r} and {cell!r} would run in {where} (a cell's folder keeps letters, digits "
+                "and . + -, the rest becomes _), so one cell's runs would stand for the other's: rename one"
+            )
+
+
+def check_seeds(seeds: list[int], where: str) -> None:
+    """At least one seed, each once: a seed given twice would run twice in one folder."""
+    if not seeds:
+        raise ConfigError(f"{where} is empty: give at least one seed (seeds: [1]), or leave the key out for seed 1")
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise ConfigError(f"{where} lists seed {twice[0]} twice: its runs would share seed-{twice[0]}/; give it once")
+
+
+def _seeds(path: Path, value: Any) -> list[int]:
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    wrong = [v for v in values if not isinstance(v, int) or isinstance(v, bool)]
+    if wrong:
+        raise ConfigError(f"{path}: seeds: {wrong[0]!r} is not an integer: give a list of them (seeds: [1, 2])")
+    check_seeds(values, f"{path}: seeds")
+    return values
+
+
 @dataclass
 class Grid:
     """One ablation: base configs, common overrides, named cells of overrides, seeds."""
@@ -147,13 +210,19 @@ class Grid:
         if unknown:
             raise ConfigError(f"{path}: unknown keys {sorted(unknown)}")
         base = raw.get("base") or []
+        grid_name = str(raw.get("name") or path.stem)
+        if set(grid_name) <= {"."} or "/" in grid_name or "\\" in grid_name:
+            raise ConfigError(
+                f"{path}: name {grid_name!r} is no folder name (the grid's runs go in it): name it plainly"
+            )
+        check_cell_folders(path, map(str, raw["cells"]))
         return cls(
-            name=raw.get("name") or path.stem,
+            name=grid_name,
             path=path,
             cells={str(name): to_flags(spec) for name, spec in raw["cells"].items()},
             base=[resolve_config(p) for p in ([base] if isinstance(base, str) else base)],
             overrides=to_flags(raw.get("overrides")),
-            seeds=[int(s) for s in raw.get("seeds", [1])],
+            seeds=_seeds(path, raw.get("seeds", [1])),
             seed_flags=[f.removeprefix("--") for f in raw.get("seed_flags", ["seed_everything"])],
             test=bool(raw.get("test", False)),
             description=str(raw.get("description", "")).strip(),
@@ -162,7 +231,7 @@ class Grid:
 
     def runs(self, out: Path, extra: list[str]) -> list[Run]:
         return [
-            Run(self, cell, seed, out / re.sub(r"[^\w.+-]+", "_", cell).strip("_") / f"seed-{seed}", extra)
+            Run(self, cell, seed, out / folder_name(cell) / f"seed-{seed}", extra)
             for cell in self.cells
             for seed in self.seeds
         ]
@@ -519,7 +588,9 @@ BASE_ROW = "base"
 
 
 def base_max_steps(grid: Grid) -> int | None:
-    """trainer.max_steps as the grid's base configs set it (the last one that does), None if none does."""
+    """trainer.max_steps as the grid's base configs set it (the last one that does), None if none does. Not the
+    grid's overrides: the base row is timed on the base configs alone, the reference every cell is set against (the
+    main job, for frontier.yaml), so its budget is what those configs train at the time measured for them."""
     steps = None
     for path in grid.base:
         raw = yaml.safe_load(Path(path).read_text()) or {}
@@ -534,7 +605,7 @@ def timing_command(grid: Grid, cell: str | None, out: Path, warmup: int, steps: 
     configs = [token for path in grid.base for token in ("--config", path)]
     flags = [] if cell is None else [*grid.overrides, *grid.cells[cell]]
     seed = [token for flag in grid.seed_flags for token in (f"--{flag}", str(grid.seeds[0]))]
-    folder = out / "timing" / re.sub(r"[^\w.+-]+", "_", cell or BASE_ROW).strip("_")
+    folder = out / "timing" / folder_name(cell or BASE_ROW)
     where = ["--trainer.default_root_dir", str(folder), "--checkpoint.dirpath", str(folder / "checkpoints")]
     fit = [*configs, *flags, *extra, *seed, *where, *TIMING_FLAGS, "--trainer.max_steps", str(warmup + steps + 1)]
     fit = without_overridden(fit)
@@ -580,15 +651,23 @@ def measure_step(command: list[str], env: dict[str, str]) -> float:
 
 
 def equal_time_steps(budget_steps: int | None, base_s: float, cell_s: float) -> int | None:
-    """The steps of a cell that take the base's budget (budget_steps at base_s each), rounded down to a hundred."""
+    """The steps of a cell that take the base's budget (budget_steps at base_s each), rounded down to a hundred (so
+    that checkpoints every 100 steps end on the last); under a hundred, to a step, at least one. Never more than fit:
+    a floor of 100 gave a 10-step budget 100 steps."""
     if not budget_steps:
         return None
-    return max(100, int(budget_steps * base_s / cell_s) // 100 * 100)
+    steps = int(budget_steps * base_s / cell_s)
+    return steps // 100 * 100 if steps >= 100 else max(1, steps)
+
+
+def warmup_steps(steps: int) -> int:
+    """The untimed steps before `steps` timed ones: compilation, caches and the allocator settle."""
+    return max(5, min(50, steps // 5))
 
 
 def time_cells(grid: Grid, out: Path, steps: int, env: dict[str, str], extra: list[str]) -> list[dict[str, Any]]:
     """Time the base and every cell, one after another; print the table and write step_times.json."""
-    warmup = max(5, min(50, steps // 5))
+    warmup = warmup_steps(steps)
     budget = base_max_steps(grid)
     rows: list[dict[str, Any]] = []
     for cell in [None, *grid.cells]:
@@ -603,7 +682,9 @@ def time_cells(grid: Grid, out: Path, steps: int, env: dict[str, str], extra: li
     lines = [f"## {grid.name}: seconds per optimizer step", ""]
     if budget:
         lines += [
-            f"The base's budget: {budget} steps at {base_s * 1e3:.1f} ms = {budget * base_s:.0f} s of training.",
+            f"The base's budget: {budget} steps (the trainer.max_steps of its configs alone, as timed, not the "
+            f"grid's overrides) at {base_s * 1e3:.1f} ms = {budget * base_s:.0f} s of training; each cell's steps "
+            "at equal time are rounded down to a hundred (under a hundred, to a step).",
             "",
         ]
     lines += ["| cell | ms / step | x base | steps at equal time | flags |", "|---|---|---|---|---|"]
@@ -644,7 +725,8 @@ def parse_args(argv: list[str] | None) -> tuple[Any, list[str]]:
         "--time-steps",
         type=int | None,
         default=None,
-        help="train nothing: time N steps of the base and of each cell, print the steps that fit the base's budget",
+        help="train nothing: time N steps of the base configs alone and of each cell, print the steps that fit the "
+        "base's budget (its configs' trainer.max_steps); with --dry-run, print the timing commands",
     )
     return parse(parser, own), extra
 
@@ -656,28 +738,87 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(code)
 
 
+def check_cells(wanted: list[str], grids: list[Grid]) -> list[Grid]:
+    """The grids that hold a cell of --cells, each cut to those; a name no grid holds is refused before anything is
+    written (the report would rewrite the tables without the finished runs)."""
+    known = list(dict.fromkeys(cell for grid in grids for cell in grid.cells))
+    for name in wanted:
+        if name not in known:
+            nearest = difflib.get_close_matches(name, known, n=len(known), cutoff=0)
+            where, whose = (grids[0].path, "Its") if len(grids) == 1 else ("any of the grids", "Their")
+            raise ConfigError(
+                f"--cells {shlex.quote(name)}: no such cell in {where}",
+                hint=f"{whose} cells, the nearest first: " + ", ".join(map(shlex.quote, nearest)),
+            )
+    kept = []
+    for grid in grids:
+        grid.cells = {name: flags for name, flags in grid.cells.items() if name in wanted}
+        if grid.cells:
+            kept.append(grid)
+        else:
+            print(f"# {grid.path}: none of --cells, left out", flush=True)
+    return kept
+
+
+def check_out(out: Path, given: Path | None) -> None:
+    """Refuse an output folder a file stands in the way of, before anything runs (mkdir failed after the runs)."""
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                named = f"--out {given}" if given is not None else f"the output folder {out}"
+                raise ConfigError(f"{named}: {folder} is a file, not a folder: give --out a folder (new or existing)")
+            return
+
+
+def check_options(args: Any) -> None:
+    """Options that contradict each other, refused before anything runs."""
+    if args.time_steps is not None and args.time_steps < 1:
+        raise ConfigError(f"--time-steps {args.time_steps}: time at least one step")
+    if args.time_steps is not None and args.report_only:
+        raise ConfigError(
+            "--time-steps with --report-only: --time-steps starts timing processes, --report-only only reads what "
+            "has run: give one of them"
+        )
+    if args.seeds:
+        check_seeds(args.seeds, "--seeds")
+
+
 def ablate(argv: list[str] | None = None) -> int:
     """Run (or resume) the grids, then write their tables and plots; 0, or 1 when a run failed."""
     args, extra = parse_args(argv)
+    check_options(args)
     grids = [Grid.load(_resolve(path)) for path in args.grids]
+    if args.cells:
+        grids = check_cells(args.cells, grids)
     plan: list[tuple[Grid, Path, list[Run]]] = []
+    folders: dict[Path, Grid] = {}
     for grid in grids:
         if args.seeds:
             grid.seeds = args.seeds
-        if args.cells:
-            grid.cells = {name: flags for name, flags in grid.cells.items() if name in args.cells}
         if args.out is None:
             out = Path("runs/ablations") / grid.name
         else:
-            out = args.out / grid.name if len(grids) > 1 else args.out
+            out = args.out / grid.name if len(args.grids) > 1 else args.out
         out = out.resolve()
+        other = folders.setdefault(out, grid)
+        if other is not grid:
+            raise ConfigError(
+                f"grids {other.path} and {grid.path} would share the folder {out} (a grid's folder is its `name:`, "
+                "else its file name) and so their runs: give one its own `name:`, or run them one at a time"
+            )
+        check_out(out, args.out)
         plan.append((grid, out, grid.runs(out, extra)))
 
     all_runs = [run for _, _, runs in plan for run in runs]
     if args.time_steps is not None:
-        if args.time_steps < 1:
-            raise UserError(f"--time-steps {args.time_steps}: time at least one step")
         env = thread_env(1, args.threads or (None if args.jobs == 1 else max(1, (os.cpu_count() or 1) // args.jobs)))
+        if args.dry_run:
+            print(f"# timing, one process at a time, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+            for grid, out, _ in plan:
+                for cell in [None, *grid.cells]:
+                    command = timing_command(grid, cell, out, warmup_steps(args.time_steps), args.time_steps, extra)
+                    print(f"# {grid.name}/{cell or BASE_ROW} timing\n{shlex.join(command)}")
+            return 0
         for grid, out, _ in plan:
             time_cells(grid, out, args.time_steps, env, extra)
         return 0
