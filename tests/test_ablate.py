@@ -395,3 +395,12 @@ def test_time_steps_names_where_the_budget_comes_from_and_keeps_a_small_one(tmp_
     out = capsys.readouterr().out
     assert "The base's budget: 20 steps (the trainer.max_steps of its configs alone, as timed, not the grid's" in out
     assert "| pre-ln | 50.0 | 1.00 | 20 | `--trainer.max_steps 20 --trainer.val_check_interval 20` |" in out
+
+
+def test_a_base_config_found_nowhere_is_refused_when_the_grid_is_read(tmp_path: Path):
+    """It was passed on as given: --time-steps ended in a FileNotFoundError traceback, a run failed in each fit."""
+    from lit_transformer.errors import ConfigError
+
+    (tmp_path / "grid.yaml").write_text("base: [configs/presets/nope.yaml]\ncells:\n  a: []\n")
+    with pytest.raises(ConfigError, match="grid.yaml: base configs/presets/nope.yaml: no such file here"):
+        ablate.Grid.load(tmp_path / "grid.yaml")

@@ -65,6 +65,7 @@ from jsonargparse.typing import PositiveInt
 
 from lit_transformer.cli.arguments import (
     command_parser,
+    existing_config,
     parse,
     resolve_config,
     split_passed_on,
@@ -220,7 +221,9 @@ class Grid:
             name=grid_name,
             path=path,
             cells={str(name): to_flags(spec) for name, spec in raw["cells"].items()},
-            base=[resolve_config(p) for p in ([base] if isinstance(base, str) else base)],
+            base=[
+                existing_config(str(p), given_as=f"{path}: base") for p in ([base] if isinstance(base, str) else base)
+            ],
             overrides=to_flags(raw.get("overrides")),
             seeds=_seeds(path, raw.get("seeds", [1])),
             seed_flags=[f.removeprefix("--") for f in raw.get("seed_flags", ["seed_everything"])],
