@@ -110,6 +110,13 @@ def test_missing_file_names_what_was_looked_for_and_lists_neighbours(tmp_path: P
         load_checkpoint(tmp_path / "nowhere" / "last.ckpt")
 
 
+def test_a_run_folder_given_as_a_checkpoint_names_its_checkpoints(tmp_path: Path) -> None:
+    """It said "No .ckpt files in runs/tiny": they are a level down, in its checkpoints/ folder."""
+    _write_good(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    with pytest.raises(CheckpointError, match=r"run is a run folder, not a checkpoint file: its checkpoints are in "):
+        load_checkpoint(tmp_path / "run")
+
+
 def test_the_neighbours_of_a_missing_checkpoint_are_listed_in_step_order(tmp_path: Path) -> None:
     """step=10 after step=9 (an alphabetical list put it after step=1), and of many, the first and the newest: the
     list was cut at the 20th name, before the latest steps of a run that keeps every checkpoint."""

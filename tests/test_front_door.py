@@ -278,6 +278,10 @@ MISTAKES = {
         ["predict", "--config", "presets/tiny", "--data.init_args.predict_file", "prompts.txt"], 1,
         ["predict needs a trained model", "or --model.init_from for pretrained weights"],
     ),
+    "export into a file": (
+        ["export", "--checkpoint", str(ROOT / "tests/fixtures/old_checkpoints/language_modeling.ckpt"), "--format",
+         "onnx", "--out", "prompts.txt"], 2, ["--out prompts.txt is a file: export writes a folder"],
+    ),  # a FileExistsError traceback
     "epochs for the main job's schedule": (
         ["fit", "--config", "base", "--trainer.max_steps", "-1", "--trainer.max_epochs", "2"], 2,
         ["model.optim.schedule wsd decays over the run's optimizer steps", "trainer.max_epochs 2 is not read",

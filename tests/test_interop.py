@@ -132,7 +132,9 @@ def test_gpt2_refuses_what_it_cannot_express(tmp_path, field, value):
     assert any(p.startswith(f"{field}=") for p in gpt2_problems(cfg))
     with pytest.raises(ValueError, match=f"{field}={value!r}: GPT-2 can only express") as refusal:
         save_hf_gpt2(Transformer(cfg), tmp_path)
-    assert "export --format safetensors (this package's folder) and --format onnx keep any model" in str(refusal.value)
+    assert "export --format safetensors (this package's folder) keeps any model, --format onnx any model of text" in (
+        str(refusal.value)
+    )
     assert not (tmp_path / "model.safetensors").exists()
 
 

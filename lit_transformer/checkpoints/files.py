@@ -157,6 +157,13 @@ def _nearby_checkpoints(path: pathlib.Path) -> str:
 def _missing_message(path: pathlib.Path) -> str:
     kind = "is a folder, not a checkpoint file" if path.is_dir() else "does not exist"
     where = path if path.is_dir() else path.parent
+    run = path / "checkpoints"
+    if path.is_dir() and run.is_dir() and any(run.glob("*.ckpt")):  # a run folder: its checkpoints are a level down
+        example = run / "last.ckpt" if (run / "last.ckpt").is_file() else next(iter(sorted(run.glob("*.ckpt"))))
+        return (
+            f"Checkpoint {path} is a run folder, not a checkpoint file: its checkpoints are in {run}: "
+            f"{_listed_checkpoints(run)}. Give one, e.g. {example}."
+        )
     listing = _listed_checkpoints(where) if where.is_dir() else ""
     hint = (
         f"Checkpoints found in {where}: {listing}"

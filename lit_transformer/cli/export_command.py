@@ -52,6 +52,11 @@ def export(loaded: LoadedModel, fmt: Format, out: str | Path, onnx_quantize: Qua
         if model.config.positions == "rope":  # the Llama family; save_hf_llama names any field Llama cannot express
             return save_hf_llama(model, out, source)
         return save_hf_gpt2(model, out, source)
+    if model.config.source != "tokens":  # its encoder reads images or feature vectors: no graph is traced for them
+        raise ConfigError(
+            f"--format onnx exports models of text; this one's encoder reads {model.config.source} (source="
+            f"{model.config.source!r}), which no ONNX graph here takes yet: export it as --format safetensors"
+        )
     return export_onnx_folder(model, out, source, target, quantize=onnx_quantize)
 
 
@@ -71,6 +76,8 @@ def export_peft(checkpoint: str, out: str, base: str | None = None) -> Path:
 
 def run_export(args) -> None:
     """`export` with its parsed options (model_commands.export_main): write the export."""
+    if Path(args.out).exists() and not Path(args.out).is_dir():  # FileExistsError at the first folder it made
+        raise ConfigError(f"--out {args.out} is a file: export writes a folder; give a new or existing one")
     if args.quantize != "none" and args.format in ("hf", "peft"):
         raise ConfigError(f"--quantize {args.quantize} exports as --format safetensors or onnx, not {args.format}")
     if args.format == "peft":

@@ -45,7 +45,7 @@ def cannot_save(architecture: str, problems: list[str]) -> ConfigError:
     return ConfigError(
         f"This model cannot be saved as a Hugging Face {architecture}:\n  - "
         + "\n  - ".join(problems)
-        + "\nexport --format safetensors (this package's folder) and --format onnx keep any model."
+        + "\nexport --format safetensors (this package's folder) keeps any model, --format onnx any model of text."
     )
 
 

@@ -29,7 +29,13 @@ def main(argv: list[str] | None = None) -> None:
     from lit_transformer.data.corpora.digits import digit_strips
 
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        from lit_transformer.errors import ConfigError
+
+        raise ConfigError(f"--out {out} is a file: the strips go to a folder; give a new or existing one")
     out.mkdir(parents=True, exist_ok=True)
+    for stale in _earlier_strips(out, args.count):  # a folder's images are all captioned by predict: none left over
+        stale.unlink()
     strips = digit_strips(args.split, args.count)
     with (out / "captions.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -44,3 +50,17 @@ if __name__ == "__main__":
     from lit_transformer.cli.program import main as program
 
     program(["digit-strips", *sys.argv[1:]])
+
+
+def _earlier_strips(out: Path, count: int) -> list[Path]:
+    """The strips an earlier run wrote to `out` (as its captions.csv names them) past the `count` written now: left
+    there, `predict` on the folder captioned them too, and captions.csv no longer named them."""
+    import re
+
+    listed = out / "captions.csv"
+    if not listed.is_file():
+        return []
+    with listed.open(newline="") as handle:
+        names = [row.get("image") or "" for row in csv.DictReader(handle)]
+    earlier = [out / name for name in names if re.fullmatch(r"strip(\d+)\.png", name)]
+    return [path for path in earlier if int(path.stem.removeprefix("strip")) >= count and path.is_file()]
