@@ -206,3 +206,13 @@ def test_int8_graphs_stay_within_their_rounding_noise(tmp_path, tmp_path_factory
 def test_the_logits_graph_refuses_the_encoder_decoder(tmp_path):
     with pytest.raises(ValueError, match="encoder graph and a decoder-step graph"):
         export_onnx(build(VARIANTS["encoder_decoder-sinusoidal"]), tmp_path / "model.onnx")
+
+
+def test_an_export_into_a_folder_of_another_models_graphs_leaves_none_of_them(tmp_path):
+    """A language model's model.onnx stayed beside a translation model's encoder and decoder exported over it (read
+    as one folder, the wrong graph is picked up); files the earlier onnx.json did not list are left alone."""
+    export_onnx_folder(build(VARIANTS["decoder_only-rope-gqa"]), tmp_path)
+    assert (tmp_path / "model.onnx").is_file()
+    (tmp_path / "notes.txt").write_text("mine")
+    export_onnx_folder(build(VARIANTS["encoder_decoder-sinusoidal"]), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decoder.onnx", "encoder.onnx", "notes.txt", "onnx.json"]

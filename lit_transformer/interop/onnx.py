@@ -299,6 +299,19 @@ def quantize_onnx_int8(path: str | os.PathLike, out: str | os.PathLike | None = 
     return out
 
 
+def _earlier_graphs(directory: Path) -> list[Path]:
+    """The graph files an earlier export's onnx.json in `directory` lists: exported again there as another model (a
+    language model's model.onnx, then a translation model's encoder and decoder), they stayed beside the new ones.
+    Files it does not list are left alone."""
+    try:
+        listed = json.loads((directory / "onnx.json").read_text()).get("graphs") or {}
+    except (OSError, ValueError, AttributeError):
+        return []
+    names = [graph.get("file") for graph in listed.values() if isinstance(graph, dict)]
+    files = [directory / name for name in names if isinstance(name, str) and name == Path(name).name]
+    return [path for path in files if path.is_file()]
+
+
 def export_onnx_folder(
     model: Transformer,
     directory: str | os.PathLike,
@@ -326,6 +339,8 @@ def export_onnx_folder(
         )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    for stale in _earlier_graphs(directory):  # another model's graphs beside this one's would be read as its own
+        stale.unlink()
     model = model.cpu().eval()
     graphs: dict[str, Any] = {}
     if cfg.is_encoder_only or (logits_graph and not cfg.is_encoder_decoder):
