@@ -393,9 +393,10 @@ def test_a_mistyped_flag_is_refused_in_a_few_lines_with_status_2(command: str, k
     ("argv", "expect"),
     [
         (["bench", "speed", "--only", "decodr"], "only: 'decodr' is not one of decoder, seq2seq"),
-        (["bench", "startup", "--rounds", "many"], "rounds: expected an integer, got 'many'"),
+        (["bench", "startup", "--rounds", "many"], "rounds: expected a positive integer, got 'many' (the flag"),
+        (["digit-strips", "--count", "many"], "count: expected a positive integer, got 'many' (the flag --count)"),
         (["bench", "allocator", "--only", "main"], "only: 'main' is not one of main-job, translate-en-es"),
-        (["bench", "allocator", "--rounds", "0"], "--rounds must be at least 1 (got 0)"),
+        (["bench", "allocator", "--rounds", "0"], "rounds: expected a positive integer, got '0' (the flag --rounds)"),
         (["bench", "nanogpt", "scor"], "unknown subcommand 'scor'"),
         (["bench", "record", "--json", "x.json", "--name", "fit"], "give it after --, starting with fit"),
         (["digit-strips", "--split", "tst"], "split: 'tst' is not one of train, validation, test"),
@@ -404,6 +405,218 @@ def test_a_mistyped_flag_is_refused_in_a_few_lines_with_status_2(command: str, k
 def test_a_wrong_value_is_refused_in_a_few_lines(argv: list[str], expect: str, capsys):
     code, err = _refusal(argv, capsys)
     assert code == 2 and expect in err and len(err.strip().splitlines()) <= 4, err
+
+
+def _no_run(monkeypatch, argv: list[str]) -> None:
+    """A benchmark that gets past its checks takes its machine first: here that fails at once, so a check missing
+    fails the test in a moment instead of running the benchmark (minutes) to its end."""
+    import importlib
+
+    from lit_transformer import records
+
+    def ran(*args, **kwargs):
+        raise AssertionError(f"{' '.join(argv)} started its run instead of refusing")
+
+    monkeypatch.setattr(records, "machine", ran)
+    module = importlib.import_module(BENCHMARKS[argv[1]][0])
+    if hasattr(module, "machine"):
+        monkeypatch.setattr(module, "machine", ran)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["bench", "caption-baseline", "--train", "0", "--test", "0"], "train"),
+        (["bench", "caption-baseline", "--train", "-5"], "train"),
+        (["bench", "caption-baseline", "--test", "0"], "test"),
+        (["bench", "startup", "--rounds", "0"], "rounds"),
+        (["bench", "speed", "--reps", "0", "--only", "greedy"], "reps"),
+        (["bench", "speed", "--threads", "0", "--only", "greedy"], "threads"),
+        (["bench", "speed", "--cli-steps", "0", "--only", "cli"], "cli-steps"),
+        (["bench", "speed", "--cli-warmup", "0", "--only", "cli"], "cli-warmup"),
+        (["bench", "speed", "--cpu-batches", "8", "0", "--only", "cli"], "cpu-batches"),
+        (["bench", "serve", "--clients", "1", "0"], "clients"),
+        (["bench", "serve", "--requests_per_client", "0"], "requests_per_client"),
+        (["bench", "serve", "--max_new_tokens", "-1"], "max_new_tokens"),
+        (["bench", "lora", "--steps", "0"], "steps"),
+        (["bench", "lora", "--threads", "0"], "threads"),
+        (["bench", "nanogpt", "ours", "--threads", "0"], "threads"),
+        (["bench", "prepare", "ours", "--corpus", "c.jsonl", "--tokenizer", "t.json", "--threads", "0"], "threads"),
+        (["bench", "data-memory", "--steps", "0"], "steps"),
+        (["bench", "gpu-parts", "resume", "--steps", "-1"], "steps"),
+    ],
+)
+def test_a_count_that_must_be_positive_is_refused_before_the_run(argv: list[str], flag: str, monkeypatch, capsys):
+    """A count of 0 or less (rounds, repetitions, strips, threads, steps, clients) is refused by the parser, naming
+    the flag, instead of a traceback from statistics, sklearn or numpy after the work, or a default run in its place
+    (`--reps 0` ran 5 repetitions)."""
+    _no_run(monkeypatch, argv)
+    code, err = _refusal(argv, capsys)
+    value = argv[argv.index(f"--{flag}") + 1 :]
+    given = next(v for v in value if v.lstrip("-").isdigit() and int(v) <= 0)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) <= 4, err
+    key = flag.replace("-", "_")  # the parser's key of --cli-steps is cli_steps
+    assert f"{key}: expected a positive integer" in err and f"got '{given}'" in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["bench", "gpu-parts", "resume", "--steps", "1"], "--steps 1: resume saves at step steps // 2"),
+        (["bench", "prepare", "train_rss", "--corpus", "c", "--tokenizer", "t", "--steps", "50"], "--steps 50: train_rss"),
+        (["bench", "prepare", "pairs_loader_rss", "--corpus", "c", "--tokenizer", "t", "--out", "o", "--batches", "99"],
+         "--batches 99: pairs_loader_rss compares the RSS at 100"),
+    ],
+)  # fmt: skip
+def test_a_count_below_what_the_measurement_reads_is_refused(argv: list[str], expect: str, monkeypatch, capsys):
+    """resume saves half-way (1 step: no checkpoint); train_rss and pairs_loader_rss report the RSS at 100 (fewer:
+    a KeyError after the run)."""
+    _no_run(monkeypatch, argv)
+    code, err = _refusal(argv, capsys)
+    assert code == 2 and expect in err and "Traceback" not in err, err
+
+
+def test_startup_refuses_a_missing_checkpoint_before_timing(tmp_path: Path, monkeypatch, capsys):
+    """`generate 20 tokens` of a checkpoint that is not there failed after every command's warm-up, in a traceback."""
+    argv = ["bench", "startup", "--checkpoint", str(tmp_path / "nope.ckpt")]
+    _no_run(monkeypatch, argv)
+    code, err = _refusal(argv, capsys)
+    assert code == 1 and f"--checkpoint {tmp_path / 'nope.ckpt'}: no such file" in err and "Traceback" not in err, err
+
+
+JSON_OUTPUTS = {  # every benchmark that adds a run to a file: how it is given ({} is the file)
+    "genre-baselines": ["--json", "{}"],
+    "caption-baseline": ["--json", "{}"],
+    "startup": ["--json", "{}"],
+    "allocator": ["--json", "{}"],
+    "speed": ["--only", "greedy", "--json", "{}"],
+    "serve": ["--checkpoint", "model.ckpt", "--json", "{}"],
+    "suite-time": ["--json", "{}"],
+    "record": ["--json", "{}", "--name", "fit", "--", "fit"],
+    "lora": ["--work", "work", "--json", "{}"],
+    "nanogpt": ["--json", "{}", "score"],
+    "prepare": ["--json", "{}", "ours", "--corpus", "c.jsonl", "--tokenizer", "t.json"],
+    "data-memory": ["--out", "{}"],
+    "gpu-table": ["collect", "rows.jsonl", "--json", "{}"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(JSON_OUTPUTS))
+def test_a_json_output_that_is_a_folder_is_refused_before_the_run(name: str, tmp_path: Path, monkeypatch, capsys):
+    """`--json FOLDER` ended genre-baselines' half-minute of work (any benchmark's minutes) in an IsADirectoryError
+    from the writer: each refuses it first, naming its flag."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.ckpt").write_bytes(b"x")
+    (tmp_path / "rows.jsonl").write_text("")
+    (tmp_path / "runs").mkdir()
+    argv = ["bench", name, *(a.replace("{}", "runs") for a in JSON_OUTPUTS[name])]
+    _no_run(monkeypatch, argv)
+    code, err = _refusal(argv, capsys)
+    flag = argv[argv.index("runs") - 1]
+    assert code == 2 and f"error: {flag} runs is a folder" in err and "Traceback" not in err, err
+    assert not (tmp_path / "work").exists()  # lora made no work folder
+
+
+def test_a_runs_file_is_checked_by_the_writer_itself_without_writing_it(tmp_path: Path):
+    """runs_file answers as write_run would at the end of the run, naming the flag, and leaves the file as it was."""
+    from lit_transformer.bench.checks import runs_file
+    from lit_transformer.errors import BadFileError, ConfigError
+
+    broken, runs, named = tmp_path / "broken.json", tmp_path / "runs.json", tmp_path / "named.json"
+    broken.write_text("{not json")
+    write_run(runs, {"rows": []}, **_stamp())
+    write_run(named, {"rows": []}, name="fit", **_stamp())
+    before = {p: p.read_bytes() for p in (broken, runs, named)}
+    with pytest.raises(BadFileError, match=rf"^--json {re.escape(str(broken))} is not JSON"):
+        runs_file(broken)
+    with pytest.raises(BadFileError, match=rf"^--out {re.escape(str(runs))} holds the runs of one benchmark"):
+        runs_file(runs, "--out", name="baselines")
+    with pytest.raises(BadFileError, match=rf"^--json {re.escape(str(named))}.* holds named records"):
+        runs_file(named)
+    with pytest.raises(ConfigError, match="a JSON-lines file holds one run a line"):
+        runs_file(tmp_path / "x.jsonl", name="fit")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(broken))} is a file, not a folder"):
+        runs_file(broken / "sub" / "x.json")
+    assert runs_file(runs) == runs and runs_file(named, name="test") == named and runs_file(None) is None
+    assert runs_file(tmp_path / "new" / "x.json") == tmp_path / "new" / "x.json" and not (tmp_path / "new").exists()
+    assert {p: p.read_bytes() for p in before} == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "broken.json",
+        "named.json",
+        "runs.json",
+    ]
+
+
+def test_gpu_table_refuses_a_missing_or_malformed_file_naming_it(tmp_path: Path, capsys):
+    """render's file of runs, its --readme and collect's rows: a missing one, or JSON that is not, is refused in a
+    line that names the file (was a FileNotFoundError or JSONDecodeError traceback), exit 1."""
+    broken, good, page = tmp_path / "broken.json", tmp_path / "gpu.json", tmp_path / "page.md"
+    broken.write_text('{"runs": [')
+    write_run(good, {"rows": []}, **_stamp())
+    page.write_text("no markers here\n")
+    cases = [
+        (["render", str(tmp_path / "nope.json")], f"{tmp_path / 'nope.json'}: no such file"),
+        (["render", str(broken)], f"{broken} is not JSON (line 1, column 11"),
+        (["render", str(page)], f"{page} is not JSON"),
+        (["render", str(good), "--readme", str(tmp_path / "nope.md")], f"--readme {tmp_path / 'nope.md'}: no such file"),
+        (["render", str(good), "--readme", str(page)], f"--readme {page} has no <!-- gpu-check:start -->"),
+        (["collect", str(tmp_path / "rows.jsonl"), "--json", str(good)], f"{tmp_path / 'rows.jsonl'}: no such file"),
+    ]  # fmt: skip
+    for argv, expect in cases:
+        code, err = _refusal(["bench", "gpu-table", *argv], capsys)
+        assert code == 1 and expect in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3, err
+    assert page.read_text() == "no markers here\n"
+
+
+def test_speed_render_refuses_a_missing_file_and_a_run_it_does_not_hold(tmp_path: Path, capsys):
+    path = tmp_path / "speed.json"
+    write_run(path, {"rows": []}, **_stamp())
+    code, err = _refusal(["bench", "speed", "--render", str(tmp_path / "nope.json")], capsys)
+    assert code == 1 and f"--render {tmp_path / 'nope.json'}: no such file" in err, err
+    code, err = _refusal(["bench", "speed", "--render", str(path), "--run", "3"], capsys)
+    assert code == 2 and f"--run 3: {path} holds 1 runs" in err, err
+
+
+def test_record_finds_a_packaged_config_by_name_as_the_command_line_does(tmp_path: Path, monkeypatch, capsys):
+    """`bench record ... -- fit --config presets/tiny` runs the packaged preset from any folder (it ran the parser on
+    the bare name: "File does not exist"); the record keeps the command as typed."""
+    from types import SimpleNamespace
+
+    from lit_transformer.bench import record_run
+    from lit_transformer.cli import lightning_cli
+    from lit_transformer.cli.arguments import packaged_configs
+    from lit_transformer.engine import host_allocator
+
+    seen = []
+
+    def run_cli():
+        seen.append(sys.argv[1:])
+        return SimpleNamespace(trainer=SimpleNamespace(callback_metrics={"train/loss": 4.5}, global_step=2))
+
+    monkeypatch.chdir(tmp_path)  # no presets/ here
+    monkeypatch.setattr(sys, "argv", ["lit_transformer"])
+    monkeypatch.setattr(lightning_cli, "run_cli", run_cli)
+    monkeypatch.setattr(lightning_cli, "show_package_info_logs", lambda: None)
+    monkeypatch.setattr(host_allocator, "keep_freed_memory", lambda: None)
+    monkeypatch.setattr(record_run, "machine", lambda **extra: {"date": "2026-01-01T00:00:00Z", **extra})
+    main(
+        [
+            "record",
+            "--json",
+            "rec.json",
+            "--name",
+            "fit",
+            "--",
+            "fit",
+            "--config",
+            "presets/tiny",
+            "--trainer.max_steps",
+            "2",
+        ]
+    )
+    assert seen == [["fit", "--config", str(packaged_configs() / "presets" / "tiny.yaml"), "--trainer.max_steps", "2"]]
+    (run,) = read_runs(tmp_path / "rec.json", "fit")
+    assert run["cli"] == "python -m lit_transformer fit --config presets/tiny --trainer.max_steps 2"
+    assert run["metrics"] == {"train/loss": 4.5} and run["global_step"] == 2
 
 
 def test_digit_strips_offers_the_corpus_splits():

@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from jsonargparse.typing import PositiveInt
+
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import command_parser, parse
 from lit_transformer.errors import UserError
 from lit_transformer.records import ChildRun, child_env, command_line, machine, run_child, write_run
@@ -105,11 +108,10 @@ def main(argv: Sequence[str]) -> None:
         "--only", type=Literal["main-job", "translate-en-es"], nargs="+", metavar="CONFIG", default=None,
         help="some of the configs (default: both)",
     )  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of both settings per config")
+    parser.add_argument("--rounds", type=PositiveInt, default=3, help="rounds of both settings per config")
     parser.add_argument("--json", type=Path | None, default=None, help="add this run to the runs of this file")
     args = parse(parser, argv)
-    if args.rounds < 1:
-        raise UserError(f"--rounds must be at least 1 (got {args.rounds})")
+    runs_file(args.json)
     refuse_a_users_allocator()
     facts = machine()
     figures = run(args.only or list(RUNS), args.rounds)

@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from jsonargparse.typing import PositiveInt
+
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import command_parser, parse
 from lit_transformer.records import clock, command_line, machine, write_run
 
@@ -71,10 +74,11 @@ def baseline(train_strips: int, test_strips: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = command_parser("bench caption-baseline", __doc__)
-    parser.add_argument("--train", type=int, default=20000, help="training strips (the preset's strips[0])")
-    parser.add_argument("--test", type=int, default=1000, help="test strips (the preset's strips[2])")
+    parser.add_argument("--train", type=PositiveInt, default=20000, help="training strips (the preset's strips[0])")
+    parser.add_argument("--test", type=PositiveInt, default=1000, help="test strips (the preset's strips[2])")
     parser.add_argument("--json", type=Path | None, default=None, help="add this run to the runs of this file")
     args = parse(parser, argv)
+    runs_file(args.json)
     facts = machine()
     with clock() as took:
         result = baseline(args.train, args.test)

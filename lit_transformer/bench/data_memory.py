@@ -37,6 +37,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from jsonargparse.typing import PositiveInt
+
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import command_parser, parse
 from lit_transformer.errors import UserError
 from lit_transformer.records import IMPORT_ROOT, command_line, machine, run_child, write_run
@@ -263,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = command_parser("bench data-memory", __doc__)
     parser.add_argument("--size_mb", type=float, nargs="+", default=[30.0], help="sizes of the data files")
     parser.add_argument("--tasks", type=str, nargs="+", default=["classification", "captioning"], help="the tasks")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps of each fit")
+    parser.add_argument("--steps", type=PositiveInt, default=3, help="optimizer steps of each fit")
     parser.add_argument("--cap_gb", type=float, default=6.0, help="kill a command whose process tree passes this")
     parser.add_argument("--tree", type=str, default=str(IMPORT_ROOT), help="the tree to measure (PYTHONPATH, presets)")
     parser.add_argument("--work", type=str, default="/tmp/data_memory", help="where the data and runs go")
@@ -271,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=str | None, default=None, help="add each task and size to the runs of this file")
     parser.add_argument("--label", type=str, default="main", help="what tree this is, in each record (e.g. before)")
     args = parse(parser, argv)
+    runs_file(args.out, "--out")
     unknown = sorted(set(args.tasks) - {"classification", "captioning"})
     if unknown:
         raise UserError(f"--tasks {' '.join(unknown)}: bench data-memory measures classification and captioning")

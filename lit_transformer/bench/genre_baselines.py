@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import command_parser, parse
 from lit_transformer.records import command_line, machine, write_run
 
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = command_parser("bench genre-baselines", __doc__)
     parser.add_argument("--json", type=Path | None, default=None, help="add the rows to this file's record 'baselines'")
     args = parse(parser, argv)
+    runs_file(args.json, name="baselines")  # before the half-minute of work, not after it
     facts = machine()
     rows = baselines()
     for row in rows:

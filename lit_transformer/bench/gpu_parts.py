@@ -17,7 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from jsonargparse.typing import PositiveInt
+
 from lit_transformer.cli.arguments import chosen, command_parser, parse, split_passed_on, subcommand_parser
+from lit_transformer.errors import ConfigError
 from lit_transformer.records import child_env
 
 
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     rate = subcommand_parser("preset-rate", "The logged tokens/s of `fit -- FIT_ARGS`, over its optimizer steps.")
     commands.add_subcommand("preset-rate", rate, help="the logged tokens/s of a fit, over its optimizer steps")
     res = subcommand_parser("resume", "Fit, save half-way, resume in a new process, compare the second half's losses.")
-    res.add_argument("--steps", type=int, default=10, help="optimizer steps of the uninterrupted run")
+    res.add_argument("--steps", type=PositiveInt, default=10, help="optimizer steps of the uninterrupted run")
     res.add_argument("--tolerance", type=float, default=1e-4, help="max abs loss difference that counts as a match")
     commands.add_subcommand("resume", res, help="fit, save half-way, resume, compare the second half's losses")
     rec = subcommand_parser("record", "One fit of `resume`, in its own process: its losses to --out.")
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_subcommand("record", rec, help="(resume's child process) one fit's losses to a JSON file")
     args = parse(parser, own)
     name, options = chosen(args)
+    if name == "resume" and options.steps < 2:
+        raise ConfigError(f"--steps {options.steps}: resume saves at step steps // 2 and resumes there; give 2 or more")
     if name == "record":
         return record_losses(options.out, fit_args, options.ckpt_path)
     row = preset_rate(fit_args) if name == "preset-rate" else resume(fit_args, options.steps, options.tolerance)

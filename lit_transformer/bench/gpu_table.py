@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lit_transformer.bench.checks import read_json, recorded_runs, runs_file
 from lit_transformer.cli.arguments import chosen, command_parser, parse, subcommand_parser
+from lit_transformer.errors import BadFileError, MissingFileError
 from lit_transformer.records import command_line, machine, write_run
 
 START, END = "<!-- gpu-check:start -->", "<!-- gpu-check:end -->"
@@ -57,7 +59,9 @@ def meta(dry_run: bool, nanogpt: Path, command: str) -> dict[str, Any]:
 def collect(rows_path: Path, meta_path: Path | None, json_path: Path, command: str) -> dict[str, Any]:
     """Append one run (the facts `meta` wrote as the script started, and the rows) to the runs of `json_path`;
     without them (the script ended before), this command and the machine now."""
-    facts = json.loads(meta_path.read_text()) if meta_path and meta_path.exists() else {}
+    facts = read_json(meta_path, "--meta") if meta_path and meta_path.exists() else {}
+    if not isinstance(facts, dict):
+        raise BadFileError(f"--meta {meta_path} holds a JSON {type(facts).__name__}, not the facts `meta` writes")
     command, found = facts.pop("command", command), facts.pop("machine", None) or machine()
     return write_run(json_path, {**facts, "rows": read_rows(rows_path)}, command=command, machine=found)
 
@@ -179,11 +183,14 @@ def latest(report: dict[str, Any], real_only: bool = True) -> dict[str, Any]:
     return (real or runs)[-1]
 
 
-def replace_between_markers(text: str, block: str) -> str:
-    """`text` with the block between the gpu-check markers replaced; an error naming the markers if they are absent."""
+def replace_between_markers(text: str, block: str, page: str = "the page") -> str:
+    """`text` (of `page`) with the block between the gpu-check markers replaced; a refusal naming the page and the
+    markers if they are absent."""
     pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.DOTALL)
     if not pattern.search(text):
-        raise ValueError(f"no {START} ... {END} block to replace: add the two markers where the table belongs")
+        raise BadFileError(
+            f"{page} has no {START} ... {END} block to replace: add the two markers where the table belongs"
+        )
     return pattern.sub(lambda _: f"{START}\n{block}\n{END}", text)
 
 
@@ -224,12 +231,21 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(row), flush=True)
         return
     if name == "collect":
+        if not options.rows.is_file():
+            raise MissingFileError(f"{options.rows}: no such file (the rows gpu_check.sh's parts printed)")
+        runs_file(options.json)
         run = collect(options.rows, options.meta, options.json, command_line("bench gpu-table", argv))
         print(f"{options.json}: run of {run.get('started', '?')} with {len(run['rows'])} rows appended")
         return
-    block = table(latest(json.loads(options.json.read_text()), real_only=not options.include_dry_runs))
+    runs = recorded_runs(options.json)
+    if not all(isinstance(run.get("rows"), list) for run in runs):
+        raise BadFileError(f"{options.json} holds runs without rows: not a file `bench gpu-table collect` wrote")
+    if options.readme is not None and not options.readme.is_file():
+        raise MissingFileError(f"--readme {options.readme}: no such file")
+    block = table(latest({"runs": runs}, real_only=not options.include_dry_runs))
     if options.readme is None:
         print(block)
     else:
-        options.readme.write_text(replace_between_markers(options.readme.read_text(), block))
+        page = f"--readme {options.readme}"
+        options.readme.write_text(replace_between_markers(options.readme.read_text(), block, page))
         print(f"{options.readme}: GPU table replaced")

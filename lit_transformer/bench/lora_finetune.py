@@ -34,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+from jsonargparse.typing import PositiveInt
+
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import command_parser, packaged_configs, parse
 from lit_transformer.errors import UserError
 from lit_transformer.records import (
@@ -201,13 +204,15 @@ def main(argv: list[str] | None = None) -> None:
         "--json", type=Path | None, default=None, help="add the run to this file (default: WORK/lora.json)"
     )
     parser.add_argument("--work", type=Path, default=Path("runs/benchmark_lora"), help="runs, logs and checkpoints")
-    parser.add_argument("--pretrain_steps", type=int, default=1500, help="Shakespeare pretraining (the preset: 5000)")
-    parser.add_argument("--steps", type=int, default=300, help="Bible fine-tuning steps of each run")
-    parser.add_argument("--mlm_steps", type=int, default=600, help="masked-LM pretraining (mlm.yaml: 2000)")
-    parser.add_argument("--classify_steps", type=int, default=300, help="classifier fine-tuning (genre: 1500)")
+    parser.add_argument(
+        "--pretrain_steps", type=PositiveInt, default=1500, help="Shakespeare pretraining (the preset: 5000)"
+    )
+    parser.add_argument("--steps", type=PositiveInt, default=300, help="Bible fine-tuning steps of each run")
+    parser.add_argument("--mlm_steps", type=PositiveInt, default=600, help="masked-LM pretraining (mlm.yaml: 2000)")
+    parser.add_argument("--classify_steps", type=PositiveInt, default=300, help="classifier fine-tuning (genre: 1500)")
     parser.add_argument("--full_lr", type=float, default=1e-3, help="full fine-tuning's peak learning rate")
     parser.add_argument("--lora_lr", type=float, default=2e-3, help="LoRA's peak learning rate (lora.yaml's)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    parser.add_argument("--threads", type=PositiveInt, default=1, help="torch threads of each run")
     parser.add_argument(
         "--parts", type=str, nargs="+", default=list(PARTS),
         help="which measurements to run (domain, classification, imported); the others are kept from the newest run "
@@ -223,8 +228,8 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"--parts {' '.join(unknown)}: the measurements are {', '.join(PARTS)}")
 
     work = args.work
+    json_path = runs_file(args.json or work / "lora.json")
     work.mkdir(parents=True, exist_ok=True)
-    json_path = args.json or work / "lora.json"
     log = work / "benchmark.log"
     facts = machine(threads=args.threads, peft=version("peft"))
     results: dict = {

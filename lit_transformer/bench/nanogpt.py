@@ -33,6 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jsonargparse.typing import PositiveInt
+
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import chosen, command_parser, parse, split_passed_on, subcommand_parser
 from lit_transformer.errors import UserError
 from lit_transformer.records import child_env, command_line, machine, write_run
@@ -346,8 +349,8 @@ def main(argv: list[str] | None = None) -> None:
 
     nano = subcommand_parser("nanogpt", "Write the data, train nanoGPT's CPU recipe, score it.")
     nano.add_argument("nanogpt", type=str, help="a nanoGPT checkout (train.py, model.py, config/)")
-    nano.add_argument("--max_iters", type=int, default=7000)
-    nano.add_argument("--threads", type=int, default=2)
+    nano.add_argument("--max_iters", type=PositiveInt, default=7000)
+    nano.add_argument("--threads", type=PositiveInt, default=2)
     commands.add_subcommand("nanogpt", nano, help="write the data, train nanoGPT's CPU recipe, score it")
 
     data = subcommand_parser("nanogpt-data", "Only write train.bin, val.bin and meta.pkl into the checkout.")
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ours = subcommand_parser("ours", "Time `fit --config CONFIG [-- fit flags]`, then score its checkpoint.")
     ours.add_argument("--config", type=str, default="configs/base.yaml")
-    ours.add_argument("--threads", type=int, default=2)
+    ours.add_argument("--threads", type=PositiveInt, default=2)
     ours.add_argument("--checkpoint", type=str, default="runs/shakespeare/checkpoints/last.ckpt")
     ours.add_argument("--root", type=str, default="runs/shakespeare", help="where fit.log (and a fresh cache) go")
     ours.add_argument("--fresh_cache", action="store_true", help="count tokenizer training and tokenization too")
@@ -372,16 +375,18 @@ def main(argv: list[str] | None = None) -> None:
 
     bench = subcommand_parser("bench", "nanoGPT's bench.py on the GPU, one JSON row.")
     bench.add_argument("nanogpt", type=str, help="a nanoGPT checkout")
-    bench.add_argument("--batch_size", type=int, default=8)
-    bench.add_argument("--block_size", type=int, default=1024)
+    bench.add_argument("--batch_size", type=PositiveInt, default=8)
+    bench.add_argument("--block_size", type=PositiveInt, default=1024)
     bench.add_argument("--dry-run", action="store_true", help="a 1-layer model on the CPU: the plumbing only")
     commands.add_subcommand("bench", bench, help="nanoGPT's bench.py on the GPU, one JSON row")
 
     args = parse(parser, own)
     name, sub = chosen(args)
-    STARTED.update(machine())
     if overrides and name != "ours":
         raise UserError(f"bench nanogpt {name} passes nothing on: the flags after -- are for `ours` (fit's flags)")
+    if name not in ("bench", "nanogpt-data"):  # the others add their run to --json
+        runs_file(args.json)
+    STARTED.update(machine())
     if name == "bench":
         print(json.dumps(run_bench(Path(sub.nanogpt).resolve(), sub.batch_size, sub.dry_run, sub.block_size)))
     elif name == "nanogpt":

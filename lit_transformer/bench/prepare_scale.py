@@ -46,8 +46,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from jsonargparse.typing import PositiveInt
+
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import chosen, command_parser, packaged_configs, parse, subcommand_parser
-from lit_transformer.errors import UserError
+from lit_transformer.errors import ConfigError, UserError
 from lit_transformer.records import child_env, command_line, machine, process_rss_mb, run_child, write_run
 
 STAMP: dict = {}  # this run's command line, as a user types it, and its machine as it starts (set by main)
@@ -407,11 +410,11 @@ def main(argv: list[str] | None = None) -> None:
     add("pairs", "prepare a folder of pairs into token shards", corpus, tokenizer,
         ("--out", Path | None, None, "cache folder (default: a fresh temporary one)"))  # fmt: skip
     add("pairs_loader_rss", "read training batches from prepared pair shards", corpus, tokenizer,
-        ("--out", Path, ..., "the cache `pairs` prepared"), ("--batches", int, 5000, "batches to read"))  # fmt: skip
+        ("--out", Path, ..., "the cache `pairs` prepared"), ("--batches", PositiveInt, 5000, "batches to read"))  # fmt: skip
     add("cli_rss", "`fit --config configs/base.yaml` on a generated JSONL: RSS of both phases",
         ("--size_mb", float, 1000.0, "the corpus's size"),
         ("--out", Path, ..., "a scratch folder: corpus, cache and run go there"),
-        ("--steps", int, 1000, "optimizer steps (a multiple of 100)"),
+        ("--steps", PositiveInt, 1000, "optimizer steps (a multiple of 100)"),
         ("--tokenizer", Path | None, None, "a tokenizer.json (default: base.yaml's byte_bpe)"),
         ("--interval", float, 0.25, "seconds between samples of the tree's RSS"),
         ("--keep", bool, False, "keep the corpus, cache and run (default: deleted)"))  # fmt: skip
@@ -419,10 +422,16 @@ def main(argv: list[str] | None = None) -> None:
                           ("train_rss", "the tiny preset trained from the prepared shards: RSS")):  # fmt: skip
         add(name, summary, corpus, tokenizer,
             ("--out", Path | None, None, "cache (ours, train_rss) or output folder"),
-            ("--threads", int, 2, "tokenizer threads (ours) / map processes (nanogpt)"),
-            ("--steps", int, 1000, "training steps (train_rss)"))  # fmt: skip
+            ("--threads", PositiveInt, 2, "tokenizer threads (ours) / map processes (nanogpt)"),
+            ("--steps", PositiveInt, 1000, "training steps (train_rss)"))  # fmt: skip
     args = parse(parser, argv)
     name, options = chosen(args)
+    runs_file(args.json)
+    # train_rss and pairs_loader_rss report the RSS at step (batch) 100 beside the last
+    counted = {"train_rss": "steps", "pairs_loader_rss": "batches"}.get(name)
+    if counted and getattr(options, counted) < 100:
+        given = getattr(options, counted)
+        raise ConfigError(f"--{counted} {given}: {name} compares the RSS at 100 with the last; give 100 or more")
     STAMP.update(machine=machine())
     if name == "corpus":
         make_corpus(options.size_mb, options.out)

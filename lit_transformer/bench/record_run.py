@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from lit_transformer.cli.arguments import command_parser, parse, split_passed_on
+from lit_transformer.bench.checks import runs_file
+from lit_transformer.cli.arguments import command_parser, parse, resolve_configs, split_passed_on
 from lit_transformer.errors import UserError
 from lit_transformer.records import command_line, machine, write_run
 
@@ -37,7 +38,10 @@ def _number(value: object) -> float | None:
 
 
 def record(json_path: Path, name: str, cli_args: list[str], command: str) -> dict:
-    """Run `python -m lit_transformer CLI_ARGS` in this process; add its metrics to json_path's record `name`."""
+    """Run `python -m lit_transformer CLI_ARGS` in this process; add its metrics to json_path's record `name`. Each
+    --config is found as the command line finds it (a file, or a packaged config by name: `--config presets/tiny`);
+    the record keeps it as typed."""
+    resolved = resolve_configs(cli_args)  # a config found nowhere is refused here, before torch is imported
     import torch
 
     from lit_transformer.cli.lightning_cli import run_cli, show_package_info_logs
@@ -47,7 +51,7 @@ def record(json_path: Path, name: str, cli_args: list[str], command: str) -> dic
     show_package_info_logs()
     facts = machine(threads=torch.get_num_threads())
     start = time.perf_counter()
-    sys.argv = [sys.argv[0], *cli_args]  # as `python -m lit_transformer CLI_ARGS` sees them (no `args=` warning)
+    sys.argv = [sys.argv[0], *resolved]  # as `python -m lit_transformer CLI_ARGS` sees them (no `args=` warning)
     cli = run_cli()
     seconds = time.perf_counter() - start
     metrics = {key: _number(value) for key, value in cli.trainer.callback_metrics.items()}
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     if not cli_args or cli_args[0] not in ("fit", "validate", "test"):
         raise UserError(
             "bench record runs a command of the CLI: give it after --, starting with fit, validate or test",
-            hint="For example: bench record --json runs/x.json --name fit -- fit --config configs/presets/tiny.yaml",
+            hint="For example: bench record --json runs/x.json --name fit -- fit --config presets/tiny",
         )
+    runs_file(args.json, name=args.name)
     run = record(args.json, args.name, cli_args, command_line("bench record", argv))
     print(json.dumps({args.name: run["metrics"], "wall_s": run["wall_s"]}, indent=1))

@@ -135,6 +135,9 @@ def load_level(port: int, body: bytes, clients: int, per_client: int, timeout: f
 
 
 def main(argv: Sequence[str]) -> None:
+    from jsonargparse.typing import NonNegativeInt, PositiveInt
+
+    from lit_transformer.bench.checks import runs_file
     from lit_transformer.cli.arguments import command_parser, parse
     from lit_transformer.records import command_line, machine, write_run
 
@@ -142,22 +145,31 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument(
         "--checkpoint", type=str, default="runs/shakespeare/checkpoints/last.ckpt", help="the model served"
     )
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients of each level")
-    parser.add_argument("--requests_per_client", type=int, default=8, help="requests each client sends in a level")
+    parser.add_argument(
+        "--clients", type=PositiveInt, nargs="+", default=[1, 8, 32], help="concurrent clients of each level"
+    )
+    parser.add_argument(
+        "--requests_per_client", type=PositiveInt, default=8, help="requests each client sends in a level"
+    )
     parser.add_argument(
         "--batch_sizes",
-        type=int,
+        type=PositiveInt,
         nargs="+",
         default=[1, 8],
         help="serve --max_batch_size of each server (1: unbatched)",
     )
     parser.add_argument("--batch_timeout", type=float, default=0.01, help="serve --batch_timeout of batched servers")
     parser.add_argument("--prompt", type=str, default="ROMEO:", help="every request's text")
-    parser.add_argument("--max_new_tokens", type=int, default=32, help="every request's tokens to generate (greedy)")
-    parser.add_argument("--warmup", type=int, default=4, help="requests sent before the levels, not measured")
+    parser.add_argument(
+        "--max_new_tokens", type=PositiveInt, default=32, help="every request's tokens to generate (greedy)"
+    )
+    parser.add_argument(
+        "--warmup", type=NonNegativeInt, default=4, help="requests sent before the levels, not measured"
+    )
     parser.add_argument("--start_timeout", type=float, default=600.0, help="seconds a server may take to be ready")
     parser.add_argument("--json", type=Path | None, default=None, help="add this run to the runs of this file")
     args = parse(parser, argv)
+    runs_file(args.json)
     if not Path(args.checkpoint).is_file():
         from lit_transformer.errors import UserError
 

@@ -23,8 +23,11 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from jsonargparse.typing import PositiveInt
+
+from lit_transformer.bench.checks import recorded_runs, runs_file
 from lit_transformer.cli.arguments import command_parser, parse
-from lit_transformer.errors import UserError
+from lit_transformer.errors import BadFileError, ConfigError, UserError
 from lit_transformer.records import command_line, machine, write_run
 
 Section = Literal["decoder", "seq2seq", "greedy", "sliding", "beam", "quantized", "memory", "lightning", "cli", "mfu"]
@@ -159,14 +162,18 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="sections to run (default: all but cli on a CPU; mfu and cli on cuda)",
     )
-    parser.add_argument("--cli-steps", type=int, default=20, help="cli: timed optimizer steps per contender")
-    parser.add_argument("--cli-warmup", type=int, default=10, help="cli: untimed steps first (compilation)")
+    parser.add_argument("--cli-steps", type=PositiveInt, default=20, help="cli: timed optimizer steps per contender")
+    parser.add_argument("--cli-warmup", type=PositiveInt, default=10, help="cli: untimed steps first (compilation)")
     parser.add_argument("--cli-filter", type=str, default="", help="cli: only the runs whose label contains this")
-    parser.add_argument("--reps", type=int | None, default=None, help="repetitions per contender (default 5, quick 3)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument(
+        "--reps", type=PositiveInt | None, default=None, help="repetitions per contender (default 5, quick 3)"
+    )
+    parser.add_argument("--threads", type=PositiveInt, default=2, help="torch CPU threads")
     parser.add_argument("--device", type=Literal["cpu", "cuda"], default="cpu", help="cuda: the GPU MFU run only")
-    parser.add_argument("--gpu-batches", type=int, nargs="+", default=[8, 16, 32], help="cuda: batch sizes")
-    parser.add_argument("--cpu-batches", type=int, nargs="+", default=[8], help="cpu: the cli section's batch sizes")
+    parser.add_argument("--gpu-batches", type=PositiveInt, nargs="+", default=[8, 16, 32], help="cuda: batch sizes")
+    parser.add_argument(
+        "--cpu-batches", type=PositiveInt, nargs="+", default=[8], help="cpu: the cli section's batch sizes"
+    )
     parser.add_argument("--cli-only", action="store_true", help="cli: the CLI's fit alone, no hand-built step")
     parser.add_argument("--cli-extra", type=str, default="", help="cli: fit arguments added to every run (a lever)")
     parser.add_argument(
@@ -176,9 +183,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", type=int, default=0, help="with --render: which of the file's runs (0: the first)")
     args = parse(parser, argv)
     if args.render:
+        runs = recorded_runs(args.render, "--render")
+        if not -len(runs) <= args.run < len(runs):
+            raise ConfigError(f"--run {args.run}: {args.render} holds {len(runs)} runs (--run 0 to {len(runs) - 1})")
+        if not isinstance(runs[args.run].get("rows"), list):
+            raise BadFileError(f"--render {args.render}: run {args.run} has no rows (not a file bench speed wrote)")
         from lit_transformer.bench.speed_sections import render
 
         return render(args.render, args.run)
+    runs_file(args.json)
     only = args.only or (["mfu", "cli"] if args.device == "cuda" else [])
     runs: dict[str, list[str]] = {}
     if "cli" in only:

@@ -18,7 +18,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from jsonargparse.typing import PositiveInt
+
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import command_parser, parse
+from lit_transformer.errors import MissingFileError
 from lit_transformer.records import child_env, command_line, machine, run_child, write_run
 
 YARDSTICKS = {
@@ -105,9 +109,12 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument(
         "--checkpoint", type=str | None, default=None, help="a checkpoint of the main job, for `generate 20 tokens`"
     )
-    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after one warm-up)")
+    parser.add_argument("--rounds", type=PositiveInt, default=5, help="measured rounds (after one warm-up)")
     parser.add_argument("--json", type=Path | None, default=None, help="add this run to the runs of this file")
     args = parse(parser, argv)
+    runs_file(args.json)
+    if args.checkpoint and not Path(args.checkpoint).is_file():  # else `generate` fails after every warm-up
+        raise MissingFileError(f"--checkpoint {args.checkpoint}: no such file (the README's first command writes one)")
     facts = machine(threads=1)
     figures = run(args.checkpoint, args.rounds)
     command = command_line("bench startup", argv)

@@ -24,6 +24,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
+from lit_transformer.bench.checks import runs_file
 from lit_transformer.cli.arguments import command_parser, parse, split_passed_on
 from lit_transformer.records import (
     child_env,
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         help="keep this machine's data and inductor caches (a second run's time; by default both start empty)",
     )
     args = parse(parser, own)
+    runs_file(args.json)  # before the suite's minutes, not after them
     root = require_source_checkout("bench suite-time", "it runs the repository's tests/")
     facts = machine()
     with tempfile.TemporaryDirectory(prefix="suite_time_") as scratch, tempfile.TemporaryFile("w+") as out:

@@ -251,6 +251,9 @@ _EXPECTED = re.compile(r"Expected an? (?:<class '([\w.]+)'>|([^\n]+?))\.\s*Got v
 _UNION = re.compile(r"Subtypes: \[(.*)\][\s\S]*?Given value: (.*)")
 _LITERAL = re.compile(r"typing\.Literal\[(.*?)\]")
 _RESTRICTED = re.compile(r"Not of type (\w+): (.*?) does not conform to restriction")
+# The same type given no number at all: "Not of type PositiveInt: invalid literal for int() with base 10: 'many'".
+_NOT_A_NUMBER = re.compile(r"Not of type (\w+): (?:invalid literal for \w+\(\)(?: with base 10)?|could not convert "
+                           r"string to float): '(.*)'")  # fmt: skip
 _REQUIRED = re.compile(r"the following arguments are required: (.+)")
 
 
@@ -416,7 +419,7 @@ def _wrong_value(key: str, message: str, argv: Sequence[str], hint: str) -> Conf
     listed, the nearest first), where it was given."""
     expected = _EXPECTED.search(message)
     union = _UNION.search(message)
-    restricted = _RESTRICTED.search(message)
+    restricted = _RESTRICTED.search(message) or _NOT_A_NUMBER.search(message)
     if expected:
         kinds, value = [expected.group(1) or expected.group(2)], expected.group(3).strip()
     elif union:
