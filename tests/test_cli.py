@@ -486,6 +486,13 @@ def test_generate_refuses_settings_the_model_cannot_use_before_printing(tiny_run
     assert result.stdout == "" and "Traceback" not in result.stderr
 
 
+def test_base_is_refused_for_a_checkpoint_that_is_not_a_lora_runs(tiny_run: Path):
+    """--base (where a LoRA checkpoint's base is now) was ignored for a full checkpoint, without a word."""
+    checkpoint = str(tiny_run / "checkpoints" / "last.ckpt")
+    result = _cli("generate", "--checkpoint", checkpoint, "--base", checkpoint, cwd=tiny_run, ok=False)
+    assert f"--base {checkpoint}: {checkpoint} is not a LoRA checkpoint" in result.stderr, result.stderr
+
+
 def test_generate_names_the_sampling_flags_beam_search_does_not_read(tiny_run: Path):
     checkpoint = str(tiny_run / "checkpoints" / "last.ckpt")
     common = ["generate", "--checkpoint", checkpoint, "--prompt", "ROMEO:", "--max_new_tokens", "5", "--num_beams", "2"]

@@ -21,7 +21,7 @@ def _log(folder: Path, points: dict[str, list[tuple[int, float]]]) -> None:
     writer.close()
 
 
-def test_a_resumed_run_s_curve_joins_its_versions(tmp_path):
+def test_a_resumed_run_s_curve_joins_its_versions(tmp_path, capsys):
     """A run stopped at step 20 and resumed logs into version_1 (its step-20 validation again, after the resume):
     the curve is both, in step order, the later value kept. It failed with "not enough values to unpack"."""
     run = tmp_path / "run"
@@ -33,6 +33,11 @@ def test_a_resumed_run_s_curve_joins_its_versions(tmp_path):
     (run / "checkpoints" / "last.ckpt").write_bytes(b"")
     main(["--run", str(run), "--config", "presets/tiny-translate", "--plot_only"])
     assert (run / "recipe" / "val-bleu.png").stat().st_size > 0
+    # a folder as --plot: the plot goes in it (matplotlib wrote FOLDER.png beside it, and nothing said where)
+    (tmp_path / "plots").mkdir()
+    main(["--run", str(run), "--config", "presets/tiny-translate", "--plot_only", "--plot", str(tmp_path / "plots")])
+    assert (tmp_path / "plots" / "val-bleu.png").is_file() and not (tmp_path / "plots.png").exists()
+    assert f"wrote {tmp_path / 'plots' / 'val-bleu.png'}" in capsys.readouterr().out
 
 
 def test_a_folder_that_is_not_a_run_is_refused_before_anything_is_written(tmp_path):

@@ -124,6 +124,11 @@ def checkpoint_weights(
     from lit_transformer.checkpoints.files import CheckpointError, load_model_state
 
     if "lora" not in checkpoint:
+        if base is not None and flag:  # it was ignored: the user meant some other base to be read
+            raise ConfigError(
+                f"{flag.split()[0]} {base}: {path} is not a LoRA checkpoint (it holds all its weights), so it has no "
+                f"base to read: leave {flag.split()[0]} out"
+            )
         model = Transformer(config)
         load_model_state(model, checkpoint, current=config, prefix="model.")
         return model

@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     facts = machine()
     args.plot = args.plot or args.run / "recipe" / "val-bleu.png"
+    if args.plot.is_dir():  # matplotlib would write FOLDER.png beside it
+        args.plot = args.plot / "val-bleu.png"
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     saved = args.run / "recipe" / "raw_validation_bleu.json"
     raw = raw_curve(args.run, args.config, args.jobs, flags) if args.raw_curve else None
@@ -227,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     elif saved.is_file():  # drawn again from an earlier --raw_curve
         raw = [tuple(point) for point in json.loads(saved.read_text())]
     curve = plot_curve(args.run, args.plot, args.title, raw)
+    print(f"wrote {args.plot}", flush=True)
     if args.plot_only:
         return
     paths = build_checkpoints(args.run, args.last)
