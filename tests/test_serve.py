@@ -232,6 +232,39 @@ class TestLanguageModel:
         with pytest.raises(openai.BadRequestError, match="presence_penalty"):
             client.chat.completions.create(model="tiny", messages=messages, presence_penalty=1.0)
 
+    def test_the_chat_route_follows_openais_rules_for_refusals_choices_and_endings(self, lm):
+        """A refused streaming request was a 200 whose one event held the error (the openai client read an empty
+        reply); n=0 a 500 and n=3 with a seed three equal texts; finish_reason was "stop" when max_tokens cut the
+        text; each streamed chunk had an id of its own."""
+        openai = pytest.importorskip("openai")
+        _, server = lm
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=REQUEST_SECONDS)
+        messages = [{"role": "user", "content": "ROMEO:"}]
+        for stream in (False, True):
+            with pytest.raises(openai.UnprocessableEntityError, match="temperature=-1.0 must be >= 0"):
+                client.chat.completions.create(model="t", messages=messages, temperature=-1, stream=stream)
+            with pytest.raises(openai.BadRequestError, match="messages is empty"):
+                client.chat.completions.create(model="t", messages=[], stream=stream)
+        with pytest.raises(openai.UnprocessableEntityError, match="n=0: ask for 1 to 16 choices"):
+            client.chat.completions.create(model="t", messages=messages, n=0)
+        with pytest.raises(openai.UnprocessableEntityError, match="n=3 with a seed: every choice would be the same"):
+            client.chat.completions.create(model="t", messages=messages, n=3, seed=3)
+        reply = client.chat.completions.create(model="t", messages=messages, max_tokens=4, n=2)
+        assert len(reply.choices) == 2 and {c.finish_reason for c in reply.choices} <= {"stop", "length"}
+        _, greedy = server.post({"text": "ROMEO:", "max_new_tokens": 4, "temperature": 0})
+        ending = "length" if len(greedy["tokens"]) == 4 else "stop"
+        reply = client.chat.completions.create(model="t", messages=messages, max_tokens=4, temperature=0)
+        assert reply.choices[0].finish_reason == ending
+        chunks = list(client.chat.completions.create(model="t", messages=messages, max_tokens=4, temperature=0,
+                                                     stream=True))  # fmt: skip
+        assert len({chunk.id for chunk in chunks}) == 1 and chunks[-1].choices[0].finish_reason == ending
+        _, longer = server.post({"text": "ROMEO:", "max_new_tokens": 12, "temperature": 0})
+        stop = longer["output"].strip()[-1]  # a character the greedy text reaches
+        stopped = client.chat.completions.create(
+            model="t", messages=messages, max_tokens=12, temperature=0, stop=[stop]
+        )
+        assert stopped.choices[0].finish_reason == "stop"
+
     def test_bad_requests_get_a_4xx_and_one_line_and_the_server_keeps_serving(self, lm):
         _, server = lm
         long_prompt = "To be, or not to be, that is the question. " * 40

@@ -5,12 +5,23 @@ API class of its own, and this module keeps real classes in its annotations (no 
 FastAPI would meet their names as strings where it cannot resolve them).
 """
 
+import json
+import uuid
 from typing import Any
 
 import litserve as ls
 from fastapi import BackgroundTasks, HTTPException
-from fastapi.responses import JSONResponse
-from litserve.specs.openai import ChatCompletionRequest, OpenAISpec, TextContent
+from fastapi.responses import JSONResponse, StreamingResponse
+from litserve.specs.openai import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionStreamingChoice,
+    ChoiceDelta,
+    OpenAISpec,
+    TextContent,
+    UsageInfo,
+)
+from litserve.utils import LitAPIStatus, azip
 
 from lit_transformer.serving.handlers import Handler, ModelOptions, Refusal, TextGeneration, build_handler
 from lit_transformer.serving.litserve_private import WaitingBatchLoop
@@ -83,17 +94,99 @@ class ChatRequest(ChatCompletionRequest):
     repetition_penalty: float | None = None
 
 
+MAX_CHOICES = 16
+"""The most choices (`n`) a chat request may ask for: each is a decode of its own."""
+
+
 class ChatSpec(OpenAISpec):
-    """LitServe's OpenAI spec, reading ChatRequest (its own request type drops fields it does not know, `seed` too)."""
+    """LitServe's OpenAI spec, reading ChatRequest (its own request type drops fields it does not know, `seed` too),
+    with three of OpenAI's rules LitServe's lacks: a refused request is an HTTP error whether it streams or not (a
+    refused stream was a 200 whose one event was the error, which the `openai` client reads as an empty reply); a
+    choice cut by max_tokens ends with finish_reason "length"; a stream's chunks share one id."""
 
     async def chat_completion(self, request: ChatRequest, background_tasks: BackgroundTasks):
-        return await super().chat_completion(request, background_tasks)
+        check_choices(request)
+        response = await super().chat_completion(request, background_tasks)
+        if not isinstance(response, StreamingResponse):
+            return response
+        chunks = response.body_iterator
+        first = await anext(chunks, None)  # a refusal of the request comes first: raised here, before the 200
+
+        async def replay():
+            if first is not None:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+
+        response.body_iterator = replay()
+        return response
+
+    async def streaming_completion(self, request: ChatCompletionRequest, pipe_responses: list):
+        """LitServe's, but an error in the first event of a choice is raised (chat_completion answers it with its
+        status), the chunks carry one id, and each choice's finish_reason is its own."""
+        stream_id, usage, reasons, started = f"chatcmpl-{uuid.uuid4().hex[:24]}", None, ["stop"] * request.n, False
+        try:
+            async for events in azip(*pipe_responses):
+                choices, usages = [], []
+                for i, (response, status) in enumerate(events):
+                    if status == LitAPIStatus.ERROR:
+                        raise response if isinstance(response, HTTPException) else HTTPException(500)
+                    encoded = json.loads(response)
+                    reasons[i] = encoded.pop("finish_reason", reasons[i])
+                    usages.append(UsageInfo(**encoded))
+                    choices.append(ChatCompletionStreamingChoice(index=i, delta=ChoiceDelta(**encoded)))
+                started, usage = True, sum(usages)
+                chunk = ChatCompletionChunk(id=stream_id, model=request.model, choices=choices, usage=None)
+                yield f"data: {chunk.model_dump_json(by_alias=True)}\n\n"
+            last = [
+                ChatCompletionStreamingChoice(index=i, delta=ChoiceDelta(), finish_reason=reasons[i])
+                for i in range(request.n)
+            ]
+            chunk = ChatCompletionChunk(id=stream_id, model=request.model, choices=last, usage=usage)
+            yield f"data: {chunk.model_dump_json(by_alias=True)}\n\n"
+            yield "data: [DONE]\n\n"
+        except HTTPException as error:
+            if not started:
+                raise
+            yield f"data: {json.dumps({'error': {'message': error.detail, 'code': error.status_code}})}\n\n"
+
+    async def non_streaming_completion(self, request: ChatCompletionRequest, generator_list: list):
+        """LitServe's, with each choice's finish_reason its own ("length" where max_tokens cut it)."""
+        reasons = ["stop"] * len(generator_list)
+
+        async def noting(i: int, pipe):
+            async for response, status in pipe:
+                if status != LitAPIStatus.ERROR:
+                    encoded = json.loads(response)
+                    reasons[i] = encoded.pop("finish_reason", reasons[i])
+                    response = json.dumps(encoded)
+                yield response, status
+
+        answer = await super().non_streaming_completion(
+            request, [noting(i, pipe) for i, pipe in enumerate(generator_list)]
+        )
+        for choice in answer.choices:
+            choice.finish_reason = reasons[choice.index]
+        return answer
+
+
+def check_choices(request: ChatRequest) -> None:
+    """`n` between 1 and MAX_CHOICES, and choices that can differ: a seed (or greedy decoding) gives every choice the
+    same text. n 0 was a 500, n 1000 a thousand decodes."""
+    n = 1 if request.n is None else request.n
+    if not 1 <= n <= MAX_CHOICES:
+        raise HTTPException(422, f"n={n}: ask for 1 to {MAX_CHOICES} choices")
+    if n > 1 and (request.seed is not None or ("temperature" in request.model_fields_set and request.temperature == 0)):
+        why = "a seed" if request.seed is not None else "temperature 0 (greedy)"
+        raise HTTPException(422, f"n={n} with {why}: every choice would be the same text; ask for n=1")
 
 
 def chat_prompt(request: ChatRequest) -> tuple[str, dict[str, Any]]:
     """(the prompt, GenerationConfig fields) of a chat request, or an HTTPException(400) naming what this model cannot
     do. A base language model knows no roles: the prompt is the messages' texts joined by newlines (a single user
     message is the prompt as `generate --prompt` takes it)."""
+    if not request.messages:
+        raise HTTPException(400, "messages is empty: give at least one message, whose content is the prompt")
     if request.tools:
         raise HTTPException(400, "tools are not supported: this language model has no tool calling")
     if request.presence_penalty or request.frequency_penalty:

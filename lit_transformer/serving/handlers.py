@@ -246,7 +246,13 @@ class TextGeneration(Handler):
             yield chunk
         thread.join()
         produced = len(stream.ids[0])
-        yield {"prompt_tokens": len(item.ids), "completion_tokens": produced, "total_tokens": len(item.ids) + produced}
+        reason = "stop" if stream.done[0] else "length"  # a stop id or string ended it, or max_new_tokens did
+        counts = {
+            "prompt_tokens": len(item.ids),
+            "completion_tokens": produced,
+            "total_tokens": len(item.ids) + produced,
+        }
+        yield {**counts, "finish_reason": reason}
 
     def warm_up(self) -> None:
         if self.options.compile:
