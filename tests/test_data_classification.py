@@ -104,6 +104,18 @@ def test_one_class_and_a_list_label_without_multi_label_are_refused_before_train
     assert make(tmp_path, listed, multi_label=True).label_names == ["comedy", "history", "tragedy"]
 
 
+def test_labels_that_differ_only_in_spaces_or_case_are_refused(tmp_path):
+    """ "pos", "pos " and "Pos" were three classes, without a word (a CSV typed by hand, an export with padding)."""
+    from lit_transformer.data.sources import DataFileError
+
+    path = tmp_path / "spaced.jsonl"
+    labels = ["pos", "neg", "pos ", "Neg"]
+    path.write_text("".join(json.dumps({"text": f"a line {i}", "label": labels[i % 4]}) + "\n" for i in range(80)))
+    with pytest.raises(DataFileError, match=r"labels that differ only in spaces or case, \['Neg', 'neg'\]"):
+        _ = make(tmp_path, path).label_names
+    assert make(tmp_path, path, label_names=["neg", "pos", "pos ", "Neg"]).label_names[2] == "pos "  # given: kept
+
+
 @pytest.mark.parametrize("held_out", [None, 0.2])
 def test_a_missing_validation_and_test_split_is_carved_by_hash(tmp_path, held_out):
     """Each missing held-out split takes its share of the hash buckets: 10% each by default (this DataModule's

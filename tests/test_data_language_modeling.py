@@ -284,3 +284,21 @@ def test_shakespeare_module_trains_on_a_prefix(tmp_path):
     assert dm.vocab_size < 100
     assert len(dm.train_dataloader()) == (50_000 // 64) // 8 or len(dm.train_dataloader()) > 50
     assert dm.state_dict() == {}  # the LightningModule saves the tokenizer, once a checkpoint
+
+
+def test_rows_without_text_are_named_and_a_first_row_without_it_is_no_missing_column(tmp_path):
+    """A JSONL row without "text" (or with null) was left out without a word (a third of a file, here); and where the
+    first row was such a row, the file was refused as having no column "text" though the others hold it."""
+    import json
+    import warnings
+
+    rows = [{"body": f"note {i}"} if i % 3 == 0 else {"text": f"{i} {LINE}"} for i in range(300)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm = make(tmp_path, path)
+        dm.prepare_data()
+    told = [str(w.message) for w in caught if "has no 'text'" in str(w.message)]
+    assert told == [f"{path}:1 has no 'text' (absent or null): such rows are left out (this file's others too); give "
+                    "each row its text, or choose the column with --data.init_args.text_column"]  # fmt: skip

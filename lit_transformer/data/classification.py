@@ -70,6 +70,20 @@ class TextClassDataset(Dataset):
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def check_label_spelling(names: list[str], dataset: str) -> None:
+    """Refuse labels that differ only in spaces around them or in case ("pos", "pos ", "Pos"): each became a class of
+    its own, without a word, and the model learned to tell a typo apart."""
+    spelled: dict[str, list[str]] = {}
+    for name in names:
+        spelled.setdefault(name.strip().casefold(), []).append(name)
+    alike = next((group for group in spelled.values() if len(group) > 1), None)
+    if alike:
+        raise DataFileError(
+            f"The training split of {dataset!r} has labels that differ only in spaces or case, {alike!r}: each would be "
+            "a class of its own. Write each class one way in the data"
+        )
+
+
 class ClassificationDataModule(DataModule):
     """Sequence classification data: texts with one label (or several, multi_label) each.
 
@@ -230,6 +244,8 @@ class ClassificationDataModule(DataModule):
                         "one label"
                     )
             names = self._names_from(labels, class_names, flat=True)
+            if not self.requested_label_names and class_names is None:
+                check_label_spelling(names, self.dataset)
             if len(names) < 2 and not self.multi_label:  # torchmetrics' refusal was a traceback
                 where = "data.init_args.label_names gives" if self.requested_label_names else "the training split has"
                 message = (

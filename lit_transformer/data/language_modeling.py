@@ -9,6 +9,7 @@ writer and the loaders are the shared modules'.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -232,6 +233,14 @@ class LanguageModelingDataModule(DataModule):
 # ---------------------------------------------------------------------------------------------------- a corpus's stream
 
 
+def _absent(row: dict, column: str) -> bool:
+    """Whether a row lacks `column` or holds null there (not a blank text, which many corpora hold between texts)."""
+    try:
+        return column_value(row, column) is None
+    except KeyError:
+        return True
+
+
 class CorpusStream(SplitStream):
     """Each split of a corpus as a stream of `Piece`s, with held-out splits carved from train when missing: by
     document hash, or by lines for a handful of long documents (see the module)."""
@@ -251,6 +260,7 @@ class CorpusStream(SplitStream):
         encoding: str = ENCODING,
     ) -> None:
         self.text_column = text_column
+        self._told = set()
         super().__init__(dataset, dataset_config, embedded, held_out, encoding)
 
     def _columns(self) -> list[str]:
@@ -319,6 +329,13 @@ class CorpusStream(SplitStream):
                 text = self._text(row, f"{path}:{number}")
                 if text.strip():
                     yield "row", (text, nbytes), None
+                elif path not in self._told and _absent(row, self.text_column):
+                    self._told.add(path)  # once a file, at its first such row: they are dropped without a word
+                    warnings.warn(
+                        f"{path}:{number} has no {self.text_column!r} (absent or null): such rows are left out "
+                        "(this file's others too); give each row its text, or choose the column with --data.init_args.text_column",
+                        stacklevel=2,
+                    )
 
     # ------------------------------------------------------------------ splits
 

@@ -840,6 +840,9 @@ def columns_of(path: str, encoding: str = ENCODING) -> list[str] | None:
         return _parquet(path).schema_arrow.names
     with open_data(path) as handle:
         first = decode(handle.readline(1 << 24), path, 1, encoding, first=True)
+        # JSON lines name their keys row by row: the first rows' together (a first row without "text" among rows
+        # with it was refused as a file with no such column)
+        more = [handle.readline(1 << 20) for _ in range(JSONL_HEAD - 1)] if suffix in (".jsonl", ".json") else []
     if suffix in (".csv", ".tsv"):
         try:
             return next(csv.reader([first], delimiter=_delimiter(path)), [])
@@ -854,7 +857,21 @@ def columns_of(path: str, encoding: str = ENCODING) -> list[str] | None:
         row = json.loads(stripped)
     except json.JSONDecodeError as error:
         raise DataFileError(f"{path}:1 is not valid JSON ({error.msg}); write one object per line") from None
-    return list(row) if isinstance(row, dict) else None
+    if not isinstance(row, dict):
+        return None
+    keys = dict.fromkeys(row)
+    for line in more:
+        try:
+            other = json.loads(line.decode(encoding, errors="replace"))
+        except (json.JSONDecodeError, ValueError):
+            continue  # a malformed line is named where it is read
+        if isinstance(other, dict):
+            keys.update(dict.fromkeys(other))
+    return list(keys)
+
+
+JSONL_HEAD = 64
+"""The JSON lines whose keys columns_of reads together."""
 
 
 def records(path: str, columns: list[str] | None = None, encoding: str = ENCODING) -> Iterator[tuple[dict, int, int]]:
