@@ -302,3 +302,15 @@ def test_rows_without_text_are_named_and_a_first_row_without_it_is_no_missing_co
     told = [str(w.message) for w in caught if "has no 'text'" in str(w.message)]
     assert told == [f"{path}:1 has no 'text' (absent or null): such rows are left out (this file's others too); give "
                     "each row its text, or choose the column with --data.init_args.text_column"]  # fmt: skip
+
+
+def test_a_long_text_on_one_line_is_told_to_break_into_lines(tmp_path):
+    """5 MB on one line was told to "give more text": held-out text is carved by whole lines, and there was one."""
+    from lit_transformer.data.sources import DataFileError
+
+    path = tmp_path / "one_line.txt"
+    path.write_text(" ".join(LINE.strip() for _ in range(400)))  # no newline at all
+    dm = make(tmp_path, path)
+    dm.prepare_data()
+    with pytest.raises(DataFileError, match="It is long enough, but held-out text is carved by whole lines"):
+        dm.setup("fit")

@@ -210,7 +210,15 @@ class LanguageModelingDataModule(DataModule):
                 if self.stream.missing
                 else ""
             )
-            + "Give more text, a smaller block_size, or files named train*/valid*/test* to choose the splits yourself"
+            + (
+                "It is long enough, but held-out text is carved by whole lines (or documents), and it has too few: "
+                "break the text into lines (paragraphs), or give files named train*/valid*/test* to choose the splits "
+                "yourself"
+                if self.stream.missing and total_tokens >= minimum
+                else "Give more text, a smaller block_size, or files named train*/valid*/test* to choose the splits "
+                "yourself"
+            )
+            + (f" (max_chars={self.max_chars:,} keeps the training text's first characters)" if self.max_chars else "")
         )
 
     def loader(self, split: str, shuffle: bool) -> BlockStreamLoader | ResumableLoader:
