@@ -418,6 +418,7 @@ class TestClassification:
     def test_concurrent_answers_equal_predict_and_bad_requests(self, clf, tmp_path):
         checkpoint, server, config, run = clf
         lines = ["O Romeo, Romeo, wherefore art thou Romeo?", "Once more unto the breach, dear friends", ""]
+        lines.append("the king " * 200)  # past the context: cut, as predict cuts it (it was refused with a 400)
         (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
         predict = ["--ckpt_path", str(checkpoint), "--data.init_args.predict_file", "lines.txt"]
         predict += ["--predictions.output", "rows.jsonl", *_where(run)]
@@ -427,12 +428,12 @@ class TestClassification:
         for row, (status, answer) in zip(rows, answers, strict=True):
             assert status == 200, answer
             assert answer.keys() == row.keys() and answer["label"] == row["label"] and answer["input"] == row["input"]
-            assert answer["probabilities"] == pytest.approx(row["probabilities"], abs=1e-5)
+            # 1e-4: predict pads each batch to its longest row (here the cut one), the server to its own batch's
+            assert answer["probabilities"] == pytest.approx(row["probabilities"], abs=1e-4)
         assert sorted(rows[0]["probabilities"]) == ["comedy", "history", "tragedy"]
         cases = [
             ({"text": ["a"]}, 422, "text: Input should be a valid string"),
             ({"text": "a", "temperature": 0}, 422, "temperature is not a field"),
-            ({"text": "the king " * 200}, 400, "the text has"),
         ]
         _check_refusals(server, cases)
         assert server.post({"text": lines[0]}) == answers[0]

@@ -283,11 +283,9 @@ class TextClassification(Handler):
     def prepare(self, request: Any) -> EncodedText | Refusal:
         ids = self.loaded.encode(request.text)
         context = self.config.max_seq_len - (1 if self.config.pooling == "cls" else 0)  # the model adds [CLS]
-        if len(ids) > context:
-            return Refusal(
-                400, f"the text has {len(ids)} tokens, more than the model's context of {context}: shorten it"
-            )
-        return EncodedText(request.text, ids)
+        # Cut to the context, as predict cuts its inputs (to the DataModule's max_length, which the context is): the
+        # served answer is predict's for the same text (a longer one was refused here, classified there).
+        return EncodedText(request.text, ids[:context])
 
     def run(self, items: list[EncodedText]) -> list[dict[str, Any]]:
         ids, mask = pad_right([item.ids for item in items], self.config.pad_token_id)
