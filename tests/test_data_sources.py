@@ -355,3 +355,28 @@ def test_a_predict_file_without_inputs_is_refused(tmp_path, name, content):
     assert sources.read_inputs(tmp_path / name) == []
     (tmp_path / "blank.txt").write_text("\n")
     assert sources.predict_inputs(tmp_path / "blank.txt") == [""]
+
+
+def test_a_file_beside_split_files_that_names_no_split_is_named_as_training_text(tmp_path):
+    """eval.txt or a README beside train/valid/test files was trained on without a word."""
+    import warnings
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in ("train.txt", "valid.txt", "test.txt", "README.md", "eval.txt"):
+        (folder / name).write_text("some text\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stream = CorpusStream(str(folder))
+    assert sorted(Path(f).name for f in stream.sources["train"].files) == ["README.md", "eval.txt", "train.txt"]
+    told = [str(w.message) for w in caught if "read as training text" in str(w.message)]
+    assert told == [f"{folder}: README.md, eval.txt are read as training text: a file's name picks its split when it "
+                    "starts with train, valid, validation, val, dev, test; rename or move the others"]  # fmt: skip
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for name in ("part-1.txt", "part-2.txt"):  # no file names a split: all training text, as documented
+        (shards / name).write_text("some text\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CorpusStream(str(shards))
+    assert not [w for w in caught if "read as training text" in str(w.message)]

@@ -329,6 +329,11 @@ def local_files(spec: str) -> list[str]:
     return files
 
 
+def _names_its_split(path: str) -> bool:
+    stem = Path(path).stem.lower()
+    return any(stem.startswith(prefix) for prefix in SPLIT_ALIASES)
+
+
 def split_of(path: str) -> str:
     stem = Path(path).stem.lower()
     for prefix, split in SPLIT_ALIASES.items():
@@ -538,6 +543,15 @@ class SplitStream:
             self._check_files(files)
             for f in files:
                 self.sources.setdefault(split_of(f) if len(files) > 1 else "train", Source()).files.append(f)
+            named = [f for f in files if _names_its_split(f)]
+            unnamed = [Path(f).name for f in files if not _names_its_split(f)]
+            if named and unnamed:  # eval.txt, a README: training text beside files that name their splits
+                warnings.warn(
+                    f"{dataset}: {', '.join(unnamed[:5])}{' ...' if len(unnamed) > 5 else ''} "
+                    f"{'is' if len(unnamed) == 1 else 'are'} read as training text: a file's name picks its split "
+                    f"when it starts with {', '.join(SPLIT_ALIASES)}; rename or move the others",
+                    stacklevel=2,
+                )
             if "train" not in self.sources:
                 raise DataFileError(
                     f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
