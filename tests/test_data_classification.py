@@ -211,3 +211,21 @@ def test_a_csv_is_read_at_most_twice_per_preparation_labels_in_the_tokenizer_pas
     dm.setup()
     assert reads.count(str(folder / "train.csv")) == 2, reads
     assert dm.label_names == ["comedy", "history", "tragedy"]
+
+
+def test_a_class_whose_only_rows_were_carved_out_names_the_carving(tmp_path):
+    """A class of one row that the hash split sent to validation was answered "add training rows labelled it": the
+    user's file held that row."""
+    from lit_transformer.data.sources import DataFileError
+
+    path = tmp_path / "rare.jsonl"
+    data = [{"text": f"a common line {i}", "label": "ab"[i % 2]} for i in range(300)]
+    data += [{"text": f"a rare line {i}", "label": f"rare{i}"} for i in range(30)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in data))
+    dm = make(tmp_path, path)
+    dm.prepare_data()
+    with pytest.raises(
+        DataFileError, match=r"split is carved from the training data by a hash of each row, and every row"
+    ):
+        for split in ("validation", "test"):
+            dm.label_ids(split)

@@ -268,7 +268,14 @@ class ClassificationDataModule(DataModule):
 
         def lookup(label: Any) -> int:
             if str(label) not in index:
-                if not self.requested_label_names:
+                if not self.requested_label_names and split in self.stream.missing:  # carved from the training data
+                    where = "the training split"
+                    fix = (
+                        f"the {split} split is carved from the training data by a hash of each row, and every row "
+                        f"labelled {label!r} went to it: give each class several rows, split the data yourself (files "
+                        "named train*/valid*/test*), or give every class in"
+                    )
+                elif not self.requested_label_names:
                     where, fix = "the training split", f"add training rows labelled {label!r}, or give every class in"
                 else:  # given, or a checkpoint's classes, which validate, test and predict score it on
                     where = "label_names: the given ones, or an evaluated checkpoint's classes"
