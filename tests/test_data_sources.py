@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import datasets
@@ -380,3 +381,18 @@ def test_a_file_beside_split_files_that_names_no_split_is_named_as_training_text
         warnings.simplefilter("always")
         CorpusStream(str(shards))
     assert not [w for w in caught if "read as training text" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "name, body, hint",
+    [
+        ("semi.csv", "id;text\n0;the king\n1;the queen\n", "its header is one column holding ';'"),
+        ("nohdr.tsv", "the king is here\tel rey está aquí\nthe sea\tel mar\n", "these read as text, not column names"),
+    ],
+)
+def test_a_header_that_is_not_one_says_why(tmp_path, name, body, hint):
+    """A semicolon CSV was told to choose its one column ('id;text') with text_column, which would train on "0;the
+    king" rows; a TSV without a header was told to choose among two sentences."""
+    (tmp_path / name).write_text(body)
+    with pytest.raises(sources.DataFileError, match=re.escape(hint)):
+        LabelledStream(str(tmp_path / name))

@@ -622,7 +622,7 @@ class SplitStream:
         if missing:
             raise DataFileError(
                 f"dataset {self.dataset!r}: {path} has no column {', '.join(map(repr, missing))}; its columns are "
-                f"{columns}{self.column_hint}"
+                f"{columns}{_header_hint(path, columns) or self.column_hint}"
             )
 
     def _carving_mode(self) -> str:
@@ -844,6 +844,26 @@ def _parquet(path: str):
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as error:
         raise DataFileError(f"{path} is not a parquet file ({error}); give the file its form's suffix") from None
+
+
+def _header_hint(path: str, columns: list[str] | None) -> str:
+    """Why a CSV/TSV header names no usable column, where its look tells: another delimiter (one column holding
+    `;` or `,`), or no header at all (a first row of sentences), where choosing a column would read the wrong text."""
+    if form_suffix(path) not in (".csv", ".tsv") or not columns:
+        return ""
+    other = next((d for d in (";", "\t", ",", "|") if len(columns) == 1 and d in columns[0]), None)
+    if other is not None:
+        shown = "tab" if other == "\t" else repr(other)
+        return (
+            f" (its header is one column holding {shown}: the file separates its columns with {shown}, not "
+            f"{'a tab' if form_suffix(path) == '.tsv' else 'commas'}; write it as CSV (commas) or TSV (tabs))"
+        )
+    if all(" " in column.strip() for column in columns):
+        return (
+            " (these read as text, not column names: the first line is taken as the header, so give the file a "
+            "first line naming its columns)"
+        )
+    return ""
 
 
 def columns_of(path: str, encoding: str = ENCODING) -> list[str] | None:
