@@ -74,7 +74,8 @@ def serve_main(argv: Sequence[str]) -> None:
         "--max_new_tokens_limit",
         type=int,
         default=1024,
-        help="The most tokens a request may ask to generate (max_new_tokens); above it, 422.",
+        help="The most tokens a request may ask to generate (max_new_tokens); above it, 422 (as for num_beams above "
+        "16, and a chat request's n).",
     )
     parser.add_argument(
         "--log_level",

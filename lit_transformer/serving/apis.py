@@ -23,7 +23,14 @@ from litserve.specs.openai import (
 )
 from litserve.utils import LitAPIStatus, azip
 
-from lit_transformer.serving.handlers import Handler, ModelOptions, Refusal, TextGeneration, build_handler
+from lit_transformer.serving.handlers import (
+    MAX_BEAMS,
+    Handler,
+    ModelOptions,
+    Refusal,
+    TextGeneration,
+    build_handler,
+)
 from lit_transformer.serving.litserve_private import WaitingBatchLoop
 from lit_transformer.serving.requests import CaptionRequest, ClassificationRequest, TextRequest
 
@@ -94,8 +101,8 @@ class ChatRequest(ChatCompletionRequest):
     repetition_penalty: float | None = None
 
 
-MAX_CHOICES = 16
-"""The most choices (`n`) a chat request may ask for: each is a decode of its own."""
+MAX_CHOICES = MAX_BEAMS
+"""The most choices (`n`) a chat request may ask for: each is a decode of its own (as many as beams)."""
 
 
 class ChatSpec(OpenAISpec):
