@@ -314,3 +314,11 @@ def test_a_long_text_on_one_line_is_told_to_break_into_lines(tmp_path):
     dm.prepare_data()
     with pytest.raises(DataFileError, match="It is long enough, but held-out text is carved by whole lines"):
         dm.setup("fit")
+
+
+def test_a_text_column_for_plain_text_is_refused(tmp_path):
+    """--data.init_args.text_column body with a .txt (or .txt.gz) dataset was read past without a word."""
+    from lit_transformer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="text_column body: .* is plain text .*, which has no columns"):
+        make(tmp_path, corpus(tmp_path), text_column="body").prepare_data()

@@ -270,6 +270,14 @@ class CorpusStream(SplitStream):
         self.text_column = text_column
         self._told = set()
         super().__init__(dataset, dataset_config, embedded, held_out, encoding)
+        files = [f for source in self.sources.values() for f in source.files]
+        tables = any(source.table is not None for source in self.sources.values())
+        if text_column != "text" and files and not tables and all(form_suffix(f) not in BUILDERS for f in files):
+            raise ConfigError(  # it was read past without a word: a text file has no columns
+                f"--data.init_args.text_column {text_column}: {dataset!r} is plain text (each line is text), which has "
+                "no columns; leave text_column out, or give a JSONL, CSV or parquet file",
+                keys=["data.init_args.text_column"],
+            )
 
     def _columns(self) -> list[str]:
         return [self.text_column]
