@@ -396,3 +396,12 @@ def test_a_header_that_is_not_one_says_why(tmp_path, name, body, hint):
     (tmp_path / name).write_text(body)
     with pytest.raises(sources.DataFileError, match=re.escape(hint)):
         LabelledStream(str(tmp_path / name))
+
+
+def test_a_field_that_starts_with_a_quote_of_text_is_named_with_the_fix(tmp_path):
+    """'"the king" he said<TAB>...' was refused as "not a TSV row ... is the file TSV text?": it is, with a quote
+    that is text, which CSV's rules read as the start of a quoted field."""
+    (tmp_path / "train.tsv").write_text('text\tlabel\nplain\ta\n"the king" he said\tb\n')
+    with pytest.raises(sources.DataFileError, match=r"train\.tsv:3 .*a field that starts with a double quote is read"):
+        stream = LabelledStream(str(tmp_path / "train.tsv"))
+        list(stream.records_of("train"))

@@ -947,9 +947,16 @@ def records(path: str, columns: list[str] | None = None, encoding: str = ENCODIN
                         f"{path}:{reader.line_num} ends inside a quoted field: the file is cut short (a copy or a "
                         "download that stopped), or a quote is never closed"
                     ) from None
+                kind = suffix[1:].upper()
+                if "expected after '\"'" in str(error):  # a quote that is text: "the king" he said<TAB>...
+                    raise DataFileError(
+                        f"{path}:{reader.line_num} is not a {kind} row ({error}): a field that starts with a double "
+                        f"quote is read as quoted up to the next quote (perhaps opened on an earlier line), and this "
+                        f"one goes on after it. If the file's quotes are text, quote such a field and double its "
+                        f'quotes ("""the king"" he said"), or write the file as JSON lines'
+                    ) from None
                 raise DataFileError(
-                    f"{path}:{reader.line_num} is not a {suffix[1:].upper()} row ({error}); is the file "
-                    f"{suffix[1:].upper()} text?"
+                    f"{path}:{reader.line_num} is not a {kind} row ({error}); is the file {kind} text?"
                 ) from None
         return
     with open_data(path) as handle:
