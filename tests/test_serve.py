@@ -393,8 +393,9 @@ class TestTranslation:
         ]
         _check_refusals(server, cases)
         assert server.post_all(bodies[:1]) == answers[:1]  # still serving, still the same answer
-        status, _ = server.post({"messages": [{"role": "user", "content": "a"}]}, path="/v1/chat/completions")
-        assert status in (404, 405)  # no chat route: a translation model is not a chat model
+        status, answer = server.post({"messages": [{"role": "user", "content": "a"}]}, path="/v1/chat/completions")
+        assert status == 404  # no chat route: a translation model is not a chat model, and the answer says so
+        assert "serves a language model; this server serves a Translation model: POST /predict" in str(answer)
         server.stop()
         assert server.stopped_in < STOP_SECONDS
 

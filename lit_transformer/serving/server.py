@@ -158,9 +158,14 @@ def build_server(options: ServeOptions, served: Served):
     async def refuse_body(request, error: RequestValidationError):
         return refusal(request, 422, validation_reason(error.errors(), fields.get(request.url.path, [])))
 
+    task = served.metadata.get("task", "this model")
+
     async def refuse_request(request, error: StarletteHTTPException):
         if not request.url.path.startswith(OPENAI_PREFIX):
             return await http_exception_handler(request, error)
+        if error.status_code == 404 and not served.chat:  # a bare "Not Found" said nothing of why
+            reason = f"{request.url.path} serves a language model; this server serves a {task} model: POST /predict"
+            return refusal(request, 404, reason)
         return refusal(request, error.status_code, str(error.detail))
 
     server.app.add_exception_handler(RequestValidationError, refuse_body)
