@@ -457,6 +457,7 @@ def test_a_count_that_must_be_positive_is_refused_before_the_run(argv: list[str]
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) <= 4, err
     key = flag.replace("-", "_")  # the parser's key of --cli-steps is cli_steps
     assert f"{key}: expected a positive integer" in err and f"got '{given}'" in err, err
+    assert f"(the flag --{flag})" in err, err  # as typed: a dashed flag was shown as --cli_steps
 
 
 @pytest.mark.parametrize(

@@ -490,27 +490,27 @@ def given_where(keys: Sequence[str], argv: Sequence[str]) -> str | None:
     for key in keys:
         where = _given(key, argv)
         if where is not None:
-            found.append(f"{key} by the flag" if where == f"--{key}" else f"{key} in {where}")
+            found.append(f"{key} by the flag" if where.startswith("--") else f"{key} in {where}")
     return "  given: " + "; ".join(found) if found else None
 
 
 def _where(key: str, argv: Sequence[str]) -> str:
     """Where a key was given: the flag on the command line, or the YAML file (and key path) that holds it."""
     where = _given(key, argv)
-    if where is None or where == f"--{key}":
-        return f"the flag --{key}" if where else f"given as --{key}"
+    if where is None or where.startswith("--"):
+        return f"the flag {where}" if where else f"given as --{key}"
     return f"in {where}, key {key}"
 
 
 def _given(key: str, argv: Sequence[str]) -> str | None:
     """The last place on the command line that sets `key` (the one that counts: later flags and files win): its
     flag (`--key`), or the config file that holds it (a packaged one by name); None when nothing does."""
-    flag = f"--{key}"
+    flags = {f"--{key}", f"--{key.replace('_', '-')}"}  # a command's own flags may be spelled with dashes
     items = list(argv)
     for i in range(len(items) - 1, -1, -1):
         item = items[i]
-        if item == flag or item.startswith(flag + "="):
-            return flag
+        if item.partition("=")[0] in flags:
+            return item.partition("=")[0]  # as it was typed
         name, eq, value = item.partition("=")
         path = value if eq and name in CONFIG_FLAGS else item if i > 0 and items[i - 1] in CONFIG_FLAGS else None
         path = resolve_config(path) if path else None
@@ -530,7 +530,7 @@ def overridden_flags(argv: Sequence[str]) -> list[tuple[int, int, str]]:
             continue
         key = name[2:].removesuffix("+")
         where = _given(key, items[i + 1 :])
-        if where is not None and where != f"--{key}" and _sets_a_value(where, key):
+        if where is not None and not where.startswith("--") and _sets_a_value(where, key):
             shown = value if eq else (items[i + 1] if i + 1 < len(items) else "")
             found.append((i, 1 if eq else 2, f"--{key} {shown} is set again by {where}, given after it"))
     return found
