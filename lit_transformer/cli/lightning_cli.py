@@ -296,6 +296,11 @@ class TransformerCLI(LightningCLIHooks):
         if path == "last":  # the file Lightning will resume from: its hyperparameters apply as a file's do
             dirpath = (self.config[subcommand].get("checkpoint") or {}).get("dirpath")
             path = last_checkpoint(dirpath) if dirpath else None
+            if path is None and subcommand == "fit":  # a job script's first start: Lightning's hint (save_last) misled
+                rank_zero_info(f"note: --ckpt_path last: no last.ckpt in {dirpath} yet, so a new run starts there")
+                warnings.filterwarnings(
+                    "ignore", message=r'.*ckpt_path="last"\) is set, but there is no last checkpoint'
+                )
             if path is None and subcommand != "fit":  # fit starts afresh (Lightning warns); evaluation must not
                 raise MissingCheckpointError(
                     f"--ckpt_path last: there is no last.ckpt in {dirpath} (checkpoint.dirpath) to {subcommand}, and "
