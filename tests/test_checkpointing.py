@@ -405,6 +405,8 @@ def test_ckpt_path_last_in_a_folder_without_a_run_says_a_new_run_starts(tmp_path
     with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "2", "--ckpt_path", "last")
-    assert f"note: --ckpt_path last: no last.ckpt in {tmp_path / 'run' / 'checkpoints'} yet, so a new run" in caplog.text
+    assert (
+        f"note: --ckpt_path last: no last.ckpt in {tmp_path / 'run' / 'checkpoints'} yet, so a new run" in caplog.text
+    )
     assert not [w for w in caught if "there is no last checkpoint" in str(w.message)]
     assert cli.trainer.global_step == 2
