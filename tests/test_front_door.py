@@ -656,3 +656,24 @@ def test_a_flag_a_later_config_sets_is_found_and_a_composed_command_leaves_it_ou
         check_flag_order(argv)
     # a group below the key is not a value: --data CLASS and a config's data.init_args are merged, not replaced
     assert overridden_flags(["--data.init_args", "{}", "--config", tiny]) == []
+
+
+def test_a_warning_of_the_package_prints_as_a_line_of_its_own(capsys, monkeypatch):
+    """It printed as '/.../lit_transformer/data/language_modeling.py:361: UserWarning: ...' and the source line after
+    it: nothing a user can act on. Another library's warning keeps Python's format."""
+    import warnings
+
+    import lit_transformer
+    from lit_transformer.cli.program import show_package_warnings
+
+    def python_default(message, category, filename, lineno, file=None, line=None):  # pytest records, not prints
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    monkeypatch.setattr(warnings, "showwarning", python_default)  # restored after the test
+    show_package_warnings()
+    ours = str(Path(lit_transformer.__file__).parent / "data" / "language_modeling.py")
+    warnings.showwarning(UserWarning("rows.jsonl:2 has no 'text'"), UserWarning, ours, 361)
+    warnings.showwarning(UserWarning("theirs"), UserWarning, "/elsewhere/lib.py", 7)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: rows.jsonl:2 has no 'text'\n") and "language_modeling.py" not in err
+    assert "/elsewhere/lib.py:7: UserWarning: theirs" in err

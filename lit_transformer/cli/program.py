@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 from lit_transformer.cli.invocation import program, remember_program
 from lit_transformer.errors import user_error
@@ -230,9 +231,34 @@ def _print(text: str) -> None:
         raise SystemExit(0) from None
 
 
+def show_package_warnings() -> None:
+    """A warning of this package's own code prints as `warning: MESSAGE`: Python's default put the package's source
+    file and line before it (`/.../data/language_modeling.py:361: UserWarning: ...`), which tells a user nothing.
+    Other libraries' warnings keep Python's format (their source line is how one finds them)."""
+    import warnings
+
+    default = warnings.showwarning
+    if getattr(default, "package_format", False):
+        return
+    root = str(Path(__file__).resolve().parents[1])
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if str(filename).startswith(root) and issubclass(category, UserWarning):
+            try:
+                (file or sys.stderr).write(f"warning: {message}\n")
+            except (OSError, ValueError):  # a closed stream: as Python's default, nothing to say it to
+                pass
+            return
+        default(message, category, filename, lineno, file, line)
+
+    show.package_format = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """The `lit-transformer` console script and `python -m lit_transformer`."""
     argv = list(sys.argv[1:] if args is None else args)
+    show_package_warnings()
     if DEBUG_FLAG in argv:
         argv.remove(DEBUG_FLAG)
         os.environ[DEBUG_ENV] = "1"
