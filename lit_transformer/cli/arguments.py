@@ -16,7 +16,9 @@ trains with `n_layers`), answer a typo with a page of usage, and print Lightning
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
+import os
 import re
 import textwrap
 from collections.abc import Iterable, Sequence
@@ -504,7 +506,14 @@ def _where(key: str, argv: Sequence[str]) -> str:
 
 def _given(key: str, argv: Sequence[str]) -> str | None:
     """The last place on the command line that sets `key` (the one that counts: later flags and files win): its
-    flag (`--key`), or the config file that holds it (a packaged one by name); None when nothing does."""
+    flag as typed (`--key`), or the config file that holds it as a user names it (a packaged one by name); None when
+    nothing does."""
+    where = _last_setter(key, argv)
+    return where if where is None or where.startswith("--") else _shown(where)
+
+
+def _last_setter(key: str, argv: Sequence[str]) -> str | None:
+    """_given's answer before it is shown: the flag as typed, or the config file's path."""
     flags = {f"--{key}", f"--{key.replace('_', '-')}"}  # a command's own flags may be spelled with dashes
     items = list(argv)
     for i in range(len(items) - 1, -1, -1):
@@ -515,7 +524,7 @@ def _given(key: str, argv: Sequence[str]) -> str | None:
         path = value if eq and name in CONFIG_FLAGS else item if i > 0 and items[i - 1] in CONFIG_FLAGS else None
         path = resolve_config(path) if path else None
         if path and Path(path).is_file() and _holds(path, key):
-            return _shown(path)
+            return path
     return None
 
 
@@ -529,10 +538,11 @@ def overridden_flags(argv: Sequence[str]) -> list[tuple[int, int, str]]:
         if not name.startswith("--") or name in CONFIG_FLAGS or "." not in name:
             continue
         key = name[2:].removesuffix("+")
-        where = _given(key, items[i + 1 :])
-        if where is not None and not where.startswith("--") and _sets_a_value(where, key):
+        setter = _last_setter(key, items[i + 1 :])
+        # a value replaces the flag's; a group of keys below it may be merged with a flag's class (--data CLASS)
+        if setter is not None and not setter.startswith("--") and _value_in(setter, key) is not _SUBTREE:
             shown = value if eq else (items[i + 1] if i + 1 < len(items) else "")
-            found.append((i, 1 if eq else 2, f"--{key} {shown} is set again by {where}, given after it"))
+            found.append((i, 1 if eq else 2, f"--{key} {shown} is set again by {_shown(setter)}, given after it"))
     return found
 
 
@@ -579,20 +589,6 @@ def without_overridden(argv: Sequence[str]) -> list[str]:
     return [item for i, item in enumerate(argv) if i not in dropped]
 
 
-def _sets_a_value(where: str, key: str) -> bool:
-    """Whether the config `where` (as _given shows it) gives `key` a value, not a group of keys below it: a group may
-    be merged with a flag's class (--data CLASS), a value replaces the flag's."""
-    import yaml
-
-    path = resolve_config(where.removesuffix(" (packaged)"))
-    try:
-        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return False
-    nested = [tree.get(c) for c in ("fit", "validate", "test", "predict")] if isinstance(tree, dict) else []
-    return any(_value_at(node, key.split(".")) not in (_NOT_SET, _SUBTREE) for node in (tree, *nested))
-
-
 _NOT_SET, _SUBTREE = object(), object()
 
 
@@ -622,24 +618,36 @@ def _shown(path: str) -> str:
 
 
 def _holds(path: str, key: str) -> bool:
+    return _value_in(path, key) is not _NOT_SET
+
+
+def _value_in(path: str, key: str) -> Any:
+    """What the config file at `path` holds at `key` (_value_at's answer), its top level or under a subcommand's name
+    (fit: {model: ...}); _NOT_SET where neither holds it."""
+    for node in _config_nodes(path):
+        found = _value_at(node, key.split("."))
+        if found is not _NOT_SET:
+            return found
+    return _NOT_SET
+
+
+def _config_nodes(path: str) -> tuple[Any, ...]:
+    """A config file's YAML and its subcommand sections, read once while the file is unchanged (every flag asks of
+    every later config); () for a file that is not YAML, which is refused where it is parsed."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return ()
+    return _read_nodes(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_nodes(path: str, mtime_ns: int, size: int) -> tuple[Any, ...]:
     import yaml
 
     try:
         tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return False
-    parts = key.split(".")
-    # A YAML may nest under the subcommand's name (fit: {model: ...}).
+        return ()
     nested = [tree.get(c) for c in ("fit", "validate", "test", "predict")] if isinstance(tree, dict) else []
-    return any(_has_path(node, parts) for node in (tree, *nested))
-
-
-def _has_path(tree: Any, parts: list[str]) -> bool:
-    """Whether a YAML tree holds the key path, nested (model: {config: ...}) or dotted (model.config.x: 1)."""
-    if not parts or not isinstance(tree, dict):
-        return False
-    for i in range(1, len(parts) + 1):
-        head = ".".join(parts[:i])
-        if head in tree and (i == len(parts) or _has_path(tree[head], parts[i:])):
-            return True
-    return False
+    return (tree, *nested)

@@ -357,10 +357,15 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
             f"predict_file {str(path)!r} does not exist; give a text file with one input per line",
             keys=["data.init_args.predict_file"],
         )
+    if form_suffix(path) in (".csv", ".tsv"):  # read as rows: a header names the columns, a quoted field may hold ","
+        columns = columns_of(str(path), encoding) or []
+        if field not in columns:
+            raise DataFileError(
+                f'{path} has no column "{field}"; its columns are {columns}: name the column "{field}" in the header'
+            )
+        return [row.get(field) or "" for row, _, _ in records(str(path), [field], encoding)]
     with open_data(path) as handle:
         lines = [decode(line, str(path), n, encoding, n == 1).rstrip("\r\n") for n, line in enumerate(handle, 1)]
-    if form_suffix(path) in (".csv", ".tsv"):  # read as rows: a header names the columns, a quoted field may hold ","
-        return _csv_column(lines, path, field)
     if form_suffix(path) not in (".jsonl", ".json"):
         return lines
     texts = []
@@ -375,19 +380,6 @@ def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING)
             raise DataFileError(f'{path}:{number} has no string field "{field}"; write lines like {{"{field}": "..."}}')
         texts.append(row[field])
     return texts
-
-
-def _csv_column(lines: list[str], path: Path, field: str) -> list[str]:
-    """The `field` column of a CSV or TSV file's rows (its header names the columns): its header and the other
-    columns were read as inputs, one raw line each."""
-    rows = csv.reader(lines, delimiter="\t" if form_suffix(path) == ".tsv" else ",")
-    header = next(rows, None)
-    if not header or field not in header:
-        raise DataFileError(
-            f'{path} has no column "{field}"; its columns are {header or []}: name the column "{field}" in the header'
-        )
-    column = header.index(field)
-    return [row[column] if column < len(row) else "" for row in rows if row]
 
 
 def predict_inputs(path: str | Path, encoding: str = ENCODING) -> list[str]:
