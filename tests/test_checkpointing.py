@@ -410,3 +410,42 @@ def test_ckpt_path_last_in_a_folder_without_a_run_says_a_new_run_starts(tmp_path
     )
     assert not [w for w in caught if "there is no last checkpoint" in str(w.message)]
     assert cli.trainer.global_step == 2
+
+
+def test_a_runs_config_yaml_given_again_with_another_run_folder_writes_there(tmp_path: Path) -> None:
+    """A run's config.yaml, given again with `--trainer.default_root_dir` (a rerun with another seed), writes that
+    run's checkpoints and TensorBoard logs into the new folder: the file keeps the run-folder placeholder where the
+    configs had it (it held the first run's paths, so the rerun went on in the first run's folder as last-v1.ckpt
+    and version_1). A folder given explicitly stays as given."""
+    import contextlib
+    import io
+
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    def fit(*args: str) -> None:
+        common = ["--trainer.enable_progress_bar", "false", "--data.init_args.cache_dir", str(tmp_path / "cache")]
+        common += ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--attention.max_layers", "0"]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            run_cli(["fit", *args, *common, "--samples.prompts", "[]"])
+
+    first = tmp_path / "first"
+    fit("--config", str(REPO / "configs" / "presets" / "tiny.yaml"), "--trainer.default_root_dir", str(first))
+    saved = first / "tensorboard" / "version_0" / "config.yaml"
+    fit("--config", str(saved), "--trainer.default_root_dir", str(tmp_path / "again"), "--seed_everything", "7")
+    assert sorted(p.name for p in (first / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in (first / "tensorboard").iterdir()) == ["version_0"]
+    assert load_checkpoint(tmp_path / "again" / "checkpoints" / "last.ckpt")["global_step"] == 2
+    assert (tmp_path / "again" / "tensorboard" / "version_0" / "config.yaml").is_file()
+
+    explicit = tmp_path / "kept"
+    fit(
+        "--config",
+        str(saved),
+        "--trainer.default_root_dir",
+        str(tmp_path / "third"),
+        "--checkpoint.dirpath",
+        str(explicit),
+    )
+    assert (explicit / "last.ckpt").is_file()
+    text = (tmp_path / "third" / "tensorboard" / "version_0" / "config.yaml").read_text()
+    assert f"dirpath: {explicit}\n" in text and "save_dir: ${trainer.default_root_dir}\n" in text

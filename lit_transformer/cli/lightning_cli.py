@@ -31,7 +31,7 @@ import docstring_parser
 import jsonargparse
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.checkpoints.atomic_io import AtomicCheckpointIO
@@ -188,7 +188,8 @@ class TransformerCLI(LightningCLIHooks):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        resolve_run_folder(config)
+        filled = set(getattr(self, "_run_folder_filled", ())) | set(resolve_run_folder(config))
+        self.save_config_kwargs = {**self.save_config_kwargs, "run_folder_fields": tuple(sorted(filled))}
         link_context_length(config, self.subcommand)
         set_once(config)
         trainer = config.trainer
@@ -284,7 +285,7 @@ class TransformerCLI(LightningCLIHooks):
         --model.generation.temperature 0`, `fit --ckpt_path last --model.compile true`), not inherited from training."""
         subcommand = self.config.get("subcommand")
         if subcommand:  # first: the checkpoint folder below is read as a path, not as its RUN_FOLDER placeholder
-            resolve_run_folder(self.config[subcommand])
+            self._run_folder_filled = resolve_run_folder(self.config[subcommand])
         if subcommand == "fit":  # restarted by torchrun (--max-restarts): go on from the run's last checkpoint
             dirpath = (self.config.fit.get("checkpoint") or {}).get("dirpath")
             self.config.fit.ckpt_path = resume_after_restart(self.config.fit.get("ckpt_path"), dirpath)
@@ -711,23 +712,49 @@ def _relative(path: str) -> str:
         return path
 
 
-def resolve_run_folder(config) -> None:
-    """Put trainer.default_root_dir (the working directory when unset) wherever RUN_FOLDER stands: the logger's
-    save_dir, the checkpoint folders. So `--trainer.default_root_dir DIR` alone moves logs, TensorBoard and
-    checkpoints into DIR, while `--checkpoint.dirpath X` or `--trainer.logger.init_args.save_dir X` still win."""
-    root = str(config.trainer.get("default_root_dir") or ".")
-
-    def resolve(value):
-        return value.replace(RUN_FOLDER, root) if isinstance(value, str) and RUN_FOLDER in value else value
-
+def _run_folder_fields(config) -> Iterator[tuple[Any, str]]:
+    """The places RUN_FOLDER may stand, as (namespace, key), in one order: the loggers' save_dir, the checkpoint
+    folders."""
     logger = config.trainer.get("logger")
     for spec in logger if isinstance(logger, list) else [logger]:
         init_args = getattr(spec, "init_args", None)
         if init_args is not None and "save_dir" in init_args:
-            init_args.save_dir = resolve(init_args.save_dir)
+            yield init_args, "save_dir"
     for group in ("checkpoint", "best_checkpoint", "preemption"):
         if config.get(group) is not None and "dirpath" in config[group]:
-            config[group].dirpath = resolve(config[group].dirpath)
+            yield config[group], "dirpath"
+
+
+def resolve_run_folder(config) -> list[int]:
+    """Put trainer.default_root_dir (the working directory when unset) wherever RUN_FOLDER stands: the logger's
+    save_dir, the checkpoint folders. So `--trainer.default_root_dir DIR` alone moves logs, TensorBoard and
+    checkpoints into DIR, while `--checkpoint.dirpath X` or `--trainer.logger.init_args.save_dir X` still win.
+    Returns the places it filled in (their positions in _run_folder_fields), for the run's config.yaml."""
+    root = str(config.trainer.get("default_root_dir") or ".")
+    filled = []
+    for position, (holder, key) in enumerate(_run_folder_fields(config)):
+        value = holder[key]
+        if isinstance(value, str) and RUN_FOLDER in value:
+            holder[key] = value.replace(RUN_FOLDER, root)
+            filled.append(position)
+    return filled
+
+
+class RunConfigFile(SaveConfigCallback):
+    """The run's config.yaml, with the placeholder RUN_FOLDER kept where the configs left one: a file given again
+    with `--trainer.default_root_dir NEW` (a rerun with another seed, say) then writes its checkpoints and TensorBoard
+    logs into NEW, not into the first run's folder as last-v1.ckpt and version_1 (the resolved paths did)."""
+
+    def __init__(self, parser: LightningArgumentParser, config: Any, *args: Any, run_folder_fields=(), **kwargs: Any):
+        if run_folder_fields:
+            root = str(config.trainer.get("default_root_dir") or ".")
+            config = config.clone()
+            for position, (holder, key) in enumerate(_run_folder_fields(config)):
+                if position in run_folder_fields and isinstance(holder[key], str):
+                    holder[key] = holder[key].replace(root, RUN_FOLDER, 1)
+            if isinstance(parser, ValidatedOnceParser):  # the clone of a validated config is one too
+                parser.trust(config)
+        super().__init__(parser, config, *args, **kwargs)
 
 
 def _default(owner: Callable | type, name: str) -> object:
@@ -830,6 +857,7 @@ def run_cli(args: Sequence[str] | None = None, run: bool = True) -> TransformerC
         L.LightningDataModule,
         subclass_mode_data=True,
         trainer_defaults=_trainer_defaults(),
+        save_config_callback=RunConfigFile,
         save_config_kwargs={"overwrite": True},
         parser_kwargs=options,
         args=args,
