@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import lightning as L
 import pytest
+import sacrebleu
 import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.utils.data import DataLoader
@@ -304,8 +305,10 @@ def _word_tokenizer(words: list[str]):
 
 
 @pytest.mark.slow
-def test_validation_bleu_is_sacrebleus_corpus_score_of_the_translations(tmp_path) -> None:
-    """val/bleu over 3 uneven batches equals the sacrebleu command line on the same translations and references."""
+@pytest.mark.parametrize("interleaved", [False, True], ids=["every-order-matched", "orders-unmatched"])
+def test_validation_bleu_is_sacrebleus_corpus_score_of_the_translations(tmp_path, interleaved: bool) -> None:
+    """val/bleu over 3 uneven batches equals the sacrebleu command line on the same translations and references,
+    also where no n-gram of an order matches (only single words do): sacreBLEU smooths (torchmetrics did not)."""
     words = [f"w{i}" for i in range(60)]
     tokenizer = _word_tokenizer(words)
     torch.manual_seed(0)
@@ -321,7 +324,10 @@ def test_validation_bleu_is_sacrebleus_corpus_score_of_the_translations(tmp_path
     lit.eval()
     for batch in batches:  # references that share some but not all n-grams with what the model says
         hypotheses = lit.generate_text(batch["src"], batch["src_mask"])
-        edited = [[w if i % 3 else "w0" for i, w in enumerate(h.split())] for h in hypotheses]
+        if interleaved:  # a word between each two of the translation's: only single words match
+            edited = [[x for w in h.split() for x in (w, "zz")] for h in hypotheses]
+        else:
+            edited = [[w if i % 3 else "w0" for i, w in enumerate(h.split())] for h in hypotheses]
         batch["ref_text"] = [" ".join(words + ["w1"]) for words in edited]
     scored: list[str] = []
     translate = lit.generate_text
@@ -341,7 +347,8 @@ def test_validation_bleu_is_sacrebleus_corpus_score_of_the_translations(tmp_path
         check=True,
     )
     expected = float(cli.stdout.strip())
-    assert 10 < expected < 90  # neither trivially 0 nor 100
+    unsmoothed = sacrebleu.corpus_bleu(scored, [references], tokenize="13a", smooth_method="none").score
+    assert (unsmoothed == 0 < expected < 10) if interleaved else (10 < expected < 90)  # not trivially 0 or 100
     assert logged["val/bleu"] == pytest.approx(expected, abs=0.01)
 
 

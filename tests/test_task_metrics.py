@@ -383,3 +383,60 @@ def test_no_task_is_told_to_sync_numbers_its_metrics_already_reduced(name: str, 
     finally:
         dist.destroy_process_group()
     assert not [str(w.message) for w in caught if "sync_dist=True" in str(w.message)]
+
+
+# ---- corpus BLEU: sacreBLEU's score whatever the corpus ------------------------------------------------------------
+NO_FOUR_GRAM = (["the cat sat on a mat today", "a dog ran"], [["the cat is on the mat"], ["the dog ran off"]])
+# Two references as far (in length) from each caption: sacreBLEU's brevity penalty takes the shorter.
+TIED = (
+    ["seven two nine one", "three three five eight"],
+    [["seven two nine one x y", "seven two"], ["three three five eight a b", "three three"]],
+)
+
+
+def _bleu(hypotheses, references) -> tuple[float, str]:
+    from lit_transformer.tasks.corpus_bleu import CorpusBLEU
+
+    metric = CorpusBLEU()
+    metric.update(hypotheses, references)
+    return float(metric.compute()) * 100, metric.signature
+
+
+def test_bleu_is_sacrebleus_with_an_n_gram_order_unmatched() -> None:
+    """No 4-gram matches: sacreBLEU's exp smoothing (the signature's smooth:exp) gives a positive score, which the
+    task reports (torchmetrics' SacreBLEUScore, unsmoothed, gave 0.0 under that signature)."""
+    hypotheses, references = NO_FOUR_GRAM
+    expected = sacrebleu.corpus_bleu(hypotheses, [[refs[0] for refs in references]], tokenize="13a")
+    score, signature = _bleu(hypotheses, references)
+    assert expected.counts[3] == 0 and expected.score > 1
+    assert score == pytest.approx(expected.score, rel=1e-6)
+    assert signature == f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
+
+
+@pytest.mark.parametrize("order", [1, -1], ids=["longer-first", "shorter-first"])
+def test_bleu_of_several_references_does_not_depend_on_their_order(order: int) -> None:
+    """Two references as near in length to the caption: sacreBLEU's brevity penalty reads the shorter one, whichever
+    is listed first (torchmetrics read the first: 60.65 or 100.0 by the order of a captions file's rows)."""
+    hypotheses, references = TIED
+    references = [refs[::order] for refs in references]
+    streams = [list(r) for r in zip(*references, strict=True)]
+    assert _bleu(hypotheses, references)[0] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, streams).score)
+    assert _bleu(hypotheses, references)[0] == pytest.approx(100.0)
+
+
+def test_bleu_sums_its_statistics_over_parts_as_over_ranks() -> None:
+    """The statistics of two halves (two ranks, or two batches), merged as a distributed run reduces them, give the
+    whole corpus's score; pairs with different numbers of references make the signature say nrefs:var."""
+    from lit_transformer.tasks.corpus_bleu import CorpusBLEU
+
+    hypotheses = NO_FOUR_GRAM[0] + TIED[0]
+    references = NO_FOUR_GRAM[1] + TIED[1]
+    first, second = CorpusBLEU(), CorpusBLEU()
+    first.update(hypotheses[:2], references[:2])
+    second.update(hypotheses[2:], references[2:])
+    first.merge_state(second)
+    whole, signature = _bleu(hypotheses, references)
+    assert float(first.compute()) * 100 == pytest.approx(whole, rel=1e-6)
+    assert "nrefs:var" in signature and first.signature == signature
+    padded = [[refs[0] for refs in references], [refs[-1] for refs in references]]  # a 1-reference pair twice
+    assert whole == pytest.approx(sacrebleu.corpus_bleu(hypotheses, padded).score, rel=1e-6)

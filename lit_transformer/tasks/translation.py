@@ -10,6 +10,7 @@ import torch
 from lit_transformer.config import TRANSLATION_DECODING
 from lit_transformer.data.text import encode_input
 from lit_transformer.tasks.base import STAGES, Task, generated_rows, log_reduced, token_labels
+from lit_transformer.tasks.corpus_bleu import CorpusBLEU
 
 
 def check_right_padded(mask: torch.Tensor) -> None:
@@ -54,11 +55,9 @@ class Translation(Task):
         self._bleu_samples = data.get("bleu_samples")
 
     def build_metrics(self, config) -> None:
-        from torchmetrics.text import SacreBLEUScore
-
         super().build_metrics(config)
         for stage in STAGES:
-            setattr(self, f"{stage}_bleu", SacreBLEUScore(tokenize="13a"))
+            setattr(self, f"{stage}_bleu", CorpusBLEU(tokenize="13a"))
 
     def tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return batch["tgt_in"]
@@ -95,19 +94,14 @@ class Translation(Task):
         bleu = getattr(self, f"{stage}_bleu", None)
         if bleu is not None and bleu.update_called:
             log_reduced(module, f"{stage}/bleu", bleu.compute() * 100, prog_bar=True)
+            self._log_bleu_signature(module, stage, bleu.signature)
             bleu.reset()
-            self._log_bleu_signature(module, stage)
 
     @staticmethod
-    def _log_bleu_signature(module: Any, stage: str) -> None:
+    def _log_bleu_signature(module: Any, stage: str, signature: str | None) -> None:
         """sacreBLEU's signature beside the score, so a reported BLEU says how it was computed."""
-        import sacrebleu
-
-        scorer = sacrebleu.BLEU(tokenize="13a")
-        scorer.corpus_score(["a"], [["a"]])  # the signature is known once the number of references is
-        signature = str(scorer.get_signature())
         for logger in module.loggers:
-            if module.trainer.is_global_zero and hasattr(logger.experiment, "add_text"):
+            if signature and module.trainer.is_global_zero and hasattr(logger.experiment, "add_text"):
                 logger.experiment.add_text(f"{stage}/bleu_signature", signature, module.global_step)
 
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
