@@ -440,3 +440,35 @@ def test_bleu_sums_its_statistics_over_parts_as_over_ranks() -> None:
     assert "nrefs:var" in signature and first.signature == signature
     padded = [[refs[0] for refs in references], [refs[-1] for refs in references]]  # a 1-reference pair twice
     assert whole == pytest.approx(sacrebleu.corpus_bleu(hypotheses, padded).score, rel=1e-6)
+
+
+# ---- bits per character of part of a split -------------------------------------------------------------------------
+WORDS = [f"w{'x' * (i % 5)}{i}" for i in range(128)]  # tokens that decode to 2 to 7 characters
+
+
+@pytest.mark.parametrize("command", STAGES)
+def test_bpc_of_a_split_cut_short_reads_the_characters_scored(command: str, monkeypatch) -> None:
+    """limit_val_batches (limit_test_batches) scores the first batches only: bits per character divides their bits
+    by their own characters (the words the targets decode to, and the spaces between), not by the whole split's
+    characters per token (11% off over the tiny preset's 2 validation batches); the whole split keeps its ratio."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    case, stage = CASES["language_modeling"], STAGES[command]
+    module, batches = _module(case, monkeypatch), case.batches()
+    module.tokenizer = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="w0"))
+    limit = {f"limit_{'val' if stage == 'val' else 'test'}_batches": 1}
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False, **limit)
+    (logged,) = getattr(trainer, command)(module, datamodule=_Data(batches, **case.data))
+
+    first = batches[0]
+    nll = _token_reference([_eval_logits(module, first["input_ids"])], [first["labels"]], smoothing=0.1)["nll"]
+    rows = [[WORDS[t] for t in row if t != IGNORE_INDEX] for row in first["labels"].tolist()]
+    characters = sum(len(" ".join(words)) for words in rows)
+    targets = sum(map(len, rows))
+    assert logged[f"{stage}/nll"] == pytest.approx(nll, rel=1e-5)
+    assert logged[f"{stage}/bpc"] == pytest.approx(nll / math.log(2) / (characters / targets), rel=1e-5)
+
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (logged,) = getattr(trainer, command)(module, datamodule=_Data(batches, **case.data))  # the whole split
+    assert logged[f"{stage}/bpc"] == pytest.approx(case.reference(module, batches, stage)["bpc"], rel=1e-5)

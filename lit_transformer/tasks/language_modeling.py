@@ -31,6 +31,7 @@ class LanguageModeling(Task):
         super().__init__(label_smoothing)
         self.fused_loss = fused_loss
         self._characters_per_token: Callable[[str], float] | None = None
+        self._cut_short: set[str] = set()  # the stages whose evaluation scores part of their split
 
     def attach(self, module: Any, data: dict[str, Any]) -> None:
         super().attach(module, data)
@@ -53,8 +54,42 @@ class LanguageModeling(Task):
         )
         return Loss(*sums, hidden, labels)  # no logits exist: the hidden states stand in (training reads only sums)
 
+    def build_metrics(self, config) -> None:
+        from torchmetrics import SumMetric
+
+        super().build_metrics(config)
+        for stage in ("val", "test"):  # the characters and tokens scored, where the split is cut short
+            setattr(self, f"{stage}_characters", SumMetric())
+            setattr(self, f"{stage}_targets", SumMetric())
+
+    def epoch_start(self, module: Any, stage: str) -> None:
+        super().epoch_start(module, stage)
+        self._cut_short.discard(stage)
+        if stage in ("val", "test") and _cut_short(module.trainer, stage):
+            self._cut_short.add(stage)
+
+    def update_metrics(self, module: Any, stage: str, out: Loss) -> None:
+        super().update_metrics(module, stage, out)
+        if stage in self._cut_short and module.tokenizer is not None:
+            # The characters of the scored targets, as the tokenizer decodes them (special tokens, which the split's
+            # character count leaves out, too): bits per character of the text scored, not of the whole split.
+            rows = [[t for t in row if t >= 0] for row in out.labels.tolist()]
+            characters = sum(map(len, module.tokenizer.decode_batch(rows, skip_special_tokens=True)))
+            getattr(self, f"{stage}_characters").update(torch.tensor(float(characters), device=out.labels.device))
+            getattr(self, f"{stage}_targets").update(torch.tensor(float(sum(map(len, rows))), device=out.labels.device))
+
     def log_nll_numbers(self, module: Any, stage: str, nll: torch.Tensor) -> None:
         super().log_nll_numbers(module, stage, nll)
+        characters = getattr(self, f"{stage}_characters", None)
+        if stage in self._cut_short and characters is not None and characters.update_called:
+            # Part of the split (limit_val_batches, limit_test_batches): its own characters per token, which may
+            # differ from the whole split's by several percent over its first batches.
+            scored, targets = characters.compute(), getattr(self, f"{stage}_targets").compute()
+            characters.reset()
+            getattr(self, f"{stage}_targets").reset()
+            if scored > 0:
+                log_reduced(module, f"{stage}/bpc", nll / math.log(2) / (scored / targets), prog_bar=stage == "val")
+                return
         if self._characters_per_token is not None:
             # Bits per character: one scale for any tokenizer (and for character-level models such as nanoGPT's).
             split = "validation" if stage == "val" else "test"
@@ -78,3 +113,16 @@ class LanguageModeling(Task):
             out = module.model.generate(torch.tensor([ids], device=module.device), generation, generator=generator)
             texts.append(prompt + module.decode(out)[0])
         return texts
+
+
+def _cut_short(trainer: Any, stage: str) -> bool:
+    """Whether this evaluation scores fewer batches than its dataloader holds (limit_val_batches or
+    limit_test_batches, fast_dev_run)."""
+    counts = trainer.num_val_batches if stage == "val" else trainer.num_test_batches
+    loaders = trainer.val_dataloaders if stage == "val" else trainer.test_dataloaders
+    if not counts or loaders is None or isinstance(loaders, list | tuple | dict):
+        return False
+    try:
+        return counts[0] < len(loaders)
+    except TypeError:  # an iterable dataset without a length: nothing to compare
+        return False
