@@ -186,3 +186,34 @@ def test_evaluation_scores_the_checkpoints_classes_on_data_that_holds_fewer(runs
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
     assert "label 'poem' is not one of the label names ['comedy', 'history', 'tragedy']" in refused.stderr
     assert "a checkpoint knows only its classes" in refused.stderr
+
+
+@pytest.mark.parametrize("multi_label", [True, False])
+def test_classification_metrics_count_the_labels_predict_gives(multi_label: bool) -> None:
+    """Logits that all lie in [0, 1] are still logits: torchmetrics' Multilabel* metrics read such preds as
+    probabilities and thresholded the logit at 0.5 (a probability of 0.62), while predict thresholds sigmoid(logit)
+    at 0.5. The task's metrics agree with sklearn on predict's labels (multi-class: the argmax, either way)."""
+    from types import SimpleNamespace
+
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from lit_transformer.tasks import Classification
+    from lit_transformer.tasks.base import Loss
+
+    task = Classification(multi_label=multi_label)
+    task.build_metrics(SimpleNamespace(num_labels=2))
+    logits = torch.tensor([[0.3, 0.8], [0.2, 0.1], [0.6, 0.55]])
+    if multi_label:
+        labels = torch.tensor([[1, 1], [1, 0], [0, 1]])
+        predicted = (logits.sigmoid() > 0.5).long()  # predict's rule: every label here
+        truth, guess = labels.flatten(), predicted.flatten()  # accuracy is element-wise (1 - Hamming loss)
+    else:
+        labels = torch.tensor([1, 0, 1])
+        predicted = guess = logits.softmax(dim=-1).argmax(dim=-1)
+        truth = labels
+    zero = torch.tensor(0.0)
+    logged = {}
+    module = SimpleNamespace(log=lambda name, value, **kwargs: logged.__setitem__(name, value))
+    task.update_metrics(module, "val", Loss(zero, zero, zero, logits, labels))
+    assert float(logged["val/f1"].compute()) == pytest.approx(f1_score(labels, predicted, average="macro"))
+    assert float(logged["val/accuracy"].compute()) == pytest.approx(accuracy_score(truth, guess))

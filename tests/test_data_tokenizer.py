@@ -1,11 +1,14 @@
 """Tokenizers: special tokens first, lossless round trips, a cache keyed by content and settings."""
 
+import re
 import threading
 
 import pytest
+from tokenizers import Tokenizer
 
 from lit_transformer.data.cache import fingerprint
 from lit_transformer.data.text import SPECIAL_TOKENS, load_or_train_tokenizer, special_token_id, train_tokenizer
+from lit_transformer.errors import BadFileError
 
 TEXTS = ["To be, or not to be: that is the question.\n", "Whether 'tis nobler in the mind to suffer\n"] * 20
 TEXT = "To be, or not to suffer: the question.\nWhether 'tis"
@@ -89,3 +92,30 @@ def test_inference_encodes_as_training_does_even_with_a_post_processor():
     assert encode_input(tokenizer, TEXT, encoder_decoder=True, eos_token_id=eos) == plain + [eos]  # one EOS
     assert encode_input(tokenizer, TEXT, encoder_decoder=False, eos_token_id=eos) == plain  # a prompt: no EOS
     assert encode_input(tokenizer, "", encoder_decoder=False, eos_token_id=eos) == [eos]  # a document boundary
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_a_damaged_cached_tokenizer_is_trained_again(tmp_path, damage):
+    """A cache entry cut short (a crash or a full disk outside the atomic write, a user's `: > file`) is rebuilt, as
+    the token shards are, with a warning naming the file; the key stays that of the same tokenizer."""
+    first, key = load_or_train_tokenizer("char", lambda: TEXTS, 100, tmp_path)
+    (path,) = (tmp_path / "tokenizers").glob("*.json")
+    text = path.read_text()
+    path.write_text("" if damage == "empty" else text[: len(text) // 2])
+    with pytest.warns(
+        UserWarning, match=rf"cached tokenizer {re.escape(str(path))} cannot be read .*: building it again"
+    ):
+        again, same_key = load_or_train_tokenizer("char", lambda: TEXTS, 100, tmp_path)
+    assert same_key == key and again.to_str() == first.to_str()
+    assert Tokenizer.from_file(str(path)).to_str() == first.to_str()  # the entry is whole again
+
+
+@pytest.mark.parametrize("content", ["", '{"version": "1.0", "trun', "hello"])
+def test_a_damaged_tokenizer_file_of_the_users_is_refused_not_trained(tmp_path, content):
+    """A file the user names is no cache entry: nothing replaces it, the refusal names it and the flag."""
+    path = tmp_path / "tok.json"
+    path.write_text(content)
+    with pytest.raises(BadFileError, match=rf"Tokenizer file {re.escape(str(path))} .*cannot be read") as refused:
+        load_or_train_tokenizer(str(path), lambda: pytest.fail("must not train"), 0, tmp_path)
+    assert refused.value.keys == ("data.init_args.tokenizer",)
+    assert path.read_text() == content

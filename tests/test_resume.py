@@ -161,3 +161,99 @@ def test_ddp_two_processes_on_cpu_resume_after_sigkill(tmp_path: Path) -> None:
         assert all(torch.equal(value, ranks[1]["params"][name]) for name, value in ranks[0]["params"].items())
     for name, value in full[0]["params"].items():
         torch.testing.assert_close(resumed[0]["params"][name], value, rtol=0, atol=1e-5, msg=name)
+
+
+def test_a_resume_from_a_whole_checkpoint_sets_an_unreadable_last_aside(tmp_path: Path) -> None:
+    """A crash tore last.ckpt: `--ckpt_path last` is refused naming the whole checkpoint beside it, and resuming from
+    that one goes on, with last.ckpt moved aside (not written over: the run's first save writes a new last.ckpt)."""
+    from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
+    from lit_transformer.cli.lightning_cli import check_no_newer_last
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    best = folder / "best-step000030-val_nll3.293.ckpt"
+    checkpoint = {"global_step": 30, "optimizer_states": [{}], "state_dict": {"w": torch.zeros(4)}}
+    torch.save(checkpoint, best)
+    torch.save({"global_step": 60, "optimizer_states": [{}], "state_dict": {"w": torch.zeros(4096)}}, tmp_path / "l")
+    torn = (tmp_path / "l").read_bytes()[:5000]
+    (folder / "last.ckpt").write_bytes(torn)
+    with pytest.raises(CheckpointError, match=best.name):  # what the refusal of `--ckpt_path last` recommends
+        load_checkpoint(folder / "last.ckpt", mmap=True)
+    with pytest.warns(UserWarning, match=r"last\.ckpt cannot be read.*moved it aside to .*last\.ckpt\.unreadable"):
+        check_no_newer_last({"checkpoint": {"dirpath": str(folder)}}, str(best), checkpoint)
+    assert sorted(p.name for p in folder.iterdir()) == [best.name, "last.ckpt.unreadable"]
+    assert (folder / "last.ckpt.unreadable").read_bytes() == torn
+    (folder / "last.ckpt").write_bytes(torn)  # torn again: the first one set aside is kept too
+    with pytest.warns(UserWarning, match=r"last\.ckpt\.unreadable\.1"):
+        check_no_newer_last({"checkpoint": {"dirpath": str(folder)}}, str(best), checkpoint)
+    assert (folder / "last.ckpt.unreadable").read_bytes() == (folder / "last.ckpt.unreadable.1").read_bytes()
+
+
+def test_an_unreadable_last_is_left_in_place_when_a_later_whole_one_refuses_the_resume(tmp_path: Path) -> None:
+    """A torn newest last-v1.ckpt is read past: the whole last.ckpt under it, at a later step than the checkpoint
+    given, still refuses the resume, and a refusal leaves the folder as it was."""
+    from lit_transformer.cli.lightning_cli import check_no_newer_last
+    from lit_transformer.errors import ConfigError
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    checkpoint = {"global_step": 4, "optimizer_states": [{}], "state_dict": {}}
+    torch.save(checkpoint, folder / "snapshot.ckpt")
+    torch.save({"global_step": 8, "optimizer_states": [{}], "state_dict": {}}, folder / "last.ckpt")
+    os.utime(folder / "last.ckpt", (1, 1))
+    (folder / "last-v1.ckpt").write_bytes(b"PK\x03\x04torn")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(ConfigError, match=r"snapshot.ckpt \(step 4\) resumes .* whose last.ckpt is at step 8"):
+        check_no_newer_last({"checkpoint": {"dirpath": str(folder)}}, str(folder / "snapshot.ckpt"), checkpoint)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+HANGING_SAVE = """
+import sys, time
+import lit_transformer.checkpoints.files as files
+
+def hang(obj, file, *args, **kwargs):
+    file.write(b"PK\\x03\\x04" + bytes(4096))
+    file.flush()
+    print("SAVING", flush=True)
+    time.sleep(300)
+
+files.torch.save = hang
+files.atomic_save({}, sys.argv[1])
+"""
+
+
+def test_a_save_removes_the_temporary_files_that_killed_writers_left(tmp_path: Path) -> None:
+    """kill -9 during a checkpoint write leaves its temporary file (a checkpoint's size): a later save in the folder
+    removes it once its writer is gone, and never the file of a writer still running (another rank, another save)."""
+    from lit_transformer.checkpoints.files import atomic_save
+
+    folder = tmp_path / "checkpoints"
+    atomic_save({"w": torch.zeros(2)}, folder / "last.ckpt")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", HANGING_SAVE, str(folder / "last.ckpt")], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert writer.stdout.readline().strip() == "SAVING"
+        (temporary,) = [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+        hour_ago = time.time() - 3600
+        os.utime(temporary, (hour_ago, hour_ago))  # a writer that has written nothing for long, but is alive
+        atomic_save({"w": torch.zeros(3)}, folder / "best.ckpt")
+        assert temporary.exists()
+    finally:
+        writer.kill()
+        writer.wait(60)
+    unrelated = [folder / ".notes.tmp", folder / "last.ckpt.tmp", folder / ".last.ckpt.tmp"]
+    for path in unrelated:
+        path.write_bytes(b"mine")
+        os.utime(path, (1, 1))
+    os.utime(temporary, (hour_ago, hour_ago))
+    # Named as before writers named their files (no host, no pid): removed only after a day without a write.
+    day_old, recent = folder / ".last.ckpt.0badf00d.tmp", folder / ".best.ckpt.1badf00d.tmp"
+    for path, when in ((day_old, time.time() - 2 * 86400), (recent, hour_ago)):
+        path.write_bytes(b"PK")
+        os.utime(path, (when, when))
+    atomic_save({"w": torch.zeros(4)}, folder / "best.ckpt")
+    assert not temporary.exists() and not day_old.exists() and recent.exists()
+    assert all(path.exists() for path in unrelated)
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".tmp")) == ["best.ckpt", "last.ckpt"]

@@ -14,6 +14,8 @@ import pathlib
 import pickle
 import re
 import secrets
+import socket
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -206,6 +208,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # The temporary name does not end in .ckpt, so neither `ckpt_path=last` nor a glob ever picks up a torn file.
+    _remove_stale_temporaries(path.parent)
     handle, temp_name = _create_temporary(path)
     try:
         with os.fdopen(handle, "wb") as file:
@@ -224,15 +227,61 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
 
 def _create_temporary(path: pathlib.Path) -> tuple[int, str]:
     """A new file beside `path` (O_EXCL, a random name), created with mode 0o666 so that the umask decides, as for
-    any file a program opens (tempfile.mkstemp would make it 0600)."""
+    any file a program opens (tempfile.mkstemp would make it 0600). Its name says which host and process write it
+    (`.last.ckpt.HOST.PID.RANDOM.tmp`), so that a later save can tell the file of a writer that was killed."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     for _ in range(100):
-        name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        name = str(path.parent / f".{path.name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
             return os.open(name, flags, 0o666), name
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name beside {path}")
+
+
+# This machine as a temporary file's name holds it: letters, digits and dashes (never a dot, which ends it).
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
+_TEMPORARY = re.compile(r"\.(?P<target>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
+_TEMPORARY_WITHOUT_WRITER = re.compile(r"\.(?P<target>.+)\.[0-9a-f]{8}\.tmp")  # as the versions before named them
+# A temporary file whose writer cannot be checked (another machine's, over a shared folder, or one named without its
+# writer) is stale after this long without a write: a save writes without pause until its rename.
+STALE_AFTER_S = 24 * 3600
+# And that of a writer of this machine that is gone, after this long: a write in progress under another process
+# namespace (a container of the same name) still touches its file within it.
+GONE_AFTER_S = 60
+
+
+def _remove_stale_temporaries(folder: pathlib.Path) -> None:
+    """Remove the temporary files of writers that were killed mid-save (kill -9, a lost node, the OOM killer): each
+    is a checkpoint's size, and a job that crashes again and again would fill the disk. Only files named exactly as
+    `_create_temporary` names them, and never one whose writer may still be writing: another rank's, another run's
+    or another save's of this process. Whatever fails here (a file another process removed first) is left alone."""
+    now = time.time()
+    with _ignore_os_errors():
+        entries = list(os.scandir(folder))
+        for entry in entries:
+            if not (entry.name.startswith(".") and entry.name.endswith(".tmp")) or not entry.is_file():
+                continue
+            with _ignore_os_errors():
+                idle = now - entry.stat().st_mtime
+                named = _TEMPORARY.fullmatch(entry.name)
+                if named and named["host"] == _HOST and os.name == "posix":
+                    stale = idle >= GONE_AFTER_S and not _running(int(named["pid"]))
+                else:
+                    stale = bool(named or _TEMPORARY_WITHOUT_WRITER.fullmatch(entry.name)) and idle >= STALE_AFTER_S
+                if stale:
+                    os.unlink(entry.path)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (signal 0 checks without signalling; POSIX only)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's process, running
+        return True
+    return True
 
 
 def _is_write_failure(error: BaseException) -> bool:

@@ -122,6 +122,7 @@ class TransformerCLI(LightningCLIHooks):
         argv = list(sys.argv[1:] if given is None else given) if isinstance(given, list | tuple | None) else []
         self._only = argv[0] if argv and argv[0] in LightningCLI.subcommands() else None
         kwargs.setdefault("parser_class", ValidatedOnceParser)
+        kwargs.setdefault("save_config_callback", RunConfigFile)
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override] - LightningCLI's is a staticmethod
@@ -189,7 +190,8 @@ class TransformerCLI(LightningCLIHooks):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         filled = set(getattr(self, "_run_folder_filled", ())) | set(resolve_run_folder(config))
-        self.save_config_kwargs = {**self.save_config_kwargs, "run_folder_fields": tuple(sorted(filled))}
+        if isinstance(self.save_config_callback, type) and issubclass(self.save_config_callback, RunConfigFile):
+            self.save_config_kwargs = {**self.save_config_kwargs, "run_folder_fields": tuple(sorted(filled))}
         link_context_length(config, self.subcommand)
         set_once(config)
         trainer = config.trainer
@@ -378,19 +380,73 @@ class TransformerCLI(LightningCLIHooks):
 def check_no_newer_last(config, path: str, checkpoint: dict) -> None:
     """A fit resumed from an earlier checkpoint of its own folder (`--ckpt_path best`, a kept snapshot) would write
     last.ckpt over the run's later state at its first save: refused, naming the way that keeps both (another folder)
-    and the one that gives the later state up (remove last.ckpt first)."""
+    and the one that gives the later state up (remove last.ckpt first).
+
+    A last.ckpt that cannot be read (torn by a crash: the refusal of `--ckpt_path last` names the whole checkpoints
+    beside it, to resume from) holds no step to compare and no state to resume: it is moved aside, said in a
+    warning, so that the run's first save neither fails on it nor writes over what may still be worth a look."""
     dirpath = (config.get("checkpoint") or {}).get("dirpath")
-    last = last_checkpoint(dirpath) if dirpath else None
-    if last is None or Path(path).resolve().parent != Path(dirpath).resolve() or Path(last).samefile(path):
+    if not dirpath or Path(path).resolve().parent != Path(dirpath).resolve():
         return
-    step, newer = checkpoint.get("global_step", 0), load_checkpoint(last, mmap=True).get("global_step", 0)
-    if newer > step:
-        raise ConfigError(
-            f"--ckpt_path {path} (step {step}) resumes inside its run's folder, whose {Path(last).name} is at step "
-            f"{newer}: its first save would write over that later state. Resume it into another folder "
-            "(--trainer.default_root_dir NEW), or remove the later checkpoint first to go on from here",
-            keys=["ckpt_path", "trainer.default_root_dir"],
-        )
+    step, unreadable = checkpoint.get("global_step", 0), []
+    for last in _last_checkpoints(dirpath):
+        try:
+            if Path(last).samefile(path):
+                break
+            newer = load_checkpoint(last, mmap=True).get("global_step", 0)
+        except FileNotFoundError:  # moved aside by another process of the run meanwhile
+            continue
+        except CheckpointError:
+            if Path(last).is_file():  # (not gone meanwhile: a MissingCheckpointError)
+                unreadable.append(last)
+            continue  # the next newest last*.ckpt is what `last` means once this one is aside
+        if newer > step:  # refused with the folder as it was
+            raise ConfigError(
+                f"--ckpt_path {path} (step {step}) resumes inside its run's folder, whose {Path(last).name} is at "
+                f"step {newer}: its first save would write over that later state. Resume it into another folder "
+                "(--trainer.default_root_dir NEW), or remove the later checkpoint first to go on from here",
+                keys=["ckpt_path", "trainer.default_root_dir"],
+            )
+        break
+    for last in unreadable:
+        set_aside_unreadable(last, path)
+
+
+def _last_checkpoints(dirpath: str) -> list[str]:
+    """The folder's last*.ckpt files, newest first: the first is the one `--ckpt_path last` resumes from
+    (run_checkpoint.last_checkpoint), the next what it would be without the first."""
+    folder = Path(dirpath)
+    found = [p for p in folder.glob("last*.ckpt") if p.is_file()] if folder.is_dir() else []
+    return [str(p) for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)]
+
+
+def set_aside_unreadable(last: str, path: str) -> None:
+    """Rename an unreadable last*.ckpt to NAME.unreadable (.1, .2, ... where taken): a name no glob of checkpoints and
+    no `--ckpt_path last` picks up, in the same folder. Done by one process (global rank 0): the others read on past
+    it, as rank 0 does once it is gone."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) != 0:
+        return
+    aside, number = Path(f"{last}.unreadable"), 0
+    while aside.exists():
+        number += 1
+        aside = Path(f"{last}.unreadable.{number}")
+    try:
+        Path(last).rename(aside)
+    except FileNotFoundError:  # another process of the run moved it first
+        return
+    except OSError as error:
+        raise CheckpointError(
+            f"{last} cannot be read, and could not be moved aside ({error.strerror}): the run would write its new "
+            f"{Path(last).name} over it. Move it out of the folder yourself, then run again with --ckpt_path {path}",
+            keys=["ckpt_path"],
+        ) from None
+    warnings.warn(
+        f"{last} cannot be read as a checkpoint (torn by a crash, corrupt, or refused as unsafe), so this run, "
+        f"resumed from {path}, moved it aside to {aside}, where no save writes over it: look at it or delete it",
+        stacklevel=2,
+    )
 
 
 def run_best_checkpoint(config, subcommand: str) -> str:
@@ -857,7 +913,6 @@ def run_cli(args: Sequence[str] | None = None, run: bool = True) -> TransformerC
         L.LightningDataModule,
         subclass_mode_data=True,
         trainer_defaults=_trainer_defaults(),
-        save_config_callback=RunConfigFile,
         save_config_kwargs={"overwrite": True},
         parser_kwargs=options,
         args=args,

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -140,16 +141,46 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         raise
 
 
-def cached(path: Path, build: Callable[[], Any], save: Callable[[Any, str], None], load: Callable[[Path], Any]) -> Any:
-    """Load `path` if present, else build, save atomically under a lock, and return the built value."""
+def cached(
+    path: Path, build: Callable[[], Any], save: Callable[[Any, str], None], load: Callable[[Path], Any], what: str = ""
+) -> Any:
+    """Load `path` if present, else build, save atomically under a lock, and return the built value.
+
+    An entry that cannot be loaded (emptied or cut short outside this module's atomic writes: a copy, a restore, a
+    user's `: > file`) is built again, with a warning naming it: it is a cache entry, so nothing of the user's is
+    lost. `what` names the entry in that warning ("cached tokenizer")."""
+    warned = False
     if path.exists():
-        return load(path)
+        value = _load_entry(path, load, what)
+        if value is not _DAMAGED:
+            return value
+        warned = True
     with locked(path):
-        if path.exists():  # another process built it while we waited
-            return load(path)
+        if path.exists():  # another process built it while we waited, or it is the damaged entry
+            value = _load_entry(path, load, what, warn=not warned)
+            if value is not _DAMAGED:
+                return value
         value = build()
         atomic_write(path, lambda tmp: save(value, tmp))
         return value
+
+
+_DAMAGED = object()
+
+
+def _load_entry(path: Path, load: Callable[[Path], Any], what: str, warn: bool = True) -> Any:
+    """The entry `load` reads, or _DAMAGED (warned of, once: not again under the lock) where it cannot be read."""
+    try:
+        return load(path)
+    except Exception as error:  # whatever the reader raises (tokenizers raises a bare Exception): rebuilt
+        if warn:
+            detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            size = path.stat().st_size if path.exists() else 0
+            warnings.warn(
+                f"{what or 'cache entry'} {path} cannot be read ({size:,} bytes; {detail}): building it again",
+                stacklevel=3,
+            )
+        return _DAMAGED
 
 
 def cached_json(path: Path, build: Callable[[], Any]) -> Any:

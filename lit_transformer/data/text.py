@@ -18,7 +18,7 @@ from typing import Literal, TextIO
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from lit_transformer.errors import ConfigError, MissingFileError
+from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
 
 from .cache import cached, fingerprint, hash_texts
 
@@ -176,12 +176,13 @@ def load_or_train_tokenizer(
             lambda: train_tokenizer(texts, spec, vocab_size),
             lambda tok, tmp: tok.save(tmp),
             lambda p: Tokenizer.from_file(str(p)),
+            "cached tokenizer",
         )
         return tokenizer, fingerprint("tokenizer", tokenizer.to_str())
     if os.path.isfile(spec) or spec.endswith(".json"):
         if not os.path.isfile(spec):
             raise MissingFileError(f"Tokenizer file {spec!r} does not exist", keys=["data.init_args.tokenizer"])
-        tokenizer = Tokenizer.from_file(spec)
+        tokenizer = _tokenizer_file(spec)
     else:
         from .sources import ensure_online
 
@@ -190,6 +191,22 @@ def load_or_train_tokenizer(
         )
         tokenizer = Tokenizer.from_pretrained(spec)
     return tokenizer, fingerprint("tokenizer", tokenizer.to_str())
+
+
+def _tokenizer_file(path: str) -> Tokenizer:
+    """A tokenizer.json the user named, or a refusal naming it: unlike a cached one, it is not trained again in its
+    place (what the user gave is not ours to replace), and tokenizers' own error is a bare Exception."""
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as error:
+        size = os.path.getsize(path)
+        detail = "the file is empty" if size == 0 else (str(error).strip().splitlines() or ["(no detail)"])[0]
+        raise BadFileError(
+            f"Tokenizer file {path} ({size:,} bytes) cannot be read as a tokenizer: {detail}. It may have been cut "
+            "short by a crash or an incomplete copy, or not be a tokenizer.json. Give a tokenizer.json that "
+            "`tokenizers` saved (Tokenizer.save, or a Hugging Face model's), or a kind to train: " + ", ".join(KINDS),
+            keys=["data.init_args.tokenizer"],
+        ) from None
 
 
 def same_segmentation(tokenizer_json: str, other_json: str) -> bool:

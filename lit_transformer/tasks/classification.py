@@ -139,10 +139,14 @@ class Classification(Task):
         return nll_sum, torch.tensor(float(len(out.labels)), device=out.logits.device)
 
     def update_metrics(self, module: Any, stage: str, out: Loss) -> None:
+        """Multi-label metrics are given probabilities: torchmetrics reads preds that all lie in [0, 1] as
+        probabilities already, and would threshold such a batch's logits at 0.5 (a probability of 0.62) where
+        `predict` thresholds sigmoid(logit) at 0.5. Multi-class metrics take the argmax, the same of either."""
+        preds = out.logits.sigmoid() if self.multi_label else out.logits
         for name in ("accuracy", "f1", "class_f1", "confusion"):
             metric = getattr(self, f"{stage}_{name}", None)
             if metric is not None:
-                metric.update(out.logits, out.labels)
+                metric.update(preds, out.labels)
         module.log(f"{stage}/f1", getattr(self, f"{stage}_f1"), prog_bar=stage == "val")
         module.log(f"{stage}/accuracy", getattr(self, f"{stage}_accuracy"), prog_bar=stage == "val")
 
