@@ -449,3 +449,96 @@ def test_a_runs_config_yaml_given_again_with_another_run_folder_writes_there(tmp
     assert (explicit / "last.ckpt").is_file()
     text = (tmp_path / "third" / "tensorboard" / "version_0" / "config.yaml").read_text()
     assert f"dirpath: {explicit}\n" in text and "save_dir: ${trainer.default_root_dir}\n" in text
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["state_dict"]
+
+
+def test_a_run_killed_during_a_validation_runs_it_when_resumed(tmp_path: Path) -> None:
+    """Lightning writes last.ckpt before the validation of its step; a run killed during that validation (here the
+    final one) resumed past it as if it had run: no val numbers at that step and a best checkpoint of the earlier
+    validation. Resumed, it validates first: the same best checkpoint, score and record as a run never killed."""
+    from _interrupt import Crash
+
+    args = ("--trainer.max_steps", "8")
+    reference = _best(_tiny_fit(tmp_path / "reference", tmp_path / "cache", *args))
+    crash = ("--trainer.callbacks+=_interrupt.CrashDuringValidation", "--trainer.callbacks.step", "8")
+    with pytest.raises(Crash):
+        _tiny_fit(tmp_path / "run", tmp_path / "cache", *args, *crash)
+    cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", *args, "--ckpt_path", "last")
+    best = _best(cli)
+    assert (
+        Path(best.best_model_path).name
+        == Path(reference.best_model_path).name
+        == "best-step000008-val_nll" + (f"{reference.best_model_score.item():.3f}.ckpt")
+    )
+    assert best.best_model_score.item() == pytest.approx(reference.best_model_score.item(), abs=1e-6)
+    record = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["callbacks"]
+    assert any(state.get("best_model_path") == best.best_model_path for state in record.values())
+    # Killed again after that validation, a resume does not validate the step twice.
+    again = _tiny_fit(tmp_path / "run", tmp_path / "cache", *args, "--ckpt_path", "last")
+    assert "val/nll" not in again.trainer.callback_metrics
+
+
+# Two batches a step, a validation every 3 batches: the validation after batch 8 falls between the two batches of
+# step 5, after last.ckpt was written at step 4 (every 2 steps: at batch 7).
+ACCUMULATED = ("--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "3")
+ACCUMULATED += ("--trainer.max_steps", "8")
+
+
+@pytest.mark.parametrize(
+    "interrupt",
+    [
+        ("--trainer.callbacks+=_interrupt.CrashAtBatch", "--trainer.callbacks.batch", "9"),
+        ("--trainer.callbacks+=_interrupt.SignalAtBatch", "--trainer.callbacks.batch", "8"),
+        ("--trainer.callbacks+=_interrupt.SignalAtBatch", "--trainer.callbacks.batch", "9"),
+    ],
+    ids=["crash-after-a-validation-between-batches", "sigterm-between-batches-of-a-step", "sigterm-at-a-steps-end"],
+)
+def test_a_run_with_accumulated_steps_resumes_exactly(tmp_path: Path, interrupt: tuple[str, ...]) -> None:
+    """With accumulate_grad_batches, a checkpoint written between the batches of one step (last.ckpt again after a
+    validation there; the preemption checkpoint of a SIGTERM there) held the step's state without the gradients
+    gathered so far: the resumed run lost them and went on on other weights. Checkpoints are written where a step
+    ends, so the run resumed from any of these interruptions ends on the weights of a run never interrupted."""
+    from _interrupt import Crash
+
+    _tiny_fit(tmp_path / "reference", tmp_path / "cache", *ACCUMULATED)
+    with pytest.raises((Crash, SystemExit)):
+        _tiny_fit(tmp_path / "run", tmp_path / "cache", *ACCUMULATED, *interrupt)
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", *ACCUMULATED, "--ckpt_path", "last")
+    expected = _weights(tmp_path / "reference" / "checkpoints" / "last.ckpt")
+    found = _weights(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 8
+    assert all(torch.equal(found[key], value) for key, value in expected.items())
+
+
+@pytest.mark.parametrize("stop", [("--trainer.max_steps", "7"), ("--trainer.max_time", "00:00:00:03")])
+def test_last_ckpt_holds_the_final_step_whatever_the_interval(tmp_path: Path, stop: tuple[str, str]) -> None:
+    """last.ckpt is written every 2 steps here; a run that ends between two (max_steps 7, or a time box) kept the
+    model of the last multiple under the name of the final one, and lost the steps after it."""
+    timed = ("--trainer.max_steps", "-1", "--model.optim.schedule_steps", "100000") if "max_time" in stop[0] else ()
+    cli = _tiny_fit(tmp_path, tmp_path / "cache", *timed, *stop)
+    steps = cli.trainer.global_step
+    assert steps >= 3
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == steps
+
+
+def test_a_run_resumed_from_a_checkpoint_written_before_its_validation_validates_first(tmp_path: Path, caplog) -> None:
+    """SIGTERM during the batch after which step 4 is validated: the preemption checkpoint is written at that batch's
+    end, before the validation. Resumed from it, the run validates step 4 first (Lightning went on past it): it keeps
+    the same best checkpoints as a run never stopped."""
+    import logging
+
+    args = ("--trainer.max_steps", "8", "--best_checkpoint.save_top_k", "2")
+    _tiny_fit(tmp_path / "reference", tmp_path / "cache", *args)
+    signal_at = ("--trainer.callbacks+=_interrupt.SignalAtBatch", "--trainer.callbacks.batch", "3")
+    with pytest.raises(SystemExit):
+        _tiny_fit(tmp_path / "run", tmp_path / "cache", *args, *signal_at)
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 4
+    with caplog.at_level(logging.INFO):
+        _tiny_fit(tmp_path / "run", tmp_path / "cache", *args, "--ckpt_path", "last")
+    assert "written before the validation of step 4" in caplog.text
+    names = sorted(p.name for p in (tmp_path / "reference" / "checkpoints").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert any(name.startswith("best-step000004") for name in names), names

@@ -13,11 +13,19 @@ into a new folder) is left to Lightning, which starts a new record. A record sav
 (`every_n_train_steps`, part of Lightning's key for it) is this callback's too, if it watched the same metric.
 
 And Lightning writes a step's last.ckpt at the end of its training batch, before the validation of the same step
-(Lightning issues 7694, "won't fix", and 18687): the file then records the best checkpoint as it was before that
-validation, while the validation writes a new best beside it. Resumed from it, a run forgot that best: the file stayed
-on disk outside the record, and later validations were compared with the older, worse score. Every preset validates
-at steps where last.ckpt is written. Here last.ckpt is written again once that validation is over (one more write
-per such validation), after the other checkpoint callbacks (the CLI orders them so), so it holds their record.
+(Lightning issues 7694, "won't fix", and 18687). The file then records the best checkpoint as it was before that
+validation, while the validation writes a new best beside it: resumed from it, a run forgot that best. And a run
+killed during that validation resumed from it past the validation, which Lightning takes as run: no val numbers at
+that step, and for the final step no final validation at all, its best checkpoint named by an older score. Here the
+save of a step that is validated waits for the end of its validation (Lightning's own deferral, which it applies to
+monitored metrics only), after the other checkpoint callbacks (the CLI orders them so), so the file holds their
+record; a run killed during the validation resumes from the save before it and runs it. A file written at a batch's
+end before its step's validation all the same (a preemption checkpoint, a time-based interval) records the last step
+validated, and a run resumed from it validates first.
+
+Checkpoints are written where an optimizer step ends: with `accumulate_grad_batches`, a validation between the
+batches of one step (a `val_check_interval` that is no multiple of it) writes no last.ckpt, as the gradients gathered
+so far are in no checkpoint. And the run's final step is written at the end of training whatever the interval.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.checkpoints.files import load_checkpoint
 
@@ -40,6 +49,7 @@ class RunCheckpoint(ModelCheckpoint):
 
     _resumed_from: str | None = None
     _fitting = True
+    _validated_step: int | None = None  # the step of the fit's last validation (saved in the checkpoint)
 
     @property
     def state_key(self) -> str:
@@ -60,16 +70,56 @@ class RunCheckpoint(ModelCheckpoint):
             if len(same) == 1:
                 states[self.state_key] = states.pop(same[0])
 
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        every = self._every_n_train_steps
+        due = every >= 1 and trainer.global_step % every == 0 and self._last_global_step_saved != trainer.global_step
+        if due and validation_follows(trainer) and optimizer_stepped(trainer):
+            self._defer_save_until_validation = True  # Lightning's own flag: on_validation_end writes the files
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        resumed = trainer.ckpt_path is not None and self.save_last is True and self._validated_step is not None
+        restarted = trainer.fit_loop.epoch_loop.restarted_on_train_batch_end  # the file: written at a batch's end
+        if resumed and restarted and self._validated_step != trainer.global_step and validation_follows(trainer):
+            rank_zero_info(
+                f"The checkpoint was written before the validation of step {trainer.global_step} (a preemption "
+                "checkpoint): validating now."
+            )
+            self._last_global_step_saved = trainer.global_step  # the file resumed from: written again after it
+            validate_within_fit(trainer)
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         wrote_last = self._last_global_step_saved == trainer.global_step  # before this validation, at this step
-        super().on_validation_end(trainer, pl_module)
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and not trainer.fast_dev_run
-        if wrote_last and fitting and self.save_last is True and self.last_model_path:
+        if fitting:
+            self._validated_step = trainer.global_step
+        super().on_validation_end(trainer, pl_module)
+        # A file written before this validation (a time-based interval): written again, with its record. Not between
+        # the batches of an accumulated step (see the module's docstring).
+        if wrote_last and fitting and self.save_last is True and self.last_model_path and optimizer_stepped(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The run's final step in last.ckpt, whatever the interval: a run whose max_steps is no multiple of
+        every_n_train_steps, or that max_time, max_epochs or early stopping ended, kept the model of the last
+        multiple as its "final" checkpoint, and lost the steps after it."""
+        super().on_train_end(trainer, pl_module)
+        newer = trainer.global_step > self._last_global_step_saved
+        if self.save_last is True and newer and not trainer.fast_dev_run and optimizer_stepped(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def state_dict(self) -> dict[str, Any]:
+        # -1: none yet (a file without the key predates it, and is not read as pending a validation)
+        return {**super().state_dict(), "validated_step": -1 if self._validated_step is None else self._validated_step}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self._fitting:  # validate, test and predict save nothing: the record is not theirs to read (or warn of)
             return
+        self._validated_step = state_dict.get("validated_step")
         old, resumed = state_dict.get("dirpath"), self._resumed_from
         here = os.path.realpath(self.dirpath) if self.dirpath else None
         if old and here and old != self.dirpath and resumed and os.path.dirname(os.path.realpath(resumed)) == here:
@@ -127,3 +177,46 @@ def last_checkpoint(dirpath: str | os.PathLike) -> str | None:
         e.path for e in os.scandir(dirpath) if e.is_file() and e.name.startswith("last") and e.name.endswith(".ckpt")
     ]
     return max(found, key=os.path.getmtime, default=None)
+
+
+def optimizer_stepped(trainer: pl.Trainer) -> bool:
+    """At a training batch's end (on_train_batch_end, on_validation_end of a validation after it): whether that batch
+    took an optimizer step, rather than leaving its gradients to accumulate with the next batches' (a checkpoint
+    written then would lose them). Lightning's rule (the epoch loop's private `_should_accumulate`) in public
+    attributes: every accumulate_grad_batches batches of the epoch, and at its last batch."""
+    loop = trainer.fit_loop.epoch_loop
+    progress = loop.batch_progress.current
+    accumulated = progress.ready % trainer.accumulate_grad_batches == 0  # ready: this epoch's batches so far
+    final = progress.ready == trainer.num_training_batches or loop.batch_progress.is_last_batch
+    return accumulated or (final and not trainer.strategy.handles_gradient_accumulation)
+
+
+def validation_follows(trainer: pl.Trainer) -> bool:
+    """At a training batch's end: whether the fit validates after it. Lightning's rule (the epoch loop's private
+    `_should_check_val_fx`) in public attributes, for batch-count intervals (a time-based `val_check_interval` is not
+    read). After a resume, before training goes on, it reads the batch the checkpoint was written at."""
+    if not trainer.enable_validation or trainer.sanity_checking:
+        return False
+    every = trainer.check_val_every_n_epoch
+    if every is not None and (trainer.current_epoch + 1) % every:
+        return False
+    if trainer.val_dataloaders is not None and not sum(trainer.num_val_batches or [0]):
+        return False
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    if progress.is_last_batch:
+        return True
+    interval = trainer.val_check_batch
+    if interval is None or interval == float("inf"):
+        return False
+    iteration = progress.total.ready - 1 if every is None else progress.current.ready - 1
+    return (iteration + 1) % int(interval) == 0
+
+
+def validate_within_fit(trainer: pl.Trainer) -> None:
+    """Run the fit's validation loop now (as the epoch loop runs it after a batch): its metrics are logged at this
+    step, and checkpoint callbacks see its end."""
+    trainer.validating = True
+    try:
+        trainer.fit_loop.epoch_loop.val_loop.run()
+    finally:
+        trainer.training = True

@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_transformer.checkpoints.run_checkpoint import optimizer_stepped
 from lit_transformer.errors import ConfigError
 
 
@@ -95,7 +96,8 @@ class PreemptionCheckpoint(Callback):
     with a message and exit status 128 + signum. After it, the handler only sets a flag, so a save in progress is
     never cut. A second signal ends the process at once, whatever it is doing.
     The checkpoint is written at the end of a training batch, the same point ``ModelCheckpoint`` saves at, so
-    ``fit --ckpt_path last`` resumes at the next batch. With several processes, ranks agree on stopping every
+    ``fit --ckpt_path last`` resumes at the next batch; with ``accumulate_grad_batches``, at the end of the batch that
+    completes the step (a checkpoint between its batches would lose the gradients gathered so far). With several processes, ranks agree on stopping every
     ``sync_every_n_batches`` batches (one tiny all-reduce, which makes the host wait for the GPU: not every batch), so a
     signal that reaches only one rank still stops all of them at the same step, at most that many batches later.
     Lightning's own SIGTERM handling is replaced while training runs (SLURM's SIGUSR1 requeue is left alone).
@@ -125,6 +127,8 @@ class PreemptionCheckpoint(Callback):
         self._previous: dict[int, Any] = {}
         self._trainer: pl.Trainer | None = None
         self._start_step: int | None = None  # global_step when training started (after a resume: the resumed one)
+        self._stopping = False  # a signal was received (on some rank): save at the end of the next optimizer step
+        self._pid = os.getpid()  # the process whose handler this is (DataLoader workers inherit it)
 
     @property
     def path(self) -> Path:
@@ -132,7 +136,7 @@ class PreemptionCheckpoint(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # As early as a callback can: set-up, sanity check and the first (compiled) step run under our handler.
-        self._trainer, self._start_step, self.received = trainer, None, None
+        self._trainer, self._start_step, self.received, self._stopping = trainer, None, None, False
         self._install()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -143,6 +147,7 @@ class PreemptionCheckpoint(Callback):
     def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
+        self._pid = os.getpid()
         for signum in self.signals:
             if signum not in self._previous:
                 self._previous[signum] = signal.getsignal(signum)
@@ -154,7 +159,12 @@ class PreemptionCheckpoint(Callback):
         trainer, start = self._trainer, self._start_step
         return trainer is not None and start is not None and trainer.global_step > start
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signal_number: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a DataLoader worker forked with our handler: the main process saves and stops
+            return
+        self._on_signal(signal_number, frame)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
         if self.received is not None:
             _call_previous(signal.SIG_DFL, signum, frame)  # a second signal: end at once
             return
@@ -171,13 +181,16 @@ class PreemptionCheckpoint(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        stop = self.received is not None
-        if trainer.world_size > 1:
+        stop = self._stopping or self.received is not None
+        if trainer.world_size > 1 and not self._stopping:
             if (batch_idx + 1) % self.sync_every_n_batches:
                 return  # every rank skips the same batches, so all meet at the same collectives
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if not stop:
             return
+        self._stopping = True  # agreed: every rank saves at the same batch, the first that ends a step
+        if not optimizer_stepped(trainer):
+            return  # between batches of an accumulated step: its gradients so far are in no checkpoint
         name = signal.Signals(self.received).name if self.received is not None else "a signal on another rank"
         trainer.save_checkpoint(self.path)
         rank_zero_info(f"Received {name}: saved {self.path} at step {trainer.global_step}; exiting.")
