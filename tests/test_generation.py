@@ -218,12 +218,21 @@ def test_sliding_also_holds_for_sampling_single_rows_padded_batches_and_long_pro
     torch.testing.assert_close(
         model.generate(x, max_new_tokens=150, eos_token_id=-1), crop_and_recompute(model, x, 150, window // 2)
     )
-    # a padded batch slides by its padded length, rows left-aligned
-    x = tokens(2, 10, seed=4)
+    # a padded batch: each row slides when its own tokens outgrow the context, as it does alone (the batch slid by its
+    # padded length, which cut the shorter rows' context: other tokens than alone). Rows 10, 6 and 3 tokens long.
+    x = tokens(3, 10, seed=4)
     mask = torch.ones_like(x, dtype=torch.bool)
     mask[1, :4] = False
+    mask[2, 5:8] = False
     out = model.generate(x, max_new_tokens=100, eos_token_id=-1, attention_mask=mask)
-    torch.testing.assert_close(out, crop_and_recompute(model, x, 100, window // 2, mask), rtol=0, atol=0)
+    for row in range(3):
+        alone = x[row : row + 1, mask[row]]
+        torch.testing.assert_close(out[row : row + 1], crop_and_recompute(model, alone, 100, window // 2))
+        unpadded = model.generate(alone, max_new_tokens=100, eos_token_id=-1)
+        torch.testing.assert_close(out[row : row + 1], unpadded, rtol=0, atol=0)
+    torch.testing.assert_close(
+        out, model.generate(x, max_new_tokens=100, eos_token_id=-1, attention_mask=mask, use_cache=False)
+    )
     # a prompt longer than the context: its last max_seq_len tokens
     long = tokens(1, window + 30, seed=6)
     out = model.generate(long, max_new_tokens=40, eos_token_id=-1)

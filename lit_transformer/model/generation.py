@@ -39,7 +39,8 @@ class IncrementalDecoder:
     Decoder-only sequences slide past max_seq_len: before each token the model sees tokens[start:], where start
     moves only when the window overflows, to keep the last `window_keep` tokens; with the cache, that is one pass
     over window_keep tokens per (max_seq_len - window_keep) new tokens. Recomputation follows the same rule, so the
-    two give the same tokens.
+    two give the same tokens. In a padded batch each row slides when its own tokens outgrow the window (_slide); the
+    cache of the whole batch is then refilled, which may change the last digits of the other rows' logits.
 
     Where the model runs is four methods (_encode, _new_cache, _reorder_cache, _run): a subclass drives an exported
     graph with the same windows, padding and beam bookkeeping (lit_transformer.interop.onnx). `passes` holds the
@@ -106,6 +107,18 @@ class IncrementalDecoder:
     def _crop(tokens: Tensor, keep: Tensor | None, n: int) -> tuple[Tensor, Tensor | None]:
         return tokens[:, -n:], None if keep is None else keep[:, -n:]
 
+    def _slide(self, tokens: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The window after a row outgrew max_seq_len: each such row keeps its last window_keep tokens, as it would
+        alone, and a shorter row of the batch keeps all of its own (its padding makes the batch as wide as the
+        longest row, not its context: cropping every row to window_keep cut a short row's context). Dropped tokens
+        become padding on the left, where each row's padding is; the columns that are padding in every row go."""
+        if keep is None:  # no padding: every row is as long as the window
+            return self._crop(tokens, keep, self.window_keep)
+        later = keep.flip(1).cumsum(1).flip(1)  # real tokens from each position to the row's end
+        outgrown = keep.sum(1, keepdim=True) > self.window
+        keep = keep & ~(outgrown & (later > self.window_keep))
+        return self._crop(tokens, keep, int(keep.sum(1).max()))
+
     def _run(self, new_tokens: Tensor) -> Tensor:
         if self.cache is None:
             new_tokens = self.tokens
@@ -125,7 +138,7 @@ class IncrementalDecoder:
         if self.keep is not None:
             self.keep = torch.cat([self.keep, self.keep.new_ones(len(next_tokens), 1)], dim=1)
         if self.memory is None and self.tokens.shape[1] > self.window:  # slide: keep the window's last tokens
-            self.tokens, self.keep = self._crop(self.tokens, self.keep, self.window_keep)
+            self.tokens, self.keep = self._slide(self.tokens, self.keep)
             if self.cache is not None:  # refill the cache from the kept tokens, once
                 self.cache = self._new_cache(self.window)
                 self.logits = self._run(self.tokens)
@@ -377,7 +390,7 @@ def generate(
     fields: ``model.generate(prompt, GenerationConfig(max_new_tokens=64, temperature=0.8))`` or
     ``model.generate(prompt, max_new_tokens=64, temperature=0.8)``. decoder_only: input_ids is the prompt, padded on
     either side as attention_mask (B, T) says (True for real tokens); each row gives what it gives alone; past
-    max_seq_len the model conditions on the last tokens (a sliding window). encoder_decoder: input_ids is the source;
+    max_seq_len the model conditions on the last tokens (a sliding window, each row's by its own length). encoder_decoder: input_ids is the source;
     decoding starts from bos_token_id. streamer sees every step's tokens (sampling and greedy only). The model runs
     in eval mode and is restored afterwards.
     """
