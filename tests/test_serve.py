@@ -251,6 +251,10 @@ class TestLanguageModel:
             client.chat.completions.create(model="t", messages=messages, n=3, seed=3)
         reply = client.chat.completions.create(model="t", messages=messages, max_tokens=4, n=2)
         assert len(reply.choices) == 2 and {c.finish_reason for c in reply.choices} <= {"stop", "length"}
+        one = client.chat.completions.create(model="t", messages=messages, max_tokens=4).usage
+        for usage in (reply.usage, _streamed_usage(client, messages, n=2)):  # the prompt once (it counted n times)
+            assert usage.prompt_tokens == one.prompt_tokens and usage.completion_tokens > one.completion_tokens
+            assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
         _, greedy = server.post({"text": "ROMEO:", "max_new_tokens": 4, "temperature": 0})
         ending = "length" if len(greedy["tokens"]) == 4 else "stop"
         reply = client.chat.completions.create(model="t", messages=messages, max_tokens=4, temperature=0)
@@ -570,3 +574,14 @@ def test_serve_refuses_in_a_few_lines_before_starting(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "litserve" else real(name, *a))
     assert "pip install -e '.[serve]'" in refusal("--checkpoint", "x.ckpt")
+    monkeypatch.undo()
+    # int8 batches are not exact: said before anything (batched requests were said to decode as alone, in int8 too)
+    said = refusal("--checkpoint", str(tmp_path / "missing.ckpt"), "--quantize", "int8", "--max_batch_size", "4")
+    assert "note: --quantize int8 with --max_batch_size above 1" in said and "does not exist" in said
+    assert "note:" not in refusal("--checkpoint", str(tmp_path / "missing.ckpt"), "--quantize", "int8")
+
+
+def _streamed_usage(client, messages: list[dict], n: int):
+    """The usage a streamed chat completion ends with (the last chunk)."""
+    chunks = list(client.chat.completions.create(model="t", messages=messages, max_tokens=4, n=n, stream=True))
+    return chunks[-1].usage

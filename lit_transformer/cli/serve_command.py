@@ -7,6 +7,7 @@ is an optional dependency, and its absence is said in one line with the install 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Sequence
 from typing import Literal
 
@@ -89,6 +90,13 @@ def serve_main(argv: Sequence[str]) -> None:
             raise UserError(f"--{name} {args[name]}: must be at least {least}")
     if args.batch_timeout < 0 or args.timeout <= 0:
         raise UserError("--batch_timeout must be >= 0 and --timeout > 0 (seconds)")
+    if args.quantize == "int8" and args.max_batch_size > 1:
+        print(
+            "note: --quantize int8 with --max_batch_size above 1: int8 layers quantize their inputs over the whole "
+            "batch, so a request's answer can differ from what it gets alone (in fp32 it cannot); --workers N serves "
+            "requests side by side without batching them",
+            file=sys.stderr,
+        )
     if importlib.util.find_spec("litserve") is None:
         raise UserError(f"serve needs LitServe, an optional dependency: {INSTALL}")
     from lit_transformer.serving.handlers import ModelOptions

@@ -142,7 +142,7 @@ class ChatSpec(OpenAISpec):
                     reasons[i] = encoded.pop("finish_reason", reasons[i])
                     usages.append(UsageInfo(**encoded))
                     choices.append(ChatCompletionStreamingChoice(index=i, delta=ChoiceDelta(**encoded)))
-                started, usage = True, sum(usages)
+                started, usage = True, one_prompt(sum(usages), len(usages))
                 chunk = ChatCompletionChunk(id=stream_id, model=request.model, choices=choices, usage=None)
                 yield f"data: {chunk.model_dump_json(by_alias=True)}\n\n"
             last = [
@@ -174,7 +174,18 @@ class ChatSpec(OpenAISpec):
         )
         for choice in answer.choices:
             choice.finish_reason = reasons[choice.index]
+        if answer.usage is not None:
+            answer.usage = one_prompt(answer.usage, len(generator_list))
         return answer
+
+
+def one_prompt(usage: UsageInfo, choices: int) -> UsageInfo:
+    """The usage of a request of `choices` choices, summed over them (LitServe's sum): its prompt counted once, as
+    OpenAI's API counts it (every choice continues the same prompt), the completions' tokens all."""
+    prompt = usage.prompt_tokens // max(1, choices)
+    return UsageInfo(
+        prompt_tokens=prompt, completion_tokens=usage.completion_tokens, total_tokens=prompt + usage.completion_tokens
+    )
 
 
 def check_choices(request: ChatRequest) -> None:
