@@ -542,3 +542,21 @@ def test_a_run_resumed_from_a_checkpoint_written_before_its_validation_validates
     names = sorted(p.name for p in (tmp_path / "reference" / "checkpoints").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert any(name.startswith("best-step000004") for name in names), names
+
+
+def test_a_resume_with_another_schedule_length_says_the_learning_rate_jumps(tmp_path: Path, caplog) -> None:
+    """A finished 6-step cosine run resumed with max_steps 10 follows the 10-step schedule from step 6: its learning
+    rate rises from the decayed one, which nothing said. A note names both rates and the flag that keeps the
+    earlier schedule, which then goes on without a note."""
+    import logging
+
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "6")
+    with caplog.at_level(logging.INFO):
+        _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "10", "--ckpt_path", "last")
+    note = "note: the cosine schedule decays over 10 optimizer steps in this run, and decayed over 6 in the run resumed"
+    assert note in caplog.text and "--model.optim.schedule_steps 6" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "12", "--ckpt_path", "last",
+                  "--model.optim.schedule_steps", "10")  # fmt: skip
+    assert "schedule decays over" not in caplog.text

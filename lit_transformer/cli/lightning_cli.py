@@ -361,6 +361,8 @@ class TransformerCLI(LightningCLIHooks):
         hparams.pop("_instantiator", None)
         for name in LitTransformer.RUN_CHOICES:
             hparams.pop(name, None)
+        if subcommand == "fit":
+            keep_schedule_length(self.config.fit.get("model"), hparams)
         if hparams.get("lora") and hparams.get("init_from"):  # a LoRA checkpoint: its base is read again
             check_lora_base(self.config[subcommand].model, hparams, str(path))
         unused = unused_settings(self.config[subcommand].get("model"), hparams, training=subcommand == "fit")
@@ -466,6 +468,20 @@ def run_best_checkpoint(config, subcommand: str) -> str:
         )
     rank_zero_info(f"--ckpt_path best: {best}, the best by {monitor} that {Path(dirpath) / 'last.ckpt'} records")
     return best
+
+
+def keep_schedule_length(model, hparams: dict) -> None:
+    """A resumed run keeps its checkpoint's recipe, but `--model.optim.schedule_steps` given on the command line is
+    the run's length, as trainer.max_steps is: it replaces the checkpoint's (which the schedule otherwise takes from
+    max_steps, so a run resumed to train longer follows the longer schedule; LitTransformer says so at the start)."""
+    given = ((model or {}).get("optim") or {}).get("schedule_steps")
+    saved = hparams.get("optim")
+    if given is None or saved is None:
+        return
+    if dataclasses.is_dataclass(saved):
+        hparams["optim"] = dataclasses.replace(saved, schedule_steps=given)
+    else:
+        hparams["optim"] = {**dict(saved), "schedule_steps": given}
 
 
 def unused_settings(model, hparams: dict, training: bool) -> list[tuple[str, object, object]]:
