@@ -252,8 +252,9 @@ class LitTransformer(L.LightningModule):
         self.task.on_save_checkpoint(checkpoint)
         for transform in self.transforms:
             transform.on_save_checkpoint(self, checkpoint)
-        if self._schedule_steps is not None:  # the horizon the schedule decays over: a resume compares its own
-            checkpoint["schedule_steps"] = self._schedule_steps
+        steps = getattr(self, "_schedule_steps", None)  # set by configure_optimizers (a save outside fit has none)
+        if steps is not None:  # the horizon the schedule decays over: a resume compares its own
+            checkpoint["schedule_steps"] = steps
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.init_from = self.init_from or checkpoint.get("init_from")
