@@ -125,6 +125,7 @@ def test_a_transformers_gpt2_loads_with_its_logits(tmp_path, activation):
         ("scale_embeddings", True),
         ("bias", False),
         ("tie_embeddings", False),
+        ("norm", "rmsnorm"),  # its norms have no biases: the export ended in a KeyError for ln_f.bias
     ],
 )
 def test_gpt2_refuses_what_it_cannot_express(tmp_path, field, value):
@@ -218,10 +219,18 @@ def _until_eos(ids: torch.Tensor, eos: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    "field, value", [("norm_position", "pre"), ("positions", "learned"), ("topology", "decoder_only")]
+    "field, value, extra",
+    [
+        ("norm_position", "pre", {}),
+        ("positions", "learned", {}),
+        ("topology", "decoder_only", {}),
+        ("norm", "rmsnorm", {}),  # no LayerNorm biases: the export ended in a KeyError
+        ("source", "features", {"source_dim": 8}),  # a captioning encoder has no token table: a KeyError too
+        ("source", "patches", {"image_size": (32, 32)}),
+    ],
 )
-def test_marian_refuses_what_it_cannot_express(tmp_path, field, value):
-    cfg = TransformerConfig.preset("tiny", **{**PAPER, field: value})
+def test_marian_refuses_what_it_cannot_express(tmp_path, field, value, extra):
+    cfg = TransformerConfig.preset("tiny", **{**PAPER, field: value, **extra})
     assert any(p.startswith(f"{field}=") for p in marian_problems(cfg))
     with pytest.raises(ValueError, match=f"{field}={value!r}: Marian can only express"):
         save_hf_marian(Transformer(cfg), tmp_path)
@@ -270,6 +279,29 @@ def test_a_gpt2_folder_loaded_over_a_base_with_the_switches_is_a_plain_gpt2(tmp_
     loaded = load_hf_gpt2(tmp_path, base=base)
     cfg = loaded.config
     assert (cfg.qk_norm, cfg.value_residual, cfg.logit_softcap, cfg.zero_init_output) == (False, False, None, False)
+    x = tokens(2, 10)
+    with torch.no_grad():
+        close(loaded(x), model(x))
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"norm": "rmsnorm"},
+        {"n_kv_heads": 2},
+        # configs/base.yaml's block, the recipe of docs/finetuning.md's peft section
+        {"norm": "rmsnorm", "positions": "rope", "activation": "swiglu", "d_ff": 352, "n_kv_heads": 1},
+    ],
+    ids=["rmsnorm", "gqa", "base.yaml"],
+)
+def test_a_gpt2_folder_loaded_over_a_base_of_another_block_is_the_folders_gpt2(tmp_path, block):
+    """The folder decides the architecture: a run config's RMSNorm or grouped-query attention is not GPT-2's (its
+    LayerNorms have biases, its attention a K/V head per query head). Both ended in load_state_dict's errors."""
+    model = large(build(GPT2, pad_token_id=None))
+    save_hf_gpt2(model, tmp_path)
+    loaded = load_hf_gpt2(tmp_path, base=TransformerConfig.preset("tiny", **{**GPT2, **block}))
+    cfg = loaded.config
+    assert (cfg.norm, cfg.n_kv_heads, cfg.positions, cfg.activation) == ("layernorm", None, "learned", "gelu_tanh")
     x = tokens(2, 10)
     with torch.no_grad():
         close(loaded(x), model(x))

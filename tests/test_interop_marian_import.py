@@ -110,6 +110,61 @@ def test_a_marian_model_we_cannot_compute_is_refused_naming_the_fields():
     assert "decoder_attention_heads=4" in str(error.value) and "activation_function='tanh'" in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "block",
+    [{"norm": "rmsnorm"}, {"n_kv_heads": 2}, {"pad_vocab_to_multiple_of": 64}],
+    ids=["rmsnorm", "gqa", "padded-vocabulary"],
+)
+def test_a_marian_folder_loaded_over_a_base_of_another_block_has_its_logits(tmp_path, block):
+    """The folder decides the architecture: a run config's RMSNorm loaded the folder with its LayerNorm biases
+    dropped, silently, into a model of other logits; grouped-query attention and a padded vocabulary (a
+    run config's allocation choice, kept: zero rows appended) ended in load_state_dict's size mismatches."""
+    from lit_transformer.config import TransformerConfig
+
+    hf = _random_opus_mt(tmp_path)
+    ours = load_hf_marian(tmp_path, base=TransformerConfig.preset("tiny", **PAPER, **block))
+    src, tgt = tokens(2, 7, vocab=38), tokens(2, 6, seed=3, vocab=38)
+    with torch.no_grad():
+        theirs = hf(input_ids=src, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(ours(src, tgt), theirs, atol=1e-5, rtol=1e-5)
+    assert (ours.config.norm, ours.config.n_kv_heads) == ("layernorm", None)
+
+
+def test_a_marian_folder_is_read_whole_or_refused(tmp_path, monkeypatch):
+    """Every weight of our model comes from the folder and every tensor of the folder is read (position tables and a
+    zero final_logits_bias aside): a mismatch between the two, whether the folder's or a mapping's, is refused naming
+    the tensors. The load kept what the two had in common and dropped the rest without a word."""
+    from safetensors.torch import load_file, save_file
+
+    from lit_transformer.errors import BadFileError
+    from lit_transformer.interop import hf_marian
+
+    _random_opus_mt(tmp_path)
+    path = tmp_path / "model.safetensors"
+    clean = load_file(path)
+    save_file({**clean, "model.encoder.layernorm_embedding.weight": torch.ones(16)}, path, metadata={"format": "pt"})
+    with pytest.raises(BadFileError, match="model.encoder.layernorm_embedding.weight"):
+        load_hf_marian(tmp_path)
+    save_file(clean, path, metadata={"format": "pt"})
+    # A config that maps onto other weights than the folder's (here RMSNorm's, which has no biases).
+    read = hf_marian.from_hf_config
+    monkeypatch.setattr(hf_marian, "from_hf_config", lambda hf, base=None: read(hf, base).replace(norm="rmsnorm"))
+    with pytest.raises(BadFileError, match=r"encoder_blocks\.0\.self_attn_norm\.bias"):
+        load_hf_marian(tmp_path)
+
+
+def test_a_marian_folder_is_refused_as_the_start_of_a_model_of_images(tmp_path):
+    """A Marian encoder reads tokens: a captioning run's config (source patches or features) cannot start from one.
+    It was refused for lacking src_input.proj.weight, as if the folder were damaged."""
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.errors import ConfigError
+
+    _random_opus_mt(tmp_path)
+    base = TransformerConfig.preset("tiny", **PAPER, source="features", source_dim=8)
+    with pytest.raises(ConfigError, match="source='features'.*Marian.*reads tokens"):
+        load_hf_marian(tmp_path, base=base)
+
+
 def _spm_model(path: Path, pieces: list[tuple[str, float, int]]) -> None:
     """A SentencePiece model file (protobuf), written with the schema transformers ships: no sentencepiece needed."""
     from transformers.convert_slow_tokenizer import import_protobuf

@@ -32,13 +32,13 @@ def tokenizer():
     return train_tokenizer([string.printable * 3], kind="char", vocab_size=128)
 
 
-def _lora_run(tmp: Path, folder: Path, *lora: str) -> Path:
+def _lora_run(tmp: Path, folder: Path, *lora: str, config: Path = CONFIGS / "presets" / "tiny.yaml") -> Path:
     """Two LoRA steps through the CLI from the Hugging Face folder (its tokenizer as the data's), a large step so the
     adapters move well away from their zero start."""
     corpus = tmp / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 100)
     _cli(
-        "fit", "--config", str(CONFIGS / "presets" / "tiny.yaml"), "--config", str(CONFIGS / "finetune" / "lora.yaml"),
+        "fit", "--config", str(config), "--config", str(CONFIGS / "finetune" / "lora.yaml"),
         "--model.init_from", str(folder), "--model.lora.rank", "4", "--model.optim.lr", "0.05", *lora,
         "--data.init_args.dataset", str(corpus), "--data.init_args.tokenizer", str(folder / "tokenizer.json"),
         "--data.init_args.cache_dir", str(tmp / "cache"), "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
@@ -141,3 +141,32 @@ def test_what_peft_cannot_load_is_refused_in_one_line_pointing_to_the_merged_exp
     with pytest.raises(ConfigError, match="safetensors or onnx, not peft"):
         export_main(["--checkpoint", str(ours), *out, "--quantize", "int8"])
     assert not (tmp_path / "adapter").exists()
+
+
+@pytest.mark.slow
+def test_the_docs_recipe_adapts_a_gpt2_folder_with_base_yaml_and_peft_loads_it(tmp_path, tokenizer):
+    """docs/finetuning.md's peft recipe as written: configs/base.yaml (RMSNorm, rotary, SwiGLU, Muon) and lora.yaml
+    from a GPT-2 folder, which decides the architecture (a GPT-2, LayerNorm and all); the run ended in load_state_dict's
+    unexpected LayerNorm biases. Its adapters, exported, give peft's model the LoRA model's logits."""
+    from peft import PeftModel
+
+    from lit_transformer.engine.lightning_module import LitTransformer
+    from lit_transformer.interop import save_hf_gpt2
+
+    gpt2 = build(GPT2, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None, max_seq_len=128)  # base's blocks
+    folder = save_hf_gpt2(gpt2, tmp_path / "gpt2", tokenizer)
+    checkpoint = _lora_run(tmp_path, folder, config=CONFIGS / "base.yaml")
+    out = tmp_path / "adapter"
+    _cli("export", "--checkpoint", str(checkpoint), "--format", "peft", "--out", str(out), cwd=ROOT)
+    adapted = json.loads((out / "adapter_config.json").read_text())["target_modules"]
+    assert sorted(adapted) == ["attn.c_attn", "attn.c_proj"]  # lora.yaml's qkv and out
+    ours = LitTransformer.load_from_checkpoint(checkpoint, weights_only=True).model.eval()
+    assert (ours.config.norm, ours.config.positions, ours.config.activation) == ("layernorm", "learned", "gelu_tanh")
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    x = tokens(2, 16, vocab=60)
+    with torch.no_grad():
+        before = hf_base(x).logits
+        expected = ours(x)[..., : tokenizer.get_vocab_size()]
+        torch.testing.assert_close(PeftModel.from_pretrained(hf_base, out).eval()(x).logits, expected, atol=1e-5,
+                                   rtol=1e-5)  # fmt: skip
+    assert (before - expected).abs().max() > 1e-3

@@ -30,7 +30,7 @@ from lit_transformer.data.marian_tokenizers import (  # noqa: F401 - the Marian 
     marian_decoder_start_token_id,
     spm_tokenizer,
 )
-from lit_transformer.errors import BadFileError, MissingFileError
+from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
 from lit_transformer.interop.hf_files import (
     HF_SWITCHES_OFF,
     cannot_save,
@@ -39,6 +39,7 @@ from lit_transformer.interop.hf_files import (
     save_hf_tokenizer,
     switch_problems,
 )
+from lit_transformer.interop.hf_gpt2 import pad_rows
 from lit_transformer.model import Transformer
 
 # Marian's names for our activations: gelu_pytorch_tanh is F.gelu(approximate="tanh"), the very function we call;
@@ -54,6 +55,8 @@ MARIAN_SHAPE = {
     "topology": ("encoder_decoder", "Marian is an encoder-decoder; save decoder-only models with save_hf_gpt2"),
     "norm_position": ("post", "Marian's layers are Post-LN: LayerNorm(x + Sublayer(x)), no final LayerNorm"),
     "positions": ("sinusoidal", "Marian has fixed sinusoidal positions only"),
+    "source": ("tokens", "Marian's encoder reads token ids through an embedding, not images or feature vectors"),
+    "norm": ("layernorm", "Marian's norms are LayerNorms, with a gain and a bias"),
     "bias": (True, "Marian's projections and LayerNorms always carry biases"),
     "layer_norm_eps": (1e-5, "Marian's LayerNorms use torch's default epsilon"),
 }
@@ -248,6 +251,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
         topology="encoder_decoder",
         norm_position="post",
         positions="sinusoidal",
+        norm="layernorm",
         vocab_size=vocab,
         target_vocab_size=None if target_vocab == vocab else target_vocab,
         # Stated only where it differs from our default (shared when the vocabularies are one).
@@ -255,6 +259,7 @@ def from_hf_config(hf: Mapping, base: TransformerConfig | None = None) -> Transf
         tie_embeddings=hf.get("tie_word_embeddings", True),
         d_model=hf["d_model"],
         n_heads=hf["encoder_attention_heads"],
+        n_kv_heads=None,  # k_proj and v_proj hold a head per query head
         n_layers=hf["encoder_layers"],
         n_encoder_layers=None,
         n_decoder_layers=None if hf["decoder_layers"] == hf["encoder_layers"] else hf["decoder_layers"],
@@ -282,9 +287,18 @@ def _inverse_permute(name: str, tensor: torch.Tensor, perm: torch.Tensor) -> tor
     return _permute(name, tensor, inverse)
 
 
+# Tensors of a Marian folder that hold no weight of ours: the sinusoid tables (ours are computed) and the logits bias
+# (checked to be zero).
+_NOT_WEIGHTS = ("embed_positions.weight", "final_logits_bias")
+# The embedding tables, each optional: save_pretrained keeps one of those it ties.
+_EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+
+
 def from_hf_state_dict(state: Mapping[str, torch.Tensor], cfg: TransformerConfig) -> dict[str, torch.Tensor]:
     """Our parameters from MarianMTModel's (the inverse of to_hf_state_dict): coordinates permuted back to the
-    paper's interleaved order, q/k/v fused. A non-zero final_logits_bias is refused: our output has no bias."""
+    paper's interleaved order, q/k/v fused; a padded config (pad_vocab_to_multiple_of) gets zero rows appended. A
+    non-zero final_logits_bias is refused: our output has no bias; so is a tensor this reads nowhere (a Marian variant
+    we do not compute), which would otherwise be dropped without a word."""
     bias = state.get("final_logits_bias")
     if bias is not None and bool(bias.abs().max() > 0):
         raise BadFileError(
@@ -292,21 +306,29 @@ def from_hf_state_dict(state: Mapping[str, torch.Tensor], cfg: TransformerConfig
             "differ; this model cannot be loaded exactly"
         )
     perm = stream_permutation(cfg.d_model)
-    s = {k.removeprefix("model.") if k != "lm_head.weight" else k: v for k, v in state.items()}
+    named = {k.removeprefix("model.") if k != "lm_head.weight" else k: k for k in state}  # -> the folder's name
+    s = {k: state[name] for k, name in named.items()}
     s = {k: _inverse_permute(f"model.{k}" if k == "shared.weight" else k, v, perm) for k, v in s.items()}
     out: dict[str, torch.Tensor] = {}
+    read = set(_EMBEDDINGS)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in s:
+            raise BadFileError(f"The Marian weights lack model.{name}, which its config.json describes")
+        read.add(name)
+        return s[name]
 
     def attention(ours: str, theirs: str, fused: str) -> None:
-        w = [s[f"{theirs}.{n}_proj.weight"] for n in "qkv"]
-        b = [s[f"{theirs}.{n}_proj.bias"] for n in "qkv"]
+        w = [take(f"{theirs}.{n}_proj.weight") for n in "qkv"]
+        b = [take(f"{theirs}.{n}_proj.bias") for n in "qkv"]
         if fused == "qkv":
             out[f"{ours}.qkv.weight"], out[f"{ours}.qkv.bias"] = torch.cat(w), torch.cat(b)
         else:
             out[f"{ours}.q.weight"], out[f"{ours}.q.bias"] = w[0], b[0]
             out[f"{ours}.kv.weight"], out[f"{ours}.kv.bias"] = torch.cat(w[1:]), torch.cat(b[1:])
         out[f"{ours}.out.weight"], out[f"{ours}.out.bias"] = (
-            s[f"{theirs}.out_proj.weight"],
-            s[f"{theirs}.out_proj.bias"],
+            take(f"{theirs}.out_proj.weight"),
+            take(f"{theirs}.out_proj.bias"),
         )
 
     for side, count in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
@@ -319,15 +341,28 @@ def from_hf_state_dict(state: Mapping[str, torch.Tensor], cfg: TransformerConfig
                 norms["cross_attn_norm"] = "encoder_attn_layer_norm"
             for our_norm, hf_norm in norms.items():
                 for p in ("weight", "bias"):
-                    out[f"{ours}{our_norm}.{p}"] = s[f"{theirs}{hf_norm}.{p}"]
+                    out[f"{ours}{our_norm}.{p}"] = take(f"{theirs}{hf_norm}.{p}")
             for our_fc, hf_fc in (("up", "fc1"), ("down", "fc2")):
                 for p in ("weight", "bias"):
-                    out[f"{ours}ff.{our_fc}.{p}"] = s[f"{theirs}{hf_fc}.{p}"]
+                    out[f"{ours}ff.{our_fc}.{p}"] = take(f"{theirs}{hf_fc}.{p}")
+    unread = sorted(named[k] for k in s if k not in read and not k.endswith(_NOT_WEIGHTS))
+    if unread:
+        raise BadFileError(
+            f"The Marian weights hold {unread[:5]}, which our Transformer has no place for: a Marian variant it does "
+            "not compute, or a config.json that describes other layers than the weights"
+        )
     shared = s.get("shared.weight")
-    out["src_embed.weight"] = s.get("encoder.embed_tokens.weight", shared)
-    out["tgt_embed.weight"] = s.get("decoder.embed_tokens.weight", shared)
+    src = s.get("encoder.embed_tokens.weight", shared)
+    tgt = s.get("decoder.embed_tokens.weight", shared)
     # save_pretrained leaves out tied tensors: the output layer is then the target embedding.
-    out["lm_head.weight"] = s.get("lm_head.weight", out["tgt_embed.weight"])
+    head = s.get("lm_head.weight", tgt)
+    for name, table, rows in (
+        ("src_embed.weight", src, cfg.padded_vocab_size),
+        ("tgt_embed.weight", tgt, cfg.padded_tgt_vocab_size),
+        ("lm_head.weight", head, cfg.padded_tgt_vocab_size),
+    ):
+        if table is not None:  # else load_hf_marian names it as missing
+            out[name] = pad_rows(table, rows)
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -338,14 +373,34 @@ def load_hf_marian(directory: str | os.PathLike, base: TransformerConfig | None 
     folder = Path(directory)
     if not (folder / "config.json").is_file():
         raise MissingFileError(f"{folder} holds no config.json: give the folder of a Marian model (e.g. opus-mt-en-es)")
+    if base is not None and base.source != "tokens":
+        raise ConfigError(
+            f"model.config.source={base.source!r}, but the Marian model in {folder} reads tokens: its encoder has no "
+            "input layer for images or feature vectors. Start such a model from scratch or from a .ckpt of one",
+            keys=["model.config.source"],
+        )
     cfg = from_hf_config(json.loads((folder / "config.json").read_text()), base)
     model = Transformer(cfg)
     state = from_hf_state_dict(read_state_dict(folder), cfg)
+    # Every weight ours and only ours, of our shapes: anything else is a mismatch to say, never weights to drop or
+    # leave as initialised (the sinusoid tables are buffers of ours, not in the state dict).
     expected = model.state_dict()
-    missing = [k for k in expected if k not in state and not k.endswith("positions.weight")]  # sinusoids: ours
-    if missing:
-        raise BadFileError(f"{folder}: the Marian weights lack {missing[:5]}")
-    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    problems = {
+        "missing": [k for k in expected if k not in state],
+        "unexpected": [k for k in state if k not in expected],
+        "of another shape": [
+            f"{k} {tuple(v.shape)} for {tuple(expected[k].shape)}"
+            for k, v in state.items()
+            if k in expected and v.shape != expected[k].shape
+        ],
+    }
+    found = [f"{what} {names[:5]}" for what, names in problems.items() if names]
+    if found:
+        raise BadFileError(
+            f"{folder}: the Marian weights do not fit the model its config.json describes (as our parameters: "
+            f"{'; '.join(found)})"
+        )
+    model.load_state_dict(state)
     return model.eval()
 
 
