@@ -12,12 +12,10 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-
-# Importing checkpointing also allowlists TransformerConfig for weights_only loads: load_from_checkpoint needs it.
-from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer
 from typing_extensions import Unpack
 
+# Importing checkpointing also allowlists TransformerConfig for weights_only loads: load_from_checkpoint needs it.
 from lit_transformer.checkpoints.files import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.engine.deprecated_options import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
@@ -29,7 +27,7 @@ from lit_transformer.engine.optimizers import (
     check_optimizer_precision,
     check_optimizer_strategy,
 )
-from lit_transformer.engine.schedules import build_schedule
+from lit_transformer.engine.schedules import build_schedule, schedule_length
 from lit_transformer.errors import ConfigError
 from lit_transformer.model import Transformer
 from lit_transformer.tasks import Task, build_task, data_fields
@@ -252,9 +250,6 @@ class LitTransformer(L.LightningModule):
         self.task.on_save_checkpoint(checkpoint)
         for transform in self.transforms:
             transform.on_save_checkpoint(self, checkpoint)
-        steps = getattr(self, "_schedule_steps", None)  # set by configure_optimizers (a save outside fit has none)
-        if steps is not None:  # the horizon the schedule decays over: a resume compares its own
-            checkpoint["schedule_steps"] = steps
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.init_from = self.init_from or checkpoint.get("init_from")
@@ -265,24 +260,6 @@ class LitTransformer(L.LightningModule):
             target = checkpoint.get("target_tokenizer")
             self.target_tokenizer = Tokenizer.from_str(target) if target else self.tokenizer
         self.task.on_load_checkpoint(checkpoint)
-        self._resumed_schedule_steps = checkpoint.get("schedule_steps")
-
-    def on_train_start(self) -> None:
-        """A run resumed with another schedule length (a larger max_steps to train on) follows the new schedule from
-        its next step, a jump in the learning rate after a finished cosine decay: said, with how to keep the old one."""
-        old, new = getattr(self, "_resumed_schedule_steps", None), getattr(self, "_schedule_steps", None)
-        if old is None or new is None or old == new:
-            return
-        scheduler = self.lr_schedulers()
-        scheduler = scheduler[0] if isinstance(scheduler, list) else scheduler
-        step, optimizer = self.trainer.global_step, scheduler.optimizer
-        was = optimizer.param_groups[0]["lr"]  # as the checkpoint left it: the earlier schedule's
-        now = scheduler.base_lrs[0] * scheduler.lr_lambdas[0](step)
-        rank_zero_info(
-            f"note: the {self.optim.schedule} schedule decays over {new} optimizer steps in this run, and decayed over "
-            f"{old} in the run resumed: from step {step} the learning rate follows the {new}-step one ({was:.3g} "
-            f"before, {now:.3g} now). To go on with the earlier schedule: --model.optim.schedule_steps {old}"
-        )
 
     # ---- steps --------------------------------------------------------------------------------------------------
 
@@ -451,9 +428,7 @@ class LitTransformer(L.LightningModule):
         if trainer is not None:  # the command line judged it before any data; a Python caller, here
             check_optimizer_precision(optim.optimizer, optim.eps, trainer.precision)
         optimizer = build_optimizer(self.model, optim, fused)
-        max_steps = trainer.max_steps if trainer is not None else -1
-        total = optim.schedule_steps or (max_steps if max_steps and max_steps > 0 else None)
-        self._schedule_steps = total if optim.schedule in ("cosine", "wsd") else None
+        total = schedule_length(optim, trainer.max_steps if trainer is not None else -1)
         scheduler = build_schedule(optimizer, optim.schedule, warmup_steps=optim.warmup_steps, total_steps=total,
                                    d_model=self.config.d_model, min_lr_ratio=optim.min_lr_ratio,
                                    decay_fraction=optim.decay_fraction, decay_shape=optim.decay_shape)  # fmt: skip

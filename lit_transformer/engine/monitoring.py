@@ -12,8 +12,10 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.engine.lightning_compat import compute_dtype, trainer_logs_now
+from lit_transformer.engine.schedules import schedule_length, schedule_length_note
 from lit_transformer.errors import ConfigError
 from lit_transformer.records import process_rss_mb
 from lit_transformer.tasks.losses import IGNORE_INDEX
@@ -159,12 +161,37 @@ def _token_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 class LearningRateLogger(LearningRateMonitor):
-    """Lightning's LearningRateMonitor, per step, that stands aside when a run has no logger (`--trainer.logger false`)."""
+    """Lightning's LearningRateMonitor, per step, that stands aside when a run has no logger (`--trainer.logger false`).
+    And the length of a cosine or wsd schedule, in the checkpoint: a run resumed with another one (a larger max_steps
+    to train on) follows the new schedule from its next step, which a note says with both rates."""
 
     def __init__(self) -> None:
         super().__init__(logging_interval="step")
+        self._resumed_length: int | None = None
+
+    @staticmethod
+    def _length(trainer: L.Trainer, module: Any) -> int | None:
+        optim = getattr(module, "optim", None)
+        if optim is None or getattr(optim, "schedule", None) not in ("cosine", "wsd"):
+            return None
+        return schedule_length(optim, trainer.max_steps)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        length = self._length(trainer, pl_module)
+        if length is not None:
+            checkpoint["schedule_steps"] = length
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._resumed_length = checkpoint.get("schedule_steps")
 
     def on_train_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        module = trainer.lightning_module
+        length, scheduler = self._length(trainer, module), trainer.lr_scheduler_configs
+        if scheduler:
+            name = module.optim.schedule if length is not None else ""
+            note = schedule_length_note(name, self._resumed_length, length, trainer.global_step, scheduler[0].scheduler)
+            if note:
+                rank_zero_info(note)
         if trainer.loggers:
             super().on_train_start(trainer, *args, **kwargs)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -99,3 +99,25 @@ def build_schedule(
     else:
         raise ConfigError(f"Unknown schedule {name!r}; choose one of {', '.join(map(repr, SCHEDULES))}")
     return LambdaLR(optimizer, fn)
+
+
+def schedule_length(optim: Any, max_steps: int | None) -> int | None:
+    """The optimizer steps a cosine or wsd schedule decays over: model.optim.schedule_steps, else trainer.max_steps
+    (None where neither is set: build_schedule refuses those two schedules then)."""
+    return optim.schedule_steps or (max_steps if max_steps and max_steps > 0 else None)
+
+
+def schedule_length_note(name: str, old: int | None, new: int | None, step: int, scheduler: Any) -> str | None:
+    """A run resumed with another schedule length (a larger max_steps to train on) follows the new schedule from its
+    next step: a wsd run's stable phase goes on, a finished cosine decay starts again from a higher rate. The note
+    that says so with both rates, and how to keep the earlier schedule; None where the length is the same."""
+    if old is None or new is None or old == new or scheduler is None:
+        return None
+    scheduler = scheduler[0] if isinstance(scheduler, list) else scheduler
+    was = scheduler.optimizer.param_groups[0]["lr"]  # as the checkpoint left it: the earlier schedule's
+    now = scheduler.base_lrs[0] * scheduler.lr_lambdas[0](step)
+    return (
+        f"note: the {name} schedule decays over {new} optimizer steps in this run, and decayed over {old} in the run "
+        f"resumed: from step {step} the learning rate follows the {new}-step one ({was:.3g} before, {now:.3g} now). "
+        f"To go on with the earlier schedule: --model.optim.schedule_steps {old}"
+    )
