@@ -198,3 +198,44 @@ def test_batch_lists_resume_elastically_on_another_process_count(monkeypatch, be
     second, _ = run(after, 20, state)
     total = 20 * before + 20 * after
     assert total > steps_per_epoch and first + second == reference[:total]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_evaluation_batches_are_all_scored_once_over_the_ranks(monkeypatch, world):
+    """31 evaluation batches over 2, 3 or 4 ranks: every batch is read by exactly one rank, and every rank reads as
+    many batches (a collective would wait for a rank that ran out), the short ones ending with a filler marked so
+    (the engine counts it nowhere). The odd batches were dropped: the last ones of a split went unscored."""
+    from lit_transformer.data import FILLER, loaders
+
+    single = firsts(make_loader(shuffle=False))
+    assert len(single) == 31
+    seen, counts = [], set()
+    for rank in range(world):
+        monkeypatch.setattr(loaders, "_rank_and_world", lambda rank=rank: (rank, world))
+        loader = make_loader(shuffle=False)
+        batches = list(loader)
+        counts.add(len(batches))
+        assert len(loader) == len(batches)
+        seen += firsts(b for b in batches if not b.get(FILLER))
+        fillers = [i for i, b in enumerate(batches) if b.get(FILLER)]
+        assert fillers == ([len(batches) - 1] if 31 % world and rank >= 31 % world else [])  # the last, if any
+    assert counts == {-(-31 // world)}
+    assert sorted(seen) == sorted(single)
+
+
+def test_a_filler_batch_counts_for_no_metric():
+    """The engine skips a filler batch: validation over [a, b, filler] logs what [a, b] logs."""
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.data import FILLER
+    from lit_transformer.engine.lightning_module import LitTransformer
+
+    torch.manual_seed(0)
+    batches = [{"input_ids": torch.randint(4, 60, (2, 9)), "labels": torch.randint(4, 60, (2, 9))} for _ in range(2)]
+    results = []
+    for extra in ([], [{**batches[0], FILLER: True}]):
+        torch.manual_seed(1)
+        module = LitTransformer(TransformerConfig.preset("tiny", vocab_size=64))
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+        (logged,) = trainer.validate(module, dataloaders=torch.utils.data.DataLoader(batches + extra, batch_size=None))
+        results.append(logged)
+    assert results[0] == results[1]

@@ -17,6 +17,10 @@ DATA_MODULES = {
 }
 __all__ = ["CaptioningDataModule", "ClassificationDataModule", "LanguageModelingDataModule", "TranslationDataModule"]
 
+FILLER = "filler"
+"""The key that marks an evaluation batch as a filler (loaders.ResumableLoader): run so that every rank runs as many
+batches, counted by no metric. Here, not in loaders.py, so that the engine reads it without importing the loaders."""
+
 if TYPE_CHECKING:
     from .captioning import CaptioningDataModule
     from .classification import ClassificationDataModule

@@ -13,7 +13,7 @@ next `iter()`. The state is applied when the next iterator is built, and a state
 still applies to the next one: no batch is replayed or skipped.
 
 Evaluation loaders (`shuffle=False`) read their items in order from the start at every iteration, each rank taking
-every world_size-th batch.
+every world_size-th batch; a rank whose share is one short ends with a filler batch that no metric counts (FILLER).
 
 Shards are read through short-lived memory maps: a map is opened for the rows of one batch and dropped, so the
 resident memory stays flat however much of the corpus is read (`map_file`, for
@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_transformer.errors import BadFileError, ConfigError
 
+from . import FILLER
 from .sources import DataFileError
 from .text import IGNORE_INDEX
 
@@ -240,16 +241,28 @@ class ResumableLoader(_ElasticStream):
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_items)[within]
 
     def __len__(self) -> int:
-        return self.num_items // _rank_and_world()[1] if not self.shuffle else super().__len__()
+        return -(-self.num_items // _rank_and_world()[1]) if not self.shuffle else super().__len__()
 
     def __iter__(self) -> Iterator[Any]:
         if not self.shuffle:
-            rank, world = _rank_and_world()
-            per_rank = self.num_items // world
-            return iter(self._loader(self.batches[rank : per_rank * world : world]))
+            return self._evaluation()
         consumed, steps, generation = self._begin()
         sampler = _PositionBatches(self, consumed, steps, lambda positions: self.batches[self.items_at(positions)[0]])
         return self._generate(sampler, generation)
+
+    def _evaluation(self) -> Iterator[Any]:
+        """Every batch once over the ranks, rank r taking every world_size-th from the r-th. Ranks must run as many
+        batches (a rank that ran out would leave the others waiting in a collective), so where the batches do not
+        divide evenly a rank whose share is one short ends with a filler: the first batch again, marked FILLER,
+        which the model runs and no metric counts. (Dropping the odd batches left the last ones of every split
+        unscored with several processes, and a split of one batch unscored with two.)"""
+        rank, world = _rank_and_world()
+        mine = self.batches[rank::world]
+        fillers = -(-self.num_items // world) - len(mine)
+        for i, batch in enumerate(self._loader(list(mine) + [self.batches[0]] * fillers)):
+            if i >= len(mine) and isinstance(batch, dict):
+                batch[FILLER] = True
+            yield batch
 
     def _loader(self, batch_sampler) -> DataLoader:
         return DataLoader(

@@ -18,6 +18,7 @@ from typing_extensions import Unpack
 # Importing checkpointing also allowlists TransformerConfig for weights_only loads: load_from_checkpoint needs it.
 from lit_transformer.checkpoints.files import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
+from lit_transformer.data import FILLER
 from lit_transformer.engine.deprecated_options import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
 from lit_transformer.engine.gradients import clip_gradients, gradient_norm
 from lit_transformer.engine.lightning_compat import trainer_logs_now
@@ -346,12 +347,14 @@ class LitTransformer(L.LightningModule):
     # ---- evaluation and prediction: the task's ------------------------------------------------------------------
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._check_batch(batch)
-        self.task.evaluate(self, "val", batch, batch_idx)
+        if not batch.get(FILLER):  # a filler evens the ranks' batch counts (data/loaders.py): it counts for nothing
+            self._check_batch(batch)
+            self.task.evaluate(self, "val", batch, batch_idx)
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._check_batch(batch)
-        self.task.evaluate(self, "test", batch, batch_idx)
+        if not batch.get(FILLER):
+            self._check_batch(batch)
+            self.task.evaluate(self, "test", batch, batch_idx)
 
     def on_validation_epoch_start(self) -> None:
         self.task.epoch_start(self, "val")
