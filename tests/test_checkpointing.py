@@ -560,3 +560,15 @@ def test_a_resume_with_another_schedule_length_says_the_learning_rate_jumps(tmp_
         _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "12", "--ckpt_path", "last",
                   "--model.optim.schedule_steps", "10")  # fmt: skip
     assert "schedule decays over" not in caplog.text
+
+
+def test_a_run_preempted_before_its_first_save_resumes_into_last_ckpt(tmp_path: Path) -> None:
+    """SIGTERM at step 4, before the first every_n_train_steps save: resumed, the run wrote its later checkpoints as
+    last-v1.ckpt (Lightning found a last.ckpt outside its record), and last.ckpt stayed at step 4."""
+    args = ("--trainer.max_steps", "8", "--checkpoint.every_n_train_steps", "100")
+    signal_at = ("--trainer.callbacks+=_interrupt.SignalAtBatch", "--trainer.callbacks.batch", "3")
+    with pytest.raises(SystemExit):
+        _tiny_fit(tmp_path, tmp_path / "cache", *args, *signal_at)
+    _tiny_fit(tmp_path, tmp_path / "cache", *args, "--ckpt_path", "last")
+    assert not list((tmp_path / "checkpoints").glob("last-v*.ckpt"))
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 8

@@ -628,3 +628,31 @@ def test_a_stop_string_keeps_its_characters_and_reads_typed_escapes(typed, meant
     from lit_transformer.inference import typed_escapes
 
     assert typed_escapes(typed) == meant
+
+
+def test_predict_with_several_processes_writes_one_file_in_input_order(tmp_path: Path) -> None:
+    """Two ranks' predictions (the distributed sampler interleaves the inputs and repeats one to even the shares):
+    one predictions.jsonl, each input once, in input order, and no part file left. Each rank wrote a `.rankN` file of
+    its own, in the sampler's order, which no page named."""
+    from types import SimpleNamespace
+
+    from lit_transformer.engine.task_outputs import PredictionWriter
+
+    output = tmp_path / "predictions.jsonl"
+    shares = {0: [0, 2, 4], 1: [1, 3, 0]}  # 5 inputs over 2 ranks: rank 1's last is input 0 again
+    writers = {}
+    for rank, indices in shares.items():
+        trainer = SimpleNamespace(world_size=2, global_rank=rank, is_global_zero=rank == 0, datamodule=None,
+                                  default_root_dir=str(tmp_path), strategy=SimpleNamespace(barrier=lambda *a: None))  # fmt: skip
+        writer = writers[rank] = (PredictionWriter(str(output)), trainer)
+        writer[0].on_predict_start(trainer, None)
+        rows = [{"input": f"line {i}", "output": str(i)} for i in indices]
+        writer[0].write_on_batch_end(trainer, None, rows[:2], indices[:2], {}, 0, 0)
+        writer[0].write_on_batch_end(trainer, None, rows[2:], indices[2:], {}, 1, 0)
+    for rank in (1, 0):  # the first rank merges once every rank's part is whole (a barrier in a real run)
+        writers[rank][0].on_predict_end(writers[rank][1], None)
+    import json
+
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["output"] for row in lines] == ["0", "1", "2", "3", "4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.jsonl"]

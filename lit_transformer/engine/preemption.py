@@ -192,10 +192,21 @@ class PreemptionCheckpoint(Callback):
         if not optimizer_stepped(trainer):
             return  # between batches of an accumulated step: its gradients so far are in no checkpoint
         name = signal.Signals(self.received).name if self.received is not None else "a signal on another rank"
-        trainer.save_checkpoint(self.path)
+        self._record_as_last(trainer)
+        trainer.save_checkpoint(self.path, weights_only=False)
         rank_zero_info(f"Received {name}: saved {self.path} at step {trainer.global_step}; exiting.")
         self._restore_handlers()
         raise SIGTERMException(0)  # a SystemExit: Lightning tears down cleanly and the process exits with status 0
+
+    def _record_as_last(self, trainer: pl.Trainer) -> None:
+        """The checkpoint callback whose last.ckpt this file is records it as its own, in the file too: resumed from
+        a preemption before the callback's first save, Lightning found a last.ckpt outside its record and wrote the
+        run's later ones as last-v1.ckpt, leaving last.ckpt (the final model, say the pages) at the preempted step."""
+        for callback in trainer.checkpoint_callbacks:
+            if getattr(callback, "save_last", None) and getattr(callback, "dirpath", None):
+                name = f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+                if os.path.abspath(os.path.join(callback.dirpath, name)) == os.path.abspath(self.path):
+                    callback.last_model_path = str(self.path)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_handlers()

@@ -228,7 +228,9 @@ class PredictionWriter(BasePredictionWriter):
     """`predict` writes one JSON line per input, in input order: {"input", "output", "tokens"} (the new token ids).
 
     Lines are written batch by batch and flushed, so a long run shows its progress and an interrupted one keeps
-    what it finished. Under several processes each rank writes its own file (output with `.rankN` before the suffix).
+    what it finished. Under several processes each rank writes its rows with their input index to a part file
+    beside the output (`.NAME.rankN.part`), and at the end the first rank writes the output from them, in input
+    order, each input once (the distributed sampler repeats a few to give every rank as many), and removes them.
     """
 
     def __init__(self, output: str | None = None) -> None:
@@ -240,11 +242,10 @@ class PredictionWriter(BasePredictionWriter):
         self.output = output
         self._file = None
         self.path: Path | None = None
+        self._part: Path | None = None  # this rank's rows, with several processes
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = Path(self.output) if self.output else Path(trainer.default_root_dir) / "predictions.jsonl"
-        if trainer.world_size > 1:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
         if path.is_dir():
             raise ConfigError(
                 f"--predictions.output {path} is a folder: give the file to write, e.g. {path / 'predictions.jsonl'}",
@@ -259,18 +260,48 @@ class PredictionWriter(BasePredictionWriter):
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self._part = _part_file(path, trainer.global_rank) if trainer.world_size > 1 else None
         rank_zero_info(f"predict: writing {path}")
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         if self._file is None:  # opened with the first predictions: a refusal before them leaves an old file whole
-            self._file = self.path.open("w", encoding="utf-8")
-        for row in prediction:
-            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self._file = (self._part or self.path).open("w", encoding="utf-8")
+        if self._part is not None:  # with its input's index, which orders the merged file
+            indices = batch_indices if batch_indices is not None else batch.get("index")
+            for index, row in zip(indices, prediction, strict=True):
+                self._file.write(json.dumps({"index": int(index), "row": row}, ensure_ascii=False) + "\n")
+        else:
+            for row in prediction:
+                self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._file.flush()
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._file is None and self.path is not None:  # a run with no batch: its (empty) predictions all the same
-            self._file = self.path.open("w", encoding="utf-8")
+            self._file = (self._part or self.path).open("w", encoding="utf-8")
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._part is not None and self.path is not None:
+            trainer.strategy.barrier("predictions")  # every rank's part is whole
+            if trainer.is_global_zero:
+                merge_parts(self.path, [_part_file(self.path, rank) for rank in range(trainer.world_size)])
+            trainer.strategy.barrier("predictions merged")
+
+
+def _part_file(path: Path, rank: int) -> Path:
+    return path.with_name(f".{path.name}.rank{rank}.part")
+
+
+def merge_parts(path: Path, parts: list[Path]) -> None:
+    """The output from the ranks' part files: each input's row once, in input order; the parts are removed."""
+    rows: dict[int, Any] = {}
+    for part in parts:
+        with part.open(encoding="utf-8") as lines:
+            for line in lines:
+                entry = json.loads(line)
+                rows.setdefault(entry["index"], entry["row"])
+    with path.open("w", encoding="utf-8") as out:
+        for index in sorted(rows):
+            out.write(json.dumps(rows[index], ensure_ascii=False) + "\n")
+    for part in parts:
+        part.unlink()

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import functools
 import html
-import logging
 import os
 import re
 from pathlib import Path
 
 import datasets
+from lightning.pytorch.utilities import rank_zero_info
 
 from ..cache import cached_json, fingerprint, hash_file
 from ..sources import held_out_split
 from .base import CorpusNotInstalledError
-
-log = logging.getLogger(__name__)
 
 KJV_MODULE, RV_MODULE = "engKJV2006eb", "spaRV1909eb"
 
@@ -147,11 +145,8 @@ def kjv_rv1909(cache_dir: Path) -> datasets.DatasetDict:
     key = fingerprint("kjv-rv1909", 1, [(p.name, hash_file(p)) for p in module_files])
     data = cached_json(cache_dir / "corpora" / f"kjv-rv1909-{key}.json", lambda: _extract_kjv_rv1909(library))
     stats = data["stats"]
-    log.info(
-        "kjv-rv1909: %s; dropped %d verses missing in Spanish, %d misaligned, %d val/test pairs seen in train",
-        {s: len(r["key"]) for s, r in data["rows"].items()},
-        stats["unmatched"],
-        stats["misaligned"],
-        stats["leaked"],
+    rank_zero_info(  # once, not once per process of a multi-process run
+        f"kjv-rv1909: { {s: len(r['key']) for s, r in data['rows'].items()} }; dropped {stats['unmatched']} verses "
+        f"missing in Spanish, {stats['misaligned']} misaligned, {stats['leaked']} val/test pairs seen in train"
     )
     return datasets.DatasetDict({split: datasets.Dataset.from_dict(cols) for split, cols in data["rows"].items()})
