@@ -139,6 +139,20 @@ def test_a_commands_first_import_runs_with_the_collector_paused_and_freezes_what
     assert command.load() is sys.modules["slow_command"].main and len(freezes) == 1
 
 
+def test_ctrl_c_before_a_command_handles_signals_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while a command's modules are imported (the first second of `fit`; a DDP rank starting) printed an
+    80-line KeyboardInterrupt traceback from inside Lightning's imports: one line now, exit 130 (128 + SIGINT)."""
+    from lit_transformer.cli.program import Command, run
+
+    (tmp_path / "interrupted_command.py").write_text("raise KeyboardInterrupt\ndef main(argv): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "interrupted_command", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        run(Command("slow", "interrupted_command:main", "a command"), [])
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+
+
 def test_help_into_a_pipe_closed_early_ends_quietly():
     """`--help | head -1`: the reader is gone before the program writes (its read end closed at once here)."""
     process = subprocess.Popen([sys.executable, "-m", "lit_transformer", "--help"], env=ENV, stdout=subprocess.PIPE,

@@ -210,6 +210,11 @@ def run(command: Command, argv: Sequence[str]) -> None:
     remember_program()
     try:
         command.load()(list(argv) if command.name not in LIGHTNING_COMMANDS else [command.name, *argv])
+    except KeyboardInterrupt:  # Ctrl-C where no handler of ours stood (the imports, a decoding): no traceback
+        if debug_requested():
+            raise
+        sys.stderr.write("interrupted (Ctrl-C)\n")
+        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports a process the signal ended
     except Exception as error:  # the rule is the type: a UserError is a refusal, anything else a bug
         mistake = user_error(error)
         if mistake is None or debug_requested():
