@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.data.sources import DataFileError
-from lit_transformer.data.text import TextStream, pad_right
+from lit_transformer.data.text import TextStream, pad_right, read_tokenizer
 from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
 from lit_transformer.model import Transformer
 from lit_transformer.model.generation import check_for_model
@@ -151,7 +151,7 @@ def _folder_tokenizer(path: Path) -> Tokenizer:
             "saves it (`export` writes it; for a transformers download: "
             f"AutoTokenizer.from_pretrained(DIR).backend_tokenizer.save('{path}'))"
         )
-    return Tokenizer.from_file(str(path))
+    return read_tokenizer(path)
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", base: str | Path | None = None) -> LoadedModel:

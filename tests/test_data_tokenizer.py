@@ -119,3 +119,19 @@ def test_a_damaged_tokenizer_file_of_the_users_is_refused_not_trained(tmp_path, 
         load_or_train_tokenizer(str(path), lambda: pytest.fail("must not train"), 0, tmp_path)
     assert refused.value.keys == ("data.init_args.tokenizer",)
     assert path.read_text() == content
+
+
+@pytest.mark.parametrize("reader", ["model folder", "marian folder"])
+def test_a_damaged_tokenizer_json_of_a_model_folder_is_refused_naming_it(tmp_path, reader):
+    """`generate --checkpoint FOLDER` (and fine-tuning from a Marian folder) read the folder's tokenizer.json with
+    `Tokenizer.from_file`, whose bare Exception ("EOF while parsing ...") reached the user as a traceback."""
+    from lit_transformer.data.marian_tokenizers import load_hf_marian_tokenizers
+    from lit_transformer.errors import BadFileError
+    from lit_transformer.inference import _folder_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "truncation": null, "added_tokens": [{"id": 0, "con')
+    with pytest.raises(BadFileError, match=r"tokenizer.json \(70 bytes\) cannot be read as a tokenizer: EOF"):
+        if reader == "model folder":
+            _folder_tokenizer(tmp_path / "tokenizer.json")
+        else:
+            load_hf_marian_tokenizers(tmp_path)

@@ -16,6 +16,8 @@ from tokenizers import Tokenizer
 
 from lit_transformer.errors import MissingFileError
 
+from .text import read_tokenizer
+
 
 def is_marian_folder(path: str | os.PathLike) -> bool:
     """Whether `path` is a local folder whose config.json describes a Marian model."""
@@ -42,9 +44,9 @@ def load_hf_marian_tokenizers(directory: str | os.PathLike) -> tuple[Tokenizer, 
     vocab.json (target_vocab.json when the vocabularies are separate), converted to `tokenizers` Unigram models."""
     folder = Path(directory)
     if (folder / "tokenizer.json").is_file():
-        source = _without_post_processor(Tokenizer.from_file(str(folder / "tokenizer.json")))
+        source = _without_post_processor(read_tokenizer(folder / "tokenizer.json"))
         target_file = folder / "target_tokenizer" / "tokenizer.json"
-        return source, Tokenizer.from_file(str(target_file)) if target_file.is_file() else source
+        return source, read_tokenizer(target_file) if target_file.is_file() else source
     if (folder / "source.spm").is_file() and (folder / "vocab.json").is_file():
         vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
         target_vocab_file = folder / "target_vocab.json"

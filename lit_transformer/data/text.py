@@ -193,19 +193,29 @@ def load_or_train_tokenizer(
     return tokenizer, fingerprint("tokenizer", tokenizer.to_str())
 
 
+FOLDER_FIX = "A model folder's tokenizer.json: write the folder again (`export` from its checkpoint), or copy it again"
+"""What to do about a damaged tokenizer.json of a model folder (an export, a Hugging Face folder)."""
+
+
 def _tokenizer_file(path: str) -> Tokenizer:
     """A tokenizer.json the user named, or a refusal naming it: unlike a cached one, it is not trained again in its
-    place (what the user gave is not ours to replace), and tokenizers' own error is a bare Exception."""
+    place (what the user gave is not ours to replace)."""
+    fix = "Give a tokenizer.json that `tokenizers` saved (Tokenizer.save, or a Hugging Face model's), or a kind to train: "
+    return read_tokenizer(path, fix + ", ".join(KINDS), keys=["data.init_args.tokenizer"])
+
+
+def read_tokenizer(path: str | os.PathLike, fix: str = FOLDER_FIX, keys: list[str] | None = None) -> Tokenizer:
+    """`Tokenizer.from_file`, or a BadFileError naming the file, its size, what is wrong and `fix` (tokenizers' own
+    error is a bare Exception, a traceback to the user)."""
     try:
-        return Tokenizer.from_file(path)
+        return Tokenizer.from_file(str(path))
     except Exception as error:
         size = os.path.getsize(path)
         detail = "the file is empty" if size == 0 else (str(error).strip().splitlines() or ["(no detail)"])[0]
         raise BadFileError(
             f"Tokenizer file {path} ({size:,} bytes) cannot be read as a tokenizer: {detail}. It may have been cut "
-            "short by a crash or an incomplete copy, or not be a tokenizer.json. Give a tokenizer.json that "
-            "`tokenizers` saved (Tokenizer.save, or a Hugging Face model's), or a kind to train: " + ", ".join(KINDS),
-            keys=["data.init_args.tokenizer"],
+            f"short by a crash or an incomplete copy, or not be a tokenizer.json. {fix}",
+            keys=keys or (),
         ) from None
 
 

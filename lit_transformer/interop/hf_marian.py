@@ -30,6 +30,7 @@ from lit_transformer.data.marian_tokenizers import (  # noqa: F401 - the Marian 
     marian_decoder_start_token_id,
     spm_tokenizer,
 )
+from lit_transformer.data.text import read_tokenizer
 from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
 from lit_transformer.interop.hf_files import (
     HF_SWITCHES_OFF,
@@ -410,5 +411,5 @@ def marian_tokenizer_json(directory: str | os.PathLike) -> str:
     (save it with ``load_hf_marian_tokenizers(DIR)[0].save("tokenizer.json")``)."""
     path = Path(directory) / "tokenizer.json"
     if path.is_file():
-        return Tokenizer.from_file(str(path)).to_str()
+        return read_tokenizer(path).to_str()
     return load_hf_marian_tokenizers(directory)[0].to_str()
