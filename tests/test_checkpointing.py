@@ -572,3 +572,46 @@ def test_a_run_preempted_before_its_first_save_resumes_into_last_ckpt(tmp_path: 
     _tiny_fit(tmp_path, tmp_path / "cache", *args, "--ckpt_path", "last")
     assert not list((tmp_path / "checkpoints").glob("last-v*.ckpt"))
     assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 8
+
+
+def _logged_steps(root: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = set()
+    for events in root.glob("tensorboard/version_*/events.*"):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        if tag in accumulator.Tags()["scalars"]:
+            steps |= {event.step for event in accumulator.Scalars(tag)}
+    return sorted(steps)
+
+
+def test_a_preempted_run_logs_the_step_it_stopped_at(tmp_path: Path) -> None:
+    """The preemption checkpoint ends the run inside on_train_batch_end, before Lightning logs that step's metrics:
+    each preemption left a one-step hole in TensorBoard's train/loss. Preempted and resumed, the run logs every
+    step an uninterrupted one logs."""
+    import contextlib
+    import io
+
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    def fit(folder: Path, *extra: str) -> None:
+        args = ["fit", "--config", str(REPO / "configs" / "presets" / "tiny.yaml"), "--trainer.max_steps", "8"]
+        args += ["--trainer.default_root_dir", str(folder), "--data.init_args.cache_dir", str(tmp_path / "cache")]
+        args += [
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.enable_progress_bar",
+        ]
+        args += ["false", "--samples.prompts", "[]", "--attention.max_layers", "0", *extra]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            run_cli(args)
+
+    fit(tmp_path / "reference")
+    with pytest.raises(SystemExit):
+        fit(tmp_path / "run", "--trainer.callbacks+=_interrupt.SignalAtBatch", "--trainer.callbacks.batch", "3")
+    fit(tmp_path / "run", "--ckpt_path", "last")
+    expected = _logged_steps(tmp_path / "reference", "train/loss")
+    assert len(expected) == 8 and _logged_steps(tmp_path / "run", "train/loss") == expected

@@ -13,6 +13,8 @@ What stays private, and why:
 - A strategy's `_timeout` where Lightning chose the strategy (`auto`) or built it from a class path: the public
   `timeout` argument of DDP, FSDP, DeepSpeed and ModelParallel strategies is used wherever the strategy is named.
 - `_format_summary_table` (the model summary's table) and `_plugin_to_compute_dtype` (a precision plugin's dtype).
+- The logger connector's `update_train_step_metrics`: a callback that ends the run in on_train_batch_end (a
+  preemption) logs that step's metrics first, as Lightning would have just after the hook.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ PRIVATE: dict[str, tuple[str, ...]] = {
         "cols",
     ),  # fmt: skip
     "lightning.pytorch.callbacks.throughput_monitor:_plugin_to_compute_dtype": ("plugin",),
+    "lightning.pytorch.trainer.connectors.logger_connector.logger_connector:_LoggerConnector.update_train_step_metrics": (
+        "self",
+    ),
 }
 """Each private callable relied on ("module:qualified name") and the names of its parameters, in order."""
 
@@ -141,3 +146,9 @@ def trainer_logs_now(trainer: L.Trainer, step_taken: bool = False) -> bool:
         return False
     step = trainer.global_step + (0 if step_taken else 1)
     return step % trainer.log_every_n_steps == 0 or trainer.should_stop
+
+
+def log_step_metrics_now(trainer: L.Trainer) -> None:
+    """Log the training step's metrics now, as Lightning does right after on_train_batch_end (at its logging
+    interval): a callback that ends the run in that hook would otherwise leave that step out of the logs."""
+    trainer._logger_connector.update_train_step_metrics()

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_transformer.checkpoints.run_checkpoint import optimizer_stepped
+from lit_transformer.engine.lightning_compat import log_step_metrics_now
 from lit_transformer.errors import ConfigError
 
 
@@ -194,6 +195,7 @@ class PreemptionCheckpoint(Callback):
         name = signal.Signals(self.received).name if self.received is not None else "a signal on another rank"
         self._record_as_last(trainer)
         trainer.save_checkpoint(self.path, weights_only=False)
+        log_step_metrics_now(trainer)  # this step's train/loss and the rest, which Lightning logs after this hook
         rank_zero_info(f"Received {name}: saved {self.path} at step {trainer.global_step}; exiting.")
         self._restore_handlers()
         raise SIGTERMException(0)  # a SystemExit: Lightning tears down cleanly and the process exits with status 0
