@@ -431,3 +431,122 @@ def test_an_image_given_by_its_path_alone_or_opened_from_a_file_is_read_from_tha
         assert embedded_image(opened, "row 1", "image") == ("red.png", _png("red"))
     with pytest.raises(ValueError, match=r'row 3: the image in "image" cannot be read from .*gone.png'):
         embedded_image({"bytes": None, "path": str(tmp_path / "gone.png")}, "row 3", "image")
+
+
+# ---- images identified by their path; split columns; pixel modes -------------------------------------------------
+
+
+def _captions_file(folder, rows: list[str], header: str = "image,caption") -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "captions.csv").write_text(header + "\n" + "".join(r + "\n" for r in rows))
+    return str(folder / "captions.csv")
+
+
+def test_same_named_images_in_different_folders_keep_their_own_pixels_and_captions(tmp_path):
+    """A glob over two folders, each naming its own 000.png ...: 60 images became 30, each loading one folder's
+    pixels with both folders' captions. An image is its resolved path, not its name."""
+    from PIL import Image
+
+    for folder, colour in (("reds", (255, 0, 0)), ("blues", (0, 0, 255))):
+        rows = []
+        for i in range(30):
+            (tmp_path / "glob" / folder).mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (4, 4), colour).save(tmp_path / "glob" / folder / f"{i:03d}.png")
+            rows.append(f"{i:03d}.png,a {folder[:-1]} picture")
+        _captions_file(tmp_path / "glob" / folder, rows)
+    dm = CaptioningDataModule(
+        str(tmp_path / "glob" / "*" / "captions.csv"), image_size=(2, 2), channels=3, cache_dir=str(tmp_path / "c")
+    )
+    dm.setup()
+    assert sum(len(s) for s in dm.splits.values()) == 60 and sum(s.captions for s in dm.splits.values()) == 60
+    for split in dm.splits.values():
+        for i in range(len(split)):
+            (reference,) = split.references(i)
+            red, _, blue = split.load(i)[:, 0, 0].tolist()
+            assert (reference, red, blue) in (("a red picture", 1.0, 0.0), ("a blue picture", 0.0, 1.0))
+
+
+def test_one_file_written_two_ways_is_one_image(tmp_path):
+    """./img002.png and img002.png are one file: one image with both captions, in one split."""
+    names = [f"img{i:03d}.png" for i in range(40)]
+    _write_images(tmp_path, names)
+    rows = [f"{n},first caption of {n}" for n in names] + [f"./{n},second caption of {n}" for n in names]
+    dm = CaptioningDataModule(
+        _captions_file(tmp_path, rows), image_size=(2, 2), held_out=0.25, cache_dir=str(tmp_path / "c")
+    )
+    dm.setup()
+    assert sum(len(s) for s in dm.splits.values()) == 40
+    for split in dm.splits.values():
+        for i in range(len(split)):
+            name = split.name(i)
+            assert split.references(i) == [f"first caption of {name}", f"second caption of {name}"]
+
+
+def test_a_split_column_that_disagrees_for_one_image_is_refused_naming_its_rows(tmp_path):
+    names = [f"img{i}.png" for i in range(3)]
+    _write_images(tmp_path, names)
+    rows = ["img0.png,a,train", "img0.png,b,train", "img1.png,c,validation", "img2.png,d,test"]
+    rows += ["img0.png,e,validation", "img0.png,f,train"]
+    path = _captions_file(tmp_path, rows, header="image,caption,split")
+    dm = CaptioningDataModule(path, image_size=(2, 2), cache_dir=str(tmp_path / "c"))
+    with pytest.raises(
+        ValueError, match=r"captions.csv:6: image 'img0.png' has split 'validation'.*captions.csv:2 .*'train'"
+    ):
+        dm.setup()
+
+
+def test_sixteen_bit_greyscale_is_scaled_to_eight_bits_and_float_pixels_are_refused(tmp_path):
+    """Pillow's convert clips a 16-bit image's values at 255 (almost solid white): they are scaled instead."""
+    from PIL import Image
+
+    from lit_transformer.data.captioning import load_image
+    from lit_transformer.errors import UserError
+
+    Image.fromarray(np.full((4, 4), 32768, dtype=np.uint16)).save(tmp_path / "grey16.png")
+    for channels in (1, 3):
+        assert torch.equal(
+            load_image(tmp_path / "grey16.png", (4, 4), channels), torch.full((channels, 4, 4), 128 / 255)
+        )
+    opened = Image.open(tmp_path / "grey16.png")
+    assert load_image(opened.convert("I"), (4, 4), 1).mean().item() == pytest.approx(128 / 255)
+    Image.fromarray(np.full((4, 4), 0.5, dtype=np.float32)).save(tmp_path / "float.tif")
+    with pytest.raises(UserError, match=r"float.tif.*mode F.*8 or 16 bits"):
+        load_image(tmp_path / "float.tif", (4, 4), 1)
+
+
+def test_a_photos_exif_orientation_is_applied(tmp_path):
+    """A phone photo stored sideways with an orientation tag is read as it is shown."""
+    from PIL import Image
+
+    from lit_transformer.data.captioning import load_image
+
+    stored = Image.new("RGB", (16, 8))  # 16 wide, 8 high; white on the left: shown 8 wide, 16 high, white on top
+    stored.paste((255, 255, 255), (0, 0, 8, 8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    stored.save(tmp_path / "rotated.jpg", exif=exif, quality=100)
+    read = load_image(tmp_path / "rotated.jpg", (16, 8), 1)[0]
+    assert read[:8].mean() > 0.9 and read[8:].mean() < 0.1
+
+
+def test_predict_names_a_corrupt_image_with_predicts_fix(tmp_path):
+    _write_images(tmp_path, ["a.png"])
+    (tmp_path / "b.png").write_bytes((tmp_path / "a.png").read_bytes()[:40])  # cut short
+    dm = CaptioningDataModule(predict_file=str(tmp_path), image_size=(8, 48), cache_dir=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match=r"image .*b.png cannot be read .*remove it from .* or replace it") as error:
+        next(iter(dm.predict_dataloader()))
+    assert "checkpoint" not in str(error.value)
+
+
+def test_validate_test_and_predict_read_images_at_the_checkpoints_size_and_channels():
+    """predict --config presets/caption-digits --ckpt_path A_32x32_MODEL was refused for the preset's image_size (and
+    the message blamed the preset): the model's image_size and image_channels are the only ones it reads."""
+    config = {"source": "patches", "image_size": [32, 32], "image_channels": 3}
+    checkpoint = {"hyper_parameters": {"config": config}, "tokenizer": "{}"}
+    args = {"image_size": (8, 48), "channels": 1, "tokenizer": "bpe"}
+    changed = CaptioningDataModule.trained_args(args, checkpoint, "model.ckpt")
+    assert changed == {"tokenizer": "model.ckpt", "image_size": [32, 32], "channels": 3}
+    same = {"image_size": (32, 32), "channels": 3, "tokenizer": "tok.json"}
+    assert CaptioningDataModule.trained_args(same, checkpoint, "model.ckpt") == {}
+    features = {"hyper_parameters": {"config": {"source": "features", "source_dim": 5}}}
+    assert CaptioningDataModule.trained_args(args, features, "model.ckpt") == {}

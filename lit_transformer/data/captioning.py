@@ -97,6 +97,10 @@ class CaptionSplit:
         return [self.name(i) for i in range(len(self))]
 
 
+TRAINING_FIX = "replace the file, or leave its rows out of the data; the last checkpoint resumes the run"
+PREDICT_FIX = "remove it from predict's folder, or replace it with a readable image, and run predict again"
+
+
 class ImageSource:
     """Reads an image's source when a batch is built: its features (features_dir) or its pixels. An image the dataset
     held is read from the prepared folder's images/ (`held`: found by the prepared folder's name, a content key, so a
@@ -112,6 +116,7 @@ class ImageSource:
         channels: int,
         held: Path | None = None,
         strips: dict[str, DigitStrips] | None = None,
+        fix: str = TRAINING_FIX,
     ) -> None:
         self.images_dir, self.features_dir, self.image_size, self.channels = (
             images_dir,
@@ -119,7 +124,7 @@ class ImageSource:
             image_size,
             channels,
         )
-        self.held, self.strips = held, strips
+        self.held, self.strips, self.fix = held, strips, fix
 
     def path(self, name: str, folder: str | None) -> Path:
         """Where a named image is read from (a dataset's own: the prepared images/; else images_dir or the folder of
@@ -139,22 +144,49 @@ class ImageSource:
                 return load_image(path, self.image_size, self.channels)
             except (UnidentifiedImageError, OSError, SyntaxError) as error:  # in a batch, mid-run: name the file
                 raise DataFileError(
-                    f"image {path} cannot be read ({type(error).__name__}: {error}): replace the file, or leave its "
-                    "rows out of the data; the last checkpoint resumes the run"
+                    f"image {path} cannot be read ({type(error).__name__}: {error}): {self.fix}"
                 ) from error
         return load_features(_feature_file(Path(self.features_dir), path.stem))
 
 
 def load_image(source, size: tuple[int, int], channels: int) -> torch.Tensor:
-    """(channels, height, width) pixels in [0, 1] from a path or a PIL image, resized to `size` (height, width)."""
-    from PIL import Image
+    """(channels, height, width) pixels in [0, 1] from a path or a PIL image, resized to `size` (height, width). A
+    photo's EXIF orientation is applied (it is read as shown, not sideways); 16-bit pixels are scaled to 8 bits
+    (Pillow's convert clips them at 255: almost solid white)."""
+    from PIL import Image, ImageOps
 
     image = source if isinstance(source, Image.Image) else Image.open(source)
+    image = ImageOps.exif_transpose(image)
+    if image.mode.startswith("I") or image.mode == "F":
+        image = _eight_bits(image, source)
     image = image.convert("L" if channels == 1 else "RGB")
     if image.size != (size[1], size[0]):
         image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
     pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)
     return pixels[None] if channels == 1 else pixels.permute(2, 0, 1)
+
+
+def _eight_bits(image, source):
+    """A greyscale image of 16-bit (I;16*) or 32-bit integer (I) pixels as 8-bit (L): each value / 256, an I image
+    whose values all fit 8 bits as they are. Float pixels (F) have no one scale: refused."""
+    from PIL import Image
+
+    where = source if not isinstance(source, Image.Image) else getattr(source, "filename", "") or "the image"
+    if image.mode == "F":
+        raise DataFileError(
+            f"{where}: mode F (32-bit float pixels) has no one scale to 8-bit greyscale; save the image with 8 or 16 "
+            "bits per channel (e.g. a PNG)"
+        )
+    pixels = np.asarray(image).astype(np.int64)
+    low, high = (int(pixels.min()), int(pixels.max())) if pixels.size else (0, 0)
+    if low < 0 or high > 65535:
+        raise DataFileError(
+            f"{where}: mode {image.mode} pixels range {low} to {high}, beyond 16 bits; save the image with 8 or 16 "
+            "bits per channel (e.g. a PNG)"
+        )
+    if image.mode.startswith("I;16") or high > 255:
+        pixels = pixels >> 8  # value / 256
+    return Image.fromarray(pixels.astype(np.uint8), "L")
 
 
 def load_features(path: Path) -> torch.Tensor:
@@ -322,6 +354,23 @@ class CaptioningDataModule(DataModule):
         }
 
     @classmethod
+    def trained_args(cls, args: dict[str, Any], checkpoint: dict[str, Any], path: str) -> dict[str, Any]:
+        """The base's, and the image size and channels of a model that reads pixels (source: patches): its patch grid
+        and first layer take no other, so a preset's or default's value (or a flag's) would only be refused."""
+        changed = super().trained_args(args, checkpoint, path)
+        config = (checkpoint.get("hyper_parameters") or {}).get("config") or {}
+        if dataclasses.is_dataclass(config):
+            config = dataclasses.asdict(config)
+        if config.get("source") != "patches" or not config.get("image_size"):
+            return changed
+        size, channels = [int(side) for side in config["image_size"]], int(config.get("image_channels", 3))
+        if list(args.get("image_size") or ()) != size:
+            changed["image_size"] = size
+        if args.get("channels") != channels:
+            changed["channels"] = channels
+        return changed
+
+    @classmethod
     def longest_sequence(cls, args: dict) -> tuple[str, int]:
         return "max_caption_tokens", args["max_caption_tokens"] + 1  # bos then the caption; the caption then eos
 
@@ -472,7 +521,7 @@ class CaptioningDataModule(DataModule):
         """Batches {"src" (, "src_mask"), "image"} of every image (or feature file) in predict_file, a folder,
         sorted by name."""
         paths = self._predict_paths(self.predict_file, bool(self.features_dir))
-        source = ImageSource(None, None, self.image_size, self.channels)
+        source = ImageSource(None, None, self.image_size, self.channels, fix=PREDICT_FIX)
         if self.features_dir:  # predict's folder holds the feature files themselves
             source = _FeatureFiles()
         collate = self._collate(None, [p.name for p in paths])
@@ -628,17 +677,20 @@ class CaptionStream(RowStream):
             source.table = _undecoded(source.table, image_column)
 
     def routed(self, source_name: str, skip: int = 0) -> Iterator[tuple[str, Caption]]:
+        placed: dict[str, tuple[str, str]] = {}  # an image (its path) a split column placed: (split, the first row)
         for number, row in enumerate(self._rows(self.sources[source_name])):
+            value, caption = row.values[self.image_column], row.values[self.text_column]
+            if isinstance(value, str) and value.strip():  # rows read past too: a later row may disagree with them
+                _check_placement(placed, row, os.path.normpath(value))
             if number < skip:
                 continue
-            value, caption = row.values[self.image_column], row.values[self.text_column]
             data = None
             if isinstance(value, str):
                 if not value.strip():
                     raise DataFileError(
                         f'{row.where} has no "{self.image_column}" value: each row names an image (a path)'
                     )
-                name = value
+                name = os.path.normpath(value)  # ./a.png and a.png are one file: one image, one split
             elif isinstance(value, dict) or _is_pil(value):
                 name, data = embedded_image(value, row.where, self.image_column)
             else:
@@ -662,6 +714,21 @@ class CaptionStream(RowStream):
                     text, name, folder, number, row.nbytes if first else 0, data is not None,
                     data if first else None, row.where,
                 )  # fmt: skip
+
+
+def _check_placement(placed: dict[str, tuple[str, str]], row, name: str) -> None:
+    """Refuse a row whose split column places its image (its path: folder and name) apart from an earlier row's:
+    the image would be in two splits, trained on and scored. Memory: one entry per image a split column places."""
+    given = str(row.values.get("split") or "").strip().lower()
+    if given not in SPLIT_ALIASES:
+        return  # no split column (or a bad value, refused with the row)
+    split, image = SPLIT_ALIASES[given], os.path.join(row.folder or "", name)
+    first = placed.setdefault(image, (split, row.where))
+    if first[0] != split:
+        raise DataFileError(
+            f"{row.where}: image {name!r} has split {split!r}, but {first[1]} placed it in {first[0]!r}: the split "
+            "column places each image, with all its captions; give every row of the image the same split"
+        )
 
 
 def _is_pil(value: Any) -> bool:
@@ -745,26 +812,29 @@ def prepare_captions(
     """Prepare every split of `stream` once (cached by content; resumable; atomic): the captions' ids in shards, each
     image's reference and the caption's text beside them; the prepared folder."""
     info = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_key": tokenizer_key}
-    keys = (tokenizer_key,)
+    keys = (tokenizer_key, "normpath")  # image paths normalised (./a.png is a.png): earlier caches kept them as written
     return prepare(stream, CAPTIONS, (tokenizer,), keys, cache_dir, info, None, None, shard_tokens, workers)
 
 
 class CaptionShards(RecordShards):
     """One prepared split of captions: their ids as labelled texts' (per-batch memory maps), and each caption's JSON
     line [image name, folder, caption] read by a seek to where it starts (8 bytes a caption held). Captions of one
-    image are grouped by a 64-bit hash of its name: images in order of first appearance, `order` their captions."""
+    image are grouped by a 64-bit hash of its name and folder (its path: files of one name in two folders are two
+    images): images in order of first appearance, `order` their captions."""
 
     def __init__(self, directory: Path, index: dict) -> None:
         super().__init__(directory, index)
         self.line_starts: list[np.ndarray] = []
         hashes = np.empty(len(self), dtype=np.uint64)
         at = 0
-        for shard, name in enumerate(self.names):  # one streamed pass: where each line starts, its image name's hash
+        for shard, name in enumerate(self.names):  # one streamed pass: where each line starts, its image's hash
             starts, position = np.empty(len(self.offsets[shard]) - 1, dtype=np.int64), 0
             with open(self.directory / f"{name}.extras.jsonl", "rb") as handle:
                 for i, line in enumerate(handle):
                     starts[i], position = position, position + len(line)
-                    digest = hashlib.blake2b(json.loads(line)[0].encode("utf-8", "surrogatepass"), digest_size=8)
+                    image, folder = json.loads(line)[:2]
+                    key = f"{folder or ''}\0{image}".encode("utf-8", "surrogatepass")
+                    digest = hashlib.blake2b(key, digest_size=8)
                     hashes[at] = int.from_bytes(digest.digest(), "little")
                     at += 1
             self.line_starts.append(starts)
