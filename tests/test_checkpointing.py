@@ -615,3 +615,22 @@ def test_a_preempted_run_logs_the_step_it_stopped_at(tmp_path: Path) -> None:
     fit(tmp_path / "run", "--ckpt_path", "last")
     expected = _logged_steps(tmp_path / "reference", "train/loss")
     assert len(expected) == 8 and _logged_steps(tmp_path / "run", "train/loss") == expected
+
+
+def test_init_from_names_the_architecture_flags_its_weights_replace(tmp_path: Path, caplog) -> None:
+    """`--model.init_from` of a 2-layer checkpoint with `--model.config.n_layers 4` trained 2 layers without a word
+    (the weights fix the architecture): a note names the setting and the weights' value; none where they agree."""
+    import logging
+
+    _tiny_fit(tmp_path / "source", tmp_path / "cache", "--trainer.max_steps", "2")
+    source = str(tmp_path / "source" / "checkpoints" / "last.ckpt")
+    with caplog.at_level(logging.INFO):
+        cli = _tiny_fit(tmp_path / "a", tmp_path / "cache", "--trainer.max_steps", "2", "--model.init_from", source,
+                        "--model.config.n_layers", "4")  # fmt: skip
+    assert cli.model.config.n_layers == 2
+    assert f"note: --model.init_from {source}: the architecture is that of the weights" in caplog.text
+    assert "model.config.n_layers 4 (its: 2)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _tiny_fit(tmp_path / "b", tmp_path / "cache", "--trainer.max_steps", "2", "--model.init_from", source)
+    assert "the architecture is that of the weights" not in caplog.text

@@ -233,6 +233,10 @@ class TransformerCLI(LightningCLIHooks):
             self.datamodule.check_task(task.name, type(task).__name__)
         if trained is not None and hasattr(self.datamodule, "check_trained"):  # before any data is prepared
             self.datamodule.check_trained(*trained, resuming=self.subcommand == "fit")
+        if trained is None and getattr(self.model, "init_from", None):
+            line = init_from_settings_line(config.get("model"), self.model)
+            if line:
+                rank_zero_info(line)
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)
@@ -514,6 +518,22 @@ def unused_settings(model, hparams: dict, training: bool) -> list[tuple[str, obj
     if training and kept is not None and value not in (None, "tokens", kept):
         found.append(("model.loss_normalization", value, kept))
     return found
+
+
+def init_from_settings_line(given, model: Any) -> str | None:
+    """The notice that names the architecture settings of the command line that `--model.init_from` replaced with
+    its own (the weights fix the architecture): they were dropped without a word (`--model.config.n_layers 4` from
+    a 2-layer checkpoint trained 2 layers). Fields the data decides (the vocabulary, the context) are not listed."""
+    built = dataclasses.asdict(model.config)
+    linked = set(TOKENIZER_LINKS) | set(DATA_LINKS) | {"max_seq_len", "tgt_vocab_size"}
+    unused = [u for u in unused_settings(given, {"config": built}, training=False) if u[0].split(".")[-1] not in linked]
+    if not unused:
+        return None
+    listed = "; ".join(f"{key} {value} (its: {kept})" for key, value, kept in unused)
+    return (
+        f"note: --model.init_from {model.init_from}: the architecture is that of the weights, so these settings are not "
+        f"used: {listed}. To train another architecture, leave out init_from (or give a checkpoint of that one)."
+    )
 
 
 def unused_settings_line(path: str, unused: list[tuple[str, object, object]], subcommand: str) -> str:
