@@ -5,6 +5,7 @@ API class of its own, and this module keeps real classes in its annotations (no 
 FastAPI would meet their names as strings where it cannot resolve them).
 """
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -21,7 +22,7 @@ from litserve.specs.openai import (
     TextContent,
     UsageInfo,
 )
-from litserve.utils import LitAPIStatus, azip
+from litserve.utils import LitAPIStatus
 
 from lit_transformer.serving.handlers import (
     MAX_BEAMS,
@@ -131,24 +132,33 @@ class ChatSpec(OpenAISpec):
     async def streaming_completion(self, request: ChatCompletionRequest, pipe_responses: list):
         """LitServe's, but an error in the first event of a choice is raised (chat_completion answers it with its
         status), the chunks carry one id, and each choice's finish_reason is its own."""
-        stream_id, usage, reasons, started = f"chatcmpl-{uuid.uuid4().hex[:24]}", None, ["stop"] * request.n, False
+        stream_id, reasons, started = f"chatcmpl-{uuid.uuid4().hex[:24]}", ["stop"] * request.n, False
+        usages = [UsageInfo() for _ in range(request.n)]  # each choice's counts: its last event carries them
         try:
-            async for events in azip(*pipe_responses):
-                choices, usages = [], []
-                for i, (response, status) in enumerate(events):
+            async for events in every_event(*pipe_responses):
+                choices = []
+                for i, event in enumerate(events):
+                    if event is None:  # this choice ended before the others
+                        continue
+                    response, status = event
                     if status == LitAPIStatus.ERROR:
                         raise response if isinstance(response, HTTPException) else HTTPException(500)
                     encoded = json.loads(response)
                     reasons[i] = encoded.pop("finish_reason", reasons[i])
-                    usages.append(UsageInfo(**encoded))
+                    counted = UsageInfo(**encoded)
+                    if counted.total_tokens:
+                        usages[i] = counted
                     choices.append(ChatCompletionStreamingChoice(index=i, delta=ChoiceDelta(**encoded)))
-                started, usage = True, one_prompt(sum(usages), len(usages))
+                started = True
                 chunk = ChatCompletionChunk(id=stream_id, model=request.model, choices=choices, usage=None)
                 yield f"data: {chunk.model_dump_json(by_alias=True)}\n\n"
             last = [
                 ChatCompletionStreamingChoice(index=i, delta=ChoiceDelta(), finish_reason=reasons[i])
                 for i in range(request.n)
             ]
+            completion = sum(u.completion_tokens or 0 for u in usages)
+            prompt = usages[0].prompt_tokens  # every choice continues the same prompt: counted once
+            usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
             chunk = ChatCompletionChunk(id=stream_id, model=request.model, choices=last, usage=usage)
             yield f"data: {chunk.model_dump_json(by_alias=True)}\n\n"
             yield "data: [DONE]\n\n"
@@ -177,6 +187,27 @@ class ChatSpec(OpenAISpec):
         if answer.usage is not None:
             answer.usage = one_prompt(answer.usage, len(generator_list))
         return answer
+
+
+async def every_event(*streams):
+    """Each choice's events side by side, until every choice has ended (None for one that ended before the others).
+    LitServe's azip stopped at the shortest: with n choices streamed, the longer ones lost their last chunks and
+    their counts."""
+    iterators = [stream.__aiter__() for stream in streams]
+    ended = [False] * len(iterators)
+    while not all(ended):
+        live = [i for i, done in enumerate(ended) if not done]
+        results = await asyncio.gather(*(iterators[i].__anext__() for i in live), return_exceptions=True)
+        events: list[Any] = [None] * len(iterators)
+        for i, result in zip(live, results, strict=True):
+            if isinstance(result, StopAsyncIteration):
+                ended[i] = True
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                events[i] = result
+        if any(event is not None for event in events):
+            yield events
 
 
 def one_prompt(usage: UsageInfo, choices: int) -> UsageInfo:
