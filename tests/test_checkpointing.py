@@ -634,3 +634,19 @@ def test_init_from_names_the_architecture_flags_its_weights_replace(tmp_path: Pa
     with caplog.at_level(logging.INFO):
         _tiny_fit(tmp_path / "b", tmp_path / "cache", "--trainer.max_steps", "2", "--model.init_from", source)
     assert "the architecture is that of the weights" not in caplog.text
+
+
+def test_init_from_with_another_tokenizer_names_the_flag_that_fixes_it(tmp_path: Path) -> None:
+    """Data whose tokenizer is larger than the weights' vocabulary met the vocabulary check first, whose advice
+    (checkpoint['tokenizer']) names no flag; the init_from check, which names `--data.init_args.tokenizer`, now comes
+    first, and no longer speaks of an encoder for a decoder-only model."""
+    from lit_transformer.errors import ConfigError
+
+    _tiny_fit(tmp_path / "source", tmp_path / "cache", "--trainer.max_steps", "2")
+    source = str(tmp_path / "source" / "checkpoints" / "last.ckpt")
+    other = ("--data.init_args.tokenizer", "byte_bpe", "--data.init_args.vocab_size", "512")
+    with pytest.raises(
+        ConfigError,
+        match=f"its embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {source}",
+    ):
+        _tiny_fit(tmp_path / "a", tmp_path / "cache", "--trainer.max_steps", "2", "--model.init_from", source, *other)

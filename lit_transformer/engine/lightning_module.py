@@ -187,11 +187,11 @@ class LitTransformer(L.LightningModule):
         if self.tokenizer is None and data.get("tokenizer") is not None:
             self.tokenizer = data["tokenizer"]
             self.target_tokenizer = data.get("target_tokenizer") or self.tokenizer
-        self._check_tokenizer()
-        if self._init_tokenizer is not None and self.tokenizer is not None:
+        if self._init_tokenizer is not None and self.tokenizer is not None:  # first: it names the flag that fixes it
             from lit_transformer.interop.pretrained import check_same_tokenizer
 
             check_same_tokenizer(self.init_from, self._init_tokenizer, self.tokenizer.to_str())
+        self._check_tokenizer()
         self.task.attach(self, data)
         self.hparams["task"] = self.task.spec()  # what the task resolved from the data (multi_label) is recorded
 

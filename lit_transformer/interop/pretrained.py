@@ -152,8 +152,8 @@ def check_same_tokenizer(init_from: str, expected_json: str, data_tokenizer_json
     if not same_segmentation(data_tokenizer_json, expected_json):
         # The .ckpt or the Marian folder itself names the tokenizer (a folder also its decoder's start token).
         raise ConfigError(
-            f"init_from {init_from} was trained with another tokenizer than this run's data: the encoder's "
-            f"embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {init_from}"
+            f"init_from {init_from} was trained with another tokenizer than this run's data: its embeddings would "
+            f"meet other ids. Use its tokenizer: --data.init_args.tokenizer {init_from}"
         )
 
 
