@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from lit_transformer.engine.schedules import build_schedule, noam, warmup_constant, warmup_cosine, warmup_stable_decay
+from lit_transformer.engine.schedules import (
+    build_schedule,
+    noam,
+    warmup_constant,
+    warmup_cosine,
+    warmup_note,
+    warmup_stable_decay,
+)
 
 
 def _lrs(name: str, steps: int, base_lr: float = 1.0, **kwargs) -> list[float]:
@@ -136,3 +143,39 @@ def test_every_parameter_group_follows_the_schedule_from_its_own_rate():
         assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([1e-3 * factor, 0.02 * factor])
         optimizer.step()
         scheduler.step()
+
+
+def test_under_noam_muon_reaches_muon_lr_at_the_peak_while_adamw_follows_the_papers_formula():
+    """Noam's factor is absolute (d_model^-0.5 * warmup^-0.5 at its peak: 0.0028 at 128 and 4,000), so scaling
+    muon_lr by it ran Muon hundreds of times below the peak rate muon_lr is documented to be. Muon's groups follow
+    Noam's curve over its peak; AdamW's lr still multiplies the paper's formula."""
+    groups = [
+        {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 1.0, "optimizer": "adamw"},
+        {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.02, "optimizer": "muon"},
+    ]
+    optimizer = torch.optim.SGD(groups)
+    d_model, warmup = 128, 40
+    scheduler = build_schedule(optimizer, "noam", warmup_steps=warmup, d_model=d_model)
+    seen = []
+    for step in range(2 * warmup):
+        adamw, muon = (g["lr"] for g in optimizer.param_groups)
+        assert adamw == pytest.approx(noam(step, d_model=d_model, warmup=warmup), rel=1e-12)
+        assert muon == pytest.approx(0.02 * adamw / (d_model**-0.5 * warmup**-0.5), rel=1e-12)
+        seen.append(muon)
+        optimizer.step()
+        scheduler.step()
+    assert max(seen) == pytest.approx(0.02) and seen.index(max(seen)) == warmup - 1
+
+
+@pytest.mark.parametrize(("name", "warmup", "total", "says"), [
+    ("cosine", 100, 50, "never decays"), ("wsd", 30, 30, "never decays"), ("constant", 100, 20, "never reaching"),
+    ("noam", 4000, 200, "never reaching"), ("cosine", 10, 50, None),
+])  # fmt: skip
+def test_a_warmup_as_long_as_the_run_is_noted(name, warmup, total, says):
+    """The default 100 warmup steps with --trainer.max_steps 50 kept the rate rising to the last step, without a
+    word: the peak lr was never reached and the cosine never decayed."""
+    note = warmup_note(name, warmup, total)
+    if says is None:
+        assert note is None
+    else:
+        assert says in note and f"warmup_steps={warmup}" in note and f"--model.optim.warmup_steps {total // 10}" in note

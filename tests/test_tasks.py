@@ -14,6 +14,7 @@ from test_cli import CONFIGS, ROOT, _cli
 from lit_transformer.config import TransformerConfig
 from lit_transformer.engine.lightning_module import LitTransformer
 from lit_transformer.engine.optimizers import Optimization
+from lit_transformer.errors import ConfigError
 from lit_transformer.tasks import (
     IGNORE_INDEX,
     TASKS,
@@ -25,7 +26,7 @@ from lit_transformer.tasks import (
     Translation,
     build_task,
 )
-from lit_transformer.tasks.losses import smoothed_cross_entropy
+from lit_transformer.tasks.losses import classification_loss, smoothed_cross_entropy
 
 ARCHITECTURES = {
     "language_modeling": {},
@@ -91,6 +92,24 @@ def test_a_tasks_spec_rebuilds_it(name: str) -> None:
     assert spec == {"class_path": f"{type(task).__module__}.{type(task).__name__}", "init_args": task.init_args()}
     rebuilt = build_task(spec, _config(name))
     assert type(rebuilt) is type(task) and rebuilt.init_args() == task.init_args()
+
+
+@pytest.mark.parametrize("smoothing", [-0.1, 1.0, 10.0])
+def test_label_smoothing_outside_0_1_is_refused(smoothing: float) -> None:
+    """eps >= 1 weighs the NLL by 1 - eps <= 0, so training pushed the targets' probability down (a typed 10 for 0.1
+    trained on without a word, train perplexity rising); torch's cross_entropy refuses such a value too. Refused when
+    the task is built, and by the losses themselves (the deprecated flat option sets the attribute afterwards)."""
+    for name in TASKS:
+        with pytest.raises(ConfigError, match="label_smoothing"):
+            TASKS[name](label_smoothing=smoothing)
+    logits, labels = torch.randn(2, 3, 5), torch.randint(0, 5, (2, 3))
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        smoothed_cross_entropy(logits, labels, smoothing)
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        classification_loss(logits[:, 0], labels[:, 0], smoothing)
+    with pytest.warns(FutureWarning, match="label_smoothing is deprecated"):  # the deprecated flat option
+        with pytest.raises(ConfigError, match="label_smoothing"):
+            LitTransformer(_config("language_modeling"), label_smoothing=smoothing)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.engine.lightning_compat import compute_dtype, trainer_logs_now
-from lit_transformer.engine.schedules import schedule_length, schedule_length_note
+from lit_transformer.engine.schedules import schedule_length, schedule_length_note, warmup_note
 from lit_transformer.errors import ConfigError
 from lit_transformer.records import process_rss_mb
 from lit_transformer.tasks.losses import IGNORE_INDEX
@@ -191,6 +191,11 @@ class LearningRateLogger(LearningRateMonitor):
             name = module.optim.schedule if length is not None else ""
             note = schedule_length_note(name, self._resumed_length, length, trainer.global_step, scheduler[0].scheduler)
             if note:
+                rank_zero_info(note)
+            optim = module.optim
+            total = length if length is not None else trainer.max_steps
+            note = warmup_note(optim.schedule, optim.warmup_steps, total)
+            if note and trainer.global_step == 0:
                 rank_zero_info(note)
         if trainer.loggers:
             super().on_train_start(trainer, *args, **kwargs)

@@ -59,9 +59,11 @@ class Optimization:
     """wsd: how the decay falls from lr to min_lr_ratio * lr: linear, or 1-sqrt (1 - sqrt(progress): Hägele et al.'s
     best)."""
     muon_lr: float = 0.02
-    """muon: peak learning rate of the hidden matrices (the schedule scales it as it scales lr). torch's convention:
-    a matrix's orthogonalised update (unit singular values) is scaled by muon_lr * sqrt(max(1, rows / columns))
-    with muon_adjust_lr=original (Keller Jordan's Muon; 0.02 its default, the speedrun's 0.05)."""
+    """muon: peak learning rate of the hidden matrices (the schedule scales it as it scales lr; under noam, whose
+    factor is absolute, by Noam's curve over its peak). torch's convention: a matrix's orthogonalised update (unit
+    singular values) is scaled by muon_lr * sqrt(max(1, rows / columns)) with muon_adjust_lr=original (Keller
+    Jordan's Muon; 0.02 its default, the speedrun's 0.05). A fused weight (attention's query-key-value, a gated
+    MLP's two halves) is orthogonalised as one matrix, where Keller Jordan's code splits the query-key-value."""
     muon_momentum: float = 0.95
     """muon: momentum of the hidden matrices' updates (after the warm-up below)."""
     muon_nesterov: bool = True

@@ -18,7 +18,7 @@ from lit_transformer.tasks.base import Loss, Task, data_fields
 from lit_transformer.tasks.captioning import Captioning
 from lit_transformer.tasks.classification import Classification
 from lit_transformer.tasks.language_modeling import LanguageModeling
-from lit_transformer.tasks.losses import IGNORE_INDEX
+from lit_transformer.tasks.losses import IGNORE_INDEX, check_label_smoothing
 from lit_transformer.tasks.masked_lm import MaskedLM
 from lit_transformer.tasks.translation import Translation
 
@@ -124,5 +124,6 @@ def build_task(task: Task | str | dict | None, config: TransformerConfig, **depr
             stacklevel=3,
         )
         setattr(obj, name, value)
+    check_label_smoothing(obj.label_smoothing)  # the deprecated flat option bypassed the task's own check
     obj.check_config(config)
     return obj

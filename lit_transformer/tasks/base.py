@@ -25,7 +25,7 @@ import torch
 
 from lit_transformer.data.text import encode_input
 from lit_transformer.errors import ConfigError
-from lit_transformer.tasks.losses import IGNORE_INDEX, smoothed_cross_entropy
+from lit_transformer.tasks.losses import IGNORE_INDEX, check_label_smoothing, smoothed_cross_entropy
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -148,6 +148,7 @@ class Task(torch.nn.Module):
             label_smoothing: Label smoothing of the loss (the paper's 0.1); perplexity is always the unsmoothed one.
         """
         super().__init__()
+        check_label_smoothing(label_smoothing)
         self.label_smoothing = label_smoothing
 
     # ---- identity ---------------------------------------------------------------------------------------------------

@@ -12,8 +12,20 @@ import torch
 import torch.nn.functional as F
 
 from lit_transformer.data.text import IGNORE_INDEX
+from lit_transformer.errors import ConfigError
 
-__all__ = ["IGNORE_INDEX", "smoothed_cross_entropy"]
+__all__ = ["IGNORE_INDEX", "check_label_smoothing", "smoothed_cross_entropy"]
+
+
+def check_label_smoothing(smoothing: float) -> None:
+    """Refuse a smoothing outside [0, 1): the loss (1 - eps) * NLL + eps * uniform then weighs the NLL by zero or less,
+    and training pushes the targets' probability down (torch's cross_entropy refuses such a value too)."""
+    if not 0.0 <= smoothing < 1.0:
+        raise ConfigError(
+            f"model.task.init_args.label_smoothing={smoothing} must lie in [0, 1) (the paper's 0.1): at 1 or above "
+            "the loss no longer rewards the target, below 0 it is no smoothing",
+            keys=["model.task.init_args.label_smoothing"],
+        )
 
 
 def smoothed_cross_entropy(
@@ -22,8 +34,9 @@ def smoothed_cross_entropy(
     """(training loss, NLL, token count), the losses summed over the non-ignored labels.
 
     Per token, the smoothed loss is (1 - eps) * -log p(target) + eps * mean over the vocabulary of -log p(v): the
-    target distribution gives eps / V to every id, special tokens included, as fairseq and torch's
-    ``cross_entropy(label_smoothing=eps)`` do (the Annotated Transformer zeroes the pad column instead). We keep the
+    target distribution gives eps / V to every id, special tokens included, as torch's
+    ``cross_entropy(label_smoothing=eps)`` does (fairseq's label_smoothed_nll_loss gives the target 1 - eps and every
+    other id eps / (V - 1); the Annotated Transformer zeroes the pad column). We keep the
     whole vocabulary because the loss then does not depend on which ids a tokenizer reserves, it matches torch's
     definition, and the mass a special token receives, eps / V, is negligible; padding is never a label, so it is never
     taught as an output. Perplexity comes from the NLL, so label smoothing never inflates it.
@@ -32,6 +45,7 @@ def smoothed_cross_entropy(
     that keeps one fewer (tokens, vocabulary) fp32 buffer than a gather of the target log-probabilities (measured:
     250 MB less at 4,096 tokens x 16,000 ids, the excess the CLI's step showed on a GPU).
     """
+    check_label_smoothing(smoothing)
     logits = logits.reshape(-1, logits.size(-1))
     labels = labels.reshape(-1)
     keep = labels != IGNORE_INDEX
@@ -61,6 +75,7 @@ def classification_loss(
     Multi-label: binary cross-entropy of (B, C) logits against (B, C) 0/1 targets, summed over labels per example
     (smoothing pulls targets towards 1/2; class_weights weigh each label's term); the weight is the example count.
     """
+    check_label_smoothing(smoothing)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if multi_label:
         targets = labels.to(logits.dtype)
