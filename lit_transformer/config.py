@@ -538,7 +538,8 @@ class GenerationConfig:
     waits until no live beam, scored at the current length, could beat the worst of them (Hugging Face's default)."""
     repetition_penalty: float = 1.0
     """Above 1, the logits of tokens already in the sequence (prompt included) shrink: divided by it when positive,
-    multiplied when negative (Keskar et al. 2019, as Hugging Face does)."""
+    multiplied when negative (Keskar et al. 2019, as Hugging Face does; with num_beams above 1 the logits are
+    penalised before the log-softmax, where Hugging Face's beam search penalises the log-probabilities)."""
     stop: list[str] = dataclasses.field(default_factory=list)
     """Stop strings: a row ends when its generated text contains one, which is cut from the output (text commands)."""
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
@@ -552,8 +553,8 @@ class GenerationConfig:
     window_keep: int | None = None
     """decoder_only, once a sequence outgrows max_seq_len: the model conditions on its last max_seq_len tokens; with
     the KV cache, the window is refilled from its last window_keep tokens and then grows again, so the cost of a
-    slide is paid once per (max_seq_len - window_keep) tokens. None keeps half the context; max_seq_len - 1 crops
-    to exactly the last max_seq_len tokens before every token (nanoGPT's rule, one full window pass per token)."""
+    slide is paid once per (max_seq_len - window_keep) tokens. None keeps half the context; max_seq_len crops to
+    exactly the last max_seq_len tokens before every token (nanoGPT's rule, one full window pass per token)."""
     seed: int | None = None
     """Seed of the sampling generator; None draws from torch's global generator."""
     use_cache: bool = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,7 +216,7 @@ def _generation(args, loaded: LoadedModel) -> GenerationConfig:
     is printed; sampling flags that beam search does not read are named in a note."""
     gen = _settings(args, loaded.task)
     check_for_model(gen, loaded.config)
-    unread = [f"--{name}" for name in SAMPLING if gen.num_beams > 1 and args.get(name) is not None]
+    unread = [f"--{name}" for name in SAMPLING if gen.num_beams > 1 and name in args]
     if unread:
         verb = "is" if len(unread) == 1 else "are"
         _note(f"--num_beams {gen.num_beams} decodes deterministically: {', '.join(unread)} {verb} not read")
@@ -229,13 +230,19 @@ def typed_escapes(text: str) -> str:
 
 
 def _settings(args, task: type[Task] | Task) -> GenerationConfig:
-    values = {f.name: args[f.name] for f in dataclasses.fields(GenerationConfig)}
+    # The flags given (null included: --top_k null keeps every token, --max_source_offset null lifts the +50 cap)
+    # over the task's defaults; a flag left unset is not in args.
+    values = {f.name: args[f.name] for f in dataclasses.fields(GenerationConfig) if f.name in args}
+    hints = typing.get_type_hints(GenerationConfig)
+    for name in [name for name, value in values.items() if value is None]:
+        if type(None) not in typing.get_args(hints[name]):  # null for a field that has no None: its default
+            del values[name]
     for name in ("stop", "stop_token_ids"):
-        if values[name] is not None and not isinstance(values[name], list):
-            values[name] = [values[name]]
-    if values["stop"]:  # --stop "\n\n" means two newlines, as a person typing it means
+        if name in values and not isinstance(values[name], list):
+            values[name] = [] if values[name] is None else [values[name]]
+    if values.get("stop"):  # --stop "\n\n" means two newlines, as a person typing it means
         values["stop"] = [typed_escapes(s) for s in values["stop"]]
-    return GenerationConfig.for_task(task, **values)
+    return GenerationConfig.for_task(task).replace(**values)
 
 
 def _check_command(loaded: LoadedModel, command: str) -> None:
@@ -348,7 +355,8 @@ def run_generate(args) -> None:
                     stream(torch.tensor([token]))
                 sys.stdout.write(stream.texts()[0])
             else:
-                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, [], echo=sys.stdout)
+                stops = text_stop_ids(loaded.config, gen)  # the EOS ends the text, as in predict and serve
+                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, stops, echo=sys.stdout)
                 tokens = torch.tensor([ids], device=loaded.device)
                 loaded.model.generate(tokens, gen, generator=generator, streamer=stream)
                 stream.finish()

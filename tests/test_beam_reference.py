@@ -1,10 +1,11 @@
 """The vectorised beam search against a plain reference written here: Python loops over candidates, one row at a
 time, the model's full forward pass at every step (no cache, no batching, no masks).
 
-Both follow the same rules: each step keeps the num_beams best continuations that do not end in EOS; an EOS among
-the num_beams best candidates makes a hypothesis scored log p / lp(length) (length ** alpha, or GNMT's
-((5 + length) / 6) ** alpha); a row stops once it holds num_beams hypotheses and (unless early stopping) its best live
-beam, normalised at the current length, cannot beat the worst; at the step limit the live beams compete too. docs/performance.md's "identical to the loop version" claim is this test.
+Both follow the same rules: each step keeps the num_beams best continuations that do not end in a stop id (EOS, or
+any of stop_token_ids); a stop among the num_beams best candidates makes a hypothesis scored log p / lp(length)
+(length ** alpha, or GNMT's ((5 + length) / 6) ** alpha); a row stops once it holds num_beams hypotheses and (unless
+early stopping) its best live beam, normalised at the current length, cannot beat the worst; at the step limit the
+live beams compete too, also with hypotheses that finish at that very step. docs/performance.md's "identical to the loop version" claim is this test.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def reference_beam_search(
     eos: int | None,
     form: str = "length",
     early_stopping: bool = False,
+    stop_token_ids: tuple[int, ...] = (),
 ) -> list[int]:
-    """One row (1, S); returns the best hypothesis's tokens (ending in EOS unless it ran out of steps)."""
+    """One row (1, S); returns the best hypothesis's tokens (ending in a stop id unless it ran out of steps)."""
+    stops = {eos, *stop_token_ids}
 
     def lp(length: int) -> float:  # written out here, not imported: the reference must not share the code it checks
         return ((5 + length) / 6) ** length_penalty if form == "gnmt" else length**length_penalty
@@ -60,12 +63,16 @@ def reference_beam_search(
                 candidates.append((score + log_p, prefix + [token]))
         candidates.sort(key=lambda c: -c[0])
         live = []
-        for rank, (score, sequence) in enumerate(candidates[: 2 * beams]):
-            if sequence[-1] == eos:
+        for rank, (score, sequence) in enumerate(candidates):  # however many stops come first
+            if sequence[-1] in stops:
                 if rank < beams:
                     add(score / lp(length), sequence)
             elif len(live) < beams:
                 live.append((score, sequence))
+            if rank >= beams and len(live) == beams:
+                break
+        if length == max_new:
+            break
         if len(hypotheses) == beams and (early_stopping or hypotheses[-1][0] >= live[0][0] / lp(length)):
             return hypotheses[0][1]
     for score, sequence in live:
@@ -121,3 +128,42 @@ def test_vectorised_beam_search_equals_the_reference_loop(
         ended += expected[-1] == eos
     if eos_kind == "frequent":
         assert ended > 0  # the case exercises hypotheses that end in EOS
+
+
+def _first_token_logits(model: Transformer, sources: torch.Tensor) -> torch.Tensor:
+    if model.config.is_encoder_decoder:
+        return model(sources, torch.full((len(sources), 1), model.config.bos_token_id))[:, -1]
+    return model(sources)[:, -1]
+
+
+@pytest.mark.parametrize("topology", ["decoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("beams", [2, 3])
+def test_a_beam_that_ends_at_a_stop_id_is_never_continued(topology, beams):
+    """Several stop ids can fill more than num_beams of the 2 * num_beams best candidates: the live beams are still
+    the num_beams best candidates that end in no stop id (a stop candidate kept as a live beam ran on past its stop)."""
+    model = build({"topology": topology}, init_std=0.3)
+    sources = tokens(3, 5, seed=11)
+    with torch.no_grad():
+        first = _first_token_logits(model, sources)
+    for row in range(3):
+        # The 2nd to (2 * beams)-th likeliest first tokens stop: the best candidates of step 1 are nearly all stops.
+        stops = first[row].topk(2 * beams).indices[1:].tolist()
+        source = sources[row : row + 1]
+        got = model.generate(source, max_new_tokens=NEW, num_beams=beams, eos_token_id=-1, stop_token_ids=stops)
+        expected = reference_beam_search(model, source, NEW, beams, 1.0, -1, stop_token_ids=tuple(stops))
+        assert got[0].tolist()[: len(expected)] == expected, (row, stops)
+        assert not set(got[0].tolist()[: len(expected) - 1]) & set(stops), "a beam ran on past a stop id"
+
+
+@pytest.mark.parametrize("topology", ["decoder_only", "encoder_decoder"])
+def test_live_beams_at_the_limit_compete_with_the_hypotheses_that_finish_there(topology):
+    """With early stopping, the num_beams-th hypothesis can finish at the very step the row reaches its length
+    limit: the live beams, complete at that length too, still compete (the best of them can score higher)."""
+    model = build({"topology": topology}, init_std=0.3)
+    sources = tokens(3, 5, seed=11)
+    greedy = model.generate(sources, max_new_tokens=NEW, eos_token_id=-1).T.flatten().tolist()
+    for beams, new, eos in itertools.product([2, 3, 4], range(2, 6), list(dict.fromkeys(greedy))[:6]):
+        out = model.generate(sources, max_new_tokens=new, num_beams=beams, eos_token_id=eos, early_stopping=True)
+        for row in range(3):
+            expected = reference_beam_search(model, sources[row : row + 1], new, beams, 1.0, eos, early_stopping=True)
+            assert out[row].tolist()[: len(expected)] == expected, (beams, new, eos, row)

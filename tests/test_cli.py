@@ -466,6 +466,32 @@ def test_generate_runs_past_the_context_and_serves_people(tiny_run: Path):
     assert out.startswith("\n") and len(out) > 1
 
 
+@pytest.mark.parametrize("num_beams", ["1", "2"])
+def test_generate_s_text_ends_before_the_eos_token_id_it_is_given(tiny_run: Path, num_beams):
+    """--eos_token_id naming a token the model writes ends the text before it, greedy or beams, as predict's and
+    serve's rows end: greedy decoding printed that token's text too."""
+    import torch
+
+    from lit_transformer.inference import load_model
+
+    checkpoint = str(tiny_run / "checkpoints" / "last.ckpt")
+    loaded = load_model(checkpoint)
+    common = ["--max_new_tokens", "12", "--temperature", "0", "--num_beams", num_beams]
+    special = {loaded.config.pad_token_id, loaded.config.bos_token_id, loaded.config.eos_token_id}
+    for text in ("ROMEO:", "The king is ", "And "):  # a prompt the briefly trained model continues with text
+        ids = torch.tensor([loaded.encode(text)])
+        free = loaded.model.generate(ids, max_new_tokens=12, eos_token_id=-1, num_beams=int(num_beams))[0].tolist()
+        written = [t for t in free if t not in special]
+        if written:
+            break
+    eos = written[0]  # the first token with text of its own
+    out = _cli("generate", "--checkpoint", checkpoint, "--prompt", text, "--eos_token_id", str(eos), *common,
+               cwd=tiny_run).stdout  # fmt: skip
+    ended = loaded.model.generate(ids, max_new_tokens=12, eos_token_id=eos, num_beams=int(num_beams))[0].tolist()
+    expected = loaded.target_tokenizer.decode(ended[: ended.index(eos)], skip_special_tokens=True)
+    assert out == text + expected + "\n", (out, expected, loaded.target_tokenizer.decode([eos]))
+
+
 @pytest.mark.parametrize(
     "flags, refusal",
     [
@@ -499,6 +525,30 @@ def test_generate_names_the_sampling_flags_beam_search_does_not_read(tiny_run: P
     result = _cli(*common, "--top_k", "5", "--temperature", "0.5", cwd=tiny_run)
     assert "note: --num_beams 2 decodes deterministically: --temperature, --top_k are not read" in result.stderr
     assert "note:" not in _cli(*common, cwd=tiny_run).stderr  # the task's sampling defaults are not the user's
+
+
+@pytest.mark.parametrize(
+    ("command", "argv", "field", "value"),
+    [
+        ("translate", [], "max_source_offset", 50),
+        ("translate", ["--max_source_offset", "null"], "max_source_offset", None),
+        ("translate", ["--max_source_offset", "7"], "max_source_offset", 7),
+        ("generate", [], "top_k", 50),
+        ("generate", ["--top_k", "null"], "top_k", None),
+        ("generate", ["--temperature", "null"], "temperature", 0.8),  # a field without None: its default
+    ],
+)
+def test_a_decoding_flag_given_as_null_replaces_the_task_default(command, argv, field, value):
+    """--help says max_source_offset None bounds a translation by max_new_tokens alone and top_k None keeps every
+    token: given as null, both were dropped as if unset, and the task's +50 cap and top-k 50 stayed."""
+    from lit_transformer.cli.arguments import parse
+    from lit_transformer.cli.model_commands import decoding_parser
+    from lit_transformer.inference import _settings
+    from lit_transformer.tasks import LanguageModeling, Translation
+
+    args = parse(decoding_parser(command, command), ["--checkpoint", "x.ckpt", *argv])
+    task = Translation if command == "translate" else LanguageModeling
+    assert getattr(_settings(args, task), field) == value
 
 
 def test_generate_refuses_a_missing_checkpoint_or_another_kind_of_file(tmp_path: Path):

@@ -329,6 +329,32 @@ def test_stop_token_ids_end_rows_like_eos_and_a_streamer_sees_every_step():
         model.generate(x, max_new_tokens=NEW, num_beams=2, streamer=streamer)
 
 
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_without_a_pad_token_or_eos_rows_that_stop_early_are_filled_with_real_ids(num_beams):
+    """A model without a pad token (a Hugging Face GPT-2 or Llama folder) decoding with eos_token_id=-1 and a stop
+    id or stop string: a row that ends before the others is filled with the model's EOS, not with -1 (which the
+    next step fed to the embedding: IndexError, and beam search returned as a token)."""
+    model = peaky({"topology": "decoder_only"}, pad_token_id=None)
+    x = prompt(model)
+    free = model.generate(x, max_new_tokens=NEW, eos_token_id=-1)
+    stop = free[0, 1].item()
+    assert stop not in free[1].tolist()  # row 1 runs on after row 0 has stopped
+    out = model.generate(x, max_new_tokens=NEW, eos_token_id=-1, stop_token_ids=[stop], num_beams=num_beams)
+    assert (out >= 0).all()
+    first = out[0].tolist().index(stop)
+    assert (out[0, first + 1 :] == model.config.eos_token_id).all()
+    if num_beams == 1:
+        assert out[0, : first + 1].tolist() == free[0, : first + 1].tolist() and torch.equal(out[1], free[1])
+    # predict's and serve's rows: the filling is not the row's
+    from lit_transformer.config import GenerationConfig
+    from lit_transformer.tasks.base import generation_rows
+
+    gen = GenerationConfig(max_new_tokens=NEW, eos_token_id=-1, stop_token_ids=[stop], num_beams=num_beams)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    rows = generation_rows(model, _numbered_tokenizer(model.config.tgt_vocab_size), gen, x, mask, ["a", "b"])
+    assert rows[0]["tokens"] == out[0, : first + 1].tolist()
+
+
 def test_filter_logits_top_k_and_top_p():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
     assert torch.isinf(filter_logits(logits, top_k=2)[0, 2:]).all()

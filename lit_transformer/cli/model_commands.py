@@ -12,7 +12,7 @@ import typing
 from collections.abc import Sequence
 from typing import Literal
 
-from jsonargparse import ArgumentParser
+from jsonargparse import SUPPRESS, ArgumentParser
 from jsonargparse.typing import PositiveInt
 
 from lit_transformer.cli.arguments import command_parser, parse
@@ -49,7 +49,8 @@ def decoding_parser(command: str, description: str) -> ArgumentParser:
         hint = hints[field.name]
         if typing.get_origin(hint) is list:  # one value may be given without list syntax: --stop END
             hint = hint | typing.get_args(hint)[0]
-        parser.add_argument(f"--{field.name}", type=hint | None, default=None, help=docs[field.name])
+        # Unset flags stay out of the namespace (a given null, as --max_source_offset null, replaces the task's value).
+        parser.add_argument(f"--{field.name}", type=hint | None, default=SUPPRESS, help=docs[field.name])
     return parser
 
 

@@ -329,6 +329,8 @@ def plan_decoding(
     stops = check_for_model(gen, cfg)
     eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
     fill = cfg.pad_token_id if cfg.pad_token_id is not None else eos
+    if fill == -1:  # eos_token_id=-1 (no EOS) on a model without a pad token: fill with a real id, the model's EOS
+        fill = cfg.eos_token_id
     max_new, limit = gen.max_new_tokens, None
     if cfg.is_encoder_decoder:
         context = cfg.max_seq_len - 1  # BOS takes the first of the decoder's max_seq_len positions
@@ -498,6 +500,7 @@ def _beam_search(
         model, input_ids, attention_mask, max_new_tokens, expand=K, use_cache=gen.use_cache, window_keep=gen.window_keep
     )
     V = decoder.logits.shape[-1]
+    n_stops = 0 if stop_ids is None else int((stop_ids >= 0).sum())
     penalty = RepetitionPenalty(gen.repetition_penalty, decoder.tokens, decoder.keep, V)
     limit = torch.full((B,), max_new_tokens, device=device) if limit is None else limit
     scores = torch.zeros(B, K, device=device)
@@ -511,8 +514,12 @@ def _beam_search(
     logits = decoder.logits
     for step in range(max_new_tokens):
         length = step + 1
+        # Rows reaching their length limit now, judged before this step's stops end any: their live beams compete
+        # with those stops (a row that fills its num_beams hypotheses at its limit still weighs its live beams).
+        at_limit = (limit <= length) & ~done
         candidates = (scores[..., None] + penalty(logits).log_softmax(dim=-1).view(B, K, V)).view(B, K * V)
-        top_scores, top_ids = candidates.topk(2 * K, dim=1)  # enough that K live beams survive any stop among them
+        # Enough candidates that K live beams survive the stops among them: each beam gives at most n_stops stops.
+        top_scores, top_ids = candidates.topk(min((1 + max(1, n_stops)) * K, K * V), dim=1)
         top_beams, top_tokens = top_ids // V, top_ids % V
         is_stop = torch.isin(top_tokens, stop_ids) if stop_ids is not None else torch.zeros_like(top_tokens).bool()
         # A stop token among the K best ends a hypothesis (rare: a short Python loop over those only).
@@ -536,7 +543,7 @@ def _beam_search(
         else:
             done |= worst >= scores[:, 0] / lp(length)
         # Rows at their length limit: their live beams compete as they are.
-        for b in ((limit <= length) & ~done).nonzero().view(-1).tolist():
+        for b in at_limit.nonzero().view(-1).tolist():
             for k in range(K):
                 if (score := scores[b, k].item()) > float("-inf"):
                     _add_hypothesis(hypotheses[b], score / lp(length), generated[b * K + k], K)

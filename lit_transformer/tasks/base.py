@@ -110,12 +110,13 @@ def generation_rows(
     else:  # beam search settles its tokens at the end: replay them through the same stop rules
         for step_tokens in model.generate(input_ids, generation, attention_mask=attention_mask).T:
             stream(step_tokens)
-    pad = model.config.pad_token_id
+    # What decoding fills a finished row with: pad, else the EOS (the model's, where eos_token_id is -1).
+    fill = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
     out = []
     for text, output, tokens in zip(texts, stream.texts(), stream.ids, strict=True):
-        # A row that ended before the batch's longest (its length limit, a stop id) is filled with pad to that length:
-        # the filling is not the row's (it was written into "tokens" while the text, skipping it, read right).
-        while pad is not None and pad != eos_id and tokens and tokens[-1] == pad:
+        # A row that ended before the batch's longest (its length limit, a stop id) is filled to that length: the
+        # filling is not the row's (it was written into "tokens" while the text, skipping it, read right).
+        while fill is not None and fill != eos_id and tokens and tokens[-1] == fill:
             tokens.pop()
         out.append({"input": text, "output": output, "tokens": tokens})
     return out
