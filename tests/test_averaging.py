@@ -205,3 +205,20 @@ def test_fit_refuses_to_resume_from_an_average_and_names_init_from(tmp_path, tok
         CheckpointError, match="holds weights only \\(an average of 2 checkpoints\\).*--model.init_from"
     ):
         run_cli(["fit", "--config", tiny, "--ckpt_path", str(tmp_path / "avg.ckpt"), "--trainer.logger", "false"])
+
+
+def test_lora_adapters_of_another_alpha_are_refused(tmp_path, tokenizer_json):
+    """Two LoRA checkpoints of one base and rank but another lora.alpha hold factors of the same shapes that mean
+    different updates (alpha / rank B A): averaged, the mean was read with the newest's alpha, without a word."""
+    paths = []
+    for step, alpha in ((100, 16.0), (200, 64.0), (300, 16.0)):
+        path = _write(tmp_path / f"{step}.ckpt", step, tokenizer_json)
+        checkpoint = torch.load(path)
+        checkpoint["lora"] = {"base": "base.ckpt", "fingerprint": "0" * 16}
+        checkpoint["hyper_parameters"]["lora"] = {"rank": 8, "alpha": alpha, "dropout": 0.0,
+                                                  "target_modules": ["qkv"], "trainable": []}  # fmt: skip
+        torch.save(checkpoint, path)
+        paths.append(path)
+    assert average_checkpoints([paths[0], paths[2]])["hyper_parameters"]["lora"]["alpha"] == 16.0
+    with pytest.raises(CheckpointError, match=r"different lora.alpha \(64.0 and 16.0\)"):
+        average_checkpoints(paths)

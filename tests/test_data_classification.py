@@ -229,3 +229,18 @@ def test_a_class_whose_only_rows_were_carved_out_names_the_carving(tmp_path):
     ):
         for split in ("validation", "test"):
             dm.label_ids(split)
+
+
+def test_rows_left_out_for_a_blank_text_or_label_are_counted_in_a_warning(tmp_path):
+    """A test file of 12 rows, 4 of them unlabelled, was scored on 8 without a word (translation warns of its pairs
+    with an empty side)."""
+    folder = write(tmp_path / "data", "jsonl")
+    test = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]
+    for row in test[:3]:
+        row["label"] = ""
+    test[3]["text"] = "  "
+    (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in test))
+    with pytest.warns(UserWarning, match=r"left out 4 rows with a blank 'text' or an empty 'label' \(test: 4\)"):
+        dm = make(tmp_path, folder)
+        dm.setup()
+    assert len(dm._datasets["test"]) == 8

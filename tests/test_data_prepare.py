@@ -4,6 +4,7 @@ bounded tokenizer samples, too-small corpora; and the elastic training stream's 
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 
@@ -13,9 +14,18 @@ import pytest
 import torch
 
 from lit_transformer import TransformerConfig
-from lit_transformer.data import LanguageModelingDataModule, encode_worker, language_modeling, loaders, shards, sources
+from lit_transformer.data import (
+    LanguageModelingDataModule,
+    cache,
+    encode_worker,
+    language_modeling,
+    loaders,
+    shards,
+    sources,
+)
 from lit_transformer.data.loaders import BlockStreamLoader, permute
 from lit_transformer.data.text import train_tokenizer
+from lit_transformer.errors import WriteError
 
 WORDS = "now is the winter of our discontent made glorious summer by this sun of york".split()
 
@@ -231,6 +241,50 @@ def test_a_second_prepare_is_a_cache_hit_keyed_by_content(tmp_path, monkeypatch)
     monkeypatch.undo()
     write(tmp_path, "jsonl", docs[:-1] + ["a changed last paragraph\n"])
     assert make(tmp_path, path).prepare() != first
+
+
+def test_a_file_edited_in_place_with_its_size_and_mtime_kept_is_prepared_again(tmp_path):
+    docs = paragraphs(220)
+    path = write(tmp_path, "jsonl", docs)
+    before = make(tmp_path, path).texts()["train"]
+    i, j = [k for k, doc in enumerate(docs) if doc in before][:2]
+    stat = os.stat(path)
+    docs[i], docs[j] = docs[j], docs[i]  # the same bytes in another order: the same size, the same tokenizer
+    write(tmp_path, "jsonl", docs)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the old modification time back (touch -d, cp -p)
+    assert os.stat(path).st_size == stat.st_size
+    after = make(tmp_path, path).texts()["train"]
+    assert after.index(docs[i]) < after.index(docs[j])  # the file's new order, not the stale shards' old one
+
+
+class ReadOnlyLock:
+    """A FileLock in a folder that cannot be written (a read-only mount, no permission)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def acquire(self) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", self.path)
+
+    def __enter__(self) -> ReadOnlyLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def test_an_unwritable_cache_is_named_with_the_fix_and_a_prepared_one_still_serves(tmp_path, monkeypatch):
+    path = write(tmp_path, "jsonl", paragraphs(220))
+    with monkeypatch.context() as patched:
+        patched.setattr(cache, "FileLock", ReadOnlyLock)
+        with pytest.raises(WriteError, match=r"cannot write the data cache: .*cache.*--data\.init_args\.cache_dir"):
+            make(tmp_path, path).prepare()
+    root = make(tmp_path, path).prepare()  # prepared where the cache is writable
+    (tmp_path / "cache" / "file-hashes.json").unlink()  # another node: the files' hashes are not known there
+    monkeypatch.setattr(cache, "FileLock", ReadOnlyLock)
+    dm = make(tmp_path, path)
+    assert dm.prepare() == root and len(dm._prepared()["train"]) > 0
 
 
 def test_the_tokenizer_trains_on_a_bounded_sample(tmp_path, monkeypatch):

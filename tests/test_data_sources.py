@@ -3,6 +3,7 @@ the one held-out carving, and the errors that name what is wrong and the fix."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import re
@@ -372,7 +373,8 @@ def test_a_file_beside_split_files_that_names_no_split_is_named_as_training_text
     assert sorted(Path(f).name for f in stream.sources["train"].files) == ["README.md", "eval.txt", "train.txt"]
     told = [str(w.message) for w in caught if "read as training text" in str(w.message)]
     assert told == [f"{folder}: README.md, eval.txt are read as training text: a file's name picks its split when it "
-                    "starts with train, valid, validation, val, dev, test; rename or move the others"]  # fmt: skip
+                    "starts with train, valid, validation, val, dev, test (or a folder of that name holds it); rename "
+                    "or move the others"]  # fmt: skip
     shards = tmp_path / "shards"
     shards.mkdir()
     for name in ("part-1.txt", "part-2.txt"):  # no file names a split: all training text, as documented
@@ -381,6 +383,20 @@ def test_a_file_beside_split_files_that_names_no_split_is_named_as_training_text
         warnings.simplefilter("always")
         CorpusStream(str(shards))
     assert not [w for w in caught if "read as training text" in str(w.message)]
+
+
+@pytest.mark.parametrize("spec", ["reviews", "reviews/**/*.jsonl"])
+def test_files_in_folders_named_after_splits_are_those_splits(tmp_path, spec):
+    """reviews/train/part-0.jsonl and reviews/test/part-0.jsonl (Hugging Face's layout of a split a folder): the test
+    rows were trained on without a word, and validation and test were carved from train and test together."""
+    for split, n in (("train", 60), ("test", 8)):
+        (tmp_path / "reviews" / split).mkdir(parents=True)
+        rows = [{"text": f"{split} review {i}", "label": ["pos", "neg"][i % 2]} for i in range(n)]
+        (tmp_path / "reviews" / split / "part-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stream = LabelledStream(str(tmp_path / spec))
+    assert [r.text for r in stream.records_of("test")] == [f"test review {i}" for i in range(8)]
+    assert stream.missing == ["validation"]
+    assert not [r for r in stream.records_of("train") if r.text.startswith("test")]
 
 
 @pytest.mark.parametrize(
@@ -405,3 +421,42 @@ def test_a_field_that_starts_with_a_quote_of_text_is_named_with_the_fix(tmp_path
     with pytest.raises(sources.DataFileError, match=r"train\.tsv:3 .*a field that starts with a double quote is read"):
         stream = LabelledStream(str(tmp_path / "train.tsv"))
         list(stream.records_of("train"))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_field_longer_than_the_csv_modules_default_limit_is_read(tmp_path, suffix):
+    """A legal file with one text of 200,000 characters (a long document, a book chapter) was refused as "not a CSV
+    row (field larger than field limit (131072)); is the file CSV text?": Python's csv module stops there by default."""
+    delimiter = "\t" if suffix == ".tsv" else ","
+    long = "a long line, " * 16_000 if suffix == ".csv" else "a long line " * 16_000
+    cell = f'"{long}"' if suffix == ".csv" else long
+    path = tmp_path / f"data{suffix}"
+    path.write_text(f"text{delimiter}label\n{cell}{delimiter}pos\nshort{delimiter}neg\n")
+    rows = [row for row, _, _ in sources.records(str(path))]
+    assert rows == [{"text": long, "label": "pos"}, {"text": "short", "label": "neg"}]
+
+
+def test_a_quote_never_closed_past_the_field_limit_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CSV_FIELD_CHARS", 1000)
+    before = csv.field_size_limit(1000)
+    try:
+        path = tmp_path / "data.csv"
+        path.write_text('text,label\n"an open quote,pos\n' + "more text\n" * 200)
+        with pytest.raises(sources.DataFileError, match=r"data\.csv:\d+ has a field of more than 1,000 characters"):
+            list(sources.records(str(path)))
+    finally:
+        csv.field_size_limit(before)
+
+
+def test_files_in_hidden_folders_are_left_out(tmp_path):
+    """Jupyter's .ipynb_checkpoints/train-checkpoint.csv (a stale copy of train.csv) was read as more training rows,
+    and its test-checkpoint.csv as more test rows: hidden files were left out, files in hidden folders were not."""
+    folder = tmp_path / "reviews"
+    (folder / ".ipynb_checkpoints").mkdir(parents=True)
+    for split in ("train", "test"):
+        body = "text,label\n" + "".join(f"{split} review {i},{['pos', 'neg'][i % 2]}\n" for i in range(20))
+        (folder / f"{split}.csv").write_text(body)
+        (folder / ".ipynb_checkpoints" / f"{split}-checkpoint.csv").write_text(body)
+    assert sources.local_files(str(folder)) == [str(folder / "test.csv"), str(folder / "train.csv")]
+    stream = LabelledStream(str(folder))
+    assert len(list(stream.records_of("test"))) == 20

@@ -110,8 +110,24 @@ def test_lora_needs_a_base_and_names_the_layers_it_can_adapt(tmp_path, tokenizer
     folder = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
     with pytest.raises(ValueError, match=r"\['qvk'\].*self_attn.qkv"):
         _adapted(TransformerConfig.preset("tiny"), folder, target_modules=["qvk"])
-    with pytest.raises(ValueError, match="'classifer' selects no parameter"):
+    with pytest.raises(ValueError, match="'classifer' selects no parameter") as refused:
         _adapted(TransformerConfig.preset("tiny"), folder, trainable=["classifer"])
+    # The model's own names are offered (not cut off behind every block's), each block's layers once.
+    assert "lm_head" in str(refused.value) and "tgt_embed" in str(refused.value)
+    assert "decoder_blocks.*.self_attn.qkv" in str(refused.value) and "decoder_blocks.1." not in str(refused.value)
+
+
+def test_trainable_lm_head_of_a_tied_model_trains_the_tied_matrix(tmp_path, tokenizer):
+    """lora.yaml and the docs name lm_head as a `trainable` extra: with tied embeddings it is the embedding's matrix
+    under a second name, which `trainable` selects as `tgt_embed` does (it was refused: 'selects no parameter')."""
+    from lit_transformer.interop import save_hf_gpt2
+
+    folder = save_hf_gpt2(build(GPT2, vocab_size=128, pad_token_id=None), tmp_path / "gpt2", tokenizer)
+    by_head = _adapted(TransformerConfig.preset("tiny"), folder, rank=2, trainable=["lm_head"])
+    by_embedding = _adapted(TransformerConfig.preset("tiny"), folder, rank=2, trainable=["tgt_embed"])
+    assert by_head.model.lm_head.weight is by_head.model.tgt_embed.weight and by_head.model.lm_head.weight.requires_grad
+    trains = [{n for n, p in lit.named_parameters() if p.requires_grad} for lit in (by_head, by_embedding)]
+    assert trains[0] == trains[1] and "model.tgt_embed.weight" in trains[0]
 
 
 # ---- merged = adapted, for every topology and task ------------------------------------------------------------
@@ -366,6 +382,31 @@ def test_resuming_a_lora_run_continues_exactly(lm_runs: Path, tmp_path: Path):
     for index, state in straight["optimizer_states"][0]["state"].items():
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(resumed["optimizer_states"][0]["state"][index][key], state[key])
+
+
+@pytest.mark.slow
+def test_an_ema_lora_checkpoint_holds_only_adapters_and_resumes_exactly(lm_runs: Path, tmp_path: Path):
+    """With an EMA callback (WeightAveraging), Lightning keeps the trained weights beside the average in
+    current_model_state: it held the whole frozen base in every LoRA checkpoint. It holds the adapters, as state_dict
+    does, and a resume from step 2 still ends where 4 steps straight do, in both sets of weights."""
+    base = lm_runs / "base" / "checkpoints" / "last.ckpt"
+    ema = ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay", "0.5"]
+    _lora_fit(tmp_path / "straight", lm_runs / "cache", base, 4, *ema)
+    straight = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    assert set(straight["current_model_state"]) == set(straight["state_dict"])
+    assert all(".lora_" in k for k in straight["state_dict"])
+    assert not torch.equal(*(straight[k]["model.decoder_blocks.0.self_attn.qkv.lora_B.default.weight"]
+                             for k in ("state_dict", "current_model_state")))  # fmt: skip
+    step2 = tmp_path / "straight" / "checkpoints" / "epoch=0-step=2.ckpt"
+    _lora_fit(tmp_path / "resumed", lm_runs / "cache", base, 4, *ema, "--ckpt_path", str(step2))
+    resumed = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for key in ("state_dict", "current_model_state"):
+        assert resumed[key].keys() == straight[key].keys()
+        for name, value in straight[key].items():
+            assert torch.equal(resumed[key][name], value), (key, name)
+    out = _cli("generate", "--checkpoint", str(tmp_path / "resumed" / "checkpoints" / "last.ckpt"),
+               "--prompt", "ROMEO:", "--max_new_tokens", "4", cwd=tmp_path)  # fmt: skip
+    assert out.stdout.startswith("ROMEO:")
 
 
 @pytest.mark.slow

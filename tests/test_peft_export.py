@@ -170,3 +170,28 @@ def test_the_docs_recipe_adapts_a_gpt2_folder_with_base_yaml_and_peft_loads_it(t
         torch.testing.assert_close(PeftModel.from_pretrained(hf_base, out).eval()(x).logits, expected, atol=1e-5,
                                    rtol=1e-5)  # fmt: skip
     assert (before - expected).abs().max() > 1e-3
+
+
+@pytest.mark.slow
+def test_export_base_is_checked_by_its_fingerprint(tmp_path, tokenizer):
+    """`export --format peft --base PATH` (the base moved): PATH is recorded as the adapters' base, so it must be their
+    base, as `--base` is for generate and the other exports. Another model's folder there failed with a RuntimeError
+    deep in the renaming (or, where the shapes fit, wrote the adapters under another model's layer names), and a path
+    that does not exist was written into adapter_config.json without a word."""
+    import shutil
+
+    from lit_transformer.interop import save_hf_gpt2, save_hf_llama
+
+    vocab = tokenizer.get_vocab_size()
+    folder = save_hf_gpt2(build(GPT2, vocab_size=vocab, pad_token_id=None), tmp_path / "gpt2", tokenizer)
+    checkpoint = _lora_run(tmp_path, folder, "--model.lora.target_modules", EVERY_LAYER)
+    llama = save_hf_llama(build(LLAMA, vocab_size=vocab, pad_token_id=None), tmp_path / "llama", tokenizer)
+    out = ["--checkpoint", str(checkpoint), "--format", "peft", "--out", str(tmp_path / "adapter")]
+    assert "trained on other base weights" in _refusal(*out, "--base", str(llama))
+    assert f"the LoRA base {tmp_path / 'gone'} does not exist" in _refusal(*out, "--base", str(tmp_path / "gone"))
+    assert not (tmp_path / "adapter").exists()
+    moved = shutil.move(folder, tmp_path / "moved")
+    _cli("export", *out, "--base", str(moved), cwd=ROOT)
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        moved
+    )

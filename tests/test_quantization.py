@@ -256,3 +256,20 @@ def test_predict_quantizes_and_fit_refuses(tmp_path, monkeypatch):
     assert [r["input"] for r in rows] == ["ROMEO:", "JULIET:"] and all(len(r["tokens"]) <= 5 for r in rows)
     with pytest.raises(ValueError, match="quantize int8 is for validate, test and predict"):
         run_cli(["fit", *base, "--trainer.max_steps", "1", "--model.quantize", "int8", "--checkpoint.dirpath", "ck2"])
+
+
+def test_int8_under_mixed_precision_is_refused_in_one_line(tmp_path, monkeypatch):
+    """validate/test/predict --model.quantize int8 with a mixed-precision trainer (configs/trainer/bf16-mixed.yaml):
+    autocast handed the int8 kernels bf16 inputs, a RuntimeError deep in the first batch ("expected scalar type
+    Float but found BFloat16"); refused at setup, naming the precision and the fix."""
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    base = ["--config", str(ROOT / "configs" / "presets" / "tiny.yaml"), "--trainer.logger", "false"]
+    base += ["--data.init_args.cache_dir", str(tmp_path / "cache"), "--trainer.enable_progress_bar", "false"]
+    run_cli(
+        ["fit", *base, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--checkpoint.dirpath", "ck"]
+    )
+    mixed = [*base, "--ckpt_path", "ck/last.ckpt", "--model.quantize", "int8", "--trainer.precision", "bf16-mixed"]
+    with pytest.raises(ConfigError, match="int8 runs in fp32.*not under --trainer.precision bf16-mixed.*32-true"):
+        run_cli(["validate", *mixed, "--trainer.limit_val_batches", "1"])

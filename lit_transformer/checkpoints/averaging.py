@@ -133,6 +133,12 @@ def _check_same_model(reference: dict[str, Any], other: dict[str, Any], ref_path
             f"{path} and {ref_path} are not adapters of one base (LoRA base fingerprints {other_base} and {base}): "
             "average the checkpoints of one run"
         )
+    alpha, other_alpha = ((hp.get("lora") or {}).get("alpha") for hp in (hp_ref, hp_other))
+    if alpha != other_alpha:  # the same factors scaled otherwise (alpha / rank): the mean would be read with one
+        raise CheckpointError(
+            f"{path} and {ref_path} are LoRA adapters of different lora.alpha ({other_alpha} and {alpha}): their "
+            "updates are scaled differently (alpha / rank); average the checkpoints of one run"
+        )
     for key in ("tokenizer", "target_tokenizer"):
         if reference.get(key) != other.get(key):
             raise CheckpointError(

@@ -10,6 +10,7 @@ the cache lock its parent holds. `spawn_guard`, entered wherever a cache lock is
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -26,7 +27,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from lit_transformer.errors import UserError
+from lit_transformer.errors import UserError, WriteError
 
 
 class UnguardedMainError(UserError, RuntimeError):
@@ -92,8 +93,31 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     """The cache root: the argument, else $LIT_TRANSFORMER_CACHE, else ~/.cache/lit_transformer."""
     root = cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "lit_transformer"
     path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    with unwritable_cache(path):
+        path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# The errors of a write the folder's permissions or its file system refuse (not a full disk: shards.WRITE_FAILURES).
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+@contextmanager
+def unwritable_cache(path: Path) -> Iterator[None]:
+    """A write into the cache that its folder refuses (read-only, no permission) becomes a WriteError naming the
+    folder and how to give another: it was a traceback from deep inside the preparation."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in UNWRITABLE:
+            raise
+        where = error.filename or path
+        raise WriteError(
+            f"cannot write the data cache: {where}: {error.strerror}. The tokenizers and token shards are cached "
+            f"there (--data.init_args.cache_dir, else ${CACHE_ENV}, else ~/.cache/lit_transformer); give a folder "
+            f"you can write, e.g. --data.init_args.cache_dir /tmp/lit_transformer_cache, or prepare the data once "
+            "where the cache is writable (a read-only cache serves the data it already holds)"
+        ) from None
 
 
 def fingerprint(*parts: Any) -> str:
@@ -123,9 +147,15 @@ def hash_file(path: str | os.PathLike) -> str:
 @contextmanager
 def locked(path: Path):
     """Hold an inter-process lock beside `path` (so only one process builds a cache entry)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with spawn_guard(), FileLock(str(path) + ".lock"):  # a worker re-importing an unguarded script: an error
-        yield
+    with spawn_guard():  # a worker re-importing an unguarded script: an error
+        with unwritable_cache(path.parent):  # only the cache's own writes: not those of the body
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(path) + ".lock")
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:

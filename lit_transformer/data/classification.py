@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -558,6 +559,13 @@ class LabelledKind(TextsKind):
     folder, tag = "labelled", "labelled-shards"
 
     def check(self, stream: LabelledStream, splits: dict[str, dict]) -> None:
+        empty = {split: index.get("empty", 0) for split, index in splits.items() if index.get("empty", 0)}
+        if empty:  # dropped without a word: a test file of 10 rows, 4 unlabelled, scored 6
+            warnings.warn(
+                f"{stream.dataset}: left out {sum(empty.values())} rows with a blank {stream.text_column!r} or an empty "
+                f"{stream.label_column!r} ({', '.join(f'{split}: {n}' for split, n in empty.items())})",
+                stacklevel=4,
+            )
         if not splits["train"]["texts"]:
             raise DataFileError(
                 f"The training split of {stream.dataset!r} has no labelled text: every row's {stream.text_column!r} "

@@ -66,7 +66,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class FileHashes:
-    """Content hashes of files, remembered by (path, size, mtime) so a second run does not reread a big corpus."""
+    """Content hashes of files, remembered by (path, size, mtime, inode, ctime) so a second run does not reread a big
+    corpus. The inode change time is in the key because the modification time alone can be set back (`touch -d`,
+    `cp -p`, an editor or sync tool that keeps it): a file edited in place to the same size with its old mtime kept
+    its old hash, and its stale shards were reused. Nothing sets a ctime back: any write or touch moves it."""
 
     def __init__(self, cache_dir: Path) -> None:
         self.path = cache_dir / "file-hashes.json"
@@ -78,16 +81,23 @@ class FileHashes:
 
     def __call__(self, path: str) -> str:
         stat = os.stat(path)
-        key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
+        key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{stat.st_ctime_ns}"
         if key not in self.known:
             self.known[key] = hash_file(path)
             self.changed = True
         return self.known[key]
 
     def save(self) -> None:
-        if self.changed:
+        """Remember the hashes for the next run: only a saving of time, so a cache this process cannot write (a
+        read-only share of prepared data) is not an error; the next run hashes the files again."""
+        if not self.changed:
+            return
+        try:
             with locked(self.path):
                 atomic_write(self.path, lambda tmp: Path(tmp).write_text(json.dumps(self.known)))
+        except WriteError:
+            log.warning("%s is not writable: the data files' hashes are not remembered (each run hashes them again)",
+                        self.path.parent)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- records

@@ -32,6 +32,7 @@ import io
 import json
 import lzma
 import os
+import re
 import socket
 import threading
 import warnings
@@ -314,8 +315,12 @@ def is_local(spec: str) -> bool:
 
 
 def local_files(spec: str) -> list[str]:
-    if os.path.isdir(spec):
-        files = sorted(str(p) for p in Path(spec).rglob("*") if p.is_file() and not p.name.startswith("."))
+    if os.path.isdir(spec):  # hidden files and folders left out (.git, .ipynb_checkpoints' stale copies, .cache)
+        files = sorted(
+            str(p)
+            for p in Path(spec).rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(spec).parts)
+        )
     elif os.path.isfile(spec):
         files = [spec]
     else:
@@ -329,17 +334,38 @@ def local_files(spec: str) -> list[str]:
     return files
 
 
-def _names_its_split(path: str) -> bool:
-    stem = Path(path).stem.lower()
-    return any(stem.startswith(prefix) for prefix in SPLIT_ALIASES)
+def local_root(spec: str) -> str:
+    """The folder a local spec's files sit under: the folder itself, a file's folder, or a glob's part before its
+    first wildcard."""
+    if os.path.isdir(spec):
+        return spec
+    if os.path.isfile(spec):
+        return os.path.dirname(spec)
+    head = re.split(r"[*?\[]", spec, maxsplit=1)[0]
+    return head if head.endswith(("/", os.sep)) else os.path.dirname(head)
 
 
-def split_of(path: str) -> str:
+def _named_split(path: str, root: str | None = None) -> str | None:
+    """The split a file's name picks (it starts with train, valid, val, dev or test), else the split a folder between
+    `root` and the file is named (train/, validation/, test/ ...: a split a folder, as Hugging Face lays data out),
+    else None."""
     stem = Path(path).stem.lower()
     for prefix, split in SPLIT_ALIASES.items():
         if stem.startswith(prefix):
             return split
-    return "train"
+    if root is not None:
+        for folder in Path(os.path.relpath(path, root)).parts[:-1]:
+            if folder.lower() in SPLIT_ALIASES:
+                return SPLIT_ALIASES[folder.lower()]
+    return None
+
+
+def _names_its_split(path: str, root: str | None = None) -> bool:
+    return _named_split(path, root) is not None
+
+
+def split_of(path: str, root: str | None = None) -> str:
+    return _named_split(path, root) or "train"
 
 
 def read_inputs(path: str | Path, field: str = "text", encoding: str = ENCODING) -> list[str]:
@@ -533,23 +559,26 @@ class SplitStream:
         elif is_local(dataset):
             files = local_files(dataset)
             self._check_files(files)
+            root = local_root(dataset)
             for f in files:
-                self.sources.setdefault(split_of(f) if len(files) > 1 else "train", Source()).files.append(f)
-            named = [f for f in files if _names_its_split(f)]
-            unnamed = [Path(f).name for f in files if not _names_its_split(f)]
+                self.sources.setdefault(split_of(f, root) if len(files) > 1 else "train", Source()).files.append(f)
+            named = [f for f in files if _names_its_split(f, root)]
+            unnamed = [Path(f).name for f in files if not _names_its_split(f, root)]
             if named and unnamed:  # eval.txt, a README: training text beside files that name their splits
                 warnings.warn(
                     f"{dataset}: {', '.join(unnamed[:5])}{' ...' if len(unnamed) > 5 else ''} "
                     f"{'is' if len(unnamed) == 1 else 'are'} read as training text: a file's name picks its split "
-                    f"when it starts with {', '.join(SPLIT_ALIASES)}; rename or move the others",
+                    f"when it starts with {', '.join(SPLIT_ALIASES)} (or a folder of that name holds it); rename or "
+                    "move the others",
                     stacklevel=2,
                 )
             if "train" not in self.sources:
                 raise DataFileError(
-                    f"{dataset!r} has no training file (names starting with train/valid/test pick the split)"
+                    f"{dataset!r} has no training file (names starting with train/valid/test, or folders of those "
+                    "names, pick the split)"
                 )
             for f in files:
-                self._check_columns(f, split_of(f) if len(files) > 1 else "train")
+                self._check_columns(f, split_of(f, root) if len(files) > 1 else "train")
         else:
             for canonical, (name, split) in hub_streams(dataset, dataset_config, self.hub_hint).items():
                 self.sources[canonical] = Source(table=split, origin=("hub", name))
@@ -899,6 +928,11 @@ def columns_of(path: str, encoding: str = ENCODING) -> list[str] | None:
 JSONL_HEAD = 64
 """The JSON lines whose keys columns_of reads together."""
 
+CSV_FIELD_CHARS = 1 << 26
+"""The longest CSV/TSV field read (64M characters; Python's csv module stops at 131,072 by default, which refused a
+legal file holding one long document): a bound still, so that a quote never closed cannot read a whole corpus into
+one field."""
+
 
 def records(path: str, columns: list[str] | None = None, encoding: str = ENCODING) -> Iterator[tuple[dict, int, int]]:
     """(row, input bytes, line number) per row of a JSON-lines, JSON, CSV/TSV or parquet file (the first three maybe
@@ -917,6 +951,8 @@ def records(path: str, columns: list[str] | None = None, encoding: str = ENCODIN
                 yield row, int(per_row), number
         return
     if suffix in (".csv", ".tsv"):
+        if csv.field_size_limit() < CSV_FIELD_CHARS:  # the csv module's default, 131,072, refused a long document
+            csv.field_size_limit(CSV_FIELD_CHARS)
         with open_data(path) as raw:
             lines = (decode(line, path, n, encoding, n == 1) for n, line in enumerate(raw, 1))
             # strict: a quoted field still open at the end of the file (a copy cut short) is an error, not a row
@@ -940,6 +976,12 @@ def records(path: str, columns: list[str] | None = None, encoding: str = ENCODIN
                         "download that stopped), or a quote is never closed"
                     ) from None
                 kind = suffix[1:].upper()
+                if "field larger than field limit" in str(error):
+                    raise DataFileError(
+                        f"{path}:{reader.line_num} has a field of more than {csv.field_size_limit():,} characters: a "
+                        "quote opened and never closed, or a text that long; close the quote, or write such texts "
+                        "as JSON lines (.jsonl), which have no such limit"
+                    ) from None
                 if "expected after '\"'" in str(error):  # a quote that is text: "the king" he said<TAB>...
                     raise DataFileError(
                         f"{path}:{reader.line_num} is not a {kind} row ({error}): a field that starts with a double "

@@ -7,7 +7,8 @@ Only the adapters are written, renamed from our layers to the Hugging Face model
 ours one for one (c_attn is our qkv, c_proj our out, c_fc and mlp.c_proj our up and down; `fan_in_fan_out`, as peft
 needs for Conv1D); Llama splits what we fuse, so an adapter of our qkv becomes three of q_proj, k_proj and v_proj that
 share its A and each take their rows of its B (exactly the same update), and a gated `up` becomes gate_proj and
-up_proj the same way. Nothing of the base is read: the checkpoint's config says its shape.
+up_proj the same way. Nothing of the base is read (the checkpoint's config says its shape), except a
+`base` given where it is now, whose fingerprint is checked.
 
 Refused, in one line that points to the merged export (`--format hf`): a base with no Hugging Face form (a .ckpt of
 ours), an encoder-decoder (Marian) or encoder-only model, and a run that also trained other weights in full
@@ -133,6 +134,10 @@ def save_peft_adapter(
         raise UserError(f"{what} has no hyper_parameters.config: it was not written by `fit`")
     config = config if isinstance(config, TransformerConfig) else TransformerConfig(**dict(config))
     options = LoraOptions.of((checkpoint.get("hyper_parameters") or {}).get("lora")) or LoraOptions()
+    if base:  # where the base is now: the adapters' own base, by its fingerprint (as generate and export --base check)
+        from lit_transformer.interop.pretrained import checkpoint_weights
+
+        checkpoint_weights(dict(checkpoint), config, what, str(base))
     base = str(base or record.get("base") or "")
     kind = family(config, base, what)
     tensors, modules = adapter_tensors(checkpoint["state_dict"], config, kind, what)

@@ -274,6 +274,13 @@ class Int8Inference(ModelTransform):
                 "--model.quantize int8 is for validate, test and predict: int8 Linear layers have no gradient. Train "
                 "in fp32 and quantize the checkpoint (`predict --ckpt_path C --model.quantize int8`)"
             )
+        trainer = getattr(module, "_trainer", None)  # (module.trainer raises where none is attached)
+        precision = str(getattr(trainer, "precision", "32-true"))
+        if "mixed" in precision:  # autocast hands the int8 kernels bf16/fp16 inputs, which they cannot take
+            raise QuantizationError(
+                f"--model.quantize int8 runs in fp32 (its int8 layers take fp32 inputs), not under --trainer.precision "
+                f"{precision}: use --trainer.precision 32-true (or leave out the mixed-precision config)"
+            )
 
     def on_inference_start(self, module: Any) -> None:
         if is_quantized(module.model):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,6 +27,8 @@ from lit_transformer.transforms.base import ModelTransform
 from lit_transformer.transforms.options import ATTENTION, FEED_FORWARD, LoraOptions
 
 ADAPTER = "default"  # peft's adapter name: its parameters are named `lora_A.default.weight`
+# A checkpoint's model weights: Lightning's, and the trained weights an EMA callback keeps beside its average.
+WEIGHT_STATES = ("state_dict", "current_model_state")
 # Prefixes that wrappers add to parameter names but not to state-dict keys (activation checkpointing, compile).
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
@@ -81,7 +84,8 @@ def extra_names(model: nn.Module, patterns: Iterable[str]) -> set[str]:
         if "norm" in type(module).__name__.lower()
         for param_name, _ in module.named_parameters(recurse=False)
     }
-    names = [n for n, _ in model.named_parameters() if ".lora_" not in n]
+    # Aliases too: a tied output layer's `lm_head.weight` is the embedding's parameter under its own name.
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False) if ".lora_" not in n]
     chosen: set[str] = set()
     for pattern in patterns:
         if pattern == "norms":
@@ -91,10 +95,11 @@ def extra_names(model: nn.Module, patterns: Iterable[str]) -> set[str]:
         else:
             found = {n for n in names if _matches(clean_name(n), pattern)}
         if not found:
+            # Each block's layers once (decoder_blocks.*.ff.up), then the model's own (tgt_embed, lm_head, ...).
+            modules = {re.sub(r"_blocks\.\d+\.", "_blocks.*.", clean_name(n).rsplit(".", 1)[0]) for n in names}
             raise ConfigError(
                 f"lora.trainable {pattern!r} selects no parameter; use norms, biases, or a name or glob of: "
-                + ", ".join(sorted({clean_name(n).rsplit(".", 1)[0] for n in names})[:12])
-                + " …"
+                + ", ".join(sorted(modules, key=lambda m: ("_blocks." in m, m)))
             )
         chosen |= found
     return chosen
@@ -115,7 +120,7 @@ def apply_lora(model: nn.Module, options: LoraOptions, new: Iterable[str] = ()) 
     )
     LoraModel(model, config, ADAPTER)  # injects in place (peft's inject_adapter_in_model) and freezes the rest
     extras = extra_names(model, options.trainable) | {n for n, _ in model.named_parameters() if clean_name(n) in new}
-    for name, param in model.named_parameters():
+    for name, param in model.named_parameters(remove_duplicate=False):
         if name in extras:
             param.requires_grad_(True)
     return trainable_keys(model)
@@ -186,7 +191,10 @@ def strip_checkpoint(checkpoint: dict[str, Any], keys: Iterable[str], record: di
     """Keep only the trainable tensors in checkpoint['state_dict'] and record the base (`lora`: its init_from and
     fingerprint, the parameter counts)."""
     keep = {prefix + k for k in keys}
-    checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
+    # current_model_state: the trained weights an EMA (WeightAveraging) callback keeps beside its average in state_dict
+    for key in WEIGHT_STATES:
+        if isinstance(checkpoint.get(key), Mapping):
+            checkpoint[key] = {k: v for k, v in checkpoint[key].items() if k in keep}
     checkpoint["lora"] = dict(record)
 
 
@@ -211,7 +219,9 @@ def complete_checkpoint(
     if record.get("fingerprint") != expected:
         loaded = base or record.get("base")
         raise CheckpointError(base_mismatch_message(what, loaded, record.get("fingerprint"), expected))
-    checkpoint["state_dict"] = {**full_state, **checkpoint["state_dict"]}
+    for key in WEIGHT_STATES:
+        if isinstance(checkpoint.get(key), Mapping):
+            checkpoint[key] = {**full_state, **checkpoint[key]}
 
 
 def load_adapted(
