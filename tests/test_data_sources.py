@@ -373,7 +373,7 @@ def test_a_file_beside_split_files_that_names_no_split_is_named_as_training_text
     assert sorted(Path(f).name for f in stream.sources["train"].files) == ["README.md", "eval.txt", "train.txt"]
     told = [str(w.message) for w in caught if "read as training text" in str(w.message)]
     assert told == [f"{folder}: README.md, eval.txt are read as training text: a file's name picks its split when it "
-                    "starts with train, valid, validation, val, dev, test (or a folder of that name holds it); rename "
+                    "starts with the word train, valid, validation, val, dev, test (or a folder of that name holds it); rename "
                     "or move the others"]  # fmt: skip
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -397,6 +397,18 @@ def test_files_in_folders_named_after_splits_are_those_splits(tmp_path, spec):
     assert [r.text for r in stream.records_of("test")] == [f"test review {i}" for i in range(8)]
     assert stream.missing == ["validation"]
     assert not [r for r in stream.records_of("train") if r.text.startswith("test")]
+
+
+def test_a_name_picks_its_split_by_the_whole_word():
+    """A folder of books: valley_of_fear.txt and devil_in_the_white_city.txt went to validation, testament_of_youth.txt
+    to test (their names start with val, dev, test), silently. The word must end where a letter would go on."""
+    for name, split in [("train.txt", "train"), ("train-00001-of-00002.parquet", "train"), ("valid_2.csv", "validation"),
+                        ("validation.jsonl", "validation"), ("val.txt", "validation"), ("dev.tsv", "validation"),
+                        ("test.txt", "test"), ("test-checkpoint.csv", "test"), ("Test1.txt", "test")]:  # fmt: skip
+        assert sources.split_of(name) == split, name
+    for name in ("valley_of_fear.txt", "devil_in_the_white_city.txt", "testament_of_youth.txt", "trainspotting.txt",
+                 "validity.csv", "developers.jsonl", "moby_dick.txt"):  # fmt: skip
+        assert sources.split_of(name) == "train", name
 
 
 @pytest.mark.parametrize(

@@ -346,12 +346,14 @@ def local_root(spec: str) -> str:
 
 
 def _named_split(path: str, root: str | None = None) -> str | None:
-    """The split a file's name picks (it starts with train, valid, val, dev or test), else the split a folder between
+    """The split a file's name picks (it starts with the word train, valid, val, dev or test: followed by no letter),
+    else the split a folder between
     `root` and the file is named (train/, validation/, test/ ...: a split a folder, as Hugging Face lays data out),
     else None."""
     stem = Path(path).stem.lower()
     for prefix, split in SPLIT_ALIASES.items():
-        if stem.startswith(prefix):
+        # the word itself, then anything but a letter: train-00001, valid_2, test (not valley_of_fear, testament)
+        if stem.startswith(prefix) and not stem[len(prefix) : len(prefix) + 1].isalpha():
             return split
     if root is not None:
         for folder in Path(os.path.relpath(path, root)).parts[:-1]:
@@ -568,7 +570,7 @@ class SplitStream:
                 warnings.warn(
                     f"{dataset}: {', '.join(unnamed[:5])}{' ...' if len(unnamed) > 5 else ''} "
                     f"{'is' if len(unnamed) == 1 else 'are'} read as training text: a file's name picks its split "
-                    f"when it starts with {', '.join(SPLIT_ALIASES)} (or a folder of that name holds it); rename or "
+                    f"when it starts with the word {', '.join(SPLIT_ALIASES)} (or a folder of that name holds it); rename or "
                     "move the others",
                     stacklevel=2,
                 )
