@@ -434,6 +434,20 @@ def test_validate_and_resume_with_a_base_that_moved(lm_runs: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
+def test_lora_settings_a_checkpoint_replaces_are_named(lm_runs: Path, tmp_path: Path, caplog):
+    """validate --ckpt_path LORA.ckpt --model.lora.alpha 64 scored the checkpoint's alpha (16) and a resume with
+    --model.lora.rank 4 went on at rank 2, while the notice of settings not used named none of them."""
+    common = [*TINY_LM, "--trainer.logger", "false", "--data.init_args.cache_dir", str(lm_runs / "cache")]
+    common += ["--ckpt_path", str(lm_runs / "lora" / "checkpoints" / "last.ckpt"), "--trainer.limit_val_batches", "1"]
+    _cli("validate", *common, "--model.lora.alpha", "64", "--model.lora.rank", "4", cwd=tmp_path)
+    (notice,) = [r.getMessage() for r in caplog.records if "settings are not used" in r.getMessage()]
+    assert (
+        "model.lora.alpha 64.0 (the checkpoint's: 16.0)" in notice
+        and "model.lora.rank 4 (the checkpoint's: 2)" in notice
+    )
+
+
+@pytest.mark.slow
 def test_translation_from_a_lora_checkpoint(tmp_path: Path):
     preset = ["--config", str(CONFIGS / "presets" / "tiny-translate.yaml"), "--data.init_args.max_pairs", "300"]
     short = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.num_sanity_val_steps", "0"]

@@ -60,6 +60,7 @@ from lit_transformer.engine.step_seed import StepSeed
 from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
 from lit_transformer.errors import ConfigError, UserError
 from lit_transformer.tasks import task_class_of
+from lit_transformer.transforms.options import LoraOptions
 
 # Field docstrings of TransformerConfig become --help text.
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -497,7 +498,8 @@ def unused_settings(model, hparams: dict, training: bool) -> list[tuple[str, obj
     if model is None:
         return []
     found = []
-    groups = (("config", TransformerConfig), ("optim", Optimization)) if training else (("config", TransformerConfig),)
+    # LoRA's options are the model's too: a checkpoint's adapters are scaled by its alpha, shaped by its rank.
+    groups = (("config", TransformerConfig), ("lora", LoraOptions)) + ((("optim", Optimization),) if training else ())
     for group, cls in groups:
         given, saved = model.get(group), hparams.get(group)
         if given is None or saved is None:
