@@ -200,6 +200,37 @@ def test_validate_scores_a_checkpoint_at_another_context_length(tiny_run: Path):
     assert "learned positions cannot extrapolate" in failed.stderr + failed.stdout
 
 
+@pytest.mark.parametrize(
+    ("preset", "flags", "model_expected", "samples_expected"),
+    [
+        ("tiny", ["--model.generation.top_k", "10", "--samples.generation.max_new_tokens", "40"],
+         {"temperature": 0.8, "top_k": 10}, {"max_new_tokens": 40, "temperature": 0.8, "top_k": 50}),
+        ("tiny", ["--model.generation.temperature", "0"], {"temperature": 0.0, "top_k": 50}, None),
+        ("tiny-translate", [], {"num_beams": 2, "length_penalty": 0.6, "length_penalty_form": "gnmt",
+                                "early_stopping": True, "max_source_offset": 50}, None),
+    ],
+)  # fmt: skip
+def test_a_decoding_field_given_keeps_the_tasks_other_defaults(tiny_run, tmp_path, preset, flags, model_expected,
+                                                               samples_expected):  # fmt: skip
+    """`predict --model.generation.top_k 10` decoded a language model greedily (every field not given took a bare
+    GenerationConfig's default, temperature 0), `--samples.generation.max_new_tokens 40` turned the samples greedy,
+    and tiny-translate's `generation: {num_beams: 2}` ranked beams by the plain length penalty 1.0, not the paper's
+    GNMT 0.6 with early stopping: the fields given now start from the task's defaults, as generate's flags do, and
+    the run records the merged values."""
+    from lit_transformer.engine.task_outputs import GenerateSamples
+
+    args = ["--config", str(CONFIGS / "presets" / f"{preset}.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    args += ["--data.init_args.cache_dir", str(tiny_run / "cache"), *flags]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(args, run=False)
+    for name, value in model_expected.items():
+        assert getattr(cli.model.generation, name) == value, name
+        assert cli.config.model.generation[name] == value and getattr(cli.model.hparams["generation"], name) == value
+    (samples,) = [c for c in cli.trainer.callbacks if isinstance(c, GenerateSamples)]
+    for name, value in (samples_expected or {}).items():
+        assert getattr(samples.generation, name) == value and cli.config.samples.generation[name] == value, name
+
+
 def test_evaluation_tokenizes_with_the_checkpoints_tokenizer(tiny_run: Path):
     """validate, test and predict read their data with the tokenizer saved in --ckpt_path: trained again from these
     data settings (a shorter sample of the corpus), the char tokenizer would hold other characters under other ids."""

@@ -496,6 +496,17 @@ def given_where(keys: Sequence[str], argv: Sequence[str]) -> str | None:
     return "  given: " + "; ".join(found) if found else None
 
 
+def given_fields(group: str, names: Iterable[str], argv: Sequence[str]) -> list[str]:
+    """The fields of a dataclass group (`model.generation`) that the command line sets, by a flag or in a config file:
+    jsonargparse fills the others with the dataclass's defaults, which a caller may want to tell from the given ones.
+    Every name where the group is given whole by a flag (--model.generation '{...}')."""
+    names = list(names)
+    whole = _given(group, argv)
+    if whole is not None and whole.startswith("--"):
+        return names
+    return [name for name in names if _given(f"{group}.{name}", argv) is not None]
+
+
 def _where(key: str, argv: Sequence[str]) -> str:
     """Where a key was given: the flag on the command line, or the YAML file (and key path) that holds it."""
     where = _given(key, argv)

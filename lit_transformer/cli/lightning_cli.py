@@ -40,6 +40,7 @@ from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint, last_check
 from lit_transformer.cli.arguments import (
     check_data_flags_after_its_class,
     check_flag_order,
+    given_fields,
     parser_options,
     refusal,
     resolve_configs,
@@ -47,7 +48,7 @@ from lit_transformer.cli.arguments import (
 from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
 from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_lookups
 from lit_transformer.cli.program import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
-from lit_transformer.config import SOURCE_FIELDS, TransformerConfig
+from lit_transformer.config import SOURCE_FIELDS, GenerationConfig, TransformerConfig
 from lit_transformer.engine.devices import check_device_options, lost_peer_message, resume_after_restart
 from lit_transformer.engine.host_allocator import keep_freed_memory
 from lit_transformer.engine.lightning_compat import LightningCLIHooks, set_collective_timeout, strategy_with_timeout
@@ -137,6 +138,7 @@ class TransformerCLI(LightningCLIHooks):
         subparser = _subcommand_parser(parser, argv[0] if argv else None)
         describe_package_defaults(subparser or parser)
         check_flag_order(argv[1:])  # before the parse: a flag a later config sets again is the mistake to name
+        self._given_argv = argv[1:] if argv and argv[0] in LightningCLI.subcommands() else argv
         try:
             super().parse_arguments(parser, args)
         except jsonargparse.ArgumentError as error:
@@ -229,6 +231,8 @@ class TransformerCLI(LightningCLIHooks):
             super().instantiate_classes()
         trained, self._trained = getattr(self, "_trained", None), None
         task = getattr(self.model, "task", None)
+        if task is not None:
+            self._decode_from_task_defaults(config, task)
         if trained is None and task is not None and hasattr(self.datamodule, "check_task"):
             # the architecture's task, now that the model is built (a given one and a checkpoint's were judged before)
             self.datamodule.check_task(task.name, type(task).__name__)
@@ -238,6 +242,31 @@ class TransformerCLI(LightningCLIHooks):
             line = init_from_settings_line(config.get("model"), self.model)
             if line:
                 rank_zero_info(line)
+
+    def _decode_from_task_defaults(self, config, task) -> None:
+        """model.generation and samples.generation, where given, start from the task's decoding defaults, as
+        `generate`, `translate` and `serve` do: jsonargparse filled each field the command line and its configs leave
+        unset with a bare GenerationConfig's default, so `predict --model.generation.top_k 10` decoded greedily (not
+        the language model's temperature 0.8) and a translation preset's `generation: {num_beams: 2}` ranked by the
+        plain length penalty 1.0 (not the paper's GNMT 0.6 with early stopping). The merged values are what the run
+        records (hyperparameters, config.yaml)."""
+        names = [field.name for field in dataclasses.fields(GenerationConfig)]
+        samples = next((c for c in self.trainer.callbacks if isinstance(c, GenerateSamples)), None)
+        for group, owner in (("model", self.model), ("samples", samples)):
+            parsed = getattr(owner, "generation", None)
+            if not isinstance(parsed, GenerationConfig):
+                continue
+            given = given_fields(f"{group}.generation", names, getattr(self, "_given_argv", []))
+            merged = GenerationConfig.for_task(task).replace(**{name: getattr(parsed, name) for name in given})
+            if merged == parsed:
+                continue
+            owner.generation = merged
+            if group == "model" and "generation" in getattr(owner, "hparams", {}):
+                owner.hparams["generation"] = merged
+            recorded = config.get(f"{group}.generation")
+            if isinstance(recorded, jsonargparse.Namespace):
+                for name in names:
+                    recorded[name] = getattr(merged, name)
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)

@@ -85,7 +85,8 @@ class LitTransformer(L.LightningModule):
                 blocks: each block on its own (what activation checkpointing and sharded strategies compose with);
                 auto: step, unless activation checkpointing or FSDP/DeepSpeed is on.
             generation: How `predict` and validation/test BLEU decode (any GenerationConfig field, e.g.
-                --model.generation.num_beams 4); None uses the task's defaults (GenerationConfig.for_task).
+                --model.generation.num_beams 4): the command line's fields over the task's defaults
+                (GenerationConfig.for_task); None uses those defaults.
             init_from: Weights to start from (see lit_transformer.interop.pretrained): a Hugging Face GPT-2, Llama
                 or Marian folder (its tokenizer then the data's: --data.init_args.tokenizer DIR/tokenizer.json), an
                 encoder's .ckpt (a masked LM or classifier) under a new head, or any other .ckpt of ours. Read once:

@@ -49,8 +49,8 @@ class GenerateSamples(L.Callback):
         """
         Args:
             prompts: Prompts for a decoder-only model; None starts from a newline.
-            generation: How a language model's samples are decoded (e.g. --samples.generation.max_new_tokens 120);
-                None uses its task's defaults (GenerationConfig.for_task). Translations are decoded as the
+            generation: How a language model's samples are decoded (e.g. --samples.generation.max_new_tokens 120):
+                the command line's fields over its task's defaults (GenerationConfig.for_task); None uses those. Translations are decoded as the
                 LightningModule's own generation config says, as BLEU is.
             num_translations: Validation sources translated for an encoder-decoder model.
             seed: Seed of the sampling generator, so successive samples differ only by what the model learned.
