@@ -74,3 +74,45 @@ def test_max_layers_zero_turns_the_maps_off_without_a_forward_pass(monkeypatch):
     module = SimpleNamespace(tokenizer=object(), task=SimpleNamespace(attention=lambda *a: calls.append("forward")))
     AttentionMaps(max_layers=0).on_validation_epoch_end(trainer, module)
     assert calls == []
+
+
+class _Ids:
+    """A tokenizer stand-in: each id decodes to its number."""
+
+    def decode(self, ids, skip_special_tokens=False) -> str:
+        return str(ids[0])
+
+
+@pytest.mark.parametrize("kind", ["encoder_only", "encoder_decoder", "decoder_only"])
+def test_maps_of_the_first_tokens_are_the_models_weights_on_the_whole_sample_cut_to_them(kind: str):
+    """max_tokens cuts what is drawn, not what the model reads: an encoder attends over the whole sample (its later
+    tokens and eos), so its weights (and the cross-attention's) are the whole sample's, cut to the first tokens."""
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.model import Transformer
+    from lit_transformer.tasks.base import Task
+    from lit_transformer.tasks.translation import Translation
+
+    torch.manual_seed(0)
+    extra = {"encoder_only": {"head": "masked_lm", "mask_token_id": 3}}.get(kind, {})
+    model = Transformer(TransformerConfig.preset("tiny", topology=kind, **extra)).eval()
+    module = SimpleNamespace(model=model, config=model.config, device=torch.device("cpu"), tokenizer=_Ids(),
+                             target_tokenizer=_Ids())  # fmt: skip
+    ids = torch.randint(4, 128, (1, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    n = 4
+    with torch.no_grad():
+        if kind == "encoder_decoder":
+            tgt = ids[:, :7]
+            batch = {"src": ids, "src_mask": mask, "tgt_in": tgt, "tgt_mask": torch.ones_like(tgt, dtype=torch.bool)}
+            shown, axes = Translation().attention(module, batch, n)
+            _, full = model(ids, tgt, src_mask=mask, return_attention=True)
+            expected = {"encoder": (n, n), "self": (n, n), "cross": (n, n)}
+        else:
+            shown, axes = Task().attention(module, {"input_ids": ids, "attention_mask": mask}, n)
+            _, full = model(ids, attention_mask=mask, return_attention=True)
+            expected = {name: (n, n) for name in full}
+    assert set(shown) == set(expected)
+    for name, (queries, keys) in expected.items():
+        assert [len(axis) for axis in axes[name]] == [queries, keys]
+        for layer, weights in enumerate(shown[name]):
+            torch.testing.assert_close(weights, full[name][layer][..., :queries, :keys], msg=f"{name} {layer}")

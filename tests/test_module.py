@@ -141,6 +141,54 @@ def test_per_batch_normalization_averages_the_micro_batch_means() -> None:
     _assert_same_gradients(_first_step_gradient(token_module(loss_normalization="batch"), batches, 2), expected)
 
 
+class _StepLosses(L.pytorch.loggers.Logger):
+    """The train/loss and train/ppl each optimizer step logs."""
+
+    name, version = "step_losses", 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int, dict]] = []
+
+    def log_hyperparams(self, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if "train/loss" in metrics:
+            self.logged.append((step, {k: metrics[k] for k in ("train/loss", "train/ppl")}))
+
+
+@pytest.mark.parametrize("normalization", ["tokens", "batch"])
+def test_the_logged_training_loss_is_the_whole_steps_over_accumulated_micro_batches(normalization: str) -> None:
+    """train/loss (and ppl) of a step of two uneven micro-batches is the loss its gradient is of: per target token of
+    both (tokens), the mean of the two micro-batches' means (batch); never the last micro-batch's own."""
+    batches, logger = micro_batches(0), _StepLosses()
+    lit = token_module(loss_normalization=normalization)
+    with torch.no_grad():  # (summed NLL, target count) of each micro-batch, by hand
+        sums = [
+            (
+                torch.nn.functional.cross_entropy(
+                    lit(b).flatten(0, 1), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+                ),
+                int((b["labels"] != IGNORE_INDEX).sum()),
+            )
+            for b in batches
+        ]
+    if normalization == "tokens":
+        expected = sum(s[0] for s in sums) / sum(s[1] for s in sums)
+    else:
+        expected = sum(s[0] / s[1] for s in sums) / len(sums)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, accumulate_grad_batches=2, log_every_n_steps=1,
+                        logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(lit, train_dataloaders=DataLoader(batches, batch_size=None))
+    last_alone = sums[1][0] / sums[1][1]
+    assert abs(float(expected - last_alone)) > 1e-3  # the case tells the two apart
+    assert len(logger.logged) == 1
+    assert logger.logged[0][1]["train/loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert logger.logged[0][1]["train/ppl"] == pytest.approx(math.exp(float(expected)), rel=1e-5)
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_normalize_by_the_tokens_of_both_ranks(tmp_path) -> None:
     """2 CPU ranks x 2 uneven micro-batches: both ranks step with the gradient of all four batches' tokens, and end

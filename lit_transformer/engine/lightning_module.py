@@ -285,16 +285,12 @@ class LitTransformer(L.LightningModule):
         self.flops_per_batch = self.model.flops_per_token(tokens.size(1)) * tokens.numel()
         self._check_batch(batch)
         loss_sum, nll_sum, count = (self._compiled_sums or self._training_sums)(batch)
-        if self.hparams.loss_normalization == "batch":
-            batch_size = tokens.size(0)
-            loss = loss_sum / count.clamp(min=1)
-            if self._logs_this_step():
-                self.log("train/loss", loss, batch_size=batch_size)
-                self.log("train/ppl", (nll_sum.detach() / count.clamp(min=1)).exp(), batch_size=batch_size)
-            return loss
+        if self.hparams.loss_normalization == "batch":  # its mean, counted once: the step logs the means' mean
+            loss_sum, nll_sum = loss_sum / count.clamp(min=1), nll_sum / count.clamp(min=1)
+            count = torch.ones_like(count)
         sums = torch.stack([loss_sum.detach(), nll_sum.detach(), count.to(loss_sum.dtype)]).float()
         self._step_sums = sums if self._step_sums is None else self._step_sums + sums
-        # The summed loss; optimizer_step divides the step's gradient by its token count once all are known.
+        # The summed loss (batch: the mean); with tokens, optimizer_step divides the step's gradient by its count.
         return loss_sum
 
     def optimizer_step(
@@ -408,6 +404,10 @@ class LitTransformer(L.LightningModule):
         # non-finite guard and clipping).
         if self._logs_this_step():
             self.log("train/grad_norm", gradient_norm(self.trainer, optimizer))
+        if self.hparams.loss_normalization == "batch" and self._step_sums is not None:
+            (loss, nll, micro_batches), self._step_sums = self._step_sums.unbind(), None
+            if self._logs_this_step():
+                self.log_dict({"train/loss": loss / micro_batches, "train/ppl": (nll / micro_batches).exp()})
 
     def _logs_this_step(self) -> bool:
         """Whether training metrics are logged at this step: the steps the trainer writes logs at, the first and the

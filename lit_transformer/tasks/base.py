@@ -280,7 +280,13 @@ class Task(torch.nn.Module):
         if "attention_mask" in batch:
             row = row[batch["attention_mask"][0].bool()]
         tokens = row[:max_tokens]
-        _, attentions = module.model(tokens[None].to(module.device), return_attention=True)
+        # A causal model's first tokens attend to each other alone: run on them, their weights are exact. A
+        # bidirectional encoder reads the whole row; its weights are then cut to the first tokens (a row of the map
+        # sums to less than 1 where later tokens draw attention), not those of the first tokens on their own.
+        shown = tokens if not module.config.is_encoder_only else row
+        _, attentions = module.model(shown[None].to(module.device), return_attention=True)
+        n = len(tokens)
+        attentions = {kind: [w[..., :n, :n] for w in layers] for kind, layers in attentions.items()}
         labels = self.attention_labels(module, token_labels(module.tokenizer, tokens))
         return attentions, {kind: (labels, labels) for kind in attentions}
 

@@ -125,9 +125,18 @@ class Translation(Task):
     def attention(self, module: Any, batch: dict[str, Any], max_tokens: int) -> tuple[dict, dict]:
         # The masks say what is padding: OPUS-MT's targets start from the pad token itself.
         pad = module.config.pad_token_id
-        src = _real_tokens(batch, "src", "src_mask", pad)[:max_tokens]
-        tgt = _real_tokens(batch, "tgt_in", "tgt_mask", pad)[:max_tokens]
-        _, attentions = module.model(src[None].to(module.device), tgt[None].to(module.device), return_attention=True)
+        source = _real_tokens(batch, "src", "src_mask", pad)
+        src = source[:max_tokens]
+        tgt = _real_tokens(batch, "tgt_in", "tgt_mask", pad)[:max_tokens]  # causal: its first tokens are exact alone
+        # The encoder reads the whole source (its eos too), as it does for this pair; its weights and the
+        # cross-attention's are then cut to the first source tokens (rows sum to less than 1 where later ones draw).
+        _, attentions = module.model(source[None].to(module.device), tgt[None].to(module.device), return_attention=True)
+        n = len(src)
+        attentions = {
+            "encoder": [w[..., :n, :n] for w in attentions["encoder"]],
+            "self": attentions["self"],
+            "cross": [w[..., :n] for w in attentions["cross"]],
+        }
         src_tokens = token_labels(module.tokenizer, src)
         tgt_tokens = token_labels(module.target_tokenizer, tgt)
         axes = {
