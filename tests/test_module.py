@@ -141,28 +141,11 @@ def test_per_batch_normalization_averages_the_micro_batch_means() -> None:
     _assert_same_gradients(_first_step_gradient(token_module(loss_normalization="batch"), batches, 2), expected)
 
 
-class _StepLosses(L.pytorch.loggers.Logger):
-    """The train/loss and train/ppl each optimizer step logs."""
-
-    name, version = "step_losses", 0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.logged: list[tuple[int, dict]] = []
-
-    def log_hyperparams(self, *args, **kwargs) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        if "train/loss" in metrics:
-            self.logged.append((step, {k: metrics[k] for k in ("train/loss", "train/ppl")}))
-
-
 @pytest.mark.parametrize("normalization", ["tokens", "batch"])
 def test_the_logged_training_loss_is_the_whole_steps_over_accumulated_micro_batches(normalization: str) -> None:
     """train/loss (and ppl) of a step of two uneven micro-batches is the loss its gradient is of: per target token of
     both (tokens), the mean of the two micro-batches' means (batch); never the last micro-batch's own."""
-    batches, logger = micro_batches(0), _StepLosses()
+    batches, logger = micro_batches(0), RecordedLogs("train/loss")
     lit = token_module(loss_normalization=normalization)
     with torch.no_grad():  # (summed NLL, target count) of each micro-batch, by hand
         sums = [
@@ -476,20 +459,21 @@ def test_the_engine_calls_each_transform_hook_at_its_own():
     assert calls[1:] == [("save", True), ("load", True)]
 
 
-class ThroughputLogs(L.pytorch.loggers.Logger):
-    """A logger that keeps the throughput monitor's records: (step, metrics) each time it logged."""
+class RecordedLogs(L.pytorch.loggers.Logger):
+    """A logger that keeps (step, metrics) each time the metrics it logs hold `key`."""
 
     name, version = "recorded", 0
 
-    def __init__(self) -> None:
+    def __init__(self, key: str = "train/device/items_per_sec") -> None:
         super().__init__()
+        self.key = key
         self.logged: list[tuple[int, dict]] = []
 
     def log_hyperparams(self, *args, **kwargs) -> None:
         pass
 
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        if "train/device/items_per_sec" in metrics:
+        if self.key in metrics:
             self.logged.append((step, metrics))
 
 
@@ -498,7 +482,7 @@ def test_throughput_is_logged_at_optimizer_steps_and_counts_every_micro_batch() 
     steps), never between the micro-batches, and each interval counts the tokens of both."""
     from lit_transformer.engine.monitoring import TokenThroughputMonitor
 
-    monitor, logger, batches = TokenThroughputMonitor(peak_flops=1e12), ThroughputLogs(), _batches(128, n=8)
+    monitor, logger, batches = TokenThroughputMonitor(peak_flops=1e12), RecordedLogs(), _batches(128, n=8)
     seen: list[tuple[int, int]] = []  # (global_step, logs so far) after each batch
 
     class Watch(L.Callback):
@@ -535,7 +519,7 @@ def test_the_cpu_peak_is_measured_at_the_first_mfu_log_once_per_process(monkeypa
 
     assert fit(logger=False) == [] and calls == []
     for run in ("first", "second"):
-        logged = fit(log_every_n_steps=1, logger=ThroughputLogs())
+        logged = fit(log_every_n_steps=1, logger=RecordedLogs())
         assert len(logged) == 2, run
         for metrics in logged:  # MFU against the measured peak, from the first log on
             assert metrics["train/device/mfu"] == pytest.approx(metrics["train/device/flops_per_sec"] / 1e11), run
