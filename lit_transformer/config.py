@@ -374,7 +374,9 @@ class TransformerConfig:
         if not self.is_encoder_decoder or self.source != "tokens":
             return False
         if self.share_embeddings is None:
-            return self.target_vocab_size in (None, self.vocab_size)
+            # A target_vocab_size is a separate vocabulary even at the source's size (two tokenizers of one size:
+            # shared_vocab false): id i names another piece on each side, so one matrix would serve both.
+            return self.target_vocab_size is None
         return self.share_embeddings
 
     @property

@@ -296,7 +296,17 @@ def _inputs(flag: str, path: str, what: str) -> list[str]:
         raise BadFileError(f"{flag} {path} is a folder: give a text file with one {what} per line")
     if not Path(path).is_file():
         raise MissingFileError(f"{flag} {path} does not exist: give a text file with one {what} per line")
-    lines = read_inputs(path)
+    try:
+        lines = read_inputs(path)
+    except DataFileError as error:
+        # read_inputs names predict's encoding setting, which this command does not have: it reads UTF-8.
+        message, hint = str(error), "; if the file is in another encoding, name it"
+        if hint not in message:
+            raise
+        raise DataFileError(
+            f"{message.split(hint)[0]}: {flag} reads UTF-8; convert the file first, e.g. "
+            f"iconv -f latin-1 -t UTF-8 {path} > {Path(path).stem}.utf8{Path(path).suffix}"
+        ) from None
     if not lines:
         raise DataFileError(f"{flag} {path} is empty: write one {what} per line")
     return lines
@@ -379,7 +389,10 @@ def run_translate(args) -> None:
 
 
 def translate(loaded: LoadedModel, texts: Sequence[str], gen: GenerationConfig) -> list[str]:
-    """Translations of a batch of sentences."""
+    """Translations of a batch of sentences, decoded as `predict` and `serve` decode them: cut by the stop strings
+    (--stop, which this command's flags offer) and at the EOS, which decoding alone left in."""
+    from lit_transformer.tasks.base import generation_rows
+
     src, mask = loaded.batch(texts)
-    out = loaded.model.generate(src, gen, attention_mask=mask)
-    return loaded.decode(out)
+    rows = generation_rows(loaded.model, loaded.target_tokenizer, gen, src, mask, list(texts))
+    return [row["output"] for row in rows]

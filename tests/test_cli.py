@@ -225,7 +225,7 @@ def test_a_decoding_field_given_keeps_the_tasks_other_defaults(tiny_run, tmp_pat
         cli = run_cli(args, run=False)
     for name, value in model_expected.items():
         assert getattr(cli.model.generation, name) == value, name
-        assert cli.config.model.generation[name] == value and getattr(cli.model.hparams["generation"], name) == value
+        assert cli.config.model.generation[name] == value and cli.model.hparams["generation"][name] == value
     (samples,) = [c for c in cli.trainer.callbacks if isinstance(c, GenerateSamples)]
     for name, value in (samples_expected or {}).items():
         assert getattr(samples.generation, name) == value and cli.config.samples.generation[name] == value, name
@@ -497,6 +497,22 @@ def test_generate_runs_past_the_context_and_serves_people(tiny_run: Path):
     assert out.startswith("\n") and len(out) > 1
 
 
+@pytest.mark.parametrize("flag", ["--input", "--prompt_file"])
+def test_an_input_file_not_in_utf8_is_refused_with_a_fix_the_command_has(tmp_path: Path, flag):
+    """`translate --input` and `generate --prompt_file` read UTF-8 and have no encoding setting: the refusal of a
+    Latin-1 file named predict's --data.init_args.encoding, which both commands reject as an unknown key."""
+    from lit_transformer.data.sources import DataFileError
+    from lit_transformer.inference import _inputs
+
+    path = tmp_path / "latin.txt"
+    path.write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(DataFileError) as refused:
+        _inputs(flag, str(path), "sentence")
+    message = str(refused.value)
+    assert "--data.init_args.encoding" not in message
+    assert f"{path}:1 is not utf-8 text" in message and f"{flag} reads UTF-8" in message and "iconv" in message
+
+
 @pytest.mark.parametrize("num_beams", ["1", "2"])
 def test_generate_s_text_ends_before_the_eos_token_id_it_is_given(tiny_run: Path, num_beams):
     """--eos_token_id naming a token the model writes ends the text before it, greedy or beams, as predict's and
@@ -689,6 +705,15 @@ def test_translation_trains_logs_bleu_and_translates(tmp_path: Path):
         cwd=run,
     ).stdout.splitlines()
     assert [r["output"] for r in rows] == translated
+    # A stop string, which translate's flags offer, cuts its output as it cuts predict's (translate ignored it).
+    stop = max(translated, key=len)[1:3]
+    assert len(stop) == 2, translated
+    _cli("predict", *args, "--model.generation.max_new_tokens", "12", f'--model.generation.stop=["{stop}"]', cwd=run)
+    rows = [json.loads(line) for line in (run / "out.jsonl").read_text().splitlines()]
+    common = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--max_new_tokens", "12", "--num_beams", "2"]
+    stopped = _cli("translate", *common, "--input", "sources.txt", "--stop", stop, cwd=run).stdout.splitlines()
+    assert [r["output"] for r in rows] == stopped and all(stop not in line for line in stopped)
+    assert stopped != translated
 
 
 @pytest.mark.parametrize(

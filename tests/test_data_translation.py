@@ -93,6 +93,22 @@ def test_separate_vocabularies(tmp_path):
     assert "ñ" not in dm.tokenizer.get_vocab() and "í" in dm.target_tokenizer.get_vocab()
 
 
+def test_separate_vocabularies_of_one_size_get_separate_embeddings(tmp_path):
+    """shared_vocab false with two tokenizers of one size (each char tokenizer capped at 16 symbols): id i is
+    another character on each side, so the model linked from the data keeps the source and target embeddings apart
+    (they were one matrix: target_vocab_size == vocab_size read as one vocabulary). One id table still shares."""
+    from lit_transformer.config import TransformerConfig
+
+    dm = make(tmp_path, write_tsv(tmp_path / "d"), shared_vocab=False, vocab_size=16)
+    assert dm.tokenizer.get_vocab_size() == dm.target_tokenizer.get_vocab_size() == 16
+    assert dm.tokenizer.get_vocab() != dm.target_tokenizer.get_vocab()
+    linked = dict(vocab_size=dm.vocab_size, target_vocab_size=dm.target_vocab_size)
+    assert not TransformerConfig.preset("tiny", topology="encoder_decoder", **linked).shares_embeddings
+    shared = make(tmp_path, tmp_path / "d", vocab_size=16)
+    linked = dict(vocab_size=shared.vocab_size, target_vocab_size=shared.target_vocab_size)
+    assert TransformerConfig.preset("tiny", topology="encoder_decoder", **linked).shares_embeddings
+
+
 def test_separate_vocabularies_from_a_checkpoint(tmp_path):
     """A .ckpt as the tokenizer (evaluating or fine-tuning its model) gives each side its own saved tokenizer, and
     the keys of the data tokenized by them: the same shards as the run that trained them."""

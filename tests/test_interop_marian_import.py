@@ -197,6 +197,30 @@ def test_opus_mt_sentencepiece_tokenizers_segment_and_number_as_marian_does(tmp_
         spm_tokenizer(tmp_path / "source.spm", {"a": 0, "b": 2})
 
 
+def test_opus_mt_sentencepiece_tokenizers_never_segment_with_the_other_languages_pieces(tmp_path):
+    """vocab.json numbers both languages' pieces; SentencePiece (and transformers' MarianTokenizer) segments a source
+    with source.spm's own pieces only. The other language's pieces scored min - 10: one of them ("▁abcd", -15) beat
+    this model's four pieces (-20), so `abcd` became an id the model never saw on that side."""
+    _spm_model(
+        tmp_path / "source.spm",
+        [("<unk>", 0, 2), ("</s>", 0, 3), ("\u2581a", -5.0, 1), ("b", -5.0, 1), ("c", -5.0, 1), ("d", -5.0, 1)],
+    )
+    vocab = {"</s>": 0, "<unk>": 1, "\u2581a": 2, "b": 3, "c": 4, "d": 5, "\u2581abcd": 6, "<pad>": 7}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    source, _ = load_hf_marian_tokenizers(tmp_path)
+    assert source.encode("abcd").ids == [2, 3, 4, 5]
+
+
+def test_opus_mt_sentencepiece_tokenizers_give_trailing_whitespace_no_piece(tmp_path):
+    """SentencePiece's remove_extra_whitespaces (its default, and OPUS-MT's) drops trailing whitespace: `translate
+    --text "ab "` or an input line ending in a space got one more "▁" token than Hugging Face's MarianTokenizer."""
+    _spm_model(tmp_path / "source.spm", [("<unk>", 0, 2), ("</s>", 0, 3), ("\u2581ab", -1.0, 1), ("\u2581", -3.0, 1)])
+    (tmp_path / "vocab.json").write_text(json.dumps({"</s>": 0, "<unk>": 1, "\u2581ab": 2, "\u2581": 3, "<pad>": 4}))
+    source, _ = load_hf_marian_tokenizers(tmp_path)
+    for text in ("ab", "ab ", "ab  ", "ab\t", " ab "):
+        assert source.encode(text).ids == [2], text
+
+
 # Words of a toy English -> Spanish corpus: source.spm holds the English ones, target.spm the Spanish ones, and one
 # vocab.json numbers both (as OPUS-MT's folders do), with no BOS: </s> first, <pad> last.
 EN, ES = ["the", "house", "is", "red", "dog", "big"], ["la", "casa", "es", "roja", "el", "perro", "grande"]

@@ -210,6 +210,19 @@ def test_separate_target_vocabulary():
     assert model(tokens(2, 5), tokens(2, 4, vocab=96)).shape == (2, 4, 96)
 
 
+def test_a_separate_target_vocabulary_of_the_sources_size_has_its_own_embedding():
+    """shared_vocab false trains two tokenizers, often of one size (both reach vocab_size): the CLI links
+    target_vocab_size == vocab_size, and the source and target embeddings were one matrix, id i standing for an English
+    piece on one side and a Spanish one on the other. Only target_vocab_size None (one tokenizer) shares."""
+    cfg = TransformerConfig.preset("tiny", topology="encoder_decoder")
+    separate = Transformer(cfg.replace(target_vocab_size=cfg.vocab_size))
+    assert separate.src_embed is not separate.tgt_embed and separate.lm_head.weight is separate.tgt_embed.weight
+    shared = Transformer(cfg)
+    assert shared.src_embed is shared.tgt_embed
+    forced = Transformer(cfg.replace(target_vocab_size=cfg.vocab_size, share_embeddings=True))
+    assert forced.src_embed is forced.tgt_embed
+
+
 def test_tying():
     three_way = build({"topology": "encoder_decoder", "tie_embeddings": True})
     assert three_way.src_embed.weight is three_way.tgt_embed.weight is three_way.lm_head.weight

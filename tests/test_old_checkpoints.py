@@ -127,3 +127,26 @@ def test_a_checkpoint_of_the_flat_layout_loads_and_decodes():
     logits = loaded.model(prompt)
     assert logits.shape == (1, prompt.size(1), loaded.model.config.vocab_size)
     assert torch.allclose(logits, module.model.eval()(prompt), atol=1e-6)
+
+
+def test_a_translation_run_of_two_tokenizers_of_one_size_resumes_with_its_one_embedding_matrix():
+    """Before, target_vocab_size equal to vocab_size (shared_vocab false, both tokenizers at the size cap) gave both
+    sides one embedding matrix; now only an unset target_vocab_size does. Such a checkpoint's weights and optimizer
+    state are of one matrix: its hyperparameters read as it was trained (shared), where its two tables are one."""
+    from lit_transformer.cli.lightning_cli import keep_one_embedding
+
+    config = {"topology": "encoder_decoder", "vocab_size": 16, "target_vocab_size": 16, "share_embeddings": None}
+    table = torch.randn(16, 4)
+    one = {"state_dict": {"model.src_embed.weight": table, "model.tgt_embed.weight": table.clone()}}
+    hparams = {"config": dict(config)}
+    keep_one_embedding(hparams, one)
+    assert hparams["config"]["share_embeddings"] is True
+    two = {"state_dict": {"model.src_embed.weight": table, "model.tgt_embed.weight": torch.randn(16, 4)}}
+    for checkpoint, given in (
+        (two, config),
+        (one, {**config, "share_embeddings": False}),
+        (one, {**config, "target_vocab_size": None}),
+    ):
+        hparams = {"config": dict(given)}
+        keep_one_embedding(hparams, checkpoint)
+        assert hparams["config"] == given

@@ -262,7 +262,9 @@ class TransformerCLI(LightningCLIHooks):
                 continue
             owner.generation = merged
             if group == "model" and "generation" in getattr(owner, "hparams", {}):
-                owner.hparams["generation"] = merged
+                # Plain data, as LightningCLI records it: a checkpoint is read with weights_only=True, which refuses a
+                # GenerationConfig object (test --ckpt_path, translate, average and resuming could not load the run).
+                owner.hparams["generation"] = dataclasses.asdict(merged)
             recorded = config.get(f"{group}.generation")
             if isinstance(recorded, jsonargparse.Namespace):
                 for name in names:
@@ -397,6 +399,7 @@ class TransformerCLI(LightningCLIHooks):
             hparams.pop(name, None)
         if subcommand == "fit":
             keep_schedule_length(self.config.fit.get("model"), hparams)
+        keep_one_embedding(hparams, checkpoint)
         if hparams.get("lora") and hparams.get("init_from"):  # a LoRA checkpoint: its base is read again
             check_lora_base(self.config[subcommand].model, hparams, str(path))
         unused = unused_settings(self.config[subcommand].get("model"), hparams, training=subcommand == "fit")
@@ -411,6 +414,24 @@ class TransformerCLI(LightningCLIHooks):
                     f"the hyperparameters saved in {path} do not parse as this version's LitTransformer ({detail}): "
                     "it was written by another version or another program"
                 ) from None
+
+
+def keep_one_embedding(hparams: dict, checkpoint: dict) -> None:
+    """A translation run of two tokenizers of one size written before TransformerConfig.shares_embeddings shared only
+    where target_vocab_size is unset: its config (target_vocab_size equal to vocab_size, share_embeddings unset) gave
+    both sides one embedding matrix, and its weights and optimizer state are of one. It is read as it was trained."""
+    config = hparams.get("config")
+    config = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+    if not isinstance(config, dict) or config.get("share_embeddings") is not None:
+        return
+    if config.get("topology") != "encoder_decoder" or config.get("target_vocab_size") != config.get("vocab_size"):
+        return
+    import torch
+
+    state = checkpoint.get("state_dict") or {}
+    source, target = state.get("model.src_embed.weight"), state.get("model.tgt_embed.weight")
+    if source is not None and target is not None and source.shape == target.shape and torch.equal(source, target):
+        hparams["config"] = {**config, "share_embeddings": True}
 
 
 def check_no_newer_last(config, path: str, checkpoint: dict) -> None:

@@ -69,8 +69,9 @@ def _without_post_processor(tokenizer: Tokenizer) -> Tokenizer:
 def spm_tokenizer(spm_file: str | os.PathLike, vocab: Mapping[str, int]) -> Tokenizer:
     """A `tokenizers` Unigram tokenizer that segments as the SentencePiece model `spm_file` does and numbers pieces
     as Marian's `vocab` (piece -> id) does. Read with the protobuf schema transformers ships, so the sentencepiece
-    package is not needed. Pieces of the id table the model lacks (the other language's) get a score below every
-    real piece, so segmentation prefers the model's own; the control tokens are special (skipped when decoding)."""
+    package is not needed. Pieces of the id table the model lacks (the other language's) get a score so far below
+    every real piece that no segmentation through the model's own pieces loses to one (SentencePiece, and Hugging
+    Face's MarianTokenizer, never use them); the control tokens are special (skipped when decoding)."""
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
     from tokenizers.models import Unigram
     from transformers.convert_slow_tokenizer import import_protobuf
@@ -78,7 +79,9 @@ def spm_tokenizer(spm_file: str | os.PathLike, vocab: Mapping[str, int]) -> Toke
     proto = import_protobuf().ModelProto()
     proto.ParseFromString(Path(spm_file).read_bytes())
     scores = {p.piece: p.score for p in proto.pieces}
-    floor = min(scores.values(), default=0.0) - 10.0
+    # Below any sum of real pieces a text can have: min - 10 still let one foreign piece (Spanish "▁presente") beat
+    # an English word's several pieces, ids the model never saw in that language.
+    floor = min(scores.values(), default=0.0) - 1e9
     ordered = sorted(vocab.items(), key=lambda item: item[1])
     if [i for _, i in ordered] != list(range(len(ordered))):
         raise ValueError(f"The id table beside {spm_file} does not number its pieces 0..{len(ordered) - 1}")
@@ -87,6 +90,8 @@ def spm_tokenizer(spm_file: str | os.PathLike, vocab: Mapping[str, int]) -> Toke
     steps = []
     if proto.normalizer_spec.precompiled_charsmap:
         steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+    if proto.normalizer_spec.remove_extra_whitespaces:  # SentencePiece's default: no piece for trailing whitespace
+        steps.append(normalizers.Strip(left=False, right=True))
     steps.append(normalizers.Replace(Regex(" {2,}"), " "))
     tokenizer.normalizer = normalizers.Sequence(steps)
     prepend = "always" if proto.normalizer_spec.add_dummy_prefix else "never"

@@ -206,6 +206,16 @@ class TranslationDataModule(DataModule):
         return (src, tgt), (src_key, tgt_key)
 
     @property
+    def target_vocab_size(self) -> int | None:
+        """None when both sides number their pieces by one id table (one tokenizer, or OPUS-MT's two SentencePiece
+        models over one vocab.json): the model may then share one embedding matrix. Two tokenizers of one size but
+        different pieces (shared_vocab false) give the target's size, which keeps the embeddings apart."""
+        source, target = self.tokenizers
+        if source is target or source.get_vocab() == target.get_vocab():
+            return None
+        return target.get_vocab_size()
+
+    @property
     def bos_token_id(self) -> int:
         """Where targets start (tgt_in = [bos] + target): a Marian folder says so in its config (OPUS-MT: <pad>)."""
         if self._marian_folder():
