@@ -263,7 +263,10 @@ class TransformerConfig:
             if self.pooling == "cls" and self.bos_token_id is None:
                 yield "pooling='cls' prepends bos_token_id as the [CLS] token; set bos_token_id"
         if self.is_encoder_only and self.head == "masked_lm" and self.mask_token_id is None:
-            yield "encoder_only with head='masked_lm' needs mask_token_id (the CLI links it from the tokenizer)"
+            yield (
+                "encoder_only with head='masked_lm' needs mask_token_id, which the CLI links from the tokenizer's "
+                "<mask> token: the language-model data adds one with --data.init_args.mask_token true"
+            )
         if self.is_encoder_decoder and self.share_embeddings and self.target_vocab_size not in (None, self.vocab_size):
             yield (
                 f"share_embeddings=True needs one vocabulary, but target_vocab_size={self.target_vocab_size} differs "

@@ -116,3 +116,27 @@ def test_maps_of_the_first_tokens_are_the_models_weights_on_the_whole_sample_cut
         assert [len(axis) for axis in axes[name]] == [queries, keys]
         for layer, weights in enumerate(shown[name]):
             torch.testing.assert_close(weights, full[name][layer][..., :queries, :keys], msg=f"{name} {layer}")
+
+
+def test_a_cls_pooling_classifiers_maps_have_the_cls_token_on_both_axes():
+    """pooling=cls: the model prepends [CLS], so the weights drawn are [CLS] and the first tokens, one label each
+    (they were cut to the tokens alone while the labels had [CLS] too, and drawing them failed at validation)."""
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.model import Transformer
+    from lit_transformer.tasks.classification import Classification
+
+    torch.manual_seed(0)
+    config = TransformerConfig.preset("tiny", topology="encoder_only", num_labels=3, pooling="cls", bos_token_id=1)
+    model = Transformer(config).eval()
+    module = SimpleNamespace(model=model, config=model.config, device=torch.device("cpu"), tokenizer=_Ids())
+    ids = torch.randint(4, 128, (1, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    n = 4
+    with torch.no_grad():
+        shown, axes = Classification().attention(module, {"input_ids": ids, "attention_mask": mask}, n)
+        _, full = model(ids, attention_mask=mask, return_attention=True)
+    queries, keys = axes["encoder"]
+    assert queries == keys == ["[CLS]", *[str(i) for i in ids[0, :n].tolist()]]
+    for layer, weights in enumerate(shown["encoder"]):
+        torch.testing.assert_close(weights, full["encoder"][layer][..., : n + 1, : n + 1])
+        heads_image(weights[0], queries, keys)  # drawable: one label per row and column

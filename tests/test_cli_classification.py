@@ -217,3 +217,42 @@ def test_classification_metrics_count_the_labels_predict_gives(multi_label: bool
     task.update_metrics(module, "val", Loss(zero, zero, zero, logits, labels))
     assert float(logged["val/f1"].compute()) == pytest.approx(f1_score(labels, predicted, average="macro"))
     assert float(logged["val/accuracy"].compute()) == pytest.approx(accuracy_score(truth, guess))
+
+
+@pytest.mark.parametrize(("trained", "given"), [(True, False), (False, True), (True, True), (False, False)])
+def test_evaluation_reads_the_data_multi_label_as_the_checkpoint_was_trained(trained: bool, given: bool) -> None:
+    """validate, test and predict of a multi-label checkpoint without --data.init_args.multi_label true read its label
+    lists as single labels and ended on "label ['music'] is not one of the label names ['music', ...]" (a single-label
+    checkpoint given multi_label true: a gather traceback); the checkpoint decides, as it does the label names."""
+    from lit_transformer.data import ClassificationDataModule
+
+    task = {"class_path": "lit_transformer.tasks.classification.Classification", "init_args": {"multi_label": trained}}
+    checkpoint = {"hyper_parameters": {"task": task}, "label_names": ["music", "politics"]}
+    args = {"tokenizer": "my_tokenizer.json", "multi_label": given}
+    changed = ClassificationDataModule.trained_args(args, checkpoint, "clf.ckpt")
+    assert changed.get("multi_label", given) is trained
+    assert changed["label_names"] == ["music", "politics"]
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_cls_classifier_needs_a_position_for_its_cls_token_before_training(pooling: str) -> None:
+    """pooling=cls prepends [CLS] to max_length tokens: max_length=max_seq_len passed the check before training and
+    the run failed mid-training at the first passage of max_length tokens ("A sequence of 130 positions exceeds")."""
+    from jsonargparse import Namespace
+
+    from lit_transformer.cli.lightning_cli import set_once
+    from lit_transformer.errors import ConfigError
+
+    def config(max_length: int) -> Namespace:
+        data = Namespace(class_path="lit_transformer.data.ClassificationDataModule",
+                         init_args=Namespace(max_length=max_length))  # fmt: skip
+        architecture = {"topology": "encoder_only", "head": "classification", "pooling": pooling,
+                        "positions": "learned", "max_seq_len": 129}  # fmt: skip
+        return Namespace(data=data, model=Namespace(config=Namespace(**architecture)))
+
+    set_once(config(128))  # the preset's: 128 tokens and [CLS]
+    if pooling == "cls":
+        with pytest.raises(ConfigError, match=r"max_length=129 needs 130 positions \(with the \[CLS\] token"):
+            set_once(config(129))
+    else:
+        set_once(config(129))

@@ -85,7 +85,7 @@ def test_the_masked_lm_output_is_tied_to_the_embedding_and_the_classifier_has_no
     ("fields", "message"),
     [
         ({"num_labels": None}, "needs num_labels"),
-        ({"head": "masked_lm"}, "needs mask_token_id"),
+        ({"head": "masked_lm"}, "needs mask_token_id.*--data.init_args.mask_token true"),
         ({"pooling": "cls", "bos_token_id": None}, "set bos_token_id"),
         ({"target_vocab_size": 64}, "encoder_decoder' only"),
         ({"pooling": "sum"}, "pooling='sum'"),
@@ -201,6 +201,18 @@ def test_balanced_class_weights_come_from_the_training_label_counts():
     with pytest.raises(ValueError, match="2 values for num_labels=3"):
         task = LitTransformer(config, task=Classification(class_weights=[1.0, 2.0])).task
         task.attach(SimpleNamespace(config=config), {})
+
+
+@pytest.mark.parametrize("weights", [[1.0, -1.0, 1.0], [1.0, float("nan"), 1.0], [1.0, float("inf"), 1.0]])
+def test_a_negative_or_non_finite_class_weight_is_refused_naming_the_key(weights: list[float]):
+    """A negative weight makes the loss push that class's probability down (torch's cross_entropy takes it silently);
+    nan or inf turn every step's loss into nan."""
+    from lit_transformer.errors import ConfigError
+    from lit_transformer.tasks import Classification
+
+    with pytest.raises(ConfigError, match="class_weights=.*finite number >= 0"):
+        Classification(class_weights=weights)
+    Classification(class_weights=[0.0, 1.0, 2.5])  # a zero weight (a class left out of the loss) stays allowed
 
 
 def test_a_masked_lm_trains_on_packed_language_model_blocks(tmp_path):

@@ -124,6 +124,19 @@ def test_wrong_shaped_images_name_the_expected_shape():
         model.encode(torch.rand(1, 3, 8, 8))
 
 
+def test_a_source_of_the_other_kind_names_the_data_setting_to_change():
+    """Images given to a features model (predict without features_dir) or features to an image model (with it): the
+    message said only the shape (and told the latter to resize its features); it names features_dir."""
+    images = build({**PAPER, **IMAGE})
+    with pytest.raises(
+        ValueError, match=r"got shape \(2, 5, 12\): features, .* leave data.init_args.features_dir unset"
+    ):
+        images.encode(torch.rand(2, 5, SOURCE_DIM))
+    features = build({**PAPER, **FEATURES})
+    with pytest.raises(ValueError, match=r"got shape \(2, 3, 8, 12\): images, .*--data.init_args.features_dir"):
+        features.encode(torch.rand(2, 3, 8, 12))
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

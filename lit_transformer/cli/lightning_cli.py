@@ -671,10 +671,15 @@ def set_once(config) -> None:
     longest = cls.longest_sequence(args)
     max_seq_len = architecture.get("max_seq_len")
     learned = architecture.get("positions") == "learned"  # the only positions that cannot go past max_seq_len
+    fields = {name: architecture.get(name) or defaults[name] for name in ("topology", "head", "pooling")}
+    cls_token = fields == {"topology": "encoder_only", "head": "classification", "pooling": "cls"}
+    if longest is not None and cls_token:  # the model prepends its [CLS] to the data's tokens
+        longest = (longest[0], longest[1] + 1)
     if learned and longest is not None and max_seq_len is not None and longest[1] > max_seq_len:
         key, need = longest
+        also = " (with the [CLS] token that pooling=cls prepends)" if cls_token else ""
         raise ConfigError(
-            f"data.init_args.{key}={args[key]} needs {need} positions but model.config.max_seq_len={max_seq_len}: "
+            f"data.init_args.{key}={args[key]} needs {need} positions{also} but model.config.max_seq_len={max_seq_len}: "
             f"raise model.config.max_seq_len to {need} or more, or lower data.init_args.{key}",
             keys=[f"data.init_args.{key}", "model.config.max_seq_len"],
         )

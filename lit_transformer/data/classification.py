@@ -163,6 +163,12 @@ class ClassificationDataModule(DataModule):
         changed = super().trained_args(args, checkpoint, path)
         if checkpoint.get("label_names") and not args.get("label_names"):
             changed["label_names"] = [str(name) for name in checkpoint["label_names"]]
+        # A multi-label classifier's outputs are a sigmoid per label, a single-label one's a softmax: its rows are read
+        # as it was trained (a multi-label checkpoint read single-label data failed on its label lists).
+        task = (checkpoint.get("hyper_parameters") or {}).get("task")
+        multi_label = (task.get("init_args") or {}).get("multi_label") if isinstance(task, dict) else None
+        if isinstance(multi_label, bool) and bool(args.get("multi_label")) != multi_label:
+            changed["multi_label"] = multi_label
         return changed
 
     def check_trained(self, checkpoint: dict[str, Any], path: str, resuming: bool) -> None:

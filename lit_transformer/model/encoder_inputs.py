@@ -25,9 +25,15 @@ class FeatureProjection(nn.Module):
 
     def forward(self, features: Tensor) -> Tensor:
         if features.dim() != 3 or features.shape[-1] != self.proj.in_features:
+            images = (
+                ": images, but this model reads precomputed features: give the data --data.init_args.features_dir "
+                "(predict: a predict_file folder of .npy or .safetensors feature files)"
+                if features.dim() == 4
+                else ""
+            )
             raise ConfigError(
                 f"source='features' takes (batch, regions, source_dim={self.proj.in_features}) vectors; got shape "
-                f"{tuple(features.shape)}"
+                f"{tuple(features.shape)}{images}"
             )
         return self.proj(features)
 
@@ -45,9 +51,12 @@ class PatchEmbedding(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         if images.dim() != 4 or images.shape[1] != self.channels or tuple(images.shape[2:]) != self.image_size:
+            fix = "resize them in the data"
+            if images.dim() == 3:  # (batch, regions, dim): precomputed features
+                fix = "features, but this model reads the pixels of images: leave data.init_args.features_dir unset"
             raise ConfigError(
                 f"source='patches' takes (batch, {self.channels}, {self.image_size[0]}, {self.image_size[1]}) images "
-                f"(image_channels, image_size); got shape {tuple(images.shape)}: resize them in the data"
+                f"(image_channels, image_size); got shape {tuple(images.shape)}: {fix}"
             )
         b, c, h, w = images.shape
         p = self.patch

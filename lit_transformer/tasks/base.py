@@ -285,9 +285,9 @@ class Task(torch.nn.Module):
         # sums to less than 1 where later tokens draw attention), not those of the first tokens on their own.
         shown = tokens if not module.config.is_encoder_only else row
         _, attentions = module.model(shown[None].to(module.device), return_attention=True)
-        n = len(tokens)
-        attentions = {kind: [w[..., :n, :n] for w in layers] for kind, layers in attentions.items()}
         labels = self.attention_labels(module, token_labels(module.tokenizer, tokens))
+        n = len(labels)  # a classifier's [CLS], which the model prepends, is a position of the weights too
+        attentions = {kind: [w[..., :n, :n] for w in layers] for kind, layers in attentions.items()}
         return attentions, {kind: (labels, labels) for kind in attentions}
 
     def attention_labels(self, module: Any, labels: list[str]) -> list[str]:

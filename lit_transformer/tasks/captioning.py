@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.base import STAGES, token_labels
@@ -33,6 +34,7 @@ class Captioning(Translation):
         super().__init__(label_smoothing)
         self.num_images = num_images
         self._shown: dict[str, Any] | None = None
+        self._noted_length = False
 
     def check_config(self, config) -> None:
         super().check_config(config)
@@ -62,6 +64,7 @@ class Captioning(Translation):
         mask = batch.get("src_mask")
         captions = module.generate_text(batch["src"][:rows], None if mask is None else mask[:rows])
         references = batch["references"][:rows]
+        self._note_short_generation(module, references)
         getattr(self, f"{stage}_bleu").update(captions, references)
         exact = [float(any(c == r for r in refs)) for c, refs in zip(captions, references, strict=True)]
         exact_match = getattr(self, f"{stage}_exact_match")
@@ -73,6 +76,23 @@ class Captioning(Translation):
             self._shown = {key: batch[key][: self.num_images] for key in ("src", "references", "image")}
             self._shown["src_mask"] = None if mask is None else mask[: self.num_images]
         return out
+
+    def _note_short_generation(self, module: Any, references: list[list[str]]) -> None:
+        """Say once when a reference needs more tokens (and its eos) than decoding may write: every caption is cut
+        there, so BLEU, exact match and predict's captions are of cut captions (the digits preset's max_new_tokens 8
+        on captions of a dozen words: exact match 0 with every teacher-forced token right)."""
+        limit, tokenizer = module.generation.max_new_tokens, getattr(module, "target_tokenizer", None)
+        if self._noted_length or limit is None or tokenizer is None:
+            return
+        texts = [ref for refs in references for ref in refs]
+        longest = max((len(e.ids) for e in tokenizer.encode_batch(texts)), default=0)
+        if longest + 1 > limit:
+            self._noted_length = True
+            rank_zero_info(
+                f"note: a reference caption takes {longest} tokens and its eos, but model.generation.max_new_tokens="
+                f"{limit} cuts every generated caption there (BLEU, exact match and predict's captions included): "
+                f"--model.generation.max_new_tokens {longest + 1} or more"
+            )
 
     def epoch_end(self, module: Any, stage: str) -> None:
         super().epoch_end(module, stage)

@@ -61,6 +61,13 @@ class Classification(Task):
                 class (softmax); None follows the DataModule's multi_label.
         """
         super().__init__(label_smoothing)
+        if isinstance(class_weights, list) and not all(0.0 <= float(w) < float("inf") for w in class_weights):
+            # A negative weight makes training push its class's probability down (and a step's weights may sum to 0).
+            raise ConfigError(
+                f"model.task.init_args.class_weights={class_weights}: each weight must be a finite number >= 0 "
+                '(larger for a rarer class), or "balanced"',
+                keys=["model.task.init_args.class_weights"],
+            )
         self.class_weights = class_weights
         self.multi_label = multi_label
         self.label_names: list[str] | None = None  # from the data; saved in checkpoints
