@@ -195,6 +195,46 @@ def test_a_failed_run_makes_the_command_exit_1_after_reporting(tmp_path: Path, m
     assert exit_info.value.code == 1 and (tmp_path / "results.md").exists()
 
 
+def test_a_fit_stopped_by_a_signal_is_not_finished_and_resumes(tmp_path: Path, monkeypatch):
+    """Ctrl-C (or a preemption's SIGTERM) makes fit save last.ckpt and exit 0: ablate marked the stopped run done, so
+    "run the same command again to resume" skipped it for good and tabulated a run of a few steps beside finished
+    ones. It is a stop now: no fit.done, and the next invocation resumes it from last.ckpt."""
+    grid = ablate.Grid.load(ROOT / "configs/ablations/smoke.yaml")
+    run = grid.runs(tmp_path, extra=[])[0]
+    saved = run.last_checkpoint
+    script = (
+        f"import pathlib, sys; p = pathlib.Path({str(saved)!r}); p.parent.mkdir(parents=True); p.write_bytes(b'x');"
+        f"print('Received SIGINT: saved {saved} at step 23; exiting.', file=sys.stderr)"
+    )
+    monkeypatch.setattr(ablate.Run, "command", lambda self, stage: [sys.executable, "-c", script])
+    assert run.execute("fit", {}) == 130 and not run.done("fit") and run.stages() == ["fit"]
+    monkeypatch.setattr(ablate.Run, "command", lambda self, stage: [sys.executable, "-c", "print('done')"])
+    assert run.execute("fit", {}) == 0 and run.done("fit")  # the resumed run that ends is finished (the log kept both)
+
+
+def test_runs_that_ran_with_other_flags_are_refused_rather_than_tabulated(tmp_path: Path, monkeypatch, capsys):
+    """docs/ablations.md's `--seeds 1 --cells heads-1 heads-8 -- --trainer.max_steps 50`, then the whole grid: the
+    50-step runs had fit.done, were skipped, and their numbers went into the grid's table (mean and spread over seeds
+    mixing 50 and 600 steps), silently. A run that began with other flags is refused, naming them."""
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    plain_run = subprocess.run
+
+    def fits(argv, **kw):  # each fit "runs" at once; the machine's facts (git) as before
+        return subprocess.CompletedProcess(argv, 0) if "lit_transformer" in argv[:3] else plain_run(argv, **kw)
+
+    monkeypatch.setattr(ablate.subprocess, "run", fits)
+    monkeypatch.setattr(ablate, "report", lambda *args: None)
+    assert ablate.ablate([grid, "--out", str(tmp_path), "--cells", "post-ln", "--", "--trainer.max_steps", "5"]) == 0
+    assert (tmp_path / "post-ln" / "seed-1" / "fit.done").exists()
+    with pytest.raises(ablate.ConfigError, match=r"smoke/post-ln/seed-1 ran with `--trainer.max_steps 5`"):
+        ablate.ablate([grid, "--out", str(tmp_path)])
+    with pytest.raises(ablate.ConfigError, match=r"ran with `5` where this command has `7`"):
+        ablate.ablate([grid, "--out", str(tmp_path), "--", "--trainer.max_steps", "7"])
+    capsys.readouterr()
+    assert ablate.ablate([grid, "--out", str(tmp_path), "--", "--trainer.max_steps", "5"]) == 0  # the same: resumed
+    assert "1 of 2 runs already finished; running 1" in capsys.readouterr().out
+
+
 def test_the_command_has_its_own_help():
     done = subprocess.run([sys.executable, "-m", "lit_transformer.recipes.ablate", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)  # fmt: skip

@@ -62,6 +62,47 @@ def test_the_average_of_checkpoints_is_their_element_wise_mean(tmp_path, tokeniz
     assert average_checkpoints(paths[::-1])["global_step"] == 400  # the newest's metadata, whatever the order
 
 
+def test_tied_float64_weights_are_averaged_once(tmp_path, tokenizer_json):
+    """A float64 run (precision 64-true) with tied embeddings: .double() returned the first checkpoint's tensor
+    itself, shared by the tied names, so each name added the others' weights to it again ((w1 + 3 w2) / 2)."""
+    config = CONFIG.replace(tie_embeddings=True)
+    paths = []
+    for step in (100, 200):
+        torch.manual_seed(step)
+        model = Transformer(config).double()
+        state = {f"model.{k}": v for k, v in model.state_dict(keep_vars=False).items()}
+        torch.save({"global_step": step, "state_dict": state, "hyper_parameters": {"config": config},
+                    "tokenizer": tokenizer_json}, tmp_path / f"{step}.ckpt")  # fmt: skip
+        paths.append(tmp_path / f"{step}.ckpt")
+    states = [torch.load(p)["state_dict"] for p in paths]
+    averaged = average_checkpoints(paths)["state_dict"]
+    for name, value in averaged.items():
+        torch.testing.assert_close(value, (states[0][name] + states[1][name]) / 2, rtol=0, atol=1e-12, msg=name)
+
+
+def test_the_translation_recipe_refuses_a_run_without_an_ema(tmp_path, tokenizer_json):
+    """translation-recipe on a run trained without EMAWeightAveraging printed an `ema` row: the last checkpoint's
+    weights scored again under the EMA's name. Refused before anything is written, naming the callback."""
+    from lit_transformer.recipes import translation_recipe
+
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    for step in (100, 200):
+        _write(tmp_path / "run" / "checkpoints" / f"step{step:06d}.ckpt", step, tokenizer_json)
+    argv = ["--run", str(tmp_path / "run"), "--config", str(TINY_TRANSLATE), "--last", "2"]
+    with pytest.raises(ConfigError, match="holds no EMA(.|\n)*EMAWeightAveraging"):
+        translation_recipe.main(argv)
+    assert not (tmp_path / "run" / "recipe").exists()
+
+
+@pytest.mark.parametrize("value", [4.2e-05, 3.5e16, 0.0312, 33.77, float("inf")])
+def test_the_translation_recipe_reads_the_metrics_test_prints(value):
+    """Lightning prints a metric as str(float): a BLEU of 4.2e-05 was read as 4.2, a perplexity of 3.5e+16 as 3.5."""
+    from lit_transformer.recipes.translation_recipe import _metric
+
+    table = f"│         test/bleu         │    {value}     │\n│         test/ppl          │    7.11     │"
+    assert _metric(table, "test/bleu") == value and _metric(table, "test/ppl") == 7.11
+
+
 def test_a_mismatched_architecture_is_refused_naming_the_fields(tmp_path, tokenizer_json):
     a = _write(tmp_path / "a.ckpt", 100, tokenizer_json)
     b = _write(tmp_path / "b.ckpt", 200, tokenizer_json, CONFIG.replace(d_model=32, d_ff=64))

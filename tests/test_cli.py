@@ -231,6 +231,21 @@ def test_a_decoding_field_given_keeps_the_tasks_other_defaults(tiny_run, tmp_pat
         assert getattr(samples.generation, name) == value and cli.config.samples.generation[name] == value, name
 
 
+def test_the_merged_decoding_settings_keep_the_runs_checkpoints_loadable(tiny_run, tmp_path):
+    """The merged model.generation went into the hyperparameters as a GenerationConfig object, which a weights_only
+    load refuses: every checkpoint of a run with a `generation:` block (tiny-translate, translate-en-es) was refused
+    by test --ckpt_path, translate, average and fit --ckpt_path. It is recorded as plain data, as LightningCLI's are."""
+    from lit_transformer.checkpoints.files import load_checkpoint
+
+    args = ["--config", str(CONFIGS / "presets" / "tiny-translate.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    args += ["--data.init_args.cache_dir", str(tiny_run / "cache")]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(args, run=False)
+    torch.save({"hyper_parameters": dict(cli.model.hparams)}, tmp_path / "hparams.ckpt")
+    saved = load_checkpoint(tmp_path / "hparams.ckpt")["hyper_parameters"]["generation"]
+    assert saved["num_beams"] == 2 and saved["length_penalty_form"] == "gnmt"
+
+
 def test_evaluation_tokenizes_with_the_checkpoints_tokenizer(tiny_run: Path):
     """validate, test and predict read their data with the tokenizer saved in --ckpt_path: trained again from these
     data settings (a shorter sample of the corpus), the char tokenizer would hold other characters under other ids."""

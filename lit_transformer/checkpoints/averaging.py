@@ -169,7 +169,9 @@ def average_checkpoints(paths: Sequence[str | Path], weights: Weights = "saved")
             newest = (step, {k: v for k, v in checkpoint.items() if k not in TRAINING_STATE}, state)
         if reference is None:
             reference, ref_path, ref_state = checkpoint, path, state
-            sums = {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
+            # copies: .double() of a float64 tensor is the tensor itself, and tied weights (one tensor under several
+            # names) then summed into one accumulator once per name
+            sums = {k: v.to(torch.float64, copy=True) if v.is_floating_point() else v for k, v in state.items()}
         else:
             _check_same_model(reference, checkpoint, ref_path, path)
             if set(state) != set(sums) or any(state[k].shape != sums[k].shape for k in sums):

@@ -49,6 +49,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -77,6 +78,9 @@ from lit_transformer.records import machine, read_runs, write_run
 LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 # What a model that cannot take a longer context says (positions.LearnedPositions): recorded as such, not a failure.
 REFUSED = "cannot extrapolate"
+# What fit says when a signal stopped it after saving last.ckpt (engine/preemption.py), exiting with status 0.
+STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+PREEMPTED = re.compile(r"Received (SIG[A-Z]+): saved .* at step \d+; exiting\.")
 EVAL_FLAG = "data.init_args.block_size"
 CURVES = ("val/loss", "val/ppl", "val/bleu", "train/loss")
 # (column title, run folder's TensorBoard version, tag, digits)
@@ -325,8 +329,17 @@ class Run:
         with open(self.folder / f"{stage}.log", "a") as log:
             log.write(f"$ {shlex.join(argv)}\n")
             log.flush()
+            begin = log.tell()
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
         wall = time.monotonic() - start
+        if code == 0:
+            # fit saves last.ckpt and exits 0 on SIGINT/SIGTERM (PreemptionCheckpoint): Ctrl-C, or a preemption, is
+            # not the end of training; the next invocation resumes it rather than tabulating the stopped run
+            with open(self.folder / f"{stage}.log", "rb") as log:
+                log.seek(begin)
+                stopped = PREEMPTED.search(log.read().decode(errors="replace"))
+            if stopped:
+                code = 128 + getattr(signal, stopped[1], signal.SIGINT)
         write_run(self.folder / "timings.jsonl", {"stage": stage, "wall_s": round(wall, 2), "returncode": code},
                   command=shlex.join(argv), machine=facts)  # fmt: skip
         refused = code != 0 and stage.startswith("eval-") and REFUSED in (self.folder / f"{stage}.log").read_text()
@@ -375,15 +388,20 @@ def run_all(runs: list[Run], jobs: int, env: dict[str, str]) -> list[str]:
     print(f"{len(runs) - len(pending)} of {len(runs)} runs already finished; running {len(pending)}", flush=True)
     failed: list[str] = []
     lock = threading.Lock()
+    interrupted = threading.Event()
 
     def work(run: Run) -> None:
         for stage in run.stages():
+            if interrupted.is_set():  # Ctrl-C: the pool's running runs end; none starts its next stage
+                return
             resumed = " (resuming)" if stage == "fit" and run.last_checkpoint.exists() else ""
             with lock:
                 print(f"start {run.label} {stage}{resumed}", flush=True)
             code = run.execute(stage, env)
             with lock:
                 status = "ok" if code == 0 else f"FAILED (exit {code}, see {run.folder / (stage + '.log')})"
+                if code in STOPPED and run.last_checkpoint.exists():
+                    status = f"stopped by a signal (exit {code}; the same command again resumes it from last.ckpt)"
                 print(f"{status}: {run.label} {stage}", flush=True)
             if code != 0:
                 failed.append(run.label)
@@ -394,6 +412,7 @@ def run_all(runs: list[Run], jobs: int, env: dict[str, str]) -> list[str]:
         for future in as_completed([pool.submit(work, run) for run in pending]):
             future.result()
     except KeyboardInterrupt:
+        interrupted.set()
         pool.shutdown(wait=False, cancel_futures=True)
         print("interrupted: run the same command again to resume", file=sys.stderr)
         raise SystemExit(130) from None
@@ -763,6 +782,51 @@ def check_cells(wanted: list[str], grids: list[Grid]) -> list[Grid]:
     return kept
 
 
+def _settings(command: list[str]) -> list[str]:
+    """A fit command's flags as they set up the run: not the interpreter, not --ckpt_path (a resume's), and each
+    --config as the file it names."""
+    tokens, kept = command[1:], []
+    skip = False
+    for i, token in enumerate(tokens):
+        if skip:
+            skip = False
+            continue
+        if token == "--ckpt_path":
+            skip = True
+            continue
+        kept.append(os.path.realpath(token) if i and tokens[i - 1] == "--config" else token)
+    return kept
+
+
+def check_settings(runs: list[Run]) -> None:
+    """Refuse, before anything runs, runs that began with other flags (an edited grid or cell, other flags after
+    `--`): a finished one was skipped and tabulated as this command's (a 50-step run of `--cells ... -- --trainer.
+    max_steps 50` in the 600-step table, its mean and spread over seeds mixing the two), an interrupted one resumed
+    under the new flags."""
+    changed = []
+    for run in runs:
+        recorded = run.command_of("fit")
+        if recorded is None or not (run.done("fit") or run.last_checkpoint.exists()):
+            continue
+        before, now = _settings(shlex.split(recorded)), _settings(run.command("fit"))
+        if before != now:
+            opcodes = difflib.SequenceMatcher(a=before, b=now, autojunk=False).get_opcodes()
+            gone = [shlex.join(before[i1:i2]) for op, i1, i2, _, _ in opcodes if op in ("delete", "replace")]
+            new = [shlex.join(now[j1:j2]) for op, _, _, j1, j2 in opcodes if op in ("insert", "replace")]
+            changed.append(
+                f"{run.label} ran with `{' ... '.join(gone) or 'nothing more'}` where this command has "
+                f"`{' ... '.join(new) or 'nothing'}`"
+            )
+    if changed:
+        raise ConfigError(
+            f"{len(changed)} run(s) in the output folder began with other settings than this command gives them, "
+            "and would be skipped or resumed and tabulated as its own: "
+            + "; ".join(changed[:4])
+            + (" ..." if len(changed) > 4 else ""),
+            hint="Give these settings their own --out, or delete those run folders to run them again.",
+        )
+
+
 def check_out(out: Path, given: Path | None) -> None:
     """Refuse an output folder a file stands in the way of, before anything runs (mkdir failed after the runs)."""
     for folder in (out, *out.parents):
@@ -813,6 +877,8 @@ def ablate(argv: list[str] | None = None) -> int:
         plan.append((grid, out, grid.runs(out, extra)))
 
     all_runs = [run for _, _, runs in plan for run in runs]
+    if not args.report_only and args.time_steps is None:
+        check_settings(all_runs)
     if args.time_steps is not None:
         env = thread_env(1, args.threads or (None if args.jobs == 1 else max(1, (os.cpu_count() or 1) // args.jobs)))
         if args.dry_run:

@@ -56,7 +56,8 @@ def _cli(*args: str) -> str:
 
 
 def _metric(output: str, name: str) -> float:
-    match = re.search(rf"{re.escape(name)}\s*[│|]\s*([0-9.]+)", output)
+    # Lightning prints str(float): 4.2e-05, 3.5e+16 (read as 4.2 and 3.5 by digits and dots alone), nan, inf
+    match = re.search(rf"{re.escape(name)}\s*[│|]\s*([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))", output)
     if not match:
         raise RuntimeError(f"{name} not found in the test output:\n{output[-2000:]}")
     return float(match[1])
@@ -217,6 +218,18 @@ def main(argv: list[str] | None = None) -> None:
             "(--checkpoint.filename 'step{step:06d}' --checkpoint.monitor step --checkpoint.mode max "
             "--checkpoint.save_top_k 5: the last five), or give a smaller --last"
         )
+    if not args.plot_only:
+        from lit_transformer.checkpoints.averaging import _peek
+
+        if "current_model_state" not in _peek(steps[-1]):  # its "ema" would be the last step's weights, as "single"
+            raise ConfigError(
+                f"--run {args.run}: {steps[-1].name} holds no EMA of the weights (no current_model_state beside its "
+                "state_dict): the run was trained without Lightning's EMAWeightAveraging, so the recipe's `ema` row "
+                "would score the last checkpoint again under the EMA's name. Train as translate-en-es-gpu.yaml does "
+                "(--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging), or average it alone: "
+                f"python -m lit_transformer average --checkpoints {args.run / 'checkpoints'} --last {args.last} "
+                "--output avg.ckpt"
+            )
     facts = machine()
     args.plot = args.plot or args.run / "recipe" / "val-bleu.png"
     if args.plot.is_dir():  # matplotlib would write FOLDER.png beside it
