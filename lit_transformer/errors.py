@@ -61,6 +61,37 @@ class WriteError(FileError, OSError):
     what is still good."""
 
 
+def make_folder(path, what: str, keys: Sequence[str] = (), file=None) -> None:
+    """Make the folder `path` and its parents, for what the flag or key `what` names (`file`: the file the user gave,
+    which goes in that folder): a folder that cannot be made (a file in the way, no permission) is the WriteError
+    naming the flag, not an OSError's traceback."""
+    import os
+
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        where = f"{what} {path}: the folder" if file is None else f"{what} {file}: its folder {path}"
+        raise WriteError(
+            f"{where} cannot be made ({error.strerror or error}): give a path in a folder you can write", keys=keys
+        ) from error
+
+
+def check_folder_can_be_made(path, what: str) -> None:
+    """Refuse, before any work and without making it, a folder that cannot be made: a file at or above `path`, or
+    a nearest existing folder that is not writable (the WriteError naming the flag `what`)."""
+    import os
+
+    above = os.path.abspath(path)
+    while not os.path.exists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if os.path.exists(above) and not os.path.isdir(above):
+        raise WriteError(f"{what} {path}: the folder cannot be made, {above} is a file: give a folder's path")
+    if os.path.isdir(above) and not os.access(above, os.W_OK | os.X_OK):
+        raise WriteError(
+            f"{what} {path}: the folder cannot be made, {above} is not writable: give a folder you can write"
+        )
+
+
 def user_error(error: BaseException) -> UserError | None:
     """The UserError an exception is, or was raised from (a library that wraps what it called, as jsonargparse wraps
     a class's refusal of its arguments, passes the user's mistake on as the `__cause__`); None for a bug."""

@@ -742,3 +742,107 @@ def test_a_resume_with_another_block_size_is_told_that_the_context_is_the_checkp
                        str(context // 2))  # fmt: skip
     check_refused("config: a resume's block size", code, err, 2, "data.init_args.block_size")
     assert f"resumes a model whose context is {context} tokens" in err and f"--model.init_from {path}" in err
+
+
+# ---- mistakes the walks above do not draw (a newcomer's session) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "key"),
+    [
+        (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches"),  # ZeroDivisionError
+        (["--trainer.val_check_interval", "0"], "trainer.val_check_interval"),  # ZeroDivisionError
+        (["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch"),  # ZeroDivisionError
+        (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val"),  # accepted: gradient ascent
+        (["--seed_everything=-1"], "seed_everything"),  # numpy's ValueError from Lightning's seeding
+        (["--trainer.accelerator", "tpu"], "trainer.accelerator"),  # ModuleNotFoundError: torch_xla
+        (["--model.compile", "true", "--model.compile_mode", "fastest"], "model.compile_mode"),  # torch's RuntimeError
+        (["--model.optim.lr", "-1e-3"], "--model.optim.lr=-1e-3"),  # "argument --model.optim: expected one argument"
+    ],
+)  # fmt: skip
+def test_a_trainer_or_model_value_a_run_cannot_use_is_refused_before_the_data(place, flags, key):
+    """Values Lightning or torch took without a word and failed on at the first step (a traceback after the data was
+    prepared), or ran wrongly (a negative clip bound multiplies every gradient by a negative factor): refused from the
+    command line, naming the key, before any data is read."""
+    code, err = answer("fit", "--config", "presets/tiny", *flags)
+    check_refused("config: a value a run cannot use", code, err, 2, key)
+    assert "shakespeare:" not in err  # no data was read
+
+
+@pytest.mark.parametrize("key", ["trainer.default_root_dir", "checkpoint.dirpath", "trainer.logger.init_args.save_dir"])
+@pytest.mark.parametrize("below", [False, True])
+def test_a_run_folder_that_is_a_file_is_refused_before_the_data(place, key, below):
+    """A file where the run's folders go (or above them) ended in NotADirectoryError / FileExistsError tracebacks
+    once the data was prepared."""
+    (place / "notes.txt").write_text("mine\n")
+    folder = "notes.txt/run" if below else "notes.txt"
+    code, err = answer("fit", "--config", "presets/tiny", f"--{key}", folder)
+    check_refused("file: a run folder that is a file", code, err, 1, key)
+    assert (place / "notes.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("text", ["", "# every line commented out\n# trainer:\n#   max_steps: 3\n"])
+def test_an_empty_config_is_refused_naming_it(place, text):
+    """An empty YAML (or comments only) was answered "error: Unexpected config:", naming no file."""
+    (place / "empty.yaml").write_text(text)
+    code, err = answer("fit", "--config", "presets/tiny", "--config", "empty.yaml")
+    check_refused("config: empty", code, err, 2, "empty.yaml")
+
+
+def test_a_key_given_twice_in_a_yaml_is_refused_with_both_lines(place):
+    """YAML loaders keep the last of two equal keys: a second `trainer:` section silently dropped the first's keys."""
+    (place / "twice.yaml").write_text("trainer:\n  max_steps: 3\nmodel:\n  config:\n    d_model: 64\ntrainer:\n"
+                                      "  precision: 32-true\n")  # fmt: skip
+    code, err = answer("fit", "--config", "presets/tiny", "--config", "twice.yaml")
+    check_refused("config: a key twice", code, err, 2, "twice.yaml:6")
+    assert "'trainer'" in err and "line 1" in err
+
+
+def test_a_negative_value_in_scientific_notation_names_the_flag_and_the_form_that_reads(place):
+    code, err = answer("generate", "--checkpoint", str(OLD / "language_modeling.ckpt"), "--temperature", "-1e-3")
+    check_refused("config: a negative value", code, err, 2, "--temperature=-1e-3")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "--checkpoint", str(OLD / "language_modeling.ckpt"), "--format", "safetensors", "--out",
+         "notes.txt/export"],
+        ["average", "--checkpoints", str(OLD / "language_modeling.ckpt"), "--output", "notes.txt/avg.ckpt"],
+        ["digit-strips", "--count", "1", "--out", "notes.txt/strips"],
+    ],
+    ids=["export", "average", "digit-strips"],
+)  # fmt: skip
+def test_an_output_folder_that_cannot_be_made_is_refused(place, argv):
+    """An output path below a file was a NotADirectoryError / FileExistsError traceback (export's after the load)."""
+    (place / "notes.txt").write_text("mine\n")
+    code, err = answer(*argv)
+    check_refused("file: an output folder", code, err, 1, "notes.txt")
+    assert (place / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_checkpoint_whose_hyperparameters_hold_its_decoding_settings_loads(place):
+    """fit recorded model.generation as a GenerationConfig object (tiny-translate's `generation: {num_beams: 2}`),
+    which every weights_only load refused as an unsafe pickle: translate, test, export and average could not read
+    the run's checkpoints. Such files load; new ones hold plain data."""
+    from lit_transformer.checkpoints.files import load_checkpoint
+    from lit_transformer.config import GenerationConfig
+
+    checkpoint = torch.load(OLD / "translation.ckpt", map_location="cpu", weights_only=False)
+    checkpoint["hyper_parameters"]["generation"] = GenerationConfig(num_beams=2, length_penalty=0.6)
+    torch.save(checkpoint, place / "decoding.ckpt")
+    assert load_checkpoint(place / "decoding.ckpt")["hyper_parameters"]["generation"].num_beams == 2
+    code, err = answer("translate", "--checkpoint", "decoding.ckpt", "--text", "a", "--max_new_tokens", "2")
+    assert code == 0, err[-2000:]
+
+
+@pytest.mark.parametrize("content", [None, "{oops"], ids=["no config.json", "a torn config.json"])
+def test_an_init_from_folder_that_is_not_a_model_is_refused(place, content):
+    """`--model.init_from` an empty folder was a FileNotFoundError traceback (config.json), a torn config.json a
+    JSONDecodeError: each is refused naming the file."""
+    folder = place / f"not-a-model-{content is None}"
+    folder.mkdir(exist_ok=True)
+    if content is not None:
+        (folder / "config.json").write_text(content)
+    code, err = answer("fit", "--config", "presets/tiny", "--model.init_from", folder.name)
+    check_refused("file: init_from folder", code, err, 1, "config.json")

@@ -49,6 +49,7 @@ KNOWN = [
     r"[\w.\-/]+: pairs per split \{.*\}.*",
     r"predict: writing .*\.jsonl",
     r"checkpoints: (final|none written) .*",
+    r"note: model\.optim\.warmup_steps=\d+ is not below the \d+ optimizer steps .*",  # a short test run
     r"Wrote .*",
     r"",
 ]

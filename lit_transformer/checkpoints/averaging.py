@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 
 from lit_transformer.checkpoints.files import CheckpointError, atomic_save, config_differences, load_checkpoint
-from lit_transformer.errors import ConfigError, MissingFileError, UserError
+from lit_transformer.errors import ConfigError, MissingFileError, UserError, make_folder
 
 Weights = Literal["saved", "trained"]
 """saved: each checkpoint's state_dict (what test/translate load; with an EMA callback, the EMA weights); trained: the
@@ -223,9 +223,9 @@ def run_average(args) -> None:
     steps = parse_steps(args.steps) if args.steps is not None else None
     output = Path(args.output)
     check_output(output)
+    make_folder(output.parent, "--output", file=output)  # before the checkpoints are read
     paths = select_checkpoints(args.checkpoints, args.last, steps)
     averaged = average_checkpoints(paths, args.weights)
-    output.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(averaged, output)
     listed = ", ".join(f"{Path(e['path']).name} (step {e['step']})" for e in averaged["averaged_from"])
     if len(paths) == 1:  # a folder of one step (last.ckpt and its best are one step): nothing was averaged

@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 
-from lit_transformer.config import TransformerConfig
+from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.errors import BadFileError, MissingFileError, WriteError
 
 # Plain data types that Lightning checkpoints of this package may hold in ``hyper_parameters``: each is rebuilt from
 # its fields or its string parts and runs no code of the file's choosing. Add a type here only if that holds for it.
 SAFE_GLOBALS: list[type] = [
     TransformerConfig,
+    GenerationConfig,  # the decoding settings a run records (model.generation)
     pathlib.Path,
     pathlib.PosixPath,
     pathlib.PurePosixPath,

@@ -192,8 +192,12 @@ def existing_config(value: str, given_as: str = "--config") -> str:
             hint=f"{hint}Packaged configs go by name, for example --config base or --config presets/tiny "
             f"(all of them: {packaged_configs()}).",
         )
-    if not _inline(resolved):
-        read_config(resolved)
+    if not _inline(resolved) and not read_config(resolved) and given_as != "grid":
+        # jsonargparse answered an empty file with "Unexpected config:" and no name
+        raise ConfigError(
+            f"{given_as} {value} holds no keys (it is empty, or comments only): give a config with `model:`, "
+            "`data:` or `trainer:` keys, or leave it out"
+        )
     return resolved
 
 
@@ -228,7 +232,30 @@ def read_config(path: str) -> dict:
             f"{path} holds a YAML {type(tree).__name__}, not a mapping of keys: write `model:`, `data:`, "
             "`trainer:` sections (see configs/base.yaml)"
         )
+    _check_unique_keys(yaml.compose(text), path)
     return tree
+
+
+def _check_unique_keys(node, path: str) -> None:
+    """A key given twice in one mapping is refused naming both lines: YAML loaders keep the last silently, so a
+    second `trainer:` section dropped every key of the first."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    raise ConfigError(
+                        f"{path}:{line}: the key {key.value!r} is given twice in one mapping (also at line "
+                        f"{seen[key.value]}); YAML keeps only the last, dropping the first: merge them into one",
+                    )
+                seen[key.value] = line
+            _check_unique_keys(value, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_unique_keys(item, path)
 
 
 def _inline(value: str) -> bool:
@@ -324,11 +351,32 @@ def set_by_class(class_path: str, option: str) -> str | None:
     return None
 
 
+def _negative_value(message: str, argv: Sequence[str]) -> str | None:
+    """argparse takes a value that starts with '-' for a flag unless it looks like a plain negative number, so
+    `--model.optim.lr -1e-3` or `--temperature -1e-3` was refused as "argument --model.optim: expected one argument",
+    naming neither the key nor the value: the refusal names both and the form argparse reads."""
+    found = re.search(r"argument (--[\w.\-]+): expected one argument", message)
+    if found is None:
+        return None
+    for flag, value in zip(argv, argv[1:]):
+        if flag.startswith(found.group(1)) and "=" not in flag and value.startswith("-"):
+            try:
+                float(value)
+            except ValueError:
+                continue
+            return (f"{flag} {value}: a value that starts with '-' reads as another flag here; write it with '=': "
+                    f"{flag}={value}")  # fmt: skip
+    return None
+
+
 def refusal(message: str, parser: ArgumentParser, argv: Sequence[str]) -> ConfigError:
     """A parse error of jsonargparse as a ConfigError: the key, where it came from, the nearest valid keys or the
     choices, and the help that lists the keys."""
     prog = parser.prog.replace(" [options]", "")
     help_hint = f"Run '{prog} --help' for every key."
+    negative = _negative_value(message, argv)
+    if negative is not None:
+        return ConfigError(negative, hint=help_hint)
     nested = _NESTED.search(message)
     parser_key = _PARSER_KEY.search(message)
     if nested and parser_key:

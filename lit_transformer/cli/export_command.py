@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from lit_transformer.errors import ConfigError
+from lit_transformer.errors import ConfigError, check_folder_can_be_made
 from lit_transformer.inference import (
     LoadedModel,
     load_model,
@@ -80,6 +80,7 @@ def run_export(args) -> None:
         raise ConfigError(f"--out {args.out} is a file: export writes a folder; give a new or existing one")
     if args.quantize != "none" and args.format in ("hf", "peft"):
         raise ConfigError(f"--quantize {args.quantize} exports as --format safetensors or onnx, not {args.format}")
+    check_folder_can_be_made(args.out, "--out")  # before the checkpoint is loaded; made once the export is sure
     if args.format == "peft":
         print(f"Wrote {export_peft(args.checkpoint, args.out, args.base)}")
         return

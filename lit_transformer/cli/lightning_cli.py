@@ -59,7 +59,7 @@ from lit_transformer.engine.optimizers import Optimization, check_optimizer_prec
 from lit_transformer.engine.preemption import PreemptionCheckpoint, exit_on_signals
 from lit_transformer.engine.step_seed import StepSeed
 from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
-from lit_transformer.errors import ConfigError, UserError
+from lit_transformer.errors import ConfigError, UserError, WriteError
 from lit_transformer.tasks import task_class_of
 from lit_transformer.transforms.options import LoraOptions
 
@@ -144,6 +144,15 @@ class TransformerCLI(LightningCLIHooks):
         except jsonargparse.ArgumentError as error:
             check_data_flags_after_its_class(argv[1:])
             raise refusal(str(error), subparser or parser, argv[1:]) from None
+        config = self.config.get(argv[0]) if argv and argv[0] in LightningCLI.subcommands() else self.config
+        seed = config.get("seed_everything") if hasattr(config, "get") else None
+        if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= 2**32 - 1:
+            # before Lightning seeds: its ValueError was a traceback
+            raise ConfigError(
+                f"seed_everything={seed} is outside the seeds numpy takes (0 to {2**32 - 1}): give a seed in that "
+                "range, or true for a random one (the run records it)",
+                keys=["seed_everything"],
+            )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in TOKENIZER_LINKS + DATA_LINKS:
@@ -209,6 +218,7 @@ class TransformerCLI(LightningCLIHooks):
                 check_optimizer_precision(optim.get("optimizer"), optim.get("eps"), trainer.precision)
         check_device_options(trainer.accelerator, strategy, trainer.precision)
         check_trainer_options(trainer)
+        check_run_folders(config)
         check_task_and_data(config)
         check_before_data(config, self.subcommand)
         log_evaluation_beside_training(config, self.subcommand)
@@ -738,6 +748,7 @@ def check_trainer_options(trainer) -> None:
     ConfigError the real Trainer's refusal would be, later."""
     options = {name: trainer.get(name) for name in PLAIN_TRAINER_OPTIONS}
     options = {name: value for name, value in options.items() if isinstance(value, str | int | float | bool)}
+    check_trainer_numbers(options)
     quiet = logging.getLogger("lightning.pytorch")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
@@ -748,6 +759,68 @@ def check_trainer_options(trainer) -> None:
                       enable_model_summary=False, **options)  # fmt: skip
     finally:
         quiet.setLevel(level)
+
+
+def check_run_folders(config) -> None:
+    """The folders a run writes its logs and checkpoints in (trainer.default_root_dir, checkpoint.dirpath, the
+    logger's save_dir) are folders or can be made: a file there (or above) ended in a NotADirectoryError or
+    FileExistsError traceback once the data was prepared."""
+    folders = [("trainer.default_root_dir", config.get("trainer.default_root_dir"))]
+    if "checkpoint" in config and config.get("checkpoint") is not None:
+        folders.append(("checkpoint.dirpath", config.get("checkpoint").get("dirpath")))
+    loggers = config.get("trainer.logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init_args = getattr(logger, "init_args", None)
+        if init_args is not None and hasattr(init_args, "get"):
+            folders.append(("trainer.logger.init_args.save_dir", init_args.get("save_dir")))
+    for key, folder in folders:
+        if not isinstance(folder, str | Path) or "://" in str(folder):
+            continue
+        path = Path(folder).expanduser()
+        above = path
+        while not above.exists() and above != above.parent:
+            above = above.parent
+        if above.exists() and not above.is_dir():
+            where = "is a file" if above == path else f"cannot be made: {above} is a file"
+            raise WriteError(
+                f"{key} {folder} {where}; the run writes its logs and checkpoints in folders: give a folder's path "
+                "(a new one is made)",
+                keys=[key],
+            )
+
+
+def check_trainer_numbers(options: dict[str, Any]) -> None:
+    """The trainer numbers Lightning takes without a word but cannot use: 0 batches to accumulate and a validation
+    every 0 steps or epochs end in a ZeroDivisionError at the first step; a negative gradient_clip_val scales every gradient
+    by a negative factor (torch's clip coefficient max_norm / norm), so the run climbs the loss."""
+
+    def number(name: str) -> float | None:
+        value = options.get(name)
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    accumulate, interval, clip, every = (number(n) for n in ("accumulate_grad_batches", "val_check_interval",
+                                                             "gradient_clip_val", "check_val_every_n_epoch"))  # fmt: skip
+    if every is not None and every < 1:
+        raise ConfigError(
+            f"trainer.check_val_every_n_epoch={every} must be >= 1, or null to validate by steps "
+            "(trainer.val_check_interval)",
+            keys=["trainer.check_val_every_n_epoch"],
+        )
+    if accumulate is not None and accumulate < 1:
+        raise ConfigError(f"trainer.accumulate_grad_batches={accumulate} must be >= 1 (1 accumulates nothing)",
+                          keys=["trainer.accumulate_grad_batches"])  # fmt: skip
+    if interval is not None and interval <= 0:
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} must be above 0: a number of training batches (an integer), or "
+            "a fraction of an epoch (a float up to 1.0); to validate less, give more steps or a check_val_every_n_epoch",
+            keys=["trainer.val_check_interval"],
+        )
+    if clip is not None and clip < 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val={clip} must be >= 0: a negative bound turns every gradient around (the loss "
+            "climbs); give a positive bound such as 1.0, or 0 / null for no clipping",
+            keys=["trainer.gradient_clip_val"],
+        )
 
 
 def check_before_data(config, subcommand: str | None) -> None:
@@ -771,6 +844,10 @@ def check_before_data(config, subcommand: str | None) -> None:
                 f"{context}, or measure length extrapolation with sinusoidal, rope or alibi positions",
                 keys=["data.init_args.block_size"],
             )
+    if model is not None and model.get("compile_mode"):  # a typo failed at the first compiled step
+        from lit_transformer.transforms.compilation import check_compile_mode
+
+        check_compile_mode(model.get("compile_mode"))
     if subcommand == "predict" and init_args is not None and "predict_file" in init_args:
         if not init_args.get("predict_file") and not init_args.get("predict_dir"):
             from lit_transformer.data.base import PREDICT_FILE_NEEDED

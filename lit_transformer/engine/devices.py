@@ -46,6 +46,11 @@ def check_device_options(accelerator: Any = "auto", strategy: Any = "auto", prec
             f"trainer.accelerator={accelerator!r} needs a CUDA GPU, and this machine has none "
             "(torch.cuda.is_available() is False). Use --trainer.accelerator=cpu (or auto)."
         )
+    if accelerator_name == "tpu" and not _has_module("torch_xla"):
+        raise DeviceOptionError(
+            f"trainer.accelerator={accelerator!r} needs a TPU with torch_xla installed, and this machine has no "
+            "torch_xla. Use --trainer.accelerator=cpu (or auto, or gpu on a CUDA machine)."
+        )
     on_cpu = accelerator_name == "cpu" or not has_gpu
     if not on_cpu:
         return
@@ -61,6 +66,12 @@ def check_device_options(accelerator: Any = "auto", strategy: Any = "auto", prec
             "slower here; 16-mixed falls back to bf16). Use --trainer.precision=32-true on CPU.",
             stacklevel=2,
         )
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 # What gloo, NCCL and the c10d store say when the other end of a collective died (its sockets closed) or hung (no

@@ -18,7 +18,7 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from lit_transformer.config import GenerationConfig
-from lit_transformer.errors import ConfigError
+from lit_transformer.errors import ConfigError, make_folder
 
 
 def _tensorboard(trainer: L.Trainer):
@@ -258,7 +258,7 @@ class PredictionWriter(BasePredictionWriter):
                 "give another file",
                 keys=["predictions.output", "data.init_args.predict_file"],
             )
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent, "--predictions.output", keys=["predictions.output"], file=path)
         self.path = path
         self._part = _part_file(path, trainer.global_rank) if trainer.world_size > 1 else None
         rank_zero_info(f"predict: writing {path}")

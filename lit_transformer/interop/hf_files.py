@@ -15,7 +15,7 @@ from tokenizers.processors import TemplateProcessing
 from lit_transformer.checkpoints.files import follow_umask
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.sources import is_local_name
-from lit_transformer.errors import ConfigError, MissingFileError
+from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
 
 # The switches none of the Hugging Face architectures we write can hold: field -> (the value they all have, what
 # they lack). zero_init_output is an initialisation only, so any format holds a model trained with it.
@@ -162,4 +162,23 @@ def write_hf_folder(
 def read_hf_folder(directory: str | os.PathLike, what: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json as a dict, the weights) of a Hugging Face model folder or, when online, a hub name."""
     folder = resolve_folder(str(directory), what=what)
-    return json.loads((folder / "config.json").read_text()), read_state_dict(folder)
+    return check_hf_config(folder, what), read_state_dict(folder)
+
+
+def check_hf_config(folder: str | os.PathLike, what: str = "Hugging Face model") -> dict | None:
+    """A local model folder's config.json as a dict; a folder without one, or one that is not JSON, is refused naming
+    it (an empty folder given to init_from was a FileNotFoundError traceback, a torn config.json a JSONDecodeError).
+    None for a name that is not a local folder (a hub name)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    config = folder / "config.json"
+    if not config.is_file():
+        raise MissingFileError(
+            f"{folder} is a folder without a config.json, not a {what} folder: give a Hugging Face model folder "
+            "(config.json and model.safetensors) or a .ckpt written by `fit`"
+        )
+    try:
+        return json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadFileError(f"{config} is not a JSON config ({error}): copy the model folder again") from None

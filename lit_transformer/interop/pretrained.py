@@ -60,10 +60,12 @@ def load_init_from(init_from: str, config: TransformerConfig) -> tuple[Transform
 def load_hf_model(folder: str, base: TransformerConfig | None = None) -> Transformer:
     """Our Transformer (eval mode) from a Hugging Face folder (or, online, a hub name): Marian, Llama or else GPT-2, as
     its config.json says; `base`, when given, supplies dropout and initialisation."""
+    from lit_transformer.interop.hf_files import check_hf_config
     from lit_transformer.interop.hf_gpt2 import load_hf_gpt2
     from lit_transformer.interop.hf_llama import load_hf_llama
     from lit_transformer.interop.hf_marian import is_marian_folder, load_hf_marian
 
+    check_hf_config(folder)
     if is_marian_folder(folder):
         return load_hf_marian(folder, base=base)
     if hf_model_type(folder) == "llama":

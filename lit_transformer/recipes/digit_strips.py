@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> None:
         from lit_transformer.errors import ConfigError
 
         raise ConfigError(f"--out {out} is a file: the strips go to a folder; give a new or existing one")
-    out.mkdir(parents=True, exist_ok=True)
+    from lit_transformer.errors import make_folder
+
+    make_folder(out, "--out")
     for stale in _earlier_strips(out, args.count):  # a folder's images are all captioned by predict: none left over
         stale.unlink()
     strips = digit_strips(args.split, args.count)

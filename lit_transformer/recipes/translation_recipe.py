@@ -219,9 +219,10 @@ def main(argv: list[str] | None = None) -> None:
             "--checkpoint.save_top_k 5: the last five), or give a smaller --last"
         )
     if not args.plot_only:
-        from lit_transformer.checkpoints.averaging import _peek
+        from lit_transformer.checkpoints.files import load_checkpoint
 
-        if "current_model_state" not in _peek(steps[-1]):  # its "ema" would be the last step's weights, as "single"
+        # without an EMA, its "ema" row would be the last step's weights, as "single"
+        if "current_model_state" not in load_checkpoint(steps[-1], mmap=True):
             raise ConfigError(
                 f"--run {args.run}: {steps[-1].name} holds no EMA of the weights (no current_model_state beside its "
                 "state_dict): the run was trained without Lightning's EMAWeightAveraging, so the recipe's `ema` row "

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lit_transformer.errors import ConfigError
 from lit_transformer.transforms.base import blocks
 
 
@@ -64,3 +65,18 @@ class CompiledStep:
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         return self.compiled(batch)
+
+
+def check_compile_mode(mode: str) -> None:
+    """torch.compile's mode, judged by torch itself before any data is read: an unknown one (a typo) raised a
+    RuntimeError at the first compiled step, after the data was prepared."""
+    from torch._inductor import list_mode_options
+
+    try:
+        list_mode_options(mode)
+    except RuntimeError as error:
+        known = str(error).split("should be one of:", 1)[-1].strip()
+        raise ConfigError(
+            f"model.compile_mode={mode!r} is not a torch.compile mode: give one of {known}, or null (torch's default)",
+            keys=["model.compile_mode"],
+        ) from error
