@@ -246,6 +246,23 @@ def test_the_merged_decoding_settings_keep_the_runs_checkpoints_loadable(tiny_ru
     assert saved["num_beams"] == 2 and saved["length_penalty_form"] == "gnmt"
 
 
+def test_the_runs_config_yaml_records_the_merged_decoding_settings(tiny_run, tmp_path):
+    """config.yaml is written from a clone of the config (RunConfigFile keeps RUN_FOLDER), taken before the decoding
+    fields were merged over the task's defaults: tiny-translate's run recorded length_penalty 1.0, form length and no
+    early stopping, so the file given again with --config decoded otherwise than the run it came from."""
+    import yaml
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    args = ["--config", str(CONFIGS / "presets" / "tiny-translate.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    args += ["--data.init_args.cache_dir", str(tiny_run / "cache")]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(args, run=False)
+    (saver,) = [c for c in cli.trainer.callbacks if isinstance(c, SaveConfigCallback)]
+    recorded = yaml.safe_load(saver.parser.dump(saver.config, skip_none=False))["model"]["generation"]
+    assert recorded["num_beams"] == 2 and recorded["length_penalty_form"] == "gnmt"
+    assert recorded["length_penalty"] == 0.6 and recorded["early_stopping"] is True
+
+
 def test_evaluation_tokenizes_with_the_checkpoints_tokenizer(tiny_run: Path):
     """validate, test and predict read their data with the tokenizer saved in --ckpt_path: trained again from these
     data settings (a shorter sample of the corpus), the char tokenizer would hold other characters under other ids."""

@@ -411,6 +411,17 @@ def test_a_name_picks_its_split_by_the_whole_word():
         assert sources.split_of(name) == "train", name
 
 
+def test_a_split_word_run_into_set_or_data_still_picks_its_split():
+    """testset.txt and devset.txt picked test and validation by the old prefix rule; the whole-word rule read them as
+    training text (a warning, then the test set trained on)."""
+    for name, split in [("testset.txt", "test"), ("devset.jsonl", "validation"), ("valset.csv", "validation"),
+                        ("test_set.txt", "test"), ("testdata.txt", "test"), ("testing.txt", "test"),
+                        ("trainset.txt", "train")]:  # fmt: skip
+        assert sources.split_of(name) == split, name
+    for name in ("testament_of_youth.txt", "developers.jsonl", "settlement.txt", "devsetup.txt", "validity.csv"):
+        assert sources.split_of(name) == "train", name
+
+
 @pytest.mark.parametrize(
     "name, body, hint",
     [

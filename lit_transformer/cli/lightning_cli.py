@@ -150,7 +150,7 @@ class TransformerCLI(LightningCLIHooks):
             # before Lightning seeds: its ValueError was a traceback
             raise ConfigError(
                 f"seed_everything={seed} is outside the seeds numpy takes (0 to {2**32 - 1}): give a seed in that "
-                "range, or true for a random one (the run records it)",
+                "range",
                 keys=["seed_everything"],
             )
 
@@ -275,10 +275,13 @@ class TransformerCLI(LightningCLIHooks):
                 # Plain data, as LightningCLI records it: a checkpoint is read with weights_only=True, which refuses a
                 # GenerationConfig object (test --ckpt_path, translate, average and resuming could not load the run).
                 owner.hparams["generation"] = dataclasses.asdict(merged)
-            recorded = config.get(f"{group}.generation")
-            if isinstance(recorded, jsonargparse.Namespace):
-                for name in names:
-                    recorded[name] = getattr(merged, name)
+            # config.yaml too: RunConfigFile writes a clone of the config, taken before this merge
+            saved = [c.config for c in self.trainer.callbacks if isinstance(c, SaveConfigCallback)]
+            for namespace in [config, *(c for c in saved if c is not config)]:
+                recorded = namespace.get(f"{group}.generation") if hasattr(namespace, "get") else None
+                if isinstance(recorded, jsonargparse.Namespace):
+                    for name in names:
+                        recorded[name] = getattr(merged, name)
 
     def build_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         config, callbacks = switched_off(config, callbacks)

@@ -345,6 +345,9 @@ def local_root(spec: str) -> str:
     return head if head.endswith(("/", os.sep)) else os.path.dirname(head)
 
 
+_SPLIT_SUFFIXES = ("sets", "set", "data", "ing")
+
+
 def _named_split(path: str, root: str | None = None) -> str | None:
     """The split a file's name picks (it starts with the word train, valid, val, dev or test: followed by no letter),
     else the split a folder between
@@ -352,8 +355,11 @@ def _named_split(path: str, root: str | None = None) -> str | None:
     else None."""
     stem = Path(path).stem.lower()
     for prefix, split in SPLIT_ALIASES.items():
-        # the word itself, then anything but a letter: train-00001, valid_2, test (not valley_of_fear, testament)
-        if stem.startswith(prefix) and not stem[len(prefix) : len(prefix) + 1].isalpha():
+        # the word itself, then anything but a letter: train-00001, valid_2, test (not valley_of_fear, testament);
+        # or the word run into set/data/ing: testset, devset, testing (the old prefix rule's, not to be trained on)
+        rest = stem[len(prefix) :]
+        rest = next((rest[len(s) :] for s in _SPLIT_SUFFIXES if rest.startswith(s)), rest)
+        if stem.startswith(prefix) and not rest[:1].isalpha():
             return split
     if root is not None:
         for folder in Path(os.path.relpath(path, root)).parts[:-1]:
