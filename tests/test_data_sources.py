@@ -483,3 +483,21 @@ def test_files_in_hidden_folders_are_left_out(tmp_path):
     assert sources.local_files(str(folder)) == [str(folder / "test.csv"), str(folder / "train.csv")]
     stream = LabelledStream(str(folder))
     assert len(list(stream.records_of("test"))) == 20
+
+
+def test_a_row_folder_with_a_readme_names_it_and_the_glob_that_leaves_it_out(tmp_path):
+    """A cloned Hugging Face dataset folder holds a README.md beside its rows: the refusal said only "not ['.md']",
+    naming no file and no way around it."""
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    rows = [{"text": f"review {i}", "label": ["pos", "neg"][i % 2]} for i in range(30)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "README.md").write_text("# reviews\n")
+    with pytest.raises(
+        sources.DataFileError,
+        match=re.escape(
+            f"(README.md): move those out of the folder; or give a glob of the row files, e.g. '{folder}/**/*.jsonl'"
+        ),
+    ):
+        LabelledStream(str(folder))
+    assert len(list(LabelledStream(f"{folder}/**/*.jsonl").records_of("train"))) > 0

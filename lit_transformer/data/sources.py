@@ -628,8 +628,15 @@ class SplitStream:
         """Refuse local files this kind of record cannot come from."""
         other = sorted({form_suffix(f) for f in files} - set(BUILDERS))
         if other and not self.text_files:
+            # named, with the way around them: a cloned Hugging Face dataset folder holds a README.md beside its rows
+            strays = [Path(f).name for f in files if form_suffix(f) in other]
+            rows = sorted({form_suffix(f) for f in files} & set(BUILDERS))
+            glob = ""
+            if rows and os.path.isdir(self.dataset):
+                glob = f"; or give a glob of the row files, e.g. '{Path(self.dataset) / ('**/*' + rows[0])}'"
             raise DataFileError(
-                f"{self.dataset!r}: this task reads rows from .jsonl/.json, .csv/.tsv or .parquet files, not {other}"
+                f"{self.dataset!r}: this task reads rows from .jsonl/.json, .csv/.tsv or .parquet files, not {other} "
+                f"({', '.join(strays[:5])}{' ...' if len(strays) > 5 else ''}): move those out of the folder{glob}"
             )
         packed = [f for f in files if form_suffix(f) == ".parquet" and compression_of(f)]
         if packed:
