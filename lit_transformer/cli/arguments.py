@@ -213,7 +213,12 @@ def read_config(path: str) -> dict:
     except UnicodeDecodeError as error:
         raise ConfigError(f"--config {path} is not UTF-8 text (byte {error.start}): give a YAML file") from None
     try:
-        tree = yaml.safe_load(text)
+        loader = _unique_keys_loader()(text)  # yaml.load's steps, with the file's name in the marks
+        loader.name = path
+        try:
+            tree = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
         line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -232,30 +237,31 @@ def read_config(path: str) -> dict:
             f"{path} holds a YAML {type(tree).__name__}, not a mapping of keys: write `model:`, `data:`, "
             "`trainer:` sections (see configs/base.yaml)"
         )
-    _check_unique_keys(yaml.compose(text), path)
     return tree
 
 
-def _check_unique_keys(node, path: str) -> None:
-    """A key given twice in one mapping is refused naming both lines: YAML loaders keep the last silently, so a
-    second `trainer:` section dropped every key of the first."""
+@functools.cache
+def _unique_keys_loader() -> type:
+    """yaml's SafeLoader, refusing a key given twice in one mapping (naming both lines): the plain loader keeps the
+    last silently, so a second `trainer:` section dropped every key of the first. One parse, as safe_load's."""
     import yaml
 
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                line = key.start_mark.line + 1
-                if key.value in seen:
-                    raise ConfigError(
-                        f"{path}:{line}: the key {key.value!r} is given twice in one mapping (also at line "
-                        f"{seen[key.value]}); YAML keeps only the last, dropping the first: merge them into one",
-                    )
-                seen[key.value] = line
-            _check_unique_keys(value, path)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _check_unique_keys(item, path)
+    class UniqueKeysLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[str, int] = {}
+            for key, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        raise ConfigError(
+                            f"{key.start_mark.name}:{line}: the key {key.value!r} is given twice in one mapping "
+                            f"(also at line {seen[key.value]}); YAML keeps only the last, dropping the first: merge "
+                            "them into one",
+                        )
+                    seen[key.value] = line
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeysLoader
 
 
 def _inline(value: str) -> bool:

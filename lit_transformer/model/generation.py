@@ -317,6 +317,16 @@ def check_for_model(gen: GenerationConfig, cfg: TransformerConfig) -> list[int]:
     return stops
 
 
+def fill_token_id(cfg: TransformerConfig, gen: GenerationConfig) -> int | None:
+    """What a row that finished before the batch's longest is filled with: the pad token, else the EOS (the model's
+    where eos_token_id is -1, no EOS: a real id, which the next step can embed). Decoding writes it; the rows that
+    predict and serve return strip it."""
+    if cfg.pad_token_id is not None:
+        return cfg.pad_token_id
+    eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
+    return cfg.eos_token_id if eos == -1 else eos
+
+
 def plan_decoding(
     model: Transformer, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig | None, overrides
 ) -> DecodingPlan:
@@ -327,10 +337,7 @@ def plan_decoding(
         raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
     gen = (config or GenerationConfig()).replace(**overrides)
     stops = check_for_model(gen, cfg)
-    eos = cfg.eos_token_id if gen.eos_token_id is None else gen.eos_token_id
-    fill = cfg.pad_token_id if cfg.pad_token_id is not None else eos
-    if fill == -1:  # eos_token_id=-1 (no EOS) on a model without a pad token: fill with a real id, the model's EOS
-        fill = cfg.eos_token_id
+    fill = fill_token_id(cfg, gen)
     max_new, limit = gen.max_new_tokens, None
     if cfg.is_encoder_decoder:
         context = cfg.max_seq_len - 1  # BOS takes the first of the decoder's max_seq_len positions

@@ -102,6 +102,7 @@ def generation_rows(
     """{"input", "output", "tokens"} per input row: what `predict` writes and `serve` answers, one code path for both.
     The output is cut by the GenerationConfig's stop strings and stops at EOS (not part of "tokens")."""
     from lit_transformer.data.text import TextStream
+    from lit_transformer.model.generation import fill_token_id
 
     stream = TextStream(tokenizer, len(input_ids), generation.stop, text_stop_ids(model.config, generation))
     eos_id = model.config.eos_token_id if generation.eos_token_id is None else generation.eos_token_id
@@ -110,8 +111,7 @@ def generation_rows(
     else:  # beam search settles its tokens at the end: replay them through the same stop rules
         for step_tokens in model.generate(input_ids, generation, attention_mask=attention_mask).T:
             stream(step_tokens)
-    # What decoding fills a finished row with: pad, else the EOS (the model's, where eos_token_id is -1).
-    fill = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
+    fill = fill_token_id(model.config, generation)
     out = []
     for text, output, tokens in zip(texts, stream.texts(), stream.ids, strict=True):
         # A row that ended before the batch's longest (its length limit, a stop id) is filled to that length: the
