@@ -76,19 +76,23 @@ def make_folder(path, what: str, keys: Sequence[str] = (), file=None) -> None:
         ) from error
 
 
-def check_folder_can_be_made(path, what: str) -> None:
+def check_folder_can_be_made(path, what: str, keys: Sequence[str] = ()) -> None:
     """Refuse, before any work and without making it, a folder that cannot be made: a file at or above `path`, or
-    a nearest existing folder that is not writable (the WriteError naming the flag `what`)."""
+    a nearest existing folder that is not writable (the WriteError naming the flag or key `what`)."""
     import os
 
-    above = os.path.abspath(path)
+    above = os.path.abspath(os.path.expanduser(path))
     while not os.path.exists(above) and os.path.dirname(above) != above:
         above = os.path.dirname(above)
     if os.path.exists(above) and not os.path.isdir(above):
-        raise WriteError(f"{what} {path}: the folder cannot be made, {above} is a file: give a folder's path")
+        where = (
+            "is a file" if above == os.path.abspath(os.path.expanduser(path)) else f"cannot be made, {above} is a file"
+        )
+        raise WriteError(f"{what} {path}: the folder {where}: give a folder's path (a new one is made)", keys=keys)
     if os.path.isdir(above) and not os.access(above, os.W_OK | os.X_OK):
         raise WriteError(
-            f"{what} {path}: the folder cannot be made, {above} is not writable: give a folder you can write"
+            f"{what} {path}: the folder cannot be made, {above} is not writable: give a folder you can write",
+            keys=keys,
         )
 
 

@@ -18,7 +18,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lit_transformer.config import GenerationConfig, TransformerConfig
-from lit_transformer.data.sources import DataFileError
+from lit_transformer.data.sources import DataFileError, NotInEncodingError
 from lit_transformer.data.text import TextStream, pad_right, read_tokenizer
 from lit_transformer.errors import BadFileError, ConfigError, MissingFileError
 from lit_transformer.model import Transformer
@@ -298,14 +298,10 @@ def _inputs(flag: str, path: str, what: str) -> list[str]:
         raise MissingFileError(f"{flag} {path} does not exist: give a text file with one {what} per line")
     try:
         lines = read_inputs(path)
-    except DataFileError as error:
-        # read_inputs names predict's encoding setting, which this command does not have: it reads UTF-8.
-        message, hint = str(error), "; if the file is in another encoding, name it"
-        if hint not in message:
-            raise
+    except NotInEncodingError as error:  # its fix names predict's encoding setting, which this command lacks
         raise DataFileError(
-            f"{message.split(hint)[0]}: {flag} reads UTF-8; convert the file first, e.g. "
-            f"iconv -f latin-1 -t UTF-8 {path} > {Path(path).stem}.utf8{Path(path).suffix}"
+            f"{error.where} is not {error.encoding} text (bytes {error.bad!r}): {flag} reads UTF-8; convert the file "
+            f"first, e.g. iconv -f latin-1 -t UTF-8 {path} > {Path(path).stem}.utf8{Path(path).suffix}"
         ) from None
     if not lines:
         raise DataFileError(f"{flag} {path} is empty: write one {what} per line")

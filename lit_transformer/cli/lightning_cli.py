@@ -59,7 +59,7 @@ from lit_transformer.engine.optimizers import Optimization, check_optimizer_prec
 from lit_transformer.engine.preemption import PreemptionCheckpoint, exit_on_signals
 from lit_transformer.engine.step_seed import StepSeed
 from lit_transformer.engine.task_outputs import AttentionMaps, GenerateSamples, PredictionWriter
-from lit_transformer.errors import ConfigError, UserError, WriteError
+from lit_transformer.errors import ConfigError, UserError, check_folder_can_be_made
 from lit_transformer.tasks import task_class_of
 from lit_transformer.transforms.options import LoraOptions
 
@@ -777,19 +777,8 @@ def check_run_folders(config) -> None:
         if init_args is not None and hasattr(init_args, "get"):
             folders.append(("trainer.logger.init_args.save_dir", init_args.get("save_dir")))
     for key, folder in folders:
-        if not isinstance(folder, str | Path) or "://" in str(folder):
-            continue
-        path = Path(folder).expanduser()
-        above = path
-        while not above.exists() and above != above.parent:
-            above = above.parent
-        if above.exists() and not above.is_dir():
-            where = "is a file" if above == path else f"cannot be made: {above} is a file"
-            raise WriteError(
-                f"{key} {folder} {where}; the run writes its logs and checkpoints in folders: give a folder's path "
-                "(a new one is made)",
-                keys=[key],
-            )
+        if isinstance(folder, str | Path) and "://" not in str(folder):
+            check_folder_can_be_made(folder, key, keys=[key])
 
 
 def check_trainer_numbers(options: dict[str, Any]) -> None:

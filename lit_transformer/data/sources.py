@@ -68,6 +68,18 @@ class DataFileError(BadFileError):
     with nothing in it. The message names the file and, where there is one, the line or row, and the fix."""
 
 
+class NotInEncodingError(DataFileError):
+    """Bytes that are not the encoding a file is read in. `where` (file:line) and `bad` (the bytes) let a caller
+    whose fix is another (a command that reads UTF-8 alone and has no encoding setting) say its own."""
+
+    def __init__(self, where: str, bad: bytes, encoding: str) -> None:
+        self.where, self.bad, self.encoding = where, bad, encoding
+        super().__init__(
+            f"{where} is not {encoding} text (bytes {bad!r}); if the file is in another encoding, name it, e.g. "
+            "--data.init_args.encoding latin-1 (or cp1252); no byte is replaced silently"
+        )
+
+
 def compression_of(path: str | os.PathLike) -> str | None:
     """The compression a file's name says (its last suffix: .gz, .bz2, .xz, .zst), else None."""
     return COMPRESSIONS.get(Path(path).suffix.lower())
@@ -214,10 +226,7 @@ def decode(
             raise DataFileError(
                 f"{path}:{number} holds binary data (bytes {bad!r}), not text: {_binary_fix(path)}"
             ) from None
-        raise DataFileError(
-            f"{path}:{number} is not {encoding} text (bytes {bad!r}); if the file is in another encoding, name it, "
-            f"e.g. --data.init_args.encoding latin-1 (or cp1252); no byte is replaced silently"
-        ) from None
+        raise NotInEncodingError(f"{path}:{number}", bad, encoding) from None
 
 
 # Byte order marks of the encodings whose newline is not the byte 0x0A; UTF-32's first (its LE mark begins as UTF-16's).
