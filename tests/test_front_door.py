@@ -322,6 +322,20 @@ MISTAKES = {
                                              ["prompts.txt is text (it starts 'hello'), not a checkpoint"]),
     "a text file as validate's checkpoint": (["validate", "--config", "presets/tiny", "--ckpt_path", "prompts.txt"], 1,
                                              ["prompts.txt is text (it starts 'hello'), not a checkpoint"]),
+    "a checkpoint given to the checkpoint callback's group": (
+        ["validate", "--config", "presets/tiny", "--checkpoint",
+         str(ROOT / "tests/fixtures/old_checkpoints/language_modeling.ckpt")], 2,
+        ["--checkpoint takes the checkpoint group's settings as YAML; a checkpoint to resume from or evaluate goes "
+         "to --ckpt_path"],
+    ),  # a UnicodeDecodeError traceback: jsonargparse read the .ckpt as the group's YAML
+    "a binary file as the data group's YAML": (
+        ["fit", "--config", "presets/tiny", "--data", "binary.csv"], 2,
+        ["--data binary.csv is not UTF-8 text", "give a YAML file of data's settings, or its keys as --data.KEY"],
+    ),
+    "fit's flag for a checkpoint given to generate": (
+        ["generate", "--ckpt_path", "prompts.txt"], 2, ["unknown key ckpt_path (the flag --ckpt_path). Did you mean "
+                                                       "checkpoint?"],
+    ),
     "validate --ckpt_path last with no run": (
         ["validate", "--config", "presets/tiny", "--ckpt_path", "last", "--trainer.default_root_dir", "nowhere"], 1,
         ["--ckpt_path last: there is no last.ckpt in nowhere/checkpoints"],

@@ -527,6 +527,14 @@ def _kind(kind: str) -> str:
     }.get(name, name)
 
 
+# What fit/validate call a checkpoint, the other commands call --checkpoint (and the reverse is a group there).
+_OTHER_COMMANDS_NAME = {
+    "ckpt_path": ("checkpoint",),
+    "ckpt": ("ckpt_path", "checkpoint"),
+    "checkpoint_path": ("ckpt_path", "checkpoint"),
+}
+
+
 def _unknown_key(key: str, choices: Iterable[str], argv: Sequence[str], hint: str, prefix: str = "") -> ConfigError:
     choices = list(choices)
     leaf = key[len(prefix) :] if prefix and key.startswith(prefix) else key
@@ -535,6 +543,9 @@ def _unknown_key(key: str, choices: Iterable[str], argv: Sequence[str], hint: st
         group, _, last = leaf.rpartition(".")
         siblings = [c.rpartition(".")[2] for c in choices if c.rpartition(".")[0] == group]
         near = [f"{group}.{n}" for n in difflib.get_close_matches(last, siblings, n=2, cutoff=0.6)]
+    meant = next((name for name in _OTHER_COMMANDS_NAME.get(leaf, ()) if name in choices), None)
+    if meant and meant not in near:  # a flag of the same meaning that another command spells so
+        near = [meant, *near][:2]
     suggestion = (" Did you mean " + " or ".join(prefix + n for n in near) + "?") if near else ""
     return ConfigError(f"unknown key {key} ({_where(key, argv)}).{suggestion}", hint=hint)
 
@@ -621,6 +632,42 @@ def check_flag_order(argv: Sequence[str]) -> None:
             + f": later arguments win, so {'the flag' if len(lost) == 1 else 'these flags'} would do nothing. Put "
             "flags after the configs they change (--config FILE ... --KEY VALUE)"
         )
+
+
+def check_group_files(argv: Sequence[str], keys: Iterable[str]) -> None:
+    """Refuse a binary file given to a group's flag (`--checkpoint run/last.ckpt`, `--data shards.bin`): jsonargparse
+    reads a group's value as a YAML file of its settings and its UnicodeDecodeError was a traceback. `--checkpoint`
+    is the checkpoint callback's settings on the Lightning commands, and the path to a .ckpt on the others, so a
+    checkpoint given to it names `--ckpt_path`. `keys`: the parser's (known_keys); a group is a key with keys below."""
+    groups = {key.partition(".")[0] for key in keys if "." in key}
+    items = list(argv)
+    for i, item in enumerate(items):
+        name, eq, value = item.partition("=")
+        if not eq:
+            value = items[i + 1] if i + 1 < len(items) else ""
+        if name[2:] not in groups or not name.startswith("--") or not value:
+            continue
+        path = Path(value)
+        if not path.is_file():
+            continue
+        with path.open("rb") as handle:
+            head = handle.read(1 << 16)
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as error:
+            if error.start >= len(head) - 4:  # a character cut at the end of the sample
+                continue
+            group = name[2:]
+            checkpoint = path.suffix == ".ckpt" or head.startswith(b"PK")  # torch.save writes a zip
+            fix = (
+                f"a checkpoint to resume from or evaluate goes to --ckpt_path {value}"
+                if checkpoint
+                else f"give a YAML file of {group}'s settings, or its keys as --{group}.KEY flags"
+            )
+            raise ConfigError(
+                f"{name} {value} is not UTF-8 text (byte {error.start}): {name} takes the {group} group's "
+                f"settings as YAML; {fix}"
+            ) from None
 
 
 def check_data_flags_after_its_class(argv: Sequence[str]) -> None:

@@ -40,7 +40,9 @@ from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint, last_check
 from lit_transformer.cli.arguments import (
     check_data_flags_after_its_class,
     check_flag_order,
+    check_group_files,
     given_fields,
+    known_keys,
     parser_options,
     refusal,
     resolve_configs,
@@ -138,6 +140,7 @@ class TransformerCLI(LightningCLIHooks):
         subparser = _subcommand_parser(parser, argv[0] if argv else None)
         describe_package_defaults(subparser or parser)
         check_flag_order(argv[1:])  # before the parse: a flag a later config sets again is the mistake to name
+        check_group_files(argv[1:], known_keys(subparser or parser))
         self._given_argv = argv[1:] if argv and argv[0] in LightningCLI.subcommands() else argv
         try:
             super().parse_arguments(parser, args)
