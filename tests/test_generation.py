@@ -512,6 +512,31 @@ def test_predict_rows_hold_each_row_s_own_tokens_not_the_batch_s_padding(num_bea
     assert all(pad not in row["tokens"][-1:] for row in rows)
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_blank_source_translates_to_a_blank_row_beside_others_and_a_blank_prompt_is_still_continued(num_beams):
+    """A blank line of `translate --input` (or --text '', a predict row, a served request) decoded to max_new_tokens
+    of noise: training drops pairs with an empty side, so the model never saw one. Its row is blank, the other rows
+    of the batch unchanged; a language model's blank prompt is a sample from nothing and is still continued."""
+    from lit_transformer.config import GenerationConfig
+    from lit_transformer.tasks.base import generation_rows
+
+    model = peaky({"topology": "encoder_decoder"})
+    tokenizer = _numbered_tokenizer(model.config.tgt_vocab_size)
+    pad = model.config.pad_token_id
+    src = torch.full((2, 4), pad, dtype=torch.long)
+    src[0], src[1, :1] = tokens(1, 4)[0], model.config.eos_token_id
+    generation = GenerationConfig(max_new_tokens=5, eos_token_id=-1, num_beams=num_beams)
+    alone = generation_rows(model, tokenizer, generation, src[:1], src[:1] != pad, ["t4 t5"])
+    rows = generation_rows(model, tokenizer, generation, src, src != pad, ["t4 t5", " "])
+    assert rows[1] == {"input": " ", "output": "", "tokens": []}
+    assert rows[0] == alone[0] and alone[0]["tokens"]
+
+    lm = peaky({})
+    prompt = tokens(1, 1)
+    (row,) = generation_rows(lm, _numbered_tokenizer(lm.config.vocab_size), generation, prompt, prompt >= 0, [""])
+    assert len(row["tokens"]) == 5
+
+
 def _numbered_tokenizer(vocab: int):
     """A word-level tokenizer whose ids are the model's: the special tokens, then t4, t5, ..."""
     from tokenizers import Tokenizer, models

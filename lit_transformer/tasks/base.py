@@ -118,6 +118,11 @@ def generation_rows(
         # filling is not the row's (it was written into "tokens" while the text, skipping it, read right).
         while fill is not None and fill != eos_id and tokens and tokens[-1] == fill:
             tokens.pop()
+        if model.config.is_encoder_decoder and not text.strip():
+            # A blank source translates to a blank line (kept, so an input file's lines stay aligned), as Marian's
+            # decoder answers one: the model never saw one (training drops pairs with an empty side), and decoded
+            # one to max_new_tokens of noise.
+            output, tokens = "", []
         out.append({"input": text, "output": output, "tokens": tokens})
     return out
 
