@@ -758,6 +758,9 @@ def test_a_resume_with_another_block_size_is_told_that_the_context_is_the_checkp
         (["--trainer.accelerator", "tpu"], "trainer.accelerator"),  # ModuleNotFoundError: torch_xla
         (["--model.compile", "true", "--model.compile_mode", "fastest"], "model.compile_mode"),  # torch's RuntimeError
         (["--model.optim.lr", "-1e-3"], "--model.optim.lr=-1e-3"),  # "argument --model.optim: expected one argument"
+        (["--trainer.limit_train_batches", "0"], "trainer.limit_train_batches"),  # ended at once, nothing saved
+        (["--trainer.max_steps", "0"], "trainer.max_steps=0 trains no batch"),  # "trainer.max_steps is not set"
+        (["--trainer.max_epochs", "0"], "trainer.max_epochs"),  # ended at once, nothing saved
     ],
 )  # fmt: skip
 def test_a_trainer_or_model_value_a_run_cannot_use_is_refused_before_the_data(place, flags, key):

@@ -214,6 +214,7 @@ class TransformerCLI(LightningCLIHooks):
         if not isinstance(strategy, str):  # a {class_path, init_args} mapping
             strategy = getattr(strategy, "class_path", None) or str(strategy)
         if self.subcommand == "fit":  # before data or model: Muon and a sharding strategy cannot train together
+            check_fit_trains(trainer)
             optim = config.get("model.optim")
             if optim is not None and optim.get("optimizer") == "muon":
                 check_optimizer_strategy(Optimization(optimizer="muon"), strategy)
@@ -782,6 +783,19 @@ def check_run_folders(config) -> None:
     for key, folder in folders:
         if isinstance(folder, str | Path) and "://" not in str(folder):
             check_folder_can_be_made(folder, key, keys=[key])
+
+
+def check_fit_trains(trainer) -> None:
+    """A fit that can train no batch is refused: Lightning ends it at once without a checkpoint (limit_train_batches
+    0 ran the sanity check and said "checkpoints: none written"), and max_steps 0 was refused as "not set"."""
+    for name, nothing in (("limit_train_batches", 0), ("max_steps", 0), ("max_epochs", 0)):
+        value = trainer.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value == nothing:
+            raise ConfigError(
+                f"trainer.{name}={value} trains no batch, so fit would end at once with nothing saved: give a "
+                f"positive {name}, or evaluate a checkpoint with validate --ckpt_path PATH",
+                keys=[f"trainer.{name}"],
+            )
 
 
 def check_trainer_numbers(options: dict[str, Any]) -> None:
