@@ -263,6 +263,37 @@ def test_the_runs_config_yaml_records_the_merged_decoding_settings(tiny_run, tmp
     assert recorded["length_penalty"] == 0.6 and recorded["early_stopping"] is True
 
 
+@pytest.mark.parametrize(
+    ("preset", "flags", "group", "expected"),
+    [
+        ("tiny-translate", [], "model", {"num_beams": 2, "length_penalty": 0.6, "length_penalty_form": "gnmt",
+                                         "early_stopping": True}),
+        ("tiny", ["--model.generation.top_k", "10"], "model", {"temperature": 0.8, "top_k": 10}),
+        ("tiny-translate", ["--samples.generation.max_new_tokens", "40"], "samples",
+         {"max_new_tokens": 40, "num_beams": 4, "length_penalty_form": "gnmt"}),
+    ],
+)  # fmt: skip
+def test_print_config_prints_the_decoding_the_run_would_use(tiny_run, tmp_path, preset, flags, group, expected):
+    """`fit --print_config` (Lightning's way to start a config of one's own) printed a bare GenerationConfig's fields:
+    tiny-translate's printed config, given back with --config, ranked beams by length penalty 1.0 without early
+    stopping (not the translation task's GNMT 0.6), and a language model's `top_k: 10` printed temperature 0 (greedy).
+    It prints what the run decodes with, and the printed file given back decodes so too."""
+    import yaml
+
+    base = ["--config", str(CONFIGS / "presets" / f"{preset}.yaml"), *flags]
+    out = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        run_cli([*base, "--print_config"], run=False)
+    printed = yaml.safe_load(out.getvalue())[group]["generation"]
+    assert {name: printed[name] for name in expected} == expected
+    (tmp_path / "printed.yaml").write_text(out.getvalue())
+    args = ["--config", str(tmp_path / "printed.yaml"), "--trainer.default_root_dir", str(tmp_path / "run")]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli([*args, "--data.init_args.cache_dir", str(tiny_run / "cache")], run=False)
+    owner = cli.model if group == "model" else next(c for c in cli.trainer.callbacks if hasattr(c, "num_translations"))
+    assert {name: getattr(owner.generation, name) for name in expected} == expected
+
+
 def test_evaluation_tokenizes_with_the_checkpoints_tokenizer(tiny_run: Path):
     """validate, test and predict read their data with the tokenizer saved in --ckpt_path: trained again from these
     data settings (a shorter sample of the corpus), the char tokenizer would hold other characters under other ids."""

@@ -163,6 +163,9 @@ class ValidatedOnceParser(LightningArgumentParser):
     def dump(self, namespace: Any, *args: Any, **kwargs: Any) -> str:
         if len(args) <= 2 and self._trusted(namespace, kwargs):  # (format, skip_unset) at most: no skip_validation
             kwargs["skip_validation"] = True
+        printing = self.__dict__.pop("_lit_before_print", None)  # set by the CLI for --print_config
+        if printing is not None:
+            namespace = printing(namespace.clone())
         return super().dump(namespace, *args, **kwargs)
 
     def save(self, namespace: Any, *args: Any, **kwargs: Any) -> None:

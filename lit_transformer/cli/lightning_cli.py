@@ -142,6 +142,10 @@ class TransformerCLI(LightningCLIHooks):
         check_flag_order(argv[1:])  # before the parse: a flag a later config sets again is the mistake to name
         check_group_files(argv[1:], known_keys(subparser or parser))
         self._given_argv = argv[1:] if argv and argv[0] in LightningCLI.subcommands() else argv
+        if any(a.partition("=")[0] == "--print_config" for a in self._given_argv):
+            (subparser or parser).__dict__["_lit_before_print"] = functools.partial(
+                printed_decoding, argv=self._given_argv
+            )
         try:
             super().parse_arguments(parser, args)
         except jsonargparse.ArgumentError as error:
@@ -264,14 +268,13 @@ class TransformerCLI(LightningCLIHooks):
         the language model's temperature 0.8) and a translation preset's `generation: {num_beams: 2}` ranked by the
         plain length penalty 1.0 (not the paper's GNMT 0.6 with early stopping). The merged values are what the run
         records (hyperparameters, config.yaml)."""
-        names = [field.name for field in dataclasses.fields(GenerationConfig)]
+        names = GENERATION_FIELDS
         samples = next((c for c in self.trainer.callbacks if isinstance(c, GenerateSamples)), None)
         for group, owner in (("model", self.model), ("samples", samples)):
             parsed = getattr(owner, "generation", None)
             if not isinstance(parsed, GenerationConfig):
                 continue
-            given = given_fields(f"{group}.generation", names, getattr(self, "_given_argv", []))
-            merged = GenerationConfig.for_task(task).replace(**{name: getattr(parsed, name) for name in given})
+            merged = task_decoding(task, parsed, f"{group}.generation", getattr(self, "_given_argv", []))
             if merged == parsed:
                 continue
             owner.generation = merged
@@ -783,6 +786,45 @@ def check_run_folders(config) -> None:
     for key, folder in folders:
         if isinstance(folder, str | Path) and "://" not in str(folder):
             check_folder_can_be_made(folder, key, keys=[key])
+
+
+GENERATION_FIELDS = [field.name for field in dataclasses.fields(GenerationConfig)]
+
+
+def task_decoding(task: Any, parsed: Any, group: str, argv: Sequence[str]) -> GenerationConfig:
+    """A decoding group (`model.generation`) as the run decodes: the task's defaults (its class or object), with the
+    fields the command line and its configs give (jsonargparse filled the others with a bare GenerationConfig's)."""
+    given = given_fields(group, GENERATION_FIELDS, argv)
+    read = parsed.get if isinstance(parsed, jsonargparse.Namespace) else functools.partial(getattr, parsed)
+    return GenerationConfig.for_task(task).replace(**{name: read(name) for name in given})
+
+
+def printed_decoding(config, argv: Sequence[str]):
+    """The config --print_config prints, with its decoding groups as the run would decode (task_decoding): it printed
+    a bare GenerationConfig's fields, so a config written by `fit --config presets/tiny-translate --print_config`
+    and given back decoded validation BLEU with length penalty 1.0, not the translation task's GNMT 0.6. The task is
+    the config's model.task, else the one its architecture implies; neither known, the config is printed as parsed."""
+    from lit_transformer.tasks import Task, task_class_of
+
+    model = config.get("model") if "model" in config else None
+    architecture = model.get("config") if model is not None else None
+    try:
+        cls = task_class_of({"task": model.get("task")}) if model is not None else None
+        if (cls is None or cls is Task) and architecture is not None:  # the architecture's task, as build_task does
+            cls = task_class_of({"config": dict(architecture.items())})
+    except (UserError, TypeError, AttributeError):
+        return config
+    if cls is None or cls is Task:
+        return config
+    for group in ("model", "samples"):
+        parsed = config.get(f"{group}.generation") if group in config else None
+        if isinstance(parsed, jsonargparse.Namespace) and isinstance(parsed.get("init_args"), jsonargparse.Namespace):
+            parsed = parsed.init_args  # a dataclass group, as jsonargparse holds it for a dump
+        if isinstance(parsed, jsonargparse.Namespace):
+            merged = task_decoding(cls, parsed, f"{group}.generation", argv)
+            for name in GENERATION_FIELDS:
+                parsed[name] = getattr(merged, name)
+    return config
 
 
 def check_fit_trains(trainer) -> None:
