@@ -235,6 +235,31 @@ def test_runs_that_ran_with_other_flags_are_refused_rather_than_tabulated(tmp_pa
     assert "1 of 2 runs already finished; running 1" in capsys.readouterr().out
 
 
+def test_a_cell_with_a_typo_is_refused_before_any_run_starts(tmp_path: Path, monkeypatch):
+    """A typo'd key in a grid's second cell failed only when that cell's fit ran, after the first cell's runs (hours
+    into a real grid at --jobs 1), and the report left the cell out. Every cell's flags are parsed as fit parses them
+    before anything runs; the refusal names the grid and the cell."""
+    path = tmp_path / "grid.yaml"
+    path.write_text(
+        "base: [presets/tiny]\nseeds: [1]\ncells:\n  heads-2: {model.config.n_heads: 2}\n"
+        "  heads-typo: {model.config.n_headz: 2}\n"
+    )
+    started, plain_run = [], subprocess.run
+
+    def fits(argv, **kw):  # a fit "runs" at once, and is counted; the machine's facts (git) as before
+        if "lit_transformer" not in argv[:3]:
+            return plain_run(argv, **kw)
+        started.append(argv)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(ablate.subprocess, "run", fits)
+    monkeypatch.setattr(ablate, "report", lambda *args: None)
+    with pytest.raises(ablate.ConfigError, match=r"cell 'heads-typo': unknown key model.config.n_headz") as refused:
+        ablate.ablate([str(path), "--out", str(tmp_path / "out")])
+    assert str(path) in str(refused.value) and "Did you mean model.config.n_heads" in str(refused.value)
+    assert not started
+
+
 def test_the_command_has_its_own_help():
     done = subprocess.run([sys.executable, "-m", "lit_transformer.recipes.ablate", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)  # fmt: skip

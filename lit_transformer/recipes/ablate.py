@@ -827,6 +827,35 @@ def check_settings(runs: list[Run]) -> None:
         )
 
 
+def check_cell_flags(runs: list[Run]) -> None:
+    """Each cell's fit flags, parsed as fit parses them (once per cell, in this process), before any run starts: a
+    typo'd key or value in a grid's fifth cell failed only when that cell's turn came, hours into a `--jobs 1` grid,
+    and the report left the cell out. A refusal names the grid and the cell."""
+    import contextlib
+    import io
+
+    from lit_transformer.cli.lightning_cli import run_cli
+    from lit_transformer.errors import UserError
+
+    seen: set[tuple[Path, str]] = set()
+    for run in runs:
+        if (run.grid.path, run.cell) in seen or "fit" not in run.stages():
+            continue
+        seen.add((run.grid.path, run.cell))
+        printed, said = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(said):
+                run_cli(["fit", *run._common("fit"), "--print_config"])
+        except UserError as error:
+            raise ConfigError(
+                f"{run.grid.path}, cell {run.cell!r}: {error}",
+                hint="Fix the cell (or the grid's base and overrides); no run has started.",
+            ) from None
+        except SystemExit as exit:  # --print_config's end, or a refusal jsonargparse printed itself
+            if exit.code not in (0, None):
+                raise ConfigError(f"{run.grid.path}, cell {run.cell!r}: {said.getvalue().strip()}") from None
+
+
 def check_out(out: Path, given: Path | None) -> None:
     """Refuse an output folder a file stands in the way of, before anything runs (mkdir failed after the runs)."""
     for folder in (out, *out.parents):
@@ -898,6 +927,8 @@ def ablate(argv: list[str] | None = None) -> int:
             for stage in run.stages():
                 print(f"# {run.label} {stage}\n{shlex.join(run.command(stage))}")
         return 0
+    if not args.report_only:
+        check_cell_flags(all_runs)
     failed = [] if args.report_only else run_all(all_runs, args.jobs, thread_env(args.jobs, args.threads))
     for grid, out, runs in plan:
         report(grid, runs, out)
