@@ -312,14 +312,21 @@ def test_a_language_modelling_grid_tabulates_validation_bits_per_character(tmp_p
     """The main job's figure (val/bpc, which language modelling logs) gets its column, mean ± spread over seeds."""
     grid = ablate.Grid.load(ROOT / "configs/ablations/frontier.yaml")
     rows = []
+    machine = {"cpu": "AMD EPYC", "logical_cores": 2, "gpu": None, "gpu_count": 0}
     for seed, bpc in ((1, 1.80), (2, 1.84)):
         row = {tag: None for _, _, tag, _ in ablate.COLUMNS} | {"cell": "muon", "seed": seed, "wall_s": 60.0}
-        rows.append(row | {"val/loss": 4.0, "val/bpc": bpc, "eval": {}})
+        rows.append(row | {"val/loss": 4.0, "val/bpc": bpc, "eval": {}, "machine": machine})
     table = ablate.markdown_table(grid, rows)
     header = next(line for line in table.splitlines() if line.startswith("| cell |"))
     assert "val bpc" in header and "val BLEU" not in header
     (muon,) = [line for line in table.splitlines() if line.startswith("| muon |")]
     assert "1.820 ± 0.028" in muon
+    # the page names its machine (results.json had it, results.md did not), and every machine when runs differ
+    assert "Machine: AMD EPYC, 2 logical cores, no GPU" in table
+    rows[1]["machine"] = machine | {"cpu": "Intel Xeon", "gpu": "NVIDIA H100", "gpu_count": 1}
+    assert "Machines: AMD EPYC, 2 logical cores, no GPU; Intel Xeon, 2 logical cores, 1 x NVIDIA H100" in (
+        ablate.markdown_table(grid, rows)
+    )
 
 
 def test_a_grid_found_nowhere_is_named_as_a_grid_with_the_nearest_packaged_one(tmp_path, monkeypatch):

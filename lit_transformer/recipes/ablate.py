@@ -475,6 +475,12 @@ def summarize(values: Iterable[float | None], digits: int) -> str:
     return text
 
 
+def machine_line(machine: dict[str, Any]) -> str:
+    """A run's machine as the table names it: the CPU's model string, its logical cores, its GPUs."""
+    gpus = f"{machine.get('gpu_count') or 1} x {machine['gpu']}" if machine.get("gpu") else "no GPU"
+    return f"{machine.get('cpu') or 'unknown CPU'}, {machine.get('logical_cores')} logical cores, {gpus}"
+
+
 def markdown_table(grid: Grid, rows: list[dict[str, Any]]) -> str:
     columns = [c for c in COLUMNS if any(r[c[2]] is not None for r in rows)]
     header = ["cell", "seeds", *(c[0] for c in columns), "fit wall (min)", "overrides"]
@@ -483,6 +489,9 @@ def markdown_table(grid: Grid, rows: list[dict[str, Any]]) -> str:
         lines += [grid.description, ""]
     common = shlex.join([t for p in grid.base for t in ("--config", p)] + grid.overrides)
     lines += [f"Base: `{common}`", ""]
+    machines = sorted({machine_line(r["machine"]) for r in rows if r.get("machine")})
+    if machines:  # a page names its machine: wall times compare only on one
+        lines += [f"Machine{'s' if len(machines) > 1 else ''}: {'; '.join(machines)}", ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for cell, flags in grid.cells.items():
         mine = [r for r in rows if r["cell"] == cell]
