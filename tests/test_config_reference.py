@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 from lit_transformer.pages.docgen import PAGE, main, render
@@ -33,6 +34,15 @@ def test_every_field_of_the_config_classes_is_listed() -> None:
     ):
         assert f".{name}`" in page
     assert "| `data.init_args.dataset` |" in page and "| `checkpoint.every_n_train_steps` |" in page
+
+
+def test_every_row_has_a_meaning() -> None:
+    """The page promises every field's meaning: step_seed.seed's row was empty (its class documented no argument)."""
+    rows = [line for line in PAGE.read_text().splitlines() if line.startswith("| `")]
+    cells = [re.split(r"(?<!\\)\|", row)[1:-1] for row in rows]  # an escaped \| is inside a cell
+    assert all(len(c) == 4 for c in cells), [c for c in cells if len(c) != 4]
+    empty = [c[0].strip() for c in cells if not c[3].strip()]
+    assert rows and not empty, f"docs/config.md rows without a meaning: {empty}"
 
 
 def test_check_fails_on_a_stale_page(tmp_path: Path, capsys) -> None:

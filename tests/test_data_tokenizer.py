@@ -49,6 +49,27 @@ def test_cache_reuses_and_invalidates(tmp_path):
     assert size_key == fingerprint("tokenizer", other_size.to_str())
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_cache_entries_take_the_mode_the_umask_gives(tmp_path, umask):
+    """A shared data cache (docs/clusters.md: one folder every node, or a team, reads) holds files of the mode the
+    umask gives, as the run folder's do: entries written through tempfile.mkstemp were 0600 whatever the umask."""
+    import os
+    from pathlib import Path
+
+    from lit_transformer.data.cache import atomic_write
+
+    previous = os.umask(umask)
+    try:
+        load_or_train_tokenizer("char", lambda: TEXTS, 300, tmp_path)
+        atomic_write(tmp_path / "shards" / "index.json", lambda tmp: Path(tmp).write_text("{}"))
+    finally:
+        os.umask(previous)
+    files = [*(tmp_path / "tokenizers").glob("*.json"), tmp_path / "shards" / "index.json"]
+    assert files and {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {
+        f.name: oct(0o666 & ~umask) for f in files
+    }
+
+
 def test_racing_builders_agree(tmp_path):
     results = []
 

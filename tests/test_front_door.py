@@ -204,6 +204,33 @@ def test_prepare_help_says_how_to_list_a_datamodules_keys(capsys):
     assert "--data.block_size" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", ["fit", "validate"])
+def test_ckpt_path_help_says_what_the_package_does_with_it(command, capsys):
+    """--ckpt_path's help was Lightning's: validate's said that without it the current weights are scored (the
+    package refuses that) and fit's offered the keywords hpc and registry, never what last and best name here."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    start = out.index("\n  --ckpt_path CKPT_PATH") + 1
+    text = " ".join(out[start:].split("\n  --", 1)[0].split())
+    assert "checkpoints/last.ckpt" in text and "best_checkpoint.monitor" in text and "refuse" in text, text
+    assert "hpc" not in text and "registry" not in text and "current weights" not in text, text
+
+
+def test_limit_val_batches_1_is_one_batch_as_troubleshooting_says(capsys):
+    """troubleshooting.md said `--trainer.limit_val_batches 1` validates everything (1 read as 100%): the flag parses
+    as the int 1, which Lightning reads as one batch; 1.0 is the whole split."""
+    import yaml
+
+    for given, expected in (("1", 1), ("1.0", 1.0)):
+        with pytest.raises(SystemExit):
+            main(["fit", "--config", "presets/tiny", "--trainer.limit_val_batches", given, "--print_config"])
+        value = yaml.safe_load(capsys.readouterr().out)["trainer"]["limit_val_batches"]
+        assert value == expected and type(value) is type(expected), (given, value)
+    rows = [r for r in (ROOT / "docs" / "troubleshooting.md").read_text().splitlines() if "limit_val_batches 1`" in r]
+    assert rows and all("validates everything" not in r and "one batch" in r for r in rows), rows
+
+
 # ---- exact keys, short refusals ------------------------------------------------------------------------------------
 
 

@@ -1169,6 +1169,10 @@ PACKAGE_HELP = {
     "logging (and the callbacks that log) off.",
     "weights_only": "Checkpoints are always read with torch.load(weights_only=True), so a file never runs code; the "
     "package's own plain types are allowed by name (false is not honoured).",
+    "ckpt_path": "The checkpoint: a .ckpt file, or last (the run folder's checkpoints/last.ckpt, i.e. "
+    "checkpoint.dirpath's) or best (the best checkpoint by best_checkpoint.monitor that that last.ckpt records). fit "
+    "resumes it (last with no last.ckpt yet starts a new run there); validate, test and predict score it, and refuse "
+    "to run without one (or --model.init_from): nothing untrained is scored.",
     "trainer.enable_checkpointing": "false turns the package's checkpoint callbacks (checkpoint, best_checkpoint, "
     "preemption) off.",
     "data": "The DataModule: --data.class_path (lit_transformer.data.LanguageModelingDataModule, "

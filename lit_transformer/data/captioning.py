@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import ConfigError, MissingFileError
 from . import corpora
 from .base import DataModule, check_least, warn_deprecated_key
+from .cache import follow_umask
 from .corpora.digits import DigitStrips
 from .loaders import RecordShards, ResumableLoader, fixed_size_batches, load_prepared, target_batch
 from .shards import SHARD_TOKENS, TextsKind, prepare
@@ -778,6 +779,7 @@ class CaptionKind(TextsKind):
                 (root / self.partial).mkdir(parents=True, exist_ok=True)
                 folder.mkdir(exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=root / self.partial)
+                follow_umask(fd)
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(record.data)
                 os.replace(tmp, path)

@@ -24,6 +24,11 @@ class StepSeed(Callback):
     """
 
     def __init__(self, seed: int | None = None) -> None:
+        """
+        Args:
+            seed: The seed the per-batch seeds derive from; None: the run's (seed_everything's), else torch's initial
+                seed. Saved in checkpoints, so a resumed run reseeds as the run it resumes did.
+        """
         self.seed = seed
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
