@@ -204,6 +204,27 @@ def test_prepare_help_says_how_to_list_a_datamodules_keys(capsys):
     assert "--data.block_size" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("argv", "listed"),
+    [
+        (["fit", "--data.help", "LanguageModelingDataModule"], "--data.block_size"),
+        (["fit", "--model.task.help=translation"], "--model.task.label_smoothing"),
+        (["validate", "--model.task.help", "Classification"], "--model.task.class_weights"),
+        (["prepare", "--data.help", "TranslationDataModule"], "--data.source_lang"),
+    ],
+)
+def test_a_class_s_help_takes_the_name_the_configs_take(argv, listed, capsys):
+    """`--data.help LanguageModelingDataModule` and `--model.task.help translation` were refused ("Expected a dot
+    import path string") though `--data LanguageModelingDataModule` and `model.task: translation` are how a config
+    names them; the keys are listed, under the program's name (the usage line said `__main__.py`)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    out = capsys.readouterr().out
+    assert exit_info.value.code in (0, None) and listed in out
+    if argv[0] != "prepare":  # prepare's parser is jsonargparse's own class
+        assert out.startswith("usage: python -m lit_transformer")
+
+
 @pytest.mark.parametrize("command", ["fit", "validate"])
 def test_ckpt_path_help_says_what_the_package_does_with_it(command, capsys):
     """--ckpt_path's help was Lightning's: validate's said that without it the current weights are scored (the
@@ -363,6 +384,10 @@ MISTAKES = {
         ["generate", "--ckpt_path", "prompts.txt"], 2, ["unknown key ckpt_path (the flag --ckpt_path). Did you mean "
                                                        "checkpoint?"],
     ),
+    "fit --ckpt_path hpc with no requeue checkpoint": (
+        ["fit", "--config", "presets/tiny", "--ckpt_path", "hpc", "--trainer.default_root_dir", "nowhere"], 1,
+        ["--ckpt_path hpc: there is no hpc_ckpt_N.ckpt", "resume with --ckpt_path last"],
+    ),  # Lightning's ValueError traceback, after the data was read
     "validate --ckpt_path last with no run": (
         ["validate", "--config", "presets/tiny", "--ckpt_path", "last", "--trainer.default_root_dir", "nowhere"], 1,
         ["--ckpt_path last: there is no last.ckpt in nowhere/checkpoints"],

@@ -634,6 +634,27 @@ def check_flag_order(argv: Sequence[str]) -> None:
         )
 
 
+def help_by_import_path(argv: Sequence[str]) -> list[str]:
+    """`--data.help LanguageModelingDataModule` and `--model.task.help translation` with the import path jsonargparse
+    needs ("Expected a dot import path string"): a DataModule goes by its class name and a task by its short name or
+    class name everywhere else (`--data LanguageModelingDataModule`, `model.task: translation`)."""
+    from lit_transformer import data
+    from lit_transformer.tasks import TASKS
+
+    known = {name: f"lit_transformer.data.{name}" for name in data.DATA_MODULES}
+    known |= {key: f"{cls.__module__}.{cls.__name__}" for name, cls in TASKS.items() for key in (name, cls.__name__)}
+    out, items = [], list(argv)
+    for i, item in enumerate(items):
+        flag, eq, value = item.partition("=")
+        before = items[i - 1] if i else ""
+        if eq and flag in ("--data.help", "--model.task.help") and value in known:
+            item = f"{flag}={known[value]}"
+        elif before in ("--data.help", "--model.task.help") and item in known:
+            item = known[item]
+        out.append(item)
+    return out
+
+
 def check_group_files(argv: Sequence[str], keys: Iterable[str]) -> None:
     """Refuse a binary file given to a group's flag (`--checkpoint run/last.ckpt`, `--data shards.bin`): jsonargparse
     reads a group's value as a YAML file of its settings and its UnicodeDecodeError was a traceback. `--checkpoint`

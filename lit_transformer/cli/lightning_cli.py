@@ -42,6 +42,7 @@ from lit_transformer.cli.arguments import (
     check_flag_order,
     check_group_files,
     given_fields,
+    help_by_import_path,
     known_keys,
     parser_options,
     refusal,
@@ -137,6 +138,8 @@ class TransformerCLI(LightningCLIHooks):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """A parse error becomes a UserError naming the key, where it was given and the nearest valid keys."""
         argv = list(sys.argv[1:] if args is None else args) if isinstance(args, list | tuple | None) else []
+        if any(".help" in a for a in argv):
+            args = argv = help_by_import_path(argv)
         subparser = _subcommand_parser(parser, argv[0] if argv else None)
         describe_package_defaults(subparser or parser)
         check_flag_order(argv[1:])  # before the parse: a flag a later config sets again is the mistake to name
@@ -377,6 +380,14 @@ class TransformerCLI(LightningCLIHooks):
                     "folder --trainer.default_root_dir), or --model.init_from for pretrained weights; without either, "
                     "the untrained model the configs build would be scored",
                     keys=["ckpt_path"],
+                )
+        if path == "hpc":  # Lightning's SLURM requeue file in the run folder; none there was a ValueError traceback
+            root = Path(self.config[subcommand].get("trainer", {}).get("default_root_dir") or ".")
+            if not (root.is_dir() and any(root.glob("hpc_ckpt_*.ckpt"))):
+                raise MissingCheckpointError(
+                    f"--ckpt_path hpc: there is no hpc_ckpt_N.ckpt (Lightning's SLURM requeue checkpoint) in {root}; "
+                    "the package's preemption saves the run's last.ckpt: resume with --ckpt_path last",
+                    keys=["ckpt_path", "trainer.default_root_dir"],
                 )
         if not path or path in ("hpc", "registry") or str(path).startswith("registry:"):
             return

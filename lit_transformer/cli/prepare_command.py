@@ -88,10 +88,10 @@ def _split_configs(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def prepare_main(argv: Sequence[str]) -> None:
-    from lit_transformer.cli.arguments import check_flag_order, parse, resolve_configs
+    from lit_transformer.cli.arguments import check_flag_order, help_by_import_path, parse, resolve_configs
     from lit_transformer.cli.invocation import program
 
-    argv = list(argv)
+    argv = help_by_import_path(argv)
     parser = _parser()
     if any(a in ("-h", "--help") or a == "--data.help" or a.startswith("--data.help=") for a in argv):
         parser.parse_args(argv)  # prints the help (of the command, or of a DataModule's keys) and exits
