@@ -260,6 +260,20 @@ def test_a_cell_with_a_typo_is_refused_before_any_run_starts(tmp_path: Path, mon
     assert not started
 
 
+def test_a_subset_of_cells_or_seeds_reports_the_whole_grid(tmp_path: Path, monkeypatch):
+    """`ablate GRID --cells post-ln` (docs/ablations.md's way to rerun a few cells) rewrote results.md and results.json
+    with that cell's runs alone, dropping the finished cells' rows; `--seeds 2` dropped seed 1's. The report covers
+    every cell of the grid and every seed run so far."""
+    grid = str(ROOT / "configs/ablations/smoke.yaml")
+    plain_run = subprocess.run
+    monkeypatch.setattr(ablate.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0)
+                        if "lit_transformer" in argv[:3] else plain_run(argv, **kw))  # fmt: skip
+    reported = []
+    monkeypatch.setattr(ablate, "report", lambda grid, runs, out: reported.append({(r.cell, r.seed) for r in runs}))
+    assert ablate.ablate([grid, "--out", str(tmp_path), "--cells", "post-ln", "--seeds", "2"]) == 0
+    assert reported == [{("post-ln", 1), ("post-ln", 2), ("pre-ln", 1), ("pre-ln", 2)}]
+
+
 def test_the_command_has_its_own_help():
     done = subprocess.run([sys.executable, "-m", "lit_transformer.recipes.ablate", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)  # fmt: skip

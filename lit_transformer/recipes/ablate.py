@@ -43,6 +43,7 @@ none: `..`), a seed listed twice or none, two grids that would share a folder, a
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -893,6 +894,8 @@ def ablate(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
     check_options(args)
     grids = [Grid.load(_resolve(path)) for path in args.grids]
+    # the report covers the whole grid: `--cells A` or `--seeds 3` rewrote its table with their runs alone
+    whole = {id(grid): dataclasses.replace(grid, cells=dict(grid.cells)) for grid in grids}
     if args.cells:
         grids = check_cells(args.cells, grids)
     plan: list[tuple[Grid, Path, list[Run]]] = []
@@ -939,8 +942,10 @@ def ablate(argv: list[str] | None = None) -> int:
     if not args.report_only:
         check_cell_flags(all_runs)
     failed = [] if args.report_only else run_all(all_runs, args.jobs, thread_env(args.jobs, args.threads))
-    for grid, out, runs in plan:
-        report(grid, runs, out)
+    for grid, out, _ in plan:
+        table = whole[id(grid)]
+        table.seeds = sorted(set(table.seeds) | set(grid.seeds))
+        report(table, table.runs(out, extra), out)
     if failed:
         print(f"{len(failed)} runs failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
