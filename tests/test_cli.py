@@ -825,3 +825,36 @@ def test_predict_with_several_processes_writes_one_file_in_input_order(tmp_path:
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["output"] for row in lines] == ["0", "1", "2", "3", "4"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.jsonl"]
+
+
+def test_ddp_spawn_with_a_callback_pickle_refuses_is_one_line(tmp_path):
+    """ddp_spawn pickles the trainer to start its processes; Lightning's EMA callback holds a local function, which
+    ended the run in a 24-frame traceback from multiprocessing."""
+    result = _cli(
+        "fit", "--config", "presets/tiny", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+        "--trainer.strategy", "ddp_spawn", "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path / "r"),
+        "--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging",
+        cwd=tmp_path, ok=False,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "start method spawn" in result.stderr and "--trainer.strategy ddp" in result.stderr
+
+
+def test_the_checkpoints_line_names_the_last_checkpoint_that_spawned_processes_wrote(tmp_path):
+    """ddp_spawn and ddp_fork train in child processes: the parent's callbacks never see the save, and the closing
+    line said "final: none written" beside the last.ckpt the run had written."""
+    import types
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_transformer.cli.lightning_cli import checkpoints_line
+
+    callback = ModelCheckpoint(dirpath=str(tmp_path), save_last=True)
+    trainer = types.SimpleNamespace(
+        strategy=types.SimpleNamespace(_start_method="spawn"), checkpoint_callbacks=[callback]
+    )
+    (tmp_path / "last.ckpt").write_bytes(b"x")
+    os.utime(tmp_path / "last.ckpt", (0, 0))  # an earlier run's, left in the folder: not this run's
+    assert "none written" in checkpoints_line(trainer)
+    (tmp_path / "last.ckpt").write_bytes(b"x")  # written by this run's processes
+    assert checkpoints_line(trainer).startswith(f"checkpoints: final {tmp_path / 'last.ckpt'}")

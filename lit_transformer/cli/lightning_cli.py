@@ -19,8 +19,10 @@ import functools
 import importlib
 import inspect
 import logging
+import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -333,6 +335,16 @@ class TransformerCLI(LightningCLIHooks):
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
             raise SystemExit(1) from None
+        except (AttributeError, TypeError) as error:  # pickle's own errors for an object it cannot pickle
+            start = getattr(self.trainer.strategy, "_start_method", None)
+            if start not in ("spawn", "forkserver") or "pickle" not in str(error):
+                raise
+            raise ConfigError(
+                f"{type(self.trainer.strategy).__name__} (start method {start}) starts each process by pickling the "
+                f"trainer, its callbacks and the model, and this run holds something pickle refuses ({error}). Use "
+                "--trainer.strategy ddp, which starts the processes without pickling them.",
+                keys=["trainer.strategy"],
+            ) from None
         if subcommand == "fit" and self.trainer.is_global_zero:
             line = checkpoints_line(self.trainer)
             if line:
@@ -970,15 +982,25 @@ def note_earlier_run(dirpath: str) -> None:
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
+_LOADED_AT = time.time()
+"""When this module was imported: before any checkpoint of this process's run was written."""
+
+
 def checkpoints_line(trainer: L.Trainer) -> str | None:
     """One line naming the run's final checkpoint and its best one (by the monitored metric), or None without
     checkpointing."""
     final = best = None
+    # ddp_spawn/ddp_fork train in child processes: this process's callbacks never saw a save (Lightning sends back the
+    # best path only), so the final checkpoint is the newest last*.ckpt the children wrote into the folder.
+    children = getattr(trainer.strategy, "_start_method", None) in ("spawn", "fork", "forkserver")
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint):
             continue
         if callback.last_model_path and Path(callback.last_model_path).is_file():
             final = final or callback.last_model_path
+        elif children and callback.save_last and callback.dirpath:
+            written = last_checkpoint(callback.dirpath)  # by this run, not an earlier run's left in the folder
+            final = final or (written if written and os.path.getmtime(written) >= _LOADED_AT else None)
         if callback.monitor and callback.best_model_path and Path(callback.best_model_path).is_file():
             score = callback.best_model_score
             value = f" ({callback.monitor} {float(score):.4g})" if score is not None else ""

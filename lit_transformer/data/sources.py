@@ -312,6 +312,23 @@ def ensure_online(what: str, hint: str) -> None:
         )
 
 
+def hub_offline() -> bool:
+    """Whether the hub is out of reach: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE set, or huggingface.co unreachable."""
+    return _offline_flag() or not _hub_reachable()
+
+
+def offline_and_uncached(what: str, hint: str) -> OfflineError:
+    """The error for a hub name that is needed offline and is not in the local Hugging Face cache either."""
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE as where
+    except ImportError:  # pragma: no cover - huggingface_hub is a dependency
+        where = "~/.cache/huggingface/hub"
+    return OfflineError(
+        f"Cannot load {what}: this machine is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE set, or huggingface.co "
+        f"unreachable) and it is not in the local Hugging Face cache ({where}). {hint}"
+    )
+
+
 LOCAL_HINT = (
     "Point the DataModule at local files instead, e.g. --data.dataset path/to/corpus.txt, a folder, a glob "
     "('data/*.jsonl'), or .csv/.tsv/.parquet files (a folder's train*/valid*/test* files become the splits); "
@@ -795,7 +812,9 @@ def hub_streams(dataset: str, config: str | None, hint: str = LOCAL_HINT) -> dic
 def _looks_like_a_path(spec: str) -> bool:
     """A spec that names a local file (a leading / . ~ or a data file suffix), never a hub name like owner/name."""
     suffixes = (".txt", ".text", ".md", *BUILDERS)
-    return spec.startswith(("/", "./", "../", "~")) or form_suffix(spec) in suffixes
+    # A hub name is `name` or `owner/name`: one ending in a slash (`my_texts/`) or deeper is a folder path.
+    folder = spec.endswith(("/", os.sep)) or (spec.count("/") > 1 and "://" not in spec)
+    return spec.startswith(("/", "./", "../", "~")) or folder or form_suffix(spec) in suffixes
 
 
 def line_cut(text: str, fraction: float) -> int:

@@ -184,12 +184,22 @@ def load_or_train_tokenizer(
             raise MissingFileError(f"Tokenizer file {spec!r} does not exist", keys=["data.init_args.tokenizer"])
         tokenizer = _tokenizer_file(spec)
     else:
-        from .sources import ensure_online
+        from .sources import hub_offline, offline_and_uncached
 
-        ensure_online(
-            f"tokenizer {spec!r}", hint="pass a local tokenizer.json path or a kind to train: " + ", ".join(KINDS)
-        )
-        tokenizer = Tokenizer.from_pretrained(spec)
+        if hub_offline():  # as Hugging Face's own libraries do offline: a name downloaded before is read from the cache
+            from huggingface_hub import try_to_load_from_cache
+
+            local = try_to_load_from_cache(spec, "tokenizer.json")
+            if not isinstance(local, str):
+                raise offline_and_uncached(
+                    f"tokenizer {spec!r}",
+                    hint=f"Download it where there is internet (`hf download {spec} tokenizer.json`, into the cache "
+                    "that HF_HOME names here), or pass a local tokenizer.json path, or a kind to train: "
+                    + ", ".join(KINDS),
+                )
+            tokenizer = _tokenizer_file(local)
+        else:
+            tokenizer = Tokenizer.from_pretrained(spec)
     return tokenizer, fingerprint("tokenizer", tokenizer.to_str())
 
 

@@ -51,11 +51,24 @@ def check_device_options(accelerator: Any = "auto", strategy: Any = "auto", prec
             f"trainer.accelerator={accelerator!r} needs a TPU with torch_xla installed, and this machine has no "
             "torch_xla. Use --trainer.accelerator=cpu (or auto, or gpu on a CUDA machine)."
         )
+    strategy_name = strategy if isinstance(strategy, str) else type(strategy).__name__
+    lowered = str(strategy_name).lower()
+    if "modelparallel" in lowered:
+        raise DeviceOptionError(
+            f"trainer.strategy={strategy_name!r} leaves the parallelism to the model's configure_model, and "
+            "LitTransformer applies none (no fully_shard, no tensor-parallel plan): each process would train its own "
+            "copy on its own batches, no gradients exchanged. Use --trainer.strategy=ddp, or fsdp on GPUs "
+            "(configs/trainer/fsdp.yaml)."
+        )
+    if ("xla" in lowered or "tpu" in lowered) and not _has_module("torch_xla"):
+        raise DeviceOptionError(
+            f"trainer.strategy={strategy_name!r} needs a TPU with torch_xla installed, and this machine has no "
+            "torch_xla. Use --trainer.strategy=ddp (or auto)."
+        )
     on_cpu = accelerator_name == "cpu" or not has_gpu
     if not on_cpu:
         return
-    strategy_name = strategy if isinstance(strategy, str) else type(strategy).__name__
-    if any(name in str(strategy_name).lower() for name in _GPU_ONLY_STRATEGIES):
+    if any(name in lowered for name in _GPU_ONLY_STRATEGIES):
         raise DeviceOptionError(
             f"trainer.strategy={strategy_name!r} needs a GPU accelerator, and this run is on CPU. "
             "Use --trainer.strategy=ddp (several CPU processes, gloo backend) or auto, or run on a CUDA machine."

@@ -81,14 +81,19 @@ def resolve_folder(name: str, what: str) -> Path:
         return path
     if path.exists() or is_local_name(name):
         raise MissingFileError(f"{what} folder {name!r} does not exist (looked for {path.resolve()})")
-    from lit_transformer.data.sources import ensure_online
-
-    ensure_online(
-        f"{what} {name!r}",
-        hint="Download it elsewhere (e.g. `hf download NAME --local-dir DIR`) and pass the local folder DIR instead.",
-    )
     from huggingface_hub import snapshot_download
 
+    from lit_transformer.data.sources import hub_offline, offline_and_uncached
+
+    if hub_offline():  # as Hugging Face's own libraries do offline: a name downloaded before is read from the cache
+        try:
+            return Path(snapshot_download(name, allow_patterns=WEIGHT_PATTERNS, local_files_only=True))
+        except Exception:  # LocalEntryNotFoundError, or a repository id huggingface_hub refuses
+            raise offline_and_uncached(
+                f"{what} {name!r}",
+                hint=f"Download it where there is internet (`hf download {name} --local-dir DIR`) and pass the local "
+                f"folder DIR instead, or `hf download {name}` into the cache that HF_HOME names here.",
+            ) from None
     return Path(snapshot_download(name, allow_patterns=WEIGHT_PATTERNS))
 
 
