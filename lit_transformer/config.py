@@ -6,6 +6,7 @@ Field docstrings (the string under each field) become the CLI's ``--help`` text.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -184,6 +185,11 @@ class TransformerConfig:
             raise ConfigError(_listed("TransformerConfig", problems), keys=keys)
 
     def _problems(self):
+        typed = list(_type_problems(self))
+        if typed:  # the checks below compare values, which a value of another type cannot be
+            yield from typed
+            return
+
         def choices(name: str, allowed: tuple[str, ...]):
             value = getattr(self, name)
             if value not in allowed:
@@ -239,9 +245,9 @@ class TransformerConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 yield f"{name}={value} must lie in [0, 1)"
-        if self.layer_norm_eps <= 0:
+        if not self.layer_norm_eps > 0:  # nan too
             yield f"layer_norm_eps={self.layer_norm_eps} must be positive"
-        if self.init_std <= 0:
+        if not self.init_std > 0:  # nan too
             yield f"init_std={self.init_std} must be positive"
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             yield f"logit_softcap={self.logit_softcap} must be positive (the largest logit), or None for no cap"
@@ -405,6 +411,22 @@ class TransformerConfig:
         if name not in PRESETS:
             raise KeyError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+def _type_problems(config: Any):
+    """Values of another type than the field's: a string where a bool goes would be taken as True ("false" too), and
+    a float where an int goes fails deep inside torch (building the model, decoding)."""
+    for field in dataclasses.fields(config):
+        kind, _, optional = str(field.type).partition(" | ")
+        value = getattr(config, field.name)
+        if kind not in ("int", "float", "bool") or (value is None and optional == "None"):
+            continue
+        if kind == "bool" and isinstance(value, str):
+            yield f"{field.name}={value!r} must be True or False (a bool, not a string)"
+        elif kind == "int" and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            yield f"{field.name}={value!r} must be an integer"
+        elif kind == "float" and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            yield f"{field.name}={value!r} must be a number"
 
 
 def _listed(what: str, problems: list[str]) -> str:
@@ -572,10 +594,17 @@ class GenerationConfig:
     integers, fp32 sums may round in another order, so near-tied candidates can rank differently."""
 
     def __post_init__(self) -> None:
-        problems = []
+        # One stop string or id given alone (stop="\n\n") is one, not each of its characters.
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if isinstance(self.stop_token_ids, int):
+            self.stop_token_ids = [self.stop_token_ids]
+        problems = list(_type_problems(self))
+        if problems:
+            raise ConfigError(_listed("GenerationConfig", problems))
         if self.max_new_tokens < 0:
             problems.append(f"max_new_tokens={self.max_new_tokens} must be >= 0")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # nan too
             problems.append(f"temperature={self.temperature} must be >= 0 (0 is greedy)")
         if self.top_k is not None and self.top_k < 0:
             problems.append(f"top_k={self.top_k} must be >= 1, or 0 or None for all tokens")
@@ -585,7 +614,7 @@ class GenerationConfig:
             problems.append(f"num_beams={self.num_beams} must be >= 1")
         if self.length_penalty_form not in ("length", "gnmt"):
             problems.append(f"length_penalty_form={self.length_penalty_form!r} must be 'length' or 'gnmt'")
-        if self.repetition_penalty <= 0:
+        if not self.repetition_penalty > 0:  # nan too
             problems.append(f"repetition_penalty={self.repetition_penalty} must be positive (1 is none)")
         if self.max_source_offset is not None and self.max_source_offset < 1:
             problems.append(f"max_source_offset={self.max_source_offset} must be >= 1 or None")

@@ -55,6 +55,9 @@ class LoadedModel:
 
     def batch(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoded inputs padded on the right, with the attention mask that says which tokens are real."""
+        check_texts(texts)
+        if not texts:
+            raise ConfigError("no texts to encode: give a list of one or more strings")
         ids, mask = pad_right([self.encode(t) for t in texts], self.config.pad_token_id)
         return ids.to(self.device), mask.to(self.device)
 
@@ -63,6 +66,15 @@ class LoadedModel:
         eos = self.config.eos_token_id
         rows = [row[: row.index(eos)] if eos is not None and eos in row else row for row in ids.tolist()]
         return self.target_tokenizer.decode_batch(rows, skip_special_tokens=True)
+
+
+def check_texts(texts: Sequence[str]) -> None:
+    """A list of strings: a string alone would be read as its characters, each an input of its own."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"texts must be a list of strings, not one string: write [{texts!r:.40}] for one input")
+    wrong = [text for text in texts if not isinstance(text, str)]
+    if wrong:
+        raise TypeError(f"texts must be strings; got {type(wrong[0]).__name__} {wrong[0]!r:.40}")
 
 
 def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
@@ -389,6 +401,9 @@ def translate(loaded: LoadedModel, texts: Sequence[str], gen: GenerationConfig) 
     (--stop, which this command's flags offer) and at the EOS, which decoding alone left in."""
     from lit_transformer.tasks.base import generation_rows
 
+    check_texts(texts)
+    if not texts:
+        return []
     src, mask = loaded.batch(texts)
     rows = generation_rows(loaded.model, loaded.target_tokenizer, gen, src, mask, list(texts))
     return [row["output"] for row in rows]

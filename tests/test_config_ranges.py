@@ -76,3 +76,39 @@ def test_every_number_of_every_config_refuses_minus_one(cls):
         else:
             accepted.append(name)
     assert accepted == []
+
+
+@pytest.mark.parametrize(
+    ("cls", "values", "message"),
+    [
+        (TransformerConfig, {"bias": "false"}, "bias='false' must be True or False (a bool, not a string)"),
+        (TransformerConfig, {"tie_embeddings": "no"}, "tie_embeddings='no' must be True or False"),
+        (TransformerConfig, {"n_layers": 2.5}, "n_layers=2.5 must be an integer"),
+        (TransformerConfig, {"n_heads": 4.0, "d_model": 32}, "n_heads=4.0 must be an integer"),
+        (TransformerConfig, {"d_model": "32"}, "d_model='32' must be an integer"),
+        (TransformerConfig, {"dropout": "0.1"}, "dropout='0.1' must be a number"),
+        (TransformerConfig, {"init_std": float("nan")}, "init_std=nan must be positive"),
+        (GenerationConfig, {"num_beams": 2.0}, "num_beams=2.0 must be an integer"),
+        (GenerationConfig, {"top_k": 2.5}, "top_k=2.5 must be an integer"),
+        (GenerationConfig, {"temperature": float("nan")}, "temperature=nan must be >= 0"),
+    ],
+)
+def test_a_value_of_another_type_is_refused_naming_the_field(cls, values, message) -> None:
+    """Before, a string where a bool goes was taken as True (bias="false" built biases), and a float where an int goes
+    failed deep inside torch when the model was built or decoded."""
+    with pytest.raises(ConfigError) as error:
+        cls(**{**BASE.get(cls, {}), **values})
+    assert message in str(error.value)
+
+
+def test_numpy_integers_and_ints_for_floats_are_taken() -> None:
+    np = pytest.importorskip("numpy")
+    config = TransformerConfig(vocab_size=np.int64(100), d_model=np.int32(32), n_heads=4, dropout=0, rope_theta=10)
+    assert config.d_model == 32
+
+
+def test_one_stop_string_is_one_stop_string_not_its_characters() -> None:
+    """Before, GenerationConfig(stop="\\n\\n") stopped at the first "\\n": the string was read as its characters."""
+    assert GenerationConfig(stop="\n\n").stop == ["\n\n"]
+    assert GenerationConfig(stop_token_ids=5).stop_token_ids == [5]
+    assert GenerationConfig(stop=["a", "b"]).stop == ["a", "b"]

@@ -568,3 +568,58 @@ def test_a_row_s_text_ends_at_the_generation_s_eos_token_id(num_beams):
     assert text_stop_ids(model.config, ended) == [tokens[k]] and tokens[k] not in row_ended["tokens"]
     if num_beams == 1:  # greedy writes the same tokens up to the new EOS (beams search otherwise once it may end)
         assert row_ended["tokens"] == tokens[:k]
+
+
+@pytest.mark.parametrize("topology", ["decoder_only", "encoder_decoder"])
+def test_inputs_that_cannot_be_decoded_are_refused_in_one_line_naming_the_fix(topology):
+    """Before, an id past the vocabulary failed in torch's embedding ("index out of range in self"), a 1-D prompt in
+    an IndexError of the decoder, a list or a string in an AttributeError, and a mask of another shape than the
+    prompt's decoded silently."""
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.errors import ConfigError
+    from lit_transformer.model import Transformer
+
+    model = Transformer(TransformerConfig.preset("tiny", topology=topology, bos_token_id=1, eos_token_id=2))
+    vocab = model.config.vocab_size
+    ok = torch.tensor([[3, 4, 5]])
+    with pytest.raises(ConfigError, match=rf"ids from 3 to {vocab}, but .* ids 0 to {vocab - 1}"):
+        model.generate(torch.tensor([[3, 4, vocab]]), max_new_tokens=2)
+    with pytest.raises(ConfigError, match="ids from -1 to 4"):
+        model.generate(torch.tensor([[-1, 4]]), max_new_tokens=2)
+    with pytest.raises(TypeError, match=r"\(B, T\) tensor of integer token ids; got shape \(3,\)"):
+        model.generate(ok[0], max_new_tokens=2)
+    with pytest.raises(TypeError, match="of torch.float32"):
+        model.generate(ok.float(), max_new_tokens=2)
+    with pytest.raises(TypeError, match="torch.Tensor of token ids, shape \\(B, T\\), not list"):
+        model.generate(ok.tolist(), max_new_tokens=2)
+    with pytest.raises(ConfigError, match="holds no token"):
+        model.generate(ok[:, :0], max_new_tokens=2)
+    with pytest.raises(ConfigError, match=r"attention_mask has shape \(1, 4\) but input_ids \(1, 3\)"):
+        model.generate(ok, max_new_tokens=2, attention_mask=torch.ones(1, 4, dtype=torch.bool))
+    assert model.generate(ok, max_new_tokens=2, attention_mask=torch.ones_like(ok)).shape[0] == 1
+
+
+def test_translate_and_batch_take_a_list_of_texts_not_one_string():
+    """Before, a string was read as its characters: translate(loaded, "In the beginning", gen) translated 16 one-letter
+    sources without a word; an empty list failed in max()."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from lit_transformer.config import GenerationConfig, TransformerConfig
+    from lit_transformer.inference import LoadedModel, translate
+    from lit_transformer.model import Transformer
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate("abcdefgh")}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    config = TransformerConfig.preset("tiny", topology="encoder_decoder", vocab_size=len(vocab), bos_token_id=1,
+                                      eos_token_id=2)  # fmt: skip
+    loaded = LoadedModel(Transformer(config).eval(), tokenizer, tokenizer)
+    gen = GenerationConfig(max_new_tokens=3)
+    assert len(translate(loaded, ["a b", "c"], gen)) == 2
+    assert translate(loaded, [], gen) == []
+    with pytest.raises(TypeError, match=r"a list of strings, not one string: write \['a b c'\] for one input"):
+        translate(loaded, "a b c", gen)
+    with pytest.raises(TypeError, match="a list of strings, not one string"):
+        loaded.batch("a b c")
+    with pytest.raises(TypeError, match="texts must be strings; got int"):
+        translate(loaded, [5], gen)

@@ -524,3 +524,33 @@ def test_the_cpu_peak_is_measured_at_the_first_mfu_log_once_per_process(monkeypa
         for metrics in logged:  # MFU against the measured peak, from the first log on
             assert metrics["train/device/mfu"] == pytest.approx(metrics["train/device/flops_per_sec"] / 1e11), run
     assert calls == [(torch.device("cpu"), torch.float32)]
+
+
+def test_a_checkpoint_of_a_module_built_in_python_validates_and_predicts_on_the_command_line(tmp_path) -> None:
+    """A LitTransformer built from a TransformerConfig object records that object (not the dict LightningCLI hands
+    it) in its hyperparameters; validate and predict of its checkpoint read it as they read a `fit` checkpoint, and
+    score what a plain Trainer scores."""
+    from test_cli import CONFIGS, _cli
+
+    from lit_transformer.data import LanguageModelingDataModule
+
+    data_args = dict(dataset="shakespeare", block_size=32, max_chars=20000, tokenizer="char", batch_size=8)
+    data = LanguageModelingDataModule(**data_args, cache_dir=str(tmp_path / "cache"))
+    config = TransformerConfig.preset("tiny", vocab_size=data.vocab_size, pad_token_id=data.pad_token_id,
+                                      eos_token_id=data.eos_token_id, max_seq_len=32)  # fmt: skip
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(LitTransformer(config), datamodule=data)
+    ckpt = tmp_path / "python.ckpt"
+    trainer.save_checkpoint(ckpt)
+    expected = trainer.validate(LitTransformer.load_from_checkpoint(ckpt), datamodule=data, verbose=False)[0]
+
+    (tmp_path / "prompts.txt").write_text("ROMEO:\n")
+    common = ["--config", str(CONFIGS / "presets" / "tiny.yaml"), "--ckpt_path", str(ckpt), "--trainer.logger", "false",
+              "--trainer.default_root_dir", str(tmp_path / "run"), "--data.init_args.block_size", "32",
+              "--data.init_args.max_chars", "20000", "--data.init_args.cache_dir", str(tmp_path / "cache"),
+              "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    out = _cli("validate", *common, cwd=tmp_path).stdout
+    assert f"{expected['val/nll']:.6f}"[:7] in out, out
+    _cli("predict", *common, "--data.init_args.predict_file", str(tmp_path / "prompts.txt"), cwd=tmp_path)
+    assert (tmp_path / "run" / "predictions.jsonl").read_text().startswith('{"input": "ROMEO:"')

@@ -438,6 +438,11 @@ class TransformerCLI(LightningCLIHooks):
             read_as_trained(self.config[subcommand], checkpoint, str(path))
         hparams = dict(checkpoint.get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
+        # A LitTransformer built in Python records its dataclass arguments (TransformerConfig, GenerationConfig,
+        # LoraOptions) as objects, where the CLI's record dicts: read both as the dicts the parser takes.
+        for name, value in hparams.items():
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                hparams[name] = dataclasses.asdict(value)
         for name in LitTransformer.RUN_CHOICES:
             hparams.pop(name, None)
         if subcommand == "fit":

@@ -317,6 +317,37 @@ def check_for_model(gen: GenerationConfig, cfg: TransformerConfig) -> list[int]:
     return stops
 
 
+def check_inputs(cfg: TransformerConfig, input_ids: Tensor, attention_mask: Tensor | None) -> None:
+    """Refuse, in one line, inputs that would otherwise fail deep inside torch (or, a mask of another shape, decode
+    silently from the wrong tokens): token ids must be a (B, T) integer tensor of ids of the model's vocabulary, with
+    a mask of the same shape. One read of the device per call, as decoding's own length checks do."""
+    if not isinstance(input_ids, Tensor):
+        raise TypeError(
+            f"input_ids must be a torch.Tensor of token ids, shape (B, T), not {type(input_ids).__name__}: encode text "
+            "first, e.g. torch.tensor([tokenizer.encode(text).ids])"
+        )
+    if cfg.is_encoder_decoder and cfg.source != "tokens":
+        return  # features or images: the encoder's input layer says what it takes
+    if input_ids.dim() != 2 or input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(
+            f"input_ids must be a (B, T) tensor of integer token ids; got shape {tuple(input_ids.shape)} of "
+            f"{input_ids.dtype} (one prompt: ids[None], i.e. shape (1, T))"
+        )
+    if input_ids.shape[1] == 0:
+        raise ConfigError("input_ids holds no token (shape (B, 0)): give each row at least one token id")
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size):
+        raise ConfigError(
+            f"input_ids holds ids from {int(input_ids.min())} to {int(input_ids.max())}, but this model's vocabulary "
+            f"has ids 0 to {cfg.vocab_size - 1} (padding positions too are looked up: fill them with a real id, "
+            "e.g. pad_token_id, and say they are padding with attention_mask)"
+        )
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ConfigError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids {tuple(input_ids.shape)}: it must "
+            "mark each token of input_ids (True or 1 for a real token, False or 0 for padding)"
+        )
+
+
 def fill_token_id(cfg: TransformerConfig, gen: GenerationConfig) -> int | None:
     """What a row that finished before the batch's longest is filled with: the pad token, else the EOS (the model's
     where eos_token_id is -1, no EOS: a real id, which the next step can embed). Decoding writes it; the rows that
@@ -335,6 +366,7 @@ def plan_decoding(
     cfg = model.config
     if cfg.is_encoder_only:
         raise TypeError("An encoder_only model does not generate: it classifies or fills in masked tokens")
+    check_inputs(cfg, input_ids, attention_mask)
     gen = (config or GenerationConfig()).replace(**overrides)
     stops = check_for_model(gen, cfg)
     fill = fill_token_id(cfg, gen)
