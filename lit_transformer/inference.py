@@ -8,6 +8,7 @@ Decoding settings are a GenerationConfig; every one of its fields is a flag of b
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import typing
 from collections.abc import Sequence
@@ -167,6 +168,19 @@ def _folder_tokenizer(path: Path) -> Tokenizer:
     return read_tokenizer(path)
 
 
+def hub_name(name: str) -> bool:
+    """Whether `name` can only be a Hugging Face hub id (`gpt2`, `Helsinki-NLP/opus-mt-en-es`): nothing of that name
+    here, no file suffix, at most one slash, not a relative or absolute path."""
+    from lit_transformer.data.sources import is_local_name
+
+    return (
+        not Path(name).expanduser().exists()
+        and not is_local_name(name)
+        and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) is not None
+        and Path(name).suffix.lower() not in (".ckpt", ".pt", ".pth", ".safetensors", ".onnx", ".json", ".bin")
+    )
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu", base: str | Path | None = None) -> LoadedModel:
     """A Transformer in eval mode with its tokenizer(s), from a checkpoint loaded without running code from it, or
     from a model folder (load_model_folder). `base`: where a LoRA checkpoint's base is now, if it moved from the
@@ -174,6 +188,15 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", base: str |
     from lit_transformer.checkpoints.files import CheckpointError, load_checkpoint
     from lit_transformer.interop.pretrained import checkpoint_weights
 
+    if hub_name(str(path)):  # `generate --checkpoint gpt2`: the hub's folder, downloaded (or, offline, cached)
+        from lit_transformer.checkpoints.files import MissingCheckpointError
+        from lit_transformer.errors import UserError
+        from lit_transformer.interop.hf_files import resolve_folder
+
+        try:
+            path = resolve_folder(str(path), "model")
+        except (OSError, UserError) as error:
+            raise MissingCheckpointError(f"{path}: no such file or folder here; as a hub name: {error}") from None
     if Path(path).is_dir() and (Path(path) / "config.json").is_file():
         loaded = load_model_folder(Path(path))
         return dataclasses.replace(loaded, model=loaded.model.to(device).eval())

@@ -552,6 +552,31 @@ def test_a_model_folder_serves_as_its_checkpoint_does(tmp_path, tokenizer, capsy
         load_model(tmp_path / fmt)
 
 
+def test_generate_takes_a_hub_name_downloaded_before_and_names_one_it_cannot_get(tmp_path, tokenizer, capsys,
+                                                                                 monkeypatch):  # fmt: skip
+    """`generate --checkpoint gpt2` (a transformers user's first command) was "Checkpoint gpt2 does not exist ... No
+    .ckpt files in .": a hub name is read as `init_from` reads one, from the hub or (offline) the local Hugging Face
+    cache, and one found in neither place is named as both."""
+    from lit_transformer.cli.model_commands import generate_main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = large(build(GPT2, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None), std=0.2)
+    ckpt = _checkpoint(tmp_path / "last.ckpt", model, tokenizer)
+    snapshot = tmp_path / "hub" / "models--acme--tiny-gpt2" / "snapshots" / ("0" * 40)
+    export_main(["--checkpoint", str(ckpt), "--format", "hf", "--out", str(snapshot)])
+    (tmp_path / "hub" / "models--acme--tiny-gpt2" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny-gpt2" / "refs" / "main").write_text("0" * 40)
+    printed = []
+    for path in (str(ckpt), "acme/tiny-gpt2"):
+        capsys.readouterr()
+        generate_main(["--checkpoint", path, "--prompt", "hello there", "--max_new_tokens", "8", "--temperature", "0"])
+        printed.append(capsys.readouterr().out)
+    assert printed[0] == printed[1] and printed[0].strip()
+    with pytest.raises(UserError, match=r"acme/other: no such file or folder here; as a hub name: .*not in the local"):
+        generate_main(["--checkpoint", "acme/other", "--prompt", "hello"])
+
+
 def test_a_classifier_exported_as_safetensors_keeps_its_task_and_labels(tmp_path, tokenizer):
     """task.json carries what the checkpoint records of its task: the folder predicts the checkpoint's label names,
     and `serve` routes it as a classifier."""

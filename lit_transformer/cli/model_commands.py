@@ -27,7 +27,7 @@ weights); trained: the optimizer's own weights, which an EMA (WeightAveraging) c
 
 CHECKPOINT_HELP = (
     "A .ckpt written by `fit`, or a model folder: one `export --format safetensors|hf` wrote, or a Hugging Face "
-    "GPT-2, Llama or Marian folder."
+    "GPT-2, Llama or Marian folder, or its hub name (downloaded, or offline read from the Hugging Face cache)."
 )
 
 

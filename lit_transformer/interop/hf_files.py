@@ -68,6 +68,8 @@ WEIGHT_PATTERNS = [
     "model.safetensors.index.json",
     "tokenizer*",
     "special_tokens_map.json",
+    "vocab.json",  # a Marian folder's tokenizers: its vocabulary and two SentencePiece models
+    "*.spm",
 ]
 
 
@@ -94,7 +96,13 @@ def resolve_folder(name: str, what: str) -> Path:
                 hint=f"Download it where there is internet (`hf download {name} --local-dir DIR`) and pass the local "
                 f"folder DIR instead, or `hf download {name}` into the cache that HF_HOME names here.",
             ) from None
-    return Path(snapshot_download(name, allow_patterns=WEIGHT_PATTERNS))
+    try:
+        return Path(snapshot_download(name, allow_patterns=WEIGHT_PATTERNS))
+    except (OSError, ValueError) as error:  # huggingface_hub's not-found and HTTP errors are OSErrors
+        raise MissingFileError(
+            f"{what} {name!r} is neither a local path nor a model the Hugging Face hub gives ({type(error).__name__}): "
+            "check the name, or give a local folder or checkpoint file"
+        ) from None
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
