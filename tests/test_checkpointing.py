@@ -524,6 +524,27 @@ def test_last_ckpt_holds_the_final_step_whatever_the_interval(tmp_path: Path, st
     assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == steps
 
 
+@pytest.mark.parametrize(
+    "stop",
+    [("--trainer.max_steps", "7"), ("--trainer.max_steps", "8", "--checkpoint.every_n_train_steps", "3")],
+    ids=["between-saves", "validated"],
+)
+def test_a_finished_run_trained_longer_goes_on_as_a_run_never_stopped(tmp_path: Path, stop: tuple[str, ...]) -> None:
+    """The final step's last.ckpt (max_steps 7, no multiple of the interval of 2; or 8, validated, every 3) was written in
+    on_train_end, after Lightning had closed the epoch the run stopped in: resumed with a larger max_steps, the run
+    counted one epoch more than a run never stopped (a max_epochs ended it an epoch early) and, with dropout seeded by
+    the epoch, trained on other masks. Resumed from it, the run ends on the weights of a run never stopped."""
+    same = ("--model.config.dropout", "0.1", "--model.optim.schedule_steps", "12")
+    _tiny_fit(tmp_path / "reference", tmp_path / "cache", *same, "--trainer.max_steps", "12")
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", *same, *stop)
+    final = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert (final["global_step"], final["epoch"]) == (int(stop[1]), 0)
+    _tiny_fit(tmp_path / "run", tmp_path / "cache", *same, "--trainer.max_steps", "12", "--ckpt_path", "last")
+    expected = _weights(tmp_path / "reference" / "checkpoints" / "last.ckpt")
+    found = _weights(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(found[key], value) for key, value in expected.items())
+
+
 def test_a_run_resumed_from_a_checkpoint_written_before_its_validation_validates_first(tmp_path: Path, caplog) -> None:
     """SIGTERM during the batch after which step 4 is validated: the preemption checkpoint is written at that batch's
     end, before the validation. Resumed from it, the run validates step 4 first (Lightning went on past it): it keeps
@@ -560,6 +581,25 @@ def test_a_resume_with_another_schedule_length_says_the_learning_rate_jumps(tmp_
         _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "12", "--ckpt_path", "last",
                   "--model.optim.schedule_steps", "10")  # fmt: skip
     assert "schedule decays over" not in caplog.text
+
+
+def test_a_cosine_schedule_longer_than_the_epochs_allow_is_said(tmp_path: Path, caplog) -> None:
+    """max_epochs 2 of 6 batches, 4 accumulated a step (a step at batches 4 and 6: 2 a epoch), ends the run after 4
+    optimizer steps; the cosine schedule, sized by max_steps 100, had then barely left its warmup, and nothing said.
+    A note names both lengths and the flag that sizes the schedule to the run."""
+    import logging
+
+    epochs = ("--trainer.max_epochs", "2", "--trainer.limit_train_batches", "6")
+    epochs += ("--trainer.accumulate_grad_batches", "4")
+    with caplog.at_level(logging.INFO):
+        cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "100", *epochs)
+    assert cli.trainer.global_step == 4
+    note = "note: the cosine schedule decays over 100 optimizer steps, and trainer.max_epochs=2 ends the run after 4"
+    assert note in caplog.text and "--model.optim.schedule_steps 4" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        _tiny_fit(tmp_path / "sized", tmp_path / "cache", "--trainer.max_steps", "4", *epochs)
+    assert "ends the run after" not in caplog.text
 
 
 def test_a_run_preempted_before_its_first_save_resumes_into_last_ckpt(tmp_path: Path) -> None:

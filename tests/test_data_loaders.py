@@ -64,6 +64,24 @@ def test_epochs_differ_and_repeat_with_seed():
     assert sorted(sum(epoch0, [])) == sorted(sum(epoch1, []))
 
 
+def test_a_repeating_loader_gives_the_same_batches_every_epoch():
+    """trainer.overfit_batches: Lightning makes a DataLoader's sampler sequential, for the same batches every epoch;
+    the stream has no sampler, and went on through the data."""
+    loader = make_loader()
+    loader.repeat = True
+    epoch0, epoch1 = firsts(itertools.islice(loader, 3)), firsts(itertools.islice(loader, 3))
+    assert epoch0 == epoch1 == firsts(itertools.islice(make_loader(), 3))
+
+
+def test_overfit_batches_trains_on_the_same_batches_every_epoch(tmp_path):
+    """`fit --trainer.overfit_batches 1`: 3 epochs of the first batch, not 3 batches of the stream."""
+    from test_checkpointing import _tiny_fit
+
+    cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.overfit_batches", "1", "--trainer.max_steps", "3")
+    assert cli.trainer.global_step == 3 and cli.trainer.current_epoch == 3
+    assert cli.trainer.train_dataloader.consumed == cli.datamodule.batch_size
+
+
 def test_state_saved_at_epoch_end_resumes_with_next_epoch():
     loader = make_loader()
     first, second = firsts(loader), firsts(loader)

@@ -433,6 +433,25 @@ def test_a_gpu_option_on_a_cpu_machine_is_a_config_mistake(tmp_path: Path):
     assert code == 2 and "trainer.accelerator='gpu' needs a CUDA GPU" in err and len(_refusal_lines(err)) <= 3
 
 
+@pytest.mark.skipif(bool(__import__("importlib.util").util.find_spec("transformer_engine")), reason="it is installed")
+def test_a_precision_whose_package_is_missing_is_a_config_mistake(tmp_path: Path):
+    """transformer-engine is one of the precisions --help lists; without its package it ended in a traceback."""
+    code, err = _refusal(*_tiny("--trainer.precision", "transformer-engine"), cwd=tmp_path)
+    assert code == 2 and "Traceback" not in err and len(_refusal_lines(err)) <= 3, err
+    assert "trainer.precision='transformer-engine' needs NVIDIA's Transformer Engine" in err, err
+
+
+def test_a_validation_interval_longer_than_the_epoch_is_refused_in_a_few_lines(tmp_path: Path, monkeypatch):
+    """Judged by Lightning once the data is ready (5 batches an epoch, a validation every 10 of them, per epoch): its
+    ValueError ended the run in a traceback."""
+    monkeypatch.setenv("LIT_TRANSFORMER_CACHE", str(tmp_path / "cache"))
+    argv = _tiny("--trainer.limit_train_batches", "5", "--trainer.check_val_every_n_epoch", "1")
+    code, err = _refusal(*argv, "--trainer.default_root_dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert code == 2 and "Traceback" not in err and len(_refusal_lines(err)) <= 3, err
+    assert "`val_check_interval` (10) must be less than or equal to the number of the training batches (5)" in err
+    assert "trainer.check_val_every_n_epoch by the flag" in err, err
+
+
 def test_a_refusal_as_a_process_has_no_traceback_unless_debug_asks(tmp_path: Path):
     plain = _forked("fit", "--config", "presets/tiny", "--model.config.n_layer", "6", cwd=tmp_path)
     assert plain.returncode == 2 and _is_short(plain.stderr), plain.stderr

@@ -79,6 +79,25 @@ class RunCheckpoint(ModelCheckpoint):
             self._defer_save_until_validation = True  # Lightning's own flag: on_validation_end writes the files
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self._final_step_unsaved(trainer) and not validation_follows(trainer):  # else: at the validation's end
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _final_step_unsaved(self, trainer: pl.Trainer) -> bool:
+        """Whether the run stops after this step (max_steps reached; max_time or early stopping set should_stop)
+        and its last.ckpt is not written yet. Written here, at the batch's (or its validation's) end, the file is a
+        mid-epoch checkpoint like any other; written in on_train_end, after Lightning closed the epoch the run stopped
+        in, it recorded that epoch as done: a run resumed from it to train longer counted one epoch more than a run
+        never stopped (max_epochs ended it an epoch early; the dropout of every later step, seeded by epoch, differed).
+        """
+        stops = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and not trainer.fast_dev_run
+        return (
+            stops
+            and fitting
+            and self.save_last is True
+            and self._last_global_step_saved != trainer.global_step
+            and optimizer_stepped(trainer)
+        )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -101,6 +120,8 @@ class RunCheckpoint(ModelCheckpoint):
         # A file written before this validation (a time-based interval): written again, with its record. Not between
         # the batches of an accumulated step (see the module's docstring).
         if wrote_last and fitting and self.save_last is True and self.last_model_path and optimizer_stepped(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        elif fitting and self._final_step_unsaved(trainer):  # the run's final step, validated
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

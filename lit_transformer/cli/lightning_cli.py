@@ -328,6 +328,15 @@ class TransformerCLI(LightningCLIHooks):
         try:
             with lightning_refusals():
                 super().run_subcommand(subcommand)
+        except ValueError as error:
+            # Judged once the data is ready (the epoch's batches): an interval longer than the epoch, with
+            # check_val_every_n_epoch set. Lightning's message names both fixes.
+            if "`val_check_interval`" not in str(error):
+                raise
+            keys = ["trainer.val_check_interval", "trainer.check_val_every_n_epoch"]
+            raise ConfigError(
+                f"Lightning refuses the trainer options: {' '.join(str(error).split())}", keys=keys
+            ) from None
         except RuntimeError as error:
             message = lost_peer_message(error, self.trainer)
             if message is None:

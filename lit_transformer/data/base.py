@@ -437,7 +437,13 @@ class DataModule(L.LightningDataModule):
         return trainer is not None and trainer.state.fn == "predict"
 
     def train_dataloader(self):
-        return self.loader("train", shuffle=True)
+        loader = self.loader("train", shuffle=True)
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.overfit_batches and hasattr(loader, "repeat"):
+            # Lightning's overfit_batches promises the same batches every epoch; it makes a torch DataLoader
+            # sequential, and leaves a loader without a sampler (the stream, which went on) as it is.
+            loader.repeat = True
+        return loader
 
     def val_dataloader(self):
         return self.loader("validation", shuffle=False)

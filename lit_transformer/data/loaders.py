@@ -103,6 +103,7 @@ class _ElasticStream:
     per_rank: int  # items one rank takes per step
     seed: int
     shuffle: bool
+    repeat: bool = False  # every Lightning epoch from the stream's start (trainer.overfit_batches: the same batches)
 
     def _init_stream(self, start_epoch: int = 0) -> None:
         self.consumed = start_epoch * self.num_items  # global stream positions consumed by all ranks together
@@ -146,6 +147,8 @@ class _ElasticStream:
             self._pending = None
         elif self._started:
             self.steps_in_epoch = 0
+            if self.repeat:
+                self.consumed = 0
         if self.steps_in_epoch >= len(self):  # saved at the end of an epoch: go on with the next one
             self.steps_in_epoch = 0
         self._started = True

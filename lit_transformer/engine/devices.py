@@ -65,6 +65,12 @@ def check_device_options(accelerator: Any = "auto", strategy: Any = "auto", prec
             f"trainer.strategy={strategy_name!r} needs a TPU with torch_xla installed, and this machine has no "
             "torch_xla. Use --trainer.strategy=ddp (or auto)."
         )
+    if str(precision).startswith("transformer-engine") and not _has_module("transformer_engine"):
+        raise DeviceOptionError(
+            f"trainer.precision={precision!r} needs NVIDIA's Transformer Engine (the transformer_engine package, on "
+            "a GPU that runs fp8), and this machine has no transformer_engine. Use --trainer.precision=bf16-mixed "
+            "(32-true on CPU)."
+        )
     on_cpu = accelerator_name == "cpu" or not has_gpu
     if not on_cpu:
         return

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.engine.lightning_compat import compute_dtype, trainer_logs_now
-from lit_transformer.engine.schedules import schedule_length, schedule_length_note, warmup_note
+from lit_transformer.engine.schedules import run_ends_first_note, schedule_length, schedule_length_note, warmup_note
 from lit_transformer.errors import ConfigError
 from lit_transformer.records import process_rss_mb
 from lit_transformer.tasks.losses import IGNORE_INDEX
@@ -197,6 +197,11 @@ class LearningRateLogger(LearningRateMonitor):
             note = warmup_note(optim.schedule, optim.warmup_steps, total)
             if note and trainer.global_step == 0:
                 rank_zero_info(note)
+            epochs = trainer.max_epochs
+            if length is not None and trainer.global_step == 0 and epochs is not None and epochs > 0:
+                note = run_ends_first_note(name, length, trainer.estimated_stepping_batches, epochs)
+                if note:
+                    rank_zero_info(note)
         if trainer.loggers:
             super().on_train_start(trainer, *args, **kwargs)
 

@@ -145,3 +145,16 @@ def schedule_length_note(name: str, old: int | None, new: int | None, step: int,
         f"resumed: from step {step} the learning rate follows the {new}-step one ({was:.3g} before, {now:.3g} now). "
         f"To go on with the earlier schedule: --model.optim.schedule_steps {old}"
     )
+
+
+def run_ends_first_note(name: str, total: int | None, steps: float | int | None, epochs: int | None) -> str | None:
+    """A cosine or wsd schedule sized by max_steps (or schedule_steps) in a run that max_epochs ends sooner (Lightning
+    stops at whichever comes first): the decay is cut short, and the rate never comes down to its minimum. The note
+    that says so, with the flag that sizes the schedule to the run; None otherwise."""
+    if name not in ("cosine", "wsd") or not total or not isinstance(steps, int) or not 0 < steps < total:
+        return None
+    return (
+        f"note: the {name} schedule decays over {total} optimizer steps, and trainer.max_epochs={epochs} ends the run "
+        f"after {steps}: the learning rate stops before the end of its decay. To decay over the run: "
+        f"--model.optim.schedule_steps {steps}"
+    )
