@@ -177,6 +177,26 @@ def test_a_hub_model_downloaded_before_loads_offline_from_the_cache(tmp_path, mo
         load_hf_gpt2("acme/other")
 
 
+def test_a_cached_hub_name_is_read_as_the_architecture_its_config_names(tmp_path, tokenizer, monkeypatch):
+    """`--model.init_from Helsinki-NLP/opus-mt-en-es` was read as GPT-2 ("Cannot load GPT-2 model ..."): the
+    architecture came from the name's config.json before the name was a folder. The name's folder is found first
+    (here in the offline cache), and its config.json says Marian."""
+    from lit_transformer.interop.pretrained import load_hf_model, load_init_from
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = build({**PAPER, "scale_embeddings": True}, vocab_size=tokenizer.get_vocab_size())
+    repo = tmp_path / "hub" / "models--acme--opus-mt-tiny"
+    save_hf_marian(model, repo / "snapshots" / ("0" * 40), tokenizer)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    loaded = load_hf_model("acme/opus-mt-tiny")
+    assert loaded.config.is_encoder_decoder
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    started, _ = load_init_from("acme/opus-mt-tiny", model.config)
+    assert started.config.is_encoder_decoder
+
+
 # ---- the paper's encoder-decoder as Marian ---------------------------------------------------------------------
 
 

@@ -50,21 +50,24 @@ def load_init_from(init_from: str, config: TransformerConfig) -> tuple[Transform
         if config.is_encoder_only:
             return load_pretrained_encoder(init_from, config)
         return load_checkpoint_model(init_from, config)
+    from lit_transformer.interop.hf_files import resolve_folder
     from lit_transformer.interop.hf_marian import is_marian_folder, marian_tokenizer_json
 
+    init_from = str(resolve_folder(str(init_from), "init_from model"))  # a hub name: the folder it downloads to
     model = load_hf_model(init_from, base=config).train()
     # A Marian folder names the tokenizer this run's data must use; a GPT-2 or Llama one's is checked by the data's link.
     return model, marian_tokenizer_json(init_from) if is_marian_folder(init_from) else None
 
 
 def load_hf_model(folder: str, base: TransformerConfig | None = None) -> Transformer:
-    """Our Transformer (eval mode) from a Hugging Face folder (or, online, a hub name): Marian, Llama or else GPT-2, as
-    its config.json says; `base`, when given, supplies dropout and initialisation."""
-    from lit_transformer.interop.hf_files import check_hf_config
+    """Our Transformer (eval mode) from a Hugging Face folder (or a hub name, downloaded or cached): Marian, Llama or
+    else GPT-2, as its config.json says; `base`, when given, supplies dropout and initialisation."""
+    from lit_transformer.interop.hf_files import check_hf_config, resolve_folder
     from lit_transformer.interop.hf_gpt2 import load_hf_gpt2
     from lit_transformer.interop.hf_llama import load_hf_llama
     from lit_transformer.interop.hf_marian import is_marian_folder, load_hf_marian
 
+    folder = str(resolve_folder(folder, "model"))  # a hub name: its config.json says Marian, Llama or GPT-2
     check_hf_config(folder)
     if is_marian_folder(folder):
         return load_hf_marian(folder, base=base)
