@@ -690,3 +690,23 @@ def test_init_from_with_another_tokenizer_names_the_flag_that_fixes_it(tmp_path:
         match=f"its embeddings would meet other ids. Use its tokenizer: --data.init_args.tokenizer {source}",
     ):
         _tiny_fit(tmp_path / "a", tmp_path / "cache", "--trainer.max_steps", "2", "--model.init_from", source, *other)
+
+
+def test_a_validation_inside_an_accumulated_step_is_said_and_no_shipped_config_has_one() -> None:
+    """Lightning counts val_check_interval in batches: llama-small's 50 with 8 accumulated batches validated after
+    6.25 optimizer steps, so its best checkpoints were written between the micro-batches of a step (resumed from, a
+    step ran on part of its batches). A config that does so gets a note; no shipped one does."""
+    import yaml
+
+    from lit_transformer.checkpoints.run_checkpoint import mid_step_validation_note
+
+    note = mid_step_validation_note(50, 8)
+    assert note and "after 6.25 steps" in note and "(48 or 56)" in note
+    assert mid_step_validation_note(48, 8) is None and mid_step_validation_note(0.5, 8) is None
+    assert mid_step_validation_note(3, 1) is None
+    root = Path(__file__).resolve().parents[1] / "configs"
+    for path in root.rglob("*.yaml"):
+        trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+        interval, accumulate = trainer.get("val_check_interval"), trainer.get("accumulate_grad_batches") or 1
+        if isinstance(trainer, dict) and isinstance(interval, int):
+            assert mid_step_validation_note(interval, accumulate) is None, path

@@ -101,6 +101,9 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        note = mid_step_validation_note(trainer.val_check_interval, trainer.accumulate_grad_batches)
+        if note and self.monitor and trainer.global_step == 0:
+            rank_zero_info(note)
         resumed = trainer.ckpt_path is not None and self.save_last is True and self._validated_step is not None
         restarted = trainer.fit_loop.epoch_loop.restarted_on_train_batch_end  # the file: written at a batch's end
         if resumed and restarted and self._validated_step != trainer.global_step and validation_follows(trainer):
@@ -241,3 +244,18 @@ def validate_within_fit(trainer: pl.Trainer) -> None:
         trainer.fit_loop.epoch_loop.val_loop.run()
     finally:
         trainer.training = True
+
+
+def mid_step_validation_note(interval: Any, accumulate: int) -> str | None:
+    """Lightning counts val_check_interval in batches: with gradient accumulation, an interval that is no multiple of
+    it validates between the micro-batches of one optimizer step, and a best checkpoint written then resumes
+    mid-step (its step's earlier micro-batches are not in the file). The note that says so; None otherwise."""
+    if not isinstance(interval, int) or isinstance(interval, bool) or accumulate <= 1 or interval % accumulate == 0:
+        return None
+    below, above = interval - interval % accumulate, interval - interval % accumulate + accumulate
+    return (
+        f"note: trainer.val_check_interval={interval} counts batches, and with accumulate_grad_batches={accumulate} "
+        f"it validates inside an optimizer step (after {interval / accumulate:g} steps): a best checkpoint written "
+        f"then resumes mid-step. A multiple of {accumulate} ({' or '.join(str(n) for n in (below, above) if n)}) "
+        "validates between steps."
+    )
