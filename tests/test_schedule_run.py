@@ -116,3 +116,21 @@ def test_muon_and_adamw_groups_each_follow_the_curve_from_their_own_rate(cache: 
     for step, lrs in rates.items():  # AdamW's two groups (decayed, not), then Muon's
         factor = expected_lr("wsd", step) / LR
         assert lrs == pytest.approx([LR * factor, LR * factor, MUON_LR * factor], rel=1e-9), step
+
+
+def test_the_rate_is_logged_once_a_step_with_accumulated_batches(cache: Path, tmp_path: Path):
+    """Lightning's LearningRateMonitor logged the rate at each micro-batch: with 3 accumulated batches, every step's
+    rate three times at the same step (TensorBoard drew each point thrice). Once a step now."""
+    import csv
+
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "csv")}}
+    _cli(
+        "fit", "--config", str(CONFIGS / "presets" / "tiny.yaml"), "--trainer.max_steps", "4",
+        "--trainer.accumulate_grad_batches", "3", "--trainer.log_every_n_steps", "1", "--trainer.limit_val_batches", "0",
+        "--trainer.logger", json.dumps(logger), "--trainer.default_root_dir", str(tmp_path),
+        "--data.init_args.cache_dir", str(cache), "--data.init_args.max_chars", "20000", cwd=ROOT,
+    )  # fmt: skip
+    (metrics,) = (tmp_path / "csv").rglob("metrics.csv")
+    rows = [row for row in csv.DictReader(metrics.open()) if any(k.startswith("lr-") and v for k, v in row.items())]
+    steps = [int(row["step"]) for row in rows]
+    assert steps == sorted(set(steps)) and len(steps) == 4, steps

@@ -205,9 +205,10 @@ class LearningRateLogger(LearningRateMonitor):
         if trainer.loggers:
             super().on_train_start(trainer, *args, **kwargs)
 
-    def on_train_batch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
-        if trainer.loggers:
-            super().on_train_batch_start(trainer, *args, **kwargs)
+    def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
+        # once a step: with accumulated batches, Lightning's logged the same step's rate once per micro-batch
+        if trainer.loggers and batch_idx % trainer.accumulate_grad_batches == 0:
+            super().on_train_batch_start(trainer, module, batch, batch_idx)
 
     def on_train_epoch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         if trainer.loggers:
