@@ -101,8 +101,11 @@ def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
 
 def _refuse_other_kinds(path: Path) -> None:
     """Foreign files and folders are not models: say what the file is and what to do instead."""
-    from lit_transformer.checkpoints.files import CheckpointError
+    from lit_transformer.checkpoints.files import CheckpointError, sharded_checkpoint_message
 
+    sharded = sharded_checkpoint_message(path)
+    if sharded:
+        raise CheckpointError(sharded)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.ckpt"))[:5]
         hint = f"; the .ckpt files in it: {', '.join(found)}" if found else ""

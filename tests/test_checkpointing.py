@@ -710,3 +710,26 @@ def test_a_validation_inside_an_accumulated_step_is_said_and_no_shipped_config_h
         interval, accumulate = trainer.get("val_check_interval"), trainer.get("accumulate_grad_batches") or 1
         if isinstance(trainer, dict) and isinstance(interval, int):
             assert mid_step_validation_note(interval, accumulate) is None, path
+
+
+@pytest.mark.parametrize("layout", ["deepspeed", "fsdp"])
+def test_a_sharded_checkpoint_folder_is_named_with_the_command_that_makes_one_file(tmp_path: Path, layout) -> None:
+    """DeepSpeed (configs/trainer/deepspeed.yaml) and FSDP with state_dict_type sharded save last.ckpt as a folder of
+    shards: generate, export and average refused it as "a folder without a config.json, not a model: give a .ckpt
+    file written by fit" (it is one). Each names what the folder is and Lightning's command that makes one file."""
+    from lit_transformer.cli.model_commands import generate_main
+    from lit_transformer.errors import UserError
+
+    folder = tmp_path / "checkpoints" / "last.ckpt"
+    if layout == "deepspeed":
+        (folder / "checkpoint").mkdir(parents=True)
+        (folder / "latest").write_text("checkpoint\n")
+        command = "convert_zero_checkpoint_to_fp32_state_dict"
+    else:
+        folder.mkdir(parents=True)
+        (folder / "__0_0.distcp").write_bytes(b"\0")
+        command = "python -m lightning.pytorch.utilities.consolidate_checkpoint"
+    with pytest.raises(UserError, match=command):
+        load_checkpoint(folder)
+    with pytest.raises(UserError, match=command):
+        generate_main(["--checkpoint", str(folder), "--prompt", "hi"])

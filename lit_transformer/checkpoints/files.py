@@ -157,7 +157,31 @@ def _nearby_checkpoints(path: pathlib.Path) -> str:
     return f".ckpt files in {folder}: {found}"
 
 
+def sharded_checkpoint_message(path: pathlib.Path) -> str | None:
+    """What a folder that is a sharded checkpoint is, and the command that makes one file of it; None for any other
+    path. DeepSpeed and FSDP with state_dict_type "sharded" save `last.ckpt` as a folder (one file a rank):
+    generate, export and average read one file, and refused it as a folder that is no model."""
+    if not path.is_dir():
+        return None
+    if (path / "latest").is_file() or (path / "checkpoint").is_dir():  # DeepSpeed's layout
+        return (
+            f"{path} is a DeepSpeed checkpoint, a folder of ZeRO shards: make one file of it first, "
+            'python -c "from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict '
+            f"as c; c('{path}', '{path.with_suffix('')}.consolidated.ckpt')\", then give that file"
+        )
+    if any(path.glob("*.distcp")) or (path / "meta.pt").is_file():  # torch.distributed.checkpoint's (FSDP sharded)
+        return (
+            f"{path} is a sharded checkpoint (FSDP with state_dict_type sharded), a folder of shards: make one file of "
+            f"it first, python -m lightning.pytorch.utilities.consolidate_checkpoint {path} --output_file "
+            f"{path.with_suffix('')}.consolidated.ckpt, then give that file"
+        )
+    return None
+
+
 def _missing_message(path: pathlib.Path) -> str:
+    sharded = sharded_checkpoint_message(path)
+    if sharded:
+        return sharded
     kind = "is a folder, not a checkpoint file" if path.is_dir() else "does not exist"
     where = path if path.is_dir() else path.parent
     run = path / "checkpoints"
