@@ -25,6 +25,7 @@ from lit_transformer.tasks.losses import IGNORE_INDEX, smoothed_cross_entropy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _forked import HARNESS_ENV, warm_python  # noqa: E402
+from _token_loss import CONFIG as CONFIG_TINY  # noqa: E402
 from _token_loss import GradientRecorder, micro_batches, one_batch, per_token_gradient  # noqa: E402
 from _token_loss import module as token_module  # noqa: E402
 from model_variants import VARIANTS, build, single_thread, variant_id  # noqa: E402, F401 (autouse fixture)
@@ -139,6 +140,22 @@ def test_per_batch_normalization_averages_the_micro_batch_means() -> None:
     per_batch = [per_token_gradient(reference, [b]) for b in batches]
     expected = {name: (per_batch[0][name] + per_batch[1][name]) / 2 for name in per_batch[0]}
     _assert_same_gradients(_first_step_gradient(token_module(loss_normalization="batch"), batches, 2), expected)
+
+
+@pytest.mark.parametrize("normalization", ["tokens", "batch"])
+def test_an_epochs_short_last_step_is_normalized_by_the_micro_batches_it_has(normalization: str) -> None:
+    """3 micro-batches with accumulate_grad_batches=2: the epoch's second step holds one micro-batch, and Lightning
+    still divides its loss by 2. Its gradient must be that batch's per-token mean's (both normalisations), not half
+    of it. lr 0 keeps the weights, so the reference is taken at the initial ones."""
+    batches = [*micro_batches(0), micro_batches(1)[0]]
+    recorder = GradientRecorder()
+    torch.manual_seed(0)
+    lit = LitTransformer(CONFIG_TINY, lr=0.0, warmup_steps=0, schedule="constant", loss_normalization=normalization)
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, accumulate_grad_batches=2, logger=False, callbacks=[recorder],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(lit, train_dataloaders=DataLoader(batches, batch_size=None))
+    assert len(recorder.grads) == 2
+    _assert_same_gradients(recorder.grads[1], per_token_gradient(token_module(), batches[2:]))
 
 
 @pytest.mark.parametrize("normalization", ["tokens", "batch"])
@@ -305,6 +322,37 @@ def test_the_gradient_norm_is_computed_once_per_step_for_guard_logging_and_clipp
     assert sum(event.name == "aten::_foreach_norm" for event in prof.events()) == steps
     assert check.after == pytest.approx(check.before, rel=1e-6)
     assert min(check.before) > 1e-3  # so clipping acted, and train/grad_norm is the norm before it
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_logged_gradient_norm_is_unscaled_under_an_fp16_loss_scaler(fused: bool) -> None:
+    """16-mixed with a fused AdamW (the CUDA default without clipping): Lightning leaves the gradients scaled for the
+    optimizer to unscale in its step, so train/grad_norm divides the loss scale out; it is the true gradient's norm."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    class Check(L.Callback):
+        def __init__(self) -> None:
+            self.true: list[float] = []
+            self.logged: list[float] = []
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            scale = trainer.precision_plugin.scaler.get_scale() if fused else 1.0  # otherwise unscaled already
+            self.true.append(float(torch.nn.utils.get_total_norm(grads)) / scale)
+
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            self.logged.append(float(trainer.callback_metrics["train/grad_norm"]))
+
+    check = Check()
+    lit = token_module(fused=fused)
+    scaler = torch.amp.GradScaler("cpu", init_scale=16.0)  # small: the summed loss's gradients stay finite in fp16
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, log_every_n_steps=1, logger=False, callbacks=[check],
+                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(lit, train_dataloaders=DataLoader(micro_batches(0), batch_size=None))
+    assert bool(trainer.optimizers[0].defaults["fused"]) == fused
+    assert len(check.logged) == 2 and all(math.isfinite(n) and n > 0 for n in check.true)
+    assert check.logged == pytest.approx(check.true, rel=1e-4)
 
 
 @pytest.mark.slow

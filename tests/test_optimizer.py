@@ -106,3 +106,14 @@ def test_adam_decays_nothing(variant: dict) -> None:
     assert all(group["weight_decay"] == 0.0 for group in optimizer.param_groups)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     assert len(params) == len({id(p) for p in params}) == len(list(lit.model.parameters()))
+
+
+def test_an_eps_of_zero_is_refused_not_replaced_by_the_default() -> None:
+    """model.optim.eps 0 passed the eps >= 0 check, then the optimizer silently ran with 1e-8 (`eps or default`);
+    honoured, Adam's first step is NaN wherever a gradient entry is 0. Refused up front, naming the fix."""
+    from lit_transformer.engine.optimizers import Optimization
+    from lit_transformer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.optim.eps=0 .* small positive eps"):
+        Optimization(eps=0.0)
+    assert Optimization(eps=1e-12).eps == 1e-12  # any positive value stays allowed

@@ -44,8 +44,34 @@ def gradient_norm(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> torc
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
+    scale = _pending_loss_scale(trainer, optimizer)
+    if scale is not None:  # the gradients are still scaled: their norm is the loss scale times the true one's
+        norm = norm / scale.to(norm.device)
     _NORMS[optimizer] = (trainer.global_step, norm)
     return norm
+
+
+def _unscales_itself(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether fp16 gradients reach the optimizer still scaled: a GradScaler and a fused Adam/AdamW, which unscales
+    inside its step (Lightning then leaves the unscaling to it; `defaults["fused"]` is torch's record of that)."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+    return scaler is not None and bool(optimizer.defaults.get("fused"))
+
+
+def _pending_loss_scale(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """The GradScaler's scale (a device tensor: no host synchronisation) where the gradients still carry it."""
+    if not _unscales_itself(trainer, optimizer):
+        return None
+    scaler = trainer.precision_plugin.scaler
+    scale = scaler._get_scale_async() if hasattr(scaler, "_get_scale_async") else None
+    return scale if scale is not None else torch.tensor(scaler.get_scale())
+
+
+def scale_gradients(optimizer: torch.optim.Optimizer, scale: float | torch.Tensor) -> None:
+    """Multiply every gradient ``optimizer`` steps with by ``scale`` (a tensor stays on the device: no host sync)."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, scale.to(grads[0].device) if isinstance(scale, torch.Tensor) else scale)
 
 
 def clip_gradients(
@@ -64,7 +90,7 @@ def clip_gradients(
     scaler = getattr(plugin, "scaler", None)
     # A fused Adam/AdamW unscales fp16 gradients inside its step (what Lightning's private
     # _optimizer_handles_unscaling tests); `defaults["fused"]` is torch's public record of that choice.
-    unscales_itself = scaler is not None and bool(optimizer.defaults.get("fused"))
+    unscales_itself = _unscales_itself(trainer, optimizer)
     if clip_val and algorithm == GradClipAlgorithmType.NORM and not unscales_itself:
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         torch.nn.utils.clip_grads_with_norm_(params, clip_val, gradient_norm(trainer, optimizer))

@@ -20,7 +20,7 @@ from lit_transformer.checkpoints.files import check_tokenizer_vocabulary
 from lit_transformer.config import GenerationConfig, TransformerConfig
 from lit_transformer.data import FILLER
 from lit_transformer.engine.deprecated_options import DEPRECATED_NAMES, DeprecatedOptions, split_deprecated
-from lit_transformer.engine.gradients import clip_gradients, gradient_norm
+from lit_transformer.engine.gradients import clip_gradients, gradient_norm, scale_gradients
 from lit_transformer.engine.lightning_compat import trainer_logs_now
 from lit_transformer.engine.optimizers import (
     Optimization,
@@ -300,19 +300,19 @@ class LitTransformer(L.LightningModule):
         optimizer: torch.optim.Optimizer,
         optimizer_closure: Callable[[], Any] | None = None,
     ) -> None:
-        if self.hparams.loss_normalization == "tokens" and optimizer_closure is not None:
+        if optimizer_closure is not None:
             run_last_micro_batch = optimizer_closure
 
             def optimizer_closure() -> Any:
                 # The closure runs the step's last forward and backward; normalising right after it, before any
                 # on_before_optimizer_step hook, lets callbacks, clipping and the optimizer see the true gradient.
                 result = run_last_micro_batch()
-                self._normalize_by_tokens(optimizer)
+                self._normalize_by_tokens(optimizer, batch_idx % self.trainer.accumulate_grad_batches + 1)
                 return result
 
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
 
-    def _normalize_by_tokens(self, optimizer: torch.optim.Optimizer) -> None:
+    def _normalize_by_tokens(self, optimizer: torch.optim.Optimizer, micro_batches: int) -> None:
         """Turn the step's gradient into that of (sum of token losses) / (target tokens), over micro-batches and ranks.
 
         Each micro-batch returned its summed loss; Lightning divided it by accumulate_grad_batches and data-parallel
@@ -320,19 +320,18 @@ class LitTransformer(L.LightningModule):
         per optimizer step (three numbers) gives the step's token count, as fairseq does (sentence_avg=False). Under
         tensor parallelism both the token count and world_size count each batch tp times, so the ratio still holds.
         """
+        trainer, accumulate = self.trainer, self.trainer.accumulate_grad_batches
+        if self.hparams.loss_normalization == "batch":  # Lightning's 1/accumulate is too small on a short last step
+            return scale_gradients(optimizer, accumulate / micro_batches) if micro_batches < accumulate else None
         if self._step_sums is None:
             return
-        trainer = self.trainer
         sums = self._step_sums
         if trainer.world_size > 1:
             sums = trainer.strategy.reduce(sums, reduce_op="sum")
         self._step_sums = None
         loss_sum, nll_sum, tokens = sums.unbind()
         tokens = tokens.clamp(min=1)
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads:  # a scale on the device: no host synchronisation
-            scale = (trainer.accumulate_grad_batches * trainer.world_size / tokens).to(grads[0].device)
-            torch._foreach_mul_(grads, scale)
+        scale_gradients(optimizer, accumulate * trainer.world_size / tokens)  # on the device
         # The same on every rank: the step's per-token numbers, no further synchronisation needed. Not prog_bar:
         # Lightning reads progress-bar tensors after every batch (a host synchronisation); the CLI's bar shows
         # train/loss read at logging steps (SyncFreeProgressBar).

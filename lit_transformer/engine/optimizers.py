@@ -114,6 +114,12 @@ class Optimization:
         for name in ("eps", "weight_decay"):  # torch's Adam refused a negative one only once the run had started
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 yield f"model.optim.{name}={getattr(self, name)} must be >= 0 (or null: the optimizer's default)"
+        if self.eps == 0:  # the builders read eps=0 as "not given" (the default), and Adam's 0 / 0 would be NaN
+            yield (
+                "model.optim.eps=0 divides 0 by 0 wherever a gradient entry and its running square are 0 (an "
+                "embedding row the batch lacks), turning those weights NaN at the first step: give a small positive "
+                "eps (1e-8 is AdamW's, 1e-9 the paper's) or null for the optimizer's default"
+            )
         if self.betas is not None and not all(0.0 <= beta < 1.0 for beta in self.betas):
             yield f"model.optim.betas={list(self.betas)} must each lie in [0, 1)"
         if self.warmup_steps < 0:
