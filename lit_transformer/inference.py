@@ -422,11 +422,13 @@ def run_translate(args) -> None:
             print(text, flush=True)
 
 
-def translate(loaded: LoadedModel, texts: Sequence[str], gen: GenerationConfig) -> list[str]:
+def translate(loaded: LoadedModel, texts: Sequence[str], gen: GenerationConfig | None = None) -> list[str]:
     """Translations of a batch of sentences, decoded as `predict` and `serve` decode them: cut by the stop strings
-    (--stop, which this command's flags offer) and at the EOS, which decoding alone left in."""
+    (--stop, which this command's flags offer) and at the EOS, which decoding alone left in. `gen` None: the model
+    task's decoding defaults (GenerationConfig.for_task), as the commands' unset flags are."""
     from lit_transformer.tasks.base import generation_rows
 
+    gen = GenerationConfig.for_task(loaded.task) if gen is None else gen
     check_texts(texts)
     if not texts:
         return []

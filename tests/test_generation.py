@@ -623,3 +623,5 @@ def test_translate_and_batch_take_a_list_of_texts_not_one_string():
         loaded.batch("a b c")
     with pytest.raises(TypeError, match="texts must be strings; got int"):
         translate(loaded, [5], gen)
+    # no GenerationConfig: the task's decoding defaults, as the commands' unset flags (it was an AttributeError)
+    assert translate(loaded, ["a b"], None) == translate(loaded, ["a b"], GenerationConfig.for_task(loaded.task))
