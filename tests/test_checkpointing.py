@@ -733,3 +733,20 @@ def test_a_sharded_checkpoint_folder_is_named_with_the_command_that_makes_one_fi
         load_checkpoint(folder)
     with pytest.raises(UserError, match=command):
         generate_main(["--checkpoint", str(folder), "--prompt", "hi"])
+
+
+def test_resuming_last_from_a_sharded_folder_is_refused_not_started_afresh(tmp_path: Path, capsys) -> None:
+    """`--ckpt_path last` looked for last*.ckpt files only: a DeepSpeed run's last.ckpt folder was not found, and a
+    requeued job "resumed" from scratch with a note that there was no checkpoint yet. The folder is found, and named
+    as what it is."""
+    from lit_transformer.checkpoints.run_checkpoint import last_checkpoint
+    from lit_transformer.cli.lightning_cli import main
+
+    folder = tmp_path / "checkpoints" / "last.ckpt"
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "latest").write_text("checkpoint\n")
+    assert last_checkpoint(tmp_path / "checkpoints") == str(folder)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "presets/tiny", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
+    assert exit_info.value.code not in (0, None)
+    assert "is a DeepSpeed checkpoint" in capsys.readouterr().err

@@ -194,12 +194,11 @@ def recorded_best(dirpath: str | os.PathLike, monitor: str | None = None) -> str
 
 def last_checkpoint(dirpath: str | os.PathLike) -> str | None:
     """The file `--ckpt_path last` resumes from, as Lightning picks it: the newest `last*.ckpt` of the folder
-    (last.ckpt, or a last-v1.ckpt that Lightning wrote beside it); None where there is none."""
+    (last.ckpt, or a last-v1.ckpt that Lightning wrote beside it), a sharded one's folder too (DeepSpeed, FSDP
+    sharded: left out, a run resumed with `last` started afresh without a word); None where there is none."""
     if not os.path.isdir(dirpath):
         return None
-    found = [
-        e.path for e in os.scandir(dirpath) if e.is_file() and e.name.startswith("last") and e.name.endswith(".ckpt")
-    ]
+    found = [e.path for e in os.scandir(dirpath) if e.name.startswith("last") and e.name.endswith(".ckpt")]
     return max(found, key=os.path.getmtime, default=None)
 
 

@@ -1010,7 +1010,7 @@ def checkpoints_line(trainer: L.Trainer) -> str | None:
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint):
             continue
-        if callback.last_model_path and Path(callback.last_model_path).is_file():
+        if callback.last_model_path and Path(callback.last_model_path).exists():
             final = final or callback.last_model_path
         elif children and callback.save_last and callback.dirpath:
             written = last_checkpoint(callback.dirpath)  # by this run, not an earlier run's left in the folder
