@@ -589,6 +589,7 @@ def test_a_checkpoint_of_a_module_built_in_python_validates_and_predicts_on_the_
     trainer = L.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(LitTransformer(config), datamodule=data)
+    assert not (tmp_path / "tokenizer.json").exists()  # no logger: a notebook's folder stays clean
     ckpt = tmp_path / "python.ckpt"
     trainer.save_checkpoint(ckpt)
     expected = trainer.validate(LitTransformer.load_from_checkpoint(ckpt), datamodule=data, verbose=False)[0]

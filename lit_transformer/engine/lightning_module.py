@@ -220,7 +220,7 @@ class LitTransformer(L.LightningModule):
         # The tokenizer beside the TensorBoard logs too, for tools that read the run folder rather than checkpoints.
         save = data_fields(self.trainer.datamodule, ("save_tokenizer",)).get("save_tokenizer")
         log_dir = self.trainer.log_dir  # a broadcast under DDP: every rank must ask
-        if self.trainer.is_global_zero and log_dir and save is not None:
+        if self.trainer.is_global_zero and self.trainer.loggers and log_dir and save is not None:
             save(log_dir)
 
     def on_fit_end(self) -> None:
