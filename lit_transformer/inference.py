@@ -394,13 +394,15 @@ def run_generate(args) -> None:
             sys.stdout.write(prompt)
             if gen.num_beams > 1:  # beam search settles its tokens only at the end: the text is printed then
                 out = loaded.model.generate(torch.tensor([ids], device=loaded.device), gen, generator=generator)
-                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, text_stop_ids(loaded.config, gen))
+                stream = TextStream(
+                    loaded.target_tokenizer, 1, gen.stop, text_stop_ids(loaded.config, gen), prompts=[ids]
+                )
                 for token in out[0].tolist():
                     stream(torch.tensor([token]))
                 sys.stdout.write(stream.texts()[0])
             else:
                 stops = text_stop_ids(loaded.config, gen)  # the EOS ends the text, as in predict and serve
-                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, stops, echo=sys.stdout)
+                stream = TextStream(loaded.target_tokenizer, 1, gen.stop, stops, echo=sys.stdout, prompts=[ids])
                 tokens = torch.tensor([ids], device=loaded.device)
                 loaded.model.generate(tokens, gen, generator=generator, streamer=stream)
                 stream.finish()

@@ -183,3 +183,82 @@ def test_a_damaged_tokenizer_json_of_a_model_folder_is_refused_naming_it(tmp_pat
             _folder_tokenizer(tmp_path / "tokenizer.json")
         else:
             load_hf_marian_tokenizers(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["byte_bpe", "bpe", "char"])
+def test_a_continuation_is_the_text_its_tokens_add_after_the_prompt(kind):
+    """generate, predict, serve and the training samples decode a decoder-only model's new tokens after its prompt's
+    ids: decoded alone, the first "▁not" of a Metaspace tokenizer (the bpe kind's, Llama's SentencePiece one) lost
+    its space, so "To be, or" continued printed "To be, ornot to be" (generate), and predict's output lacked it."""
+    import io
+
+    import torch
+
+    from lit_transformer.data.text import TextStream, token_ids
+
+    tokenizer = train_tokenizer(TEXTS, kind, vocab_size=300)
+    prompt, whole = "To be, or", "To be, or not to be"
+    head, ids = token_ids(tokenizer, [prompt, whole])
+    assert ids[: len(head)] == head
+    echo = io.StringIO()
+    stream = TextStream(tokenizer, 1, echo=echo, prompts=[head])
+    for token in ids[len(head) :]:
+        stream(torch.tensor([token]))
+    stream.finish()
+    assert prompt + stream.texts()[0] == whole == prompt + echo.getvalue()
+
+
+def test_predict_output_continues_the_prompt_with_its_space():
+    """predict's and serve's rows (generation_rows): input + output is the decode of the prompt and its tokens."""
+    import torch
+
+    from lit_transformer.config import GenerationConfig, TransformerConfig
+    from lit_transformer.data.text import pad_right, token_ids
+    from lit_transformer.tasks.base import generation_rows
+
+    tokenizer = train_tokenizer(TEXTS, "bpe", vocab_size=300)
+    word = tokenizer.token_to_id("▁not")
+
+    class Writes:  # a decoder-only model that writes "▁not" at every step, whose space decoding it alone dropped
+        config = TransformerConfig.preset("tiny", topology="decoder_only", vocab_size=tokenizer.get_vocab_size())
+
+        def generate(self, input_ids, generation, attention_mask=None, streamer=None):
+            steps = torch.full((3, len(input_ids)), word)
+            for step in steps:
+                streamer(step)
+            return steps.T
+
+    prompts = ["To be, or", "Whether"]
+    ids, mask = pad_right(token_ids(tokenizer, prompts), 0)
+    rows = generation_rows(Writes(), tokenizer, GenerationConfig(max_new_tokens=3), ids, mask, prompts)
+    for text, row in zip(prompts, rows, strict=True):
+        assert row["output"] == " not not not"
+        assert text + row["output"] == tokenizer.decode(token_ids(tokenizer, [text])[0] + row["tokens"])
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char"])
+def test_a_text_of_more_characters_than_vocab_size_gets_vocab_size_tokens(kind):
+    """vocab_size is the vocabulary's size: bpe's trainer kept every character of the sample (tokenizers'
+    BpeTrainer without limit_alphabet), so 300 CJK characters and vocab_size 64 gave 331 tokens, no merge. Now, as
+    char's, the most frequent characters (the rarest become <unk>, which the DataModules' warning names)."""
+    letters = [chr(0x4E00 + i) * (1 + i % 7) for i in range(300)]
+    texts = [" ".join(letters) + " the a" * 400 + "\n"] * 3
+    tokenizer = train_tokenizer(texts, kind, vocab_size=64)
+    assert tokenizer.get_vocab_size() == 64
+    assert [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+    ids = tokenizer.encode("the a", add_special_tokens=False).ids
+    assert tokenizer.decode(ids) == "the a" and tokenizer.token_to_id("<unk>") not in ids  # frequent ones kept
+    assert tokenizer.token_to_id("<unk>") in tokenizer.encode(letters[0], add_special_tokens=False).ids  # a rare one
+
+
+def test_a_continuation_after_a_long_prompt_cut_inside_a_character():
+    """Decoded after the prompt's last tokens only (PROMPT_CONTEXT), which may begin inside a character's bytes."""
+    from lit_transformer.data.text import PROMPT_CONTEXT, decode_after, token_ids
+
+    tokenizer = train_tokenizer(TEXTS, "byte_bpe", vocab_size=300)
+    prompt, whole = "日本語" * 3, "日本語" * 3 + " to be 😀"
+    head, ids = token_ids(tokenizer, [prompt, whole])
+    assert ids[: len(head)] == head and len(head) % 3 == 0 and len(head) > PROMPT_CONTEXT  # the cut is mid-character
+    assert prompt + decode_after(tokenizer, head, ids[len(head) :]) == whole
+    for cut in range(len(head), len(ids)):  # a character still arriving decodes, as alone, to U+FFFD
+        assert whole[len(prompt) :].startswith(decode_after(tokenizer, head, ids[len(head) : cut]).rstrip("\ufffd"))

@@ -306,12 +306,13 @@ class DataModule(L.LightningDataModule):
         missing = unknown_characters(tokenizer, sample, unk_id)
         shown = " ".join(repr(piece) for piece, _ in missing.most_common(12))
         more = f" and {len(missing) - 12} more" if len(missing) > 12 else ""
-        if self.tokenizer_spec == "char":
+        if self.tokenizer_spec in ("char", "bpe"):
             alphabet = len(set().union(*map(set, sample)))
             fix = (
-                f"A char tokenizer keeps the vocab_size={self.requested_vocab_size} most frequent characters, special "
-                f"tokens included, and this text has {alphabet:,} distinct ones: raise data.init_args.vocab_size "
-                "(or take data.init_args.tokenizer byte_bpe, which has a token for every byte)."
+                f"A {self.tokenizer_spec} tokenizer keeps at most the vocab_size={self.requested_vocab_size} most "
+                f"frequent characters, special tokens included, and this text has {alphabet:,} distinct ones: raise "
+                "data.init_args.vocab_size (or take data.init_args.tokenizer byte_bpe, which has a token for every "
+                "byte)."
             )
         elif self.tokenizer_spec in KINDS:
             fix = "Take data.init_args.tokenizer byte_bpe, which has a token for every byte."

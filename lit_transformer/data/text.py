@@ -119,12 +119,21 @@ def _trainer(kind: str, vocab_size: int):
             show_progress=False,
         )
     if kind == "bpe":
-        return trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+        # The alphabet is the most frequent characters, at most what vocab_size leaves beside the special tokens (as a
+        # char tokenizer's): the trainer otherwise keeps every character of the sample, and a text of more characters
+        # than vocab_size gave a larger vocabulary than asked for, all characters and no merge.
+        return trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIAL_TOKENS,
+            limit_alphabet=vocab_size - len(SPECIAL_TOKENS),
+            show_progress=False,
+        )
     return trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
 
 
 def train_tokenizer(texts: Sequence[str], kind: str = "byte_bpe", vocab_size: int = 8192) -> Tokenizer:
-    """Train a fresh tokenizer on `texts` (char: the most frequent characters, at most vocab_size in all)."""
+    """Train a fresh tokenizer on `texts`, of at most vocab_size tokens (char: the most frequent characters; bpe: the
+    most frequent characters, then merges)."""
     if kind == "byte_bpe" and vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ConfigError(
             f"byte_bpe needs vocab_size >= {256 + len(SPECIAL_TOKENS)} (256 bytes + special tokens), not {vocab_size}",
@@ -169,7 +178,8 @@ def load_or_train_tokenizer(
         return Tokenizer.from_str(saved), fingerprint("tokenizer", saved)
     if spec in KINDS:
         texts = texts_fn()
-        key = fingerprint("tokenizer", spec, vocab_size, hash_texts(texts), tag)
+        limits = ("alphabet within vocab_size",) if spec == "bpe" else ()  # a bpe cached before is trained again
+        key = fingerprint("tokenizer", spec, vocab_size, hash_texts(texts), tag, *limits)
         path = cache_dir / "tokenizers" / f"{spec}-{vocab_size}-{key}.json"
         tokenizer = cached(
             path,
@@ -271,11 +281,29 @@ def unknown_characters(tokenizer: Tokenizer, texts: Sequence[str], unk_id: int) 
     return missing
 
 
+PROMPT_CONTEXT = 16  # the prompt's last tokens a continuation is decoded after (decode_after): a cost bounded per step
+
+
+def decode_after(tokenizer: Tokenizer, prompt: Sequence[int], ids: Sequence[int], head: str | None = None) -> str:
+    """The text `ids` add after `prompt` (a decoder-only model's continuation of its prompt's ids), special tokens
+    dropped: decoded after the prompt's last PROMPT_CONTEXT tokens, whose own text (`head`, their decode when given)
+    is then cut off. Decoded alone, a continuation lost what a tokenizer writes only between tokens: a Metaspace or
+    SentencePiece decoder (the bpe kind's, Llama's) drops the space of a text's first "▁word", so "Hello" continued
+    by "▁world" printed "Helloworld"."""
+    prompt = list(prompt)[-PROMPT_CONTEXT:]
+    if not prompt:
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
+    head = tokenizer.decode(prompt, skip_special_tokens=True) if head is None else head
+    full = tokenizer.decode([*prompt, *ids], skip_special_tokens=True)
+    return full[len(head) :] if full.startswith(head) else tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
 class TextStream:
     """Follows each row's new tokens as text while they are generated (a `streamer` for Transformer.generate).
 
     A row ends at a stop id or when its text contains a stop string (cut from `texts()`); `echo` receives row 0's
-    text as it grows, holding back an incomplete UTF-8 character.
+    text as it grows, holding back an incomplete UTF-8 character. `prompts`: each row's prompt ids, for a
+    decoder-only model (its text continues them: see decode_after); none for an encoder-decoder's target.
     """
 
     def __init__(
@@ -285,6 +313,7 @@ class TextStream:
         stop: Sequence[str] = (),
         stop_ids: Sequence[int | None] = (),
         echo: TextIO | None = None,
+        prompts: Sequence[Sequence[int]] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
@@ -293,6 +322,8 @@ class TextStream:
         self.ids: list[list[int]] = [[] for _ in range(rows)]
         self.done = [False] * rows
         self.echoed = 0
+        self.prompts = [list(p)[-PROMPT_CONTEXT:] for p in prompts] or [[] for _ in range(rows)]
+        self.heads = [tokenizer.decode(p, skip_special_tokens=True) for p in self.prompts]
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         for row, token in enumerate(tokens.tolist()):
@@ -309,7 +340,7 @@ class TextStream:
         return torch.tensor(self.done, device=tokens.device)
 
     def _text(self, row: int) -> str:
-        return self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
+        return decode_after(self.tokenizer, self.prompts[row], self.ids[row], self.heads[row])
 
     def _cut(self, text: str) -> int | None:
         hits = [text.find(s) for s in self.stop if s in text]

@@ -226,7 +226,9 @@ class TextGeneration(Handler):
         chunks: queue.Queue = queue.Queue()
         done = object()
         stops = text_stop_ids(self.config, item.gen)
-        stream = TextStream(self.loaded.target_tokenizer, 1, item.gen.stop, stops, echo=_QueueWriter(chunks))
+        stream = TextStream(
+            self.loaded.target_tokenizer, 1, item.gen.stop, stops, echo=_QueueWriter(chunks), prompts=[item.ids]
+        )
         gen = item.gen.replace(num_beams=1)  # streaming decodes greedily or samples: beams settle only at the end
 
         def decode() -> None:

@@ -104,7 +104,14 @@ def generation_rows(
     from lit_transformer.data.text import TextStream
     from lit_transformer.model.generation import fill_token_id
 
-    stream = TextStream(tokenizer, len(input_ids), generation.stop, text_stop_ids(model.config, generation))
+    # A decoder-only model continues its prompt: its text is decoded after the prompt's ids (TextStream's prompts)
+    prompts = []
+    if not model.config.is_encoder_decoder:
+        masks = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        prompts = [row[m].tolist() for row, m in zip(input_ids, masks, strict=True)]
+    stream = TextStream(
+        tokenizer, len(input_ids), generation.stop, text_stop_ids(model.config, generation), prompts=prompts
+    )
     eos_id = model.config.eos_token_id if generation.eos_token_id is None else generation.eos_token_id
     if generation.num_beams == 1:
         model.generate(input_ids, generation, attention_mask=attention_mask, streamer=stream)

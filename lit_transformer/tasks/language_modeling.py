@@ -104,6 +104,7 @@ class LanguageModeling(Task):
         """The callback's prompts continued, each with the same seed, so successive samples differ only by what the
         model learned."""
         from lit_transformer.config import GenerationConfig
+        from lit_transformer.data.text import decode_after
 
         generator = torch.Generator(device=module.device).manual_seed(callback.seed)
         generation = callback.generation or GenerationConfig.for_task(self)
@@ -111,7 +112,10 @@ class LanguageModeling(Task):
         for prompt in callback.prompts:
             ids = self.encode_input(module.tokenizer, prompt, module.config.eos_token_id)
             out = module.model.generate(torch.tensor([ids], device=module.device), generation, generator=generator)
-            texts.append(prompt + module.decode(out)[0])
+            new = out[0].tolist()
+            eos = module.config.eos_token_id
+            new = new[: new.index(eos)] if eos is not None and eos in new else new
+            texts.append(prompt + decode_after(module.tokenizer, ids, new))  # after the prompt's ids: its spacing
         return texts
 
 
