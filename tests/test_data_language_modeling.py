@@ -70,6 +70,18 @@ def test_text_the_tokenizer_has_no_token_for_is_named_in_a_warning(tmp_path, rec
     assert "raise data.init_args.vocab_size" in message
 
 
+def test_the_text_s_own_unk_markers_are_no_missing_characters(tmp_path, recwarn):
+    """WikiText's non-raw sets write rare words as "<unk>", which the tokenizer encodes as its unknown token: the
+    warning said the tokenizer had no token for '<unk>' and to raise vocab_size, which changes nothing."""
+    path = tmp_path / "marked.txt"
+    path.write_text("".join(f"{i} the <unk> of <unk> and <unk> <unk> a <unk>\n" for i in range(400)))
+    dm = make(tmp_path, path, tokenizer="char", vocab_size=256)
+    dm.prepare_data()
+    unk = dm.tokenizer.token_to_id("<unk>")
+    assert (dm._splits["train"].head(10**9) == unk).mean() > 0.1  # the markers are <unk> tokens, as they mean
+    assert [str(w.message) for w in recwarn if "<unk>" in str(w.message)] == []
+
+
 def test_a_loaded_tokenizer_without_the_text_s_characters_is_named_with_them(tmp_path, recwarn):
     """Fine-tuning on text in which a checkpoint's (here a tokenizer file's) vocabulary lacks characters: the warning
     names them and says the tokenizer was made for other text."""

@@ -304,6 +304,10 @@ class DataModule(L.LightningDataModule):
             return
         sample = texts()
         missing = unknown_characters(tokenizer, sample, unk_id)
+        # The text's own "<unk>" markers (WikiText's non-raw sets mark rare words so): encoded as the unknown token
+        # they mean, no character the tokenizer lacks. A larger vocab_size would not change them.
+        if missing.pop(tokenizer.id_to_token(unk_id), 0) and not missing:
+            return
         shown = " ".join(repr(piece) for piece, _ in missing.most_common(12))
         more = f" and {len(missing) - 12} more" if len(missing) > 12 else ""
         if self.tokenizer_spec in ("char", "bpe"):
