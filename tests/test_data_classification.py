@@ -69,6 +69,22 @@ def test_local_files_give_padded_batches_with_masks_and_label_ids(tmp_path, fmt:
         assert names[texts.index(text)] == dm.label_names[label]
 
 
+@pytest.mark.parametrize("batch_size", [None, 5])
+def test_a_token_budget_besides_batch_size_keeps_both(tmp_path, batch_size):
+    """data.init_args.max_tokens is a token budget "instead of (or besides) batch_size": given both, a batch holds
+    at most batch_size texts (batch_size was ignored: 80 short texts came in batches of up to 49); every text is
+    read once an epoch either way."""
+    dm = make(tmp_path, write(tmp_path / "d", "jsonl"), batch_size=batch_size, max_tokens=2048)
+    dm.prepare_data()
+    dm.setup()
+    sizes = []
+    for batch in dm.train_dataloader():
+        sizes.append(len(batch["input_ids"]))
+        assert len(batch["input_ids"]) * batch["input_ids"].shape[1] <= 2048
+    assert sum(sizes) == 80
+    assert max(sizes) <= 5 if batch_size else max(sizes) > 5
+
+
 @pytest.mark.parametrize("vocab_size, warned", [(12, True), (100, False)])
 def test_texts_the_tokenizer_has_no_token_for_are_named_in_a_warning(tmp_path, recwarn, vocab_size, warned):
     """As for a language model: a classifier's texts encoded largely as <unk> (a char tokenizer smaller than their

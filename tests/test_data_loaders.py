@@ -82,6 +82,32 @@ def test_overfit_batches_trains_on_the_same_batches_every_epoch(tmp_path):
     assert cli.trainer.train_dataloader.consumed == cli.datamodule.batch_size
 
 
+def test_a_loader_built_again_for_the_next_epoch_goes_on_with_the_stream():
+    """trainer.reload_dataloaders_every_n_epochs builds a new training loader every epoch: following the one it
+    replaces, it reads what the same loader would have read next, not the first epoch's order again."""
+    reference = make_loader()
+    epochs = [firsts(reference) for _ in range(3)]
+    loader, seen = make_loader(), []
+    for _ in range(3):
+        seen.append(firsts(loader))
+        fresh = make_loader()
+        fresh.follow(loader)
+        loader = fresh
+    assert seen == epochs and seen[0] != seen[1]
+
+
+def test_reload_dataloaders_every_epoch_reads_on_through_the_blocks(tmp_path):
+    """`fit --trainer.reload_dataloaders_every_n_epochs 1` on the language model: 78 blocks, 9 steps of 8 an
+    epoch; every epoch's new loader started the stream again, so each epoch read the same 72 blocks in the same
+    order and 6 blocks were never read."""
+    from test_checkpointing import _tiny_fit
+
+    args = ["--data.init_args.max_chars", "5000", "--trainer.max_steps", "20", "--trainer.limit_val_batches", "0"]
+    cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", *args, "--trainer.reload_dataloaders_every_n_epochs", "1")
+    assert len(cli.trainer.train_dataloader) == 9  # 20 steps: epochs 0 and 1, then 2 steps of epoch 2
+    assert cli.trainer.train_dataloader.consumed == 20 * cli.datamodule.batch_size
+
+
 def test_state_saved_at_epoch_end_resumes_with_next_epoch():
     loader = make_loader()
     first, second = firsts(loader), firsts(loader)

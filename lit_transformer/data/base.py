@@ -448,6 +448,13 @@ class DataModule(L.LightningDataModule):
             # Lightning's overfit_batches promises the same batches every epoch; it makes a torch DataLoader
             # sequential, and leaves a loader without a sampler (the stream, which went on) as it is.
             loader.repeat = True
+        built_for, previous = getattr(self, "_train_loader", (None, None))
+        if trainer is not None and built_for == id(trainer) and trainer.current_epoch > 0 and hasattr(loader, "follow"):
+            # A loader built again for a later epoch of this fit (trainer.reload_dataloaders_every_n_epochs) goes on
+            # with the stream where the one it replaces stopped, as the same loader would have.
+            if not loader.repeat:
+                loader.follow(previous)
+        self._train_loader = (id(trainer), loader)
         return loader
 
     def val_dataloader(self):

@@ -411,7 +411,10 @@ class ClassificationDataModule(DataModule):
         dataset = self._datasets[split]
         lengths = dataset.lengths()
         if self.max_tokens is not None:
-            batches = token_budget_batches(lengths, lengths, self.max_tokens, seed=self.seed)
+            # batch_size, when given besides, caps the texts of a batch (as translation's pairs): it was ignored
+            batches = token_budget_batches(
+                lengths, lengths, self.max_tokens, seed=self.seed, max_sentences=self.batch_size
+            )
         else:
             batches = length_grouped_batches(lengths, self.batch_size, self.seed)
         if not batches:

@@ -163,6 +163,15 @@ class _ElasticStream:
         self.steps_in_epoch += 1
         return True
 
+    def follow(self, previous: _ElasticStream) -> None:
+        """Go on where `previous`, the training loader of the same data this one replaces, stopped (Lightning's
+        reload_dataloaders_every_n_epochs builds a new loader every n epochs: a new one started the stream again,
+        so the language model read the same blocks in the same order every epoch). Loaders of other data or
+        settings are not followed."""
+        if (previous.num_items, previous.seed, previous.shuffle) != (self.num_items, self.seed, self.shuffle):
+            return
+        self.consumed = previous._pending["consumed"] if previous._pending is not None else previous.consumed
+
     def state_dict(self) -> dict[str, int]:
         return {
             "consumed": self.consumed,
