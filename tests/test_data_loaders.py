@@ -244,6 +244,22 @@ def test_batch_lists_resume_elastically_on_another_process_count(monkeypatch, be
     assert total > steps_per_epoch and first + second == reference[:total]
 
 
+def test_fewer_training_batches_than_processes_is_refused_as_the_language_model_s(monkeypatch):
+    """Classification, translation and captioning batches: with 3 batches on 4 processes, one batch was read by two
+    processes every step (counted twice in the step's gradient), without a word; the language model's loader refused
+    it. So do these."""
+    from lit_transformer.data import loaders
+    from lit_transformer.errors import UserError
+
+    monkeypatch.setattr(loaders, "_rank_and_world", lambda: (0, 4))
+    tokens = np.arange(100, dtype=np.int32)
+    data = BlockDataset(tokens, block_size=8)
+    few = ResumableLoader(data, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]], shuffle=True)
+    with pytest.raises(UserError, match="makes 3 batches, fewer than the 4 processes"):
+        next(iter(few))
+    assert len(list(ResumableLoader(data, [[0], [1], [2]], shuffle=False))) == 1  # evaluation: fillers, as before
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_evaluation_batches_are_all_scored_once_over_the_ranks(monkeypatch, world):
     """31 evaluation batches over 2, 3 or 4 ranks: every batch is read by exactly one rank, and every rank reads as

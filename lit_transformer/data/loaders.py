@@ -258,6 +258,13 @@ class ResumableLoader(_ElasticStream):
     def __iter__(self) -> Iterator[Any]:
         if not self.shuffle:
             return self._evaluation()
+        world = _rank_and_world()[1]
+        if self.num_items < world:  # as BlockStreamLoader's: the processes would share batches, counted twice
+            raise DataFileError(
+                f"The training split makes {self.num_items} batches, fewer than the {world} processes, each of which "
+                "takes a batch of its own every step: use a smaller batch_size or max_tokens, more data, or fewer "
+                "processes"
+            )
         consumed, steps, generation = self._begin()
         sampler = _PositionBatches(self, consumed, steps, lambda positions: self.batches[self.items_at(positions)[0]])
         return self._generate(sampler, generation)
