@@ -130,7 +130,7 @@ def test_state_loaded_after_an_iterator_was_built_is_not_replayed():
 @pytest.mark.parametrize("change", [{"seed": 99}, {"num_items": 1}])
 def test_state_of_other_data_is_refused(change):
     loader = make_loader()
-    with pytest.raises(ValueError, match="does not match .* the data or its settings changed"):
+    with pytest.raises(ValueError, match="changed since|resume with --data.init_args.seed"):
         loader.load_state_dict({**loader.state_dict(), **change})
 
 
@@ -258,6 +258,18 @@ def test_fewer_training_batches_than_processes_is_refused_as_the_language_model_
     with pytest.raises(UserError, match="makes 3 batches, fewer than the 4 processes"):
         next(iter(few))
     assert len(list(ResumableLoader(data, [[0], [1], [2]], shuffle=False))) == 1  # evaluation: fillers, as before
+
+
+def test_a_resume_with_another_seed_or_other_batches_names_what_changed():
+    """The refusal printed the loader's state dict and "the data or its settings changed": a resume with another
+    --data.init_args.seed names the flag and the checkpoint's value; other batches name their counts."""
+    from lit_transformer.errors import UserError
+
+    state = make_loader(seed=7).state_dict()
+    with pytest.raises(UserError, match=r"seed=7, and this run gives 8: resume with --data.init_args.seed 7"):
+        make_loader(seed=8).load_state_dict(state)
+    with pytest.raises(UserError, match=r"had 99 items \(blocks or batches\), and this run's has 31"):
+        make_loader(seed=7).load_state_dict({**state, "num_items": 99})
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -183,11 +183,19 @@ class _ElasticStream:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         items = state.get("num_items", state.get("num_batches"))
-        if state.get("seed", self.seed) != self.seed or items not in (None, self.num_items):
+        if state.get("seed", self.seed) != self.seed:
             raise BadFileError(
-                f"Loader state {state} does not match this loader (seed={self.seed}, items={self.num_items}): "
-                "the data or its settings changed since the checkpoint; resume with the same data, or start a new "
-                "run from the checkpoint's weights"
+                f"The checkpoint's batch order was drawn with data.init_args.seed={state['seed']}, and this run gives "
+                f"{self.seed}: resume with --data.init_args.seed {state['seed']}, or start a new run from the "
+                "checkpoint's weights (--model.init_from)",
+                keys=["data.init_args.seed"],
+            )
+        if items not in (None, self.num_items):
+            raise BadFileError(
+                f"The checkpoint's training loader had {items} items (blocks or batches), and this run's has "
+                f"{self.num_items}: the data or its settings (batch_size, max_tokens, block_size, the files) changed "
+                "since; resume with the run's own settings (its config.yaml), or start a new run from the "
+                "checkpoint's weights (--model.init_from)"
             )
         if "consumed" in state:
             consumed, steps = int(state["consumed"]), int(state.get("steps_in_epoch", 0))
