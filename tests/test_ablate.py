@@ -490,3 +490,37 @@ def test_a_base_config_found_nowhere_is_refused_when_the_grid_is_read(tmp_path: 
     (tmp_path / "grid.yaml").write_text("base: [configs/presets/nope.yaml]\ncells:\n  a: []\n")
     with pytest.raises(ConfigError, match="grid.yaml: base configs/presets/nope.yaml: no such file here"):
         ablate.Grid.load(tmp_path / "grid.yaml")
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.name)
+def test_no_shipped_grid_sets_a_deprecated_key(path: Path):
+    """warmup.yaml set model.optimizer, model.lr, model.schedule and model.warmup_steps, and regularization.yaml
+    model.label_smoothing: every run of theirs warned that each is deprecated (FutureWarning in its fit.log), and a
+    minor version may remove them (CHANGELOG.md)."""
+    from lit_transformer.engine.deprecated_options import DEPRECATED_NAMES
+
+    grid = ablate.Grid.load(path)
+    deprecated = {f"--model.{name}" for name in DEPRECATED_NAMES}
+    for run in grid.runs(Path("/tmp/ablate-parse"), extra=[]):
+        flags = {token.partition("=")[0] for token in run.command("fit") if token.startswith("--")}
+        assert not flags & deprecated, (run.cell, sorted(flags & deprecated))
+
+
+def test_the_pages_single_evaluation_command_reads_the_grids_own_configs():
+    """docs/ablations.md's "one checkpoint at one context length (what each evaluation runs)" gave configs/base.yaml,
+    the modern main job, for a checkpoint of the extrapolation grid, whose base is the 2017 recipe: validate ran, after a
+    note that the page's d_ff, activation and norm were not used. The command must read the configs the grid's own
+    evaluation reads."""
+    import re
+    import shlex
+
+    page = (ROOT / "docs" / "ablations.md").read_text()
+    joined = re.sub(r"\\\n\s*", " ", page)  # continuation lines joined, as the shell joins them
+    (command,) = re.findall(r"^\.venv/bin/python -m lit_transformer validate .*$", joined, flags=re.M)
+    words = shlex.split(command)
+    configs = [words[i + 1] for i, w in enumerate(words) if w == "--config"]
+    grid = ablate.Grid.load(ROOT / "configs" / "ablations" / "extrapolation.yaml")
+    (run,) = [r for r in grid.runs(Path("/tmp/ablate-parse"), extra=[]) if r.cell == "alibi" and r.seed == 1]
+    evaluation = run.command("fit")
+    expected = [evaluation[i + 1] for i, w in enumerate(evaluation) if w == "--config"]
+    assert configs == expected, (configs, expected)

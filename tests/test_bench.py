@@ -760,3 +760,44 @@ def test_the_allocator_benchmark_refuses_an_allocator_the_users_environment_pins
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     if os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
         allocator.refuse_a_users_allocator()  # LIT_TRANSFORMER_MALLOC=glibc alone: no refusal
+
+
+def _fake_fit(folder: Path, log_line: str):
+    """A stand-in for nanogpt's timed fit: a fit in a folder that holds an earlier run writes last-v1.ckpt (Lightning's
+    next free name), leaving last.ckpt the earlier run's, and names its own final checkpoint in its last line."""
+
+    def timed(command, cwd, env, log):
+        (folder / "last-v1.ckpt").write_text("this fit's")
+        log.write_text(f"Epoch 0: 100%\n{log_line}\n")
+        return 1.5
+
+    return timed
+
+
+def test_nanogpt_ours_scores_the_checkpoint_its_fit_wrote_not_an_earlier_runs(tmp_path: Path, monkeypatch, capsys):
+    """docs/main_job.md: `bench nanogpt ours [-- fit flags]` times a fit, then scored runs/shakespeare/.../last.ckpt
+    whatever the fit wrote: after an earlier run in that folder (the README's first command, or the previous setting
+    tried with `-- --model.optim.lr ...`), the fit wrote last-v1.ckpt and the JSON line paired its time with the
+    earlier run's bits per character."""
+    from lit_transformer.bench import nanogpt
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "runs" / "shakespeare" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "last.ckpt").write_text("an earlier run's")
+    old = time.time() - 3600
+    os.utime(folder / "last.ckpt", (old, old))
+    line = "checkpoints: final runs/shakespeare/checkpoints/last-v1.ckpt, best: none yet (no validation ran)"
+    scored = []
+    monkeypatch.setattr(nanogpt, "timed", _fake_fit(folder, line))
+    monkeypatch.setattr(nanogpt, "score_checkpoint", lambda path: scored.append(path) or {"bpc": 2.0})
+    monkeypatch.setattr(nanogpt, "machine", lambda: {})
+    nanogpt.main(["--json", str(tmp_path / "runs.jsonl"), "ours", "--threads", "1", "--", "--model.optim.lr", "5e-3"])
+    assert scored == ["runs/shakespeare/checkpoints/last-v1.ckpt"]
+    # a --checkpoint the fit did not write (the earlier run's last.ckpt) is refused, naming the one it wrote
+    argv = ["--json", str(tmp_path / "runs.jsonl"), "ours", "--checkpoint", str(folder / "last.ckpt")]
+    with pytest.raises(
+        UserError, match="was not written by the fit just timed .* wrote runs/shakespeare/checkpoints/last-v1.ckpt"
+    ):
+        nanogpt.main(argv)
+    assert scored == ["runs/shakespeare/checkpoints/last-v1.ckpt"]

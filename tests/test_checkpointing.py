@@ -750,3 +750,32 @@ def test_resuming_last_from_a_sharded_folder_is_refused_not_started_afresh(tmp_p
         main(["fit", "--config", "presets/tiny", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"])
     assert exit_info.value.code not in (0, None)
     assert "is a DeepSpeed checkpoint" in capsys.readouterr().err
+
+
+def test_scoring_a_last_ckpt_beside_a_newer_run_says_which_file_is_newer(tmp_path: Path, caplog) -> None:
+    """A second fit in a run folder ends at last-v1.ckpt; the pages' `test --ckpt_path runs/NAME/checkpoints/last.ckpt`
+    run after it (docs/translation.md's and classification.md's recorded fit, then test) scored the earlier run's
+    model without a word. It says so now, naming the newer file and `--ckpt_path last`, which picks it."""
+    import contextlib
+    import io
+    import logging
+
+    from lit_transformer.cli.lightning_cli import run_cli
+
+    folder = tmp_path / "run" / "checkpoints"
+    for _ in range(2):
+        _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "2")
+    assert {p.name for p in folder.glob("last*.ckpt")} == {"last.ckpt", "last-v1.ckpt"}
+    args = ["test", "--config", str(REPO / "configs" / "presets" / "tiny.yaml"), "--trainer.logger", "false"]
+    args += ["--trainer.enable_progress_bar", "false", "--data.init_args.cache_dir", str(tmp_path / "cache")]
+    args += ["--trainer.default_root_dir", str(tmp_path / "run"), "--checkpoint.dirpath", str(folder)]
+    with caplog.at_level(logging.INFO), contextlib.redirect_stdout(io.StringIO()):
+        run_cli([*args, "--ckpt_path", str(folder / "last.ckpt")])
+    note = f"note: {folder / 'last.ckpt'} is the last checkpoint of the folder's earlier run; a later fit there wrote "
+    assert note + f"last-v1.ckpt, which is newer: --ckpt_path last (or --ckpt_path {folder / 'last-v1.ckpt'})" in (
+        caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO), contextlib.redirect_stdout(io.StringIO()):
+        run_cli([*args, "--ckpt_path", "last"])  # the newer one: nothing to say
+    assert "earlier run" not in caplog.text

@@ -195,3 +195,37 @@ def test_export_base_is_checked_by_its_fingerprint(tmp_path, tokenizer):
     assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
         moved
     )
+
+
+def test_the_adapter_and_marian_folders_take_the_mode_the_umask_gives(tmp_path):
+    """README: files are written with the modes the umask gives. `export --format peft` wrote
+    adapter_model.safetensors, and `--format hf` of an encoder-decoder (MarianMTModel.save_pretrained) its
+    model.safetensors, 0600 (safetensors writes through a temporary file), beside 0644 files."""
+    import os
+
+    from lit_transformer.config import TransformerConfig
+    from lit_transformer.interop import save_hf_marian
+    from lit_transformer.interop.peft_adapters import save_peft_adapter
+    from lit_transformer.model import Transformer
+
+    adapter = {"model.decoder_blocks.0.self_attn.qkv.lora_A.default.weight": torch.zeros(2, 32)}
+    adapter["model.decoder_blocks.0.self_attn.qkv.lora_B.default.weight"] = torch.zeros(96, 2)
+    gpt2 = TransformerConfig.preset("tiny", **GPT2)
+    checkpoint = torch.load(_checkpoint(tmp_path / "a.ckpt", gpt2, adapter, base="gpt2"), weights_only=False)
+    old = os.umask(0o022)
+    try:
+        save_peft_adapter(checkpoint, tmp_path / "adapter")
+        paper = {
+            "topology": "encoder_decoder",
+            "norm_position": "post",
+            "positions": "sinusoidal",
+            "activation": "relu",
+        }
+        save_hf_marian(
+            Transformer(TransformerConfig.preset("tiny", **paper, scale_embeddings=True)), tmp_path / "marian"
+        )
+    finally:
+        os.umask(old)
+    written = [*(tmp_path / "adapter").iterdir(), *(tmp_path / "marian").iterdir()]
+    assert {p.name for p in written} >= {"adapter_model.safetensors", "model.safetensors"}
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in written} == {p.name: oct(0o644) for p in written}

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -266,10 +267,32 @@ def run_ours(args: Any, overrides: list[str], log: Path, argv: list[str]) -> Non
     with tempfile.TemporaryDirectory(prefix="lit-transformer-cache-") as fresh:
         if args.fresh_cache:  # tokenizer training and tokenization counted in the wall time
             env["LIT_TRANSFORMER_CACHE"] = fresh
+        started = time.time()
         seconds = timed(command, None, env, Path(args.root) / "fit.log")
-    checkpoint = args.checkpoint
+    checkpoint = fit_checkpoint(Path(args.root) / "fit.log", args.checkpoint, started)
     result = {"run": "ours", "config": args.config, "overrides": " ".join(overrides), "threads": args.threads}
     report(result | {"wall_s": seconds, "fresh_cache": args.fresh_cache} | score_checkpoint(checkpoint), log, argv)
+
+
+FINAL_CHECKPOINT = re.compile(r"^checkpoints: final (.+?), best", re.M)
+
+
+def fit_checkpoint(log: Path, asked: str | None, started: float) -> str:
+    """The checkpoint to score: the final one the timed fit names in its last line. In a folder that holds an earlier
+    run, a new fit writes last-v1.ckpt and last.ckpt stays the earlier run's, whose score would then be reported beside
+    this fit's time. `asked` (--checkpoint), where given, must be a file this fit wrote."""
+    found = FINAL_CHECKPOINT.findall(log.read_text(errors="replace"))
+    final = found[-1] if found else None
+    if asked is None:
+        if final is None:
+            raise UserError(f"the fit named no final checkpoint (see {log}): give the one to score with --checkpoint")
+        return final
+    if not os.path.isfile(asked) or os.path.getmtime(asked) < started:
+        raise UserError(
+            f"--checkpoint {asked} was not written by the fit just timed (an earlier run's, or none): the fit wrote "
+            f"{final or 'no final checkpoint'}; leave --checkpoint out to score the fit's own"
+        )
+    return asked
 
 
 def report(result: dict, log: Path, argv: list[str]) -> None:
@@ -360,7 +383,12 @@ def main(argv: list[str] | None = None) -> None:
     ours = subcommand_parser("ours", "Time `fit --config CONFIG [-- fit flags]`, then score its checkpoint.")
     ours.add_argument("--config", type=str, default="configs/base.yaml")
     ours.add_argument("--threads", type=PositiveInt, default=2)
-    ours.add_argument("--checkpoint", type=str, default="runs/shakespeare/checkpoints/last.ckpt")
+    ours.add_argument(
+        "--checkpoint",
+        type=str | None,
+        default=None,
+        help="the checkpoint to score, one the fit writes (default: the final checkpoint the fit names)",
+    )
     ours.add_argument("--root", type=str, default="runs/shakespeare", help="where fit.log (and a fresh cache) go")
     ours.add_argument("--fresh_cache", action="store_true", help="count tokenizer training and tokenization too")
     commands.add_subcommand("ours", ours, help="time `fit --config CONFIG [-- fit flags]`, then score its checkpoint")

@@ -412,6 +412,8 @@ class TransformerCLI(LightningCLIHooks):
                 )
         if not path or path in ("hpc", "registry") or str(path).startswith("registry:"):
             return
+        if subcommand in ("validate", "test", "predict"):
+            note_newer_run(str(path), subcommand)
         if (Path(path) / "config.json").is_file():  # an export or a Hugging Face folder: weights to start from
             raise MissingCheckpointError(
                 f"--ckpt_path {path} is a model folder, not a checkpoint (which holds a run's state as well): to "
@@ -994,6 +996,21 @@ def note_earlier_run(dirpath: str) -> None:
         "of its own, --trainer.default_root_dir DIR"
     )
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+
+
+def note_newer_run(path: str, subcommand: str) -> None:
+    """A last.ckpt named by its path beside a newer last-vN.ckpt: a second fit in that folder (note_earlier_run) ended
+    there, and the pages' `--ckpt_path runs/NAME/checkpoints/last.ckpt`, run after it, would score the first run's
+    model without a word. Said, with the file `--ckpt_path last` picks."""
+    if Path(path).name != "last.ckpt" or not Path(path).is_file():
+        return
+    newest = last_checkpoint(Path(path).parent)
+    if newest is None or Path(newest).name == "last.ckpt":
+        return
+    rank_zero_info(
+        f"note: {path} is the last checkpoint of the folder's earlier run; a later fit there wrote {Path(newest).name}, "
+        f"which is newer: --ckpt_path last (or --ckpt_path {newest}) {subcommand}s that one"
+    )
 
 
 _LOADED_AT = time.time()

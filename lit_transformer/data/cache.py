@@ -158,20 +158,14 @@ def locked(path: Path):
             lock.release()
 
 
-def follow_umask(fd: int) -> None:
-    """Give a file tempfile.mkstemp made (mode 0600) the mode the umask gives any new file, as every other file the
-    program writes has: a cache shared by several accounts (a team's, a cluster's nodes) reads as the umask says."""
-    from lit_transformer.checkpoints.files import current_umask
-
-    os.fchmod(fd, 0o666 & ~current_umask())
-
-
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)`, then rename into place: readers never see a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    follow_umask(fd)
     os.close(fd)
+    from lit_transformer.checkpoints.files import follow_umask
+
+    follow_umask(tmp)  # mkstemp's 0600: a cache shared by several accounts (a team's, a cluster's nodes) reads too
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -45,7 +45,6 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import ConfigError, MissingFileError
 from . import corpora
 from .base import DataModule, check_least, warn_deprecated_key
-from .cache import follow_umask
 from .corpora.digits import DigitStrips
 from .loaders import RecordShards, ResumableLoader, fixed_size_batches, load_prepared, target_batch
 from .shards import SHARD_TOKENS, TextsKind, prepare
@@ -779,7 +778,9 @@ class CaptionKind(TextsKind):
                 (root / self.partial).mkdir(parents=True, exist_ok=True)
                 folder.mkdir(exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=root / self.partial)
-                follow_umask(fd)
+                from lit_transformer.checkpoints.files import follow_umask
+
+                follow_umask(tmp)  # mkstemp's 0600: the umask's mode, as the cache's other files
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(record.data)
                 os.replace(tmp, path)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from lit_transformer.checkpoints.files import follow_umask
 from lit_transformer.config import TransformerConfig
 from lit_transformer.data.marian_tokenizers import (  # noqa: F401 - the Marian readers of tokenizers live below data
     decoder_start_token_id,
@@ -211,6 +212,7 @@ def save_hf_marian(
         raise RuntimeError(f"Marian mapping is incomplete: missing {missing}, unexpected {unexpected}")
     directory = Path(directory)
     hf.save_pretrained(os.fspath(directory))
+    follow_umask(*directory.glob("*.safetensors"))  # written 0600 through a temporary file, as safetensors does
     if tokenizer is not None:
         save_hf_tokenizer(tokenizer, directory, cfg, append_eos=True)
     if target_tokenizer is not None and target_tokenizer is not tokenizer:

@@ -120,7 +120,7 @@ def save_peft_adapter(
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from lit_transformer.checkpoints.files import saved_config
+    from lit_transformer.checkpoints.files import follow_umask, saved_config
     from lit_transformer.transforms.options import LoraOptions
 
     record = checkpoint.get("lora")
@@ -158,4 +158,5 @@ def save_peft_adapter(
     out.mkdir(parents=True, exist_ok=True)
     lora.save_pretrained(str(out))
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    follow_umask(out / "adapter_model.safetensors")  # safetensors writes it 0600 through a temporary file
     return out
