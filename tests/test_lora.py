@@ -329,6 +329,11 @@ def test_a_lora_checkpoint_holds_adapters_and_the_base_fingerprint(lm_runs: Path
     printed = (lm_runs / "lora" / "stdout.txt").read_text()
     assert f"LoRA: {lora['lora']['trainable_params']:,} of {lora['lora']['total_params']:,} parameters train" in printed
     assert "last.ckpt: " in printed and "on disk; the full model's weights and Adam state" in printed
+    # the full model is the base: its size counted the adapters' factors (12 bytes each) too
+    from lit_transformer.transforms.lora import _mb
+
+    base_params = lora["lora"]["total_params"] - sum(v.numel() for v in lora["state_dict"].values())
+    assert lora["lora"]["base_params"] == base_params and f"alone would take ~{_mb(12 * base_params)}" in printed
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (events,) = {p.parent for p in (lm_runs / "lora").rglob("events.out.tfevents.*")}

@@ -253,7 +253,7 @@ def describe(trainable: int, total: int, record: Mapping[str, Any] | None = None
         # Weights and the two Adam moments of what trains, against the same for the whole model (fp32).
         line += (
             f"; a checkpoint holds ~{_mb(12 * trainable)} (weights and Adam state of what trains) against "
-            f"~{_mb(12 * total)} for full fine-tuning"
+            f"~{_mb(12 * record.get('base_params', total))} for full fine-tuning"
         )
     return line
 
@@ -266,7 +266,7 @@ def report_checkpoint(trainer: Any, record: Mapping[str, Any]) -> None:
     for path in sorted(p for p in paths if os.path.isfile(p)):
         print(
             f"LoRA checkpoint {path}: {_mb(os.path.getsize(path))} on disk; the full model's weights and Adam state "
-            f"alone would take ~{_mb(12 * record['total_params'])}",
+            f"alone would take ~{_mb(12 * record.get('base_params', record['total_params']))}",
             flush=True,
         )
 
@@ -349,8 +349,10 @@ class LoraAdapters(ModelTransform):
             return
         self.keys = apply_lora(module.model, self.options, new_parameters(module.model, self.base))
         trainable, total = count(module.model)
+        # the full model's size is the base's: the adapters' factors are not part of it (they counted 12 bytes each)
+        base = sum(p.numel() for name, p in module.model.named_parameters() if ".lora_" not in name)
         self.record = {"base": self.base, "fingerprint": fingerprint(module.model),
-                       "trainable_params": trainable, "total_params": total}  # fmt: skip
+                       "trainable_params": trainable, "total_params": total, "base_params": base}  # fmt: skip
 
     def on_fit_start(self, module: Any) -> None:
         if module.trainer.is_global_zero:
