@@ -94,13 +94,22 @@ def parser_options(
     return options
 
 
+class ProgramParser(ArgumentParser):
+    """jsonargparse's parser, whose parsers built without a prog (--data.help CLASS's) name the program as typed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from lit_transformer.cli.invocation import name_the_program
+
+        super().__init__(*args, **name_the_program(args, kwargs))
+
+
 def command_parser(command: str, description: str | None, epilog: str | None = None) -> ArgumentParser:
     """The parser of one of the package's own commands (generate, translate, export, average, ablate, every
     `bench NAME`, ...): `command` as the user types it after the program, `description` (a module docstring with
     its examples, or a sentence) as the head of its --help."""
     from lit_transformer.cli.invocation import program
 
-    parser = ArgumentParser(**parser_options(program(command), description, formatter=CommandHelpFormatter))
+    parser = ProgramParser(**parser_options(program(command), description, formatter=CommandHelpFormatter))
     parser.epilog = epilog
     return parser
 

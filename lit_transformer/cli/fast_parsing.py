@@ -152,14 +152,9 @@ class ValidatedOnceParser(LightningArgumentParser):
     again; any other config, or a call that says `skip_validation`, is handled as jsonargparse does."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if not args and "prog" not in kwargs:  # jsonargparse's parser for --data.help CLASS: argparse named it after
-            from lit_transformer.cli.invocation import program  # sys.argv[0], "usage: __main__.py"
+        from lit_transformer.cli.invocation import name_the_program
 
-            command = (
-                sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in ("fit", "validate", "test", "predict") else None
-            )
-            kwargs["prog"] = program(command)
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **name_the_program(args, kwargs))
 
     def trust(self, *namespaces: Any) -> None:
         """Dumps of these very objects (the CLI's parsed config and its subcommand's part) skip validation."""

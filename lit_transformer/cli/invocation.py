@@ -26,3 +26,14 @@ def typed_program() -> str:
     if argv0 in ("__main__.py", "-c", "") or argv0.startswith("pytest") or argv0.endswith(".py"):
         return "python -m lit_transformer"
     return argv0
+
+
+def name_the_program(args: tuple, kwargs: dict) -> dict:
+    """A parser's keyword arguments with its `prog` where none is given: jsonargparse builds the parser that
+    --data.help CLASS prints as `type(parser)(description=...)`, which argparse named after sys.argv[0] ("usage:
+    __main__.py"). The program as typed, with the command this process runs."""
+    if args or "prog" in kwargs:
+        return kwargs
+    typed = sys.argv[1] if len(sys.argv) > 1 else ""
+    command = typed if typed.replace("-", "").isalpha() and typed.islower() else None  # a command's name, not a flag
+    return {**kwargs, "prog": program(command)}
