@@ -56,7 +56,7 @@ class LoadedModel:
 
     def batch(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoded inputs padded on the right, with the attention mask that says which tokens are real."""
-        check_texts(texts)
+        texts = check_texts(texts)
         if not texts:
             raise ConfigError("no texts to encode: give a list of one or more strings")
         ids, mask = pad_right([self.encode(t) for t in texts], self.config.pad_token_id)
@@ -69,13 +69,16 @@ class LoadedModel:
         return self.target_tokenizer.decode_batch(rows, skip_special_tokens=True)
 
 
-def check_texts(texts: Sequence[str]) -> None:
-    """A list of strings: a string alone would be read as its characters, each an input of its own."""
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """The texts as a list of strings (a generator read once): a string alone would be read as its characters, each
+    an input of its own."""
     if isinstance(texts, (str, bytes)):
         raise TypeError(f"texts must be a list of strings, not one string: write [{texts!r:.40}] for one input")
+    texts = list(texts)
     wrong = [text for text in texts if not isinstance(text, str)]
     if wrong:
         raise TypeError(f"texts must be strings; got {type(wrong[0]).__name__} {wrong[0]!r:.40}")
+    return texts
 
 
 def config_from_checkpoint(checkpoint: dict) -> TransformerConfig:
@@ -173,12 +176,14 @@ def _folder_tokenizer(path: Path) -> Tokenizer:
 
 def hub_name(name: str) -> bool:
     """Whether `name` can only be a Hugging Face hub id (`gpt2`, `Helsinki-NLP/opus-mt-en-es`): nothing of that name
-    here, no file suffix, at most one slash, not a relative or absolute path."""
+    here, no file suffix, at most one slash, not a relative or absolute path, and not a name in a folder here
+    (`checkpoints/last`, a checkpoint's path without its suffix: its folder's checkpoints are the hint to give)."""
     from lit_transformer.data.sources import is_local_name
 
     return (
         not Path(name).expanduser().exists()
         and not is_local_name(name)
+        and not ("/" in name and Path(name).expanduser().parent.is_dir())
         and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) is not None
         and Path(name).suffix.lower() not in (".ckpt", ".pt", ".pth", ".safetensors", ".onnx", ".json", ".bin")
     )
@@ -431,7 +436,7 @@ def translate(loaded: LoadedModel, texts: Sequence[str], gen: GenerationConfig |
     from lit_transformer.tasks.base import generation_rows
 
     gen = GenerationConfig.for_task(loaded.task) if gen is None else gen
-    check_texts(texts)
+    texts = check_texts(texts)
     if not texts:
         return []
     src, mask = loaded.batch(texts)

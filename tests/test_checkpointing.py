@@ -779,3 +779,25 @@ def test_scoring_a_last_ckpt_beside_a_newer_run_says_which_file_is_newer(tmp_pat
     with caplog.at_level(logging.INFO), contextlib.redirect_stdout(io.StringIO()):
         run_cli([*args, "--ckpt_path", "last"])  # the newer one: nothing to say
     assert "earlier run" not in caplog.text
+
+
+def test_an_early_stop_deferred_by_min_steps_does_not_write_last_ckpt_every_step(tmp_path: Path, monkeypatch) -> None:
+    """EarlyStopping sets trainer.should_stop at step 4, and min_steps 16 keeps the run going (Lightning leaves the flag
+    set): the final step's save took the flag for the run's end and wrote last.ckpt after every later step. It is
+    written at the interval (every 2 steps) and at the run's end, as without the stop signal."""
+    from lit_transformer.checkpoints.run_checkpoint import RunCheckpoint
+
+    saved: list[int] = []
+    original = RunCheckpoint._save_last_checkpoint
+
+    def spy(self, trainer, candidates):
+        if self.save_last is True:
+            saved.append(trainer.global_step)
+        return original(self, trainer, candidates)
+
+    monkeypatch.setattr(RunCheckpoint, "_save_last_checkpoint", spy)
+    stop = ("--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/loss")
+    stop += ("--trainer.callbacks.stopping_threshold", "100")  # met at the first validation
+    cli = _tiny_fit(tmp_path / "run", tmp_path / "cache", "--trainer.max_steps", "9", "--trainer.min_steps", "9", *stop)
+    assert cli.trainer.should_stop and cli.trainer.global_step == 9  # signalled, and trained on to min_steps
+    assert sorted(set(saved)) == [2, 4, 6, 8, 9]  # not 5 and 7 as well

@@ -69,12 +69,16 @@ def test_local_files_give_padded_batches_with_masks_and_label_ids(tmp_path, fmt:
         assert names[texts.index(text)] == dm.label_names[label]
 
 
-@pytest.mark.parametrize("batch_size", [None, 5])
+@pytest.mark.parametrize("batch_size", [None, 5, "not given"])
 def test_a_token_budget_besides_batch_size_keeps_both(tmp_path, batch_size):
     """data.init_args.max_tokens is a token budget "instead of (or besides) batch_size": given both, a batch holds
     at most batch_size texts (batch_size was ignored: 80 short texts came in batches of up to 49); every text is
-    read once an epoch either way."""
-    dm = make(tmp_path, write(tmp_path / "d", "jsonl"), batch_size=batch_size, max_tokens=2048)
+    read once an epoch either way. batch_size not given leaves the budget alone (its default of 32 texts, taken for
+    a given one, capped every token-budget batch at 32)."""
+    args = {} if batch_size == "not given" else {"batch_size": batch_size}
+    dataset = str(write(tmp_path / "d", "jsonl"))
+    dm = ClassificationDataModule(dataset=dataset, tokenizer="char", vocab_size=100, cache_dir=str(tmp_path / "cache"),
+                                  max_tokens=2048, **args)  # fmt: skip
     dm.prepare_data()
     dm.setup()
     sizes = []
@@ -82,7 +86,7 @@ def test_a_token_budget_besides_batch_size_keeps_both(tmp_path, batch_size):
         sizes.append(len(batch["input_ids"]))
         assert len(batch["input_ids"]) * batch["input_ids"].shape[1] <= 2048
     assert sum(sizes) == 80
-    assert max(sizes) <= 5 if batch_size else max(sizes) > 5
+    assert max(sizes) <= 5 if batch_size == 5 else max(sizes) > 32
 
 
 @pytest.mark.parametrize("vocab_size, warned", [(12, True), (100, False)])

@@ -344,3 +344,20 @@ def test_a_text_column_for_plain_text_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="text_column body: .* is plain text .*, which has no columns"):
         make(tmp_path, corpus(tmp_path), text_column="body").prepare_data()
+
+
+def test_the_text_s_own_unk_markers_do_not_count_towards_the_unknown_share(tmp_path, recwarn):
+    """Beside many "<unk>" markers, two rare characters the tokenizer lacks (4 tokens of 26,000, far under the
+    warning's share) set off the warning, which said 3.5% of the tokens were <unk>: the markers' share. Characters
+    that make up the share themselves are still named, with their own share."""
+    marked = "".join(f"the cat sat on the <unk> mat {i % 10} .\n" for i in range(1000))
+    path = tmp_path / "marked.txt"
+    path.write_text("a rare ǎ here .\n" + marked)  # first: in the training split
+    vocab = len(set(marked)) + 4  # the common characters and the 4 special tokens: no "ǎ", no "r"
+    make(tmp_path, path, tokenizer="char", vocab_size=vocab).prepare_data()
+    assert [str(w.message) for w in recwarn if "are <unk>" in str(w.message)] == []
+    path = tmp_path / "many.txt"
+    path.write_text("ǎ ǎ ǎ\n" * 200 + marked)  # 'ǎ' now frequent, the least frequent digit left out: 1 token in 300
+    make(tmp_path, path, tokenizer="char", vocab_size=vocab).prepare_data()
+    (message,) = [str(w.message) for w in recwarn if "are <unk>" in str(w.message)]
+    assert "no token for '9'" in message and ": 0.3% of the training tokens are <unk>" in message  # not 3.6%

@@ -262,3 +262,13 @@ def test_a_continuation_after_a_long_prompt_cut_inside_a_character():
     assert prompt + decode_after(tokenizer, head, ids[len(head) :]) == whole
     for cut in range(len(head), len(ids)):  # a character still arriving decodes, as alone, to U+FFFD
         assert whole[len(prompt) :].startswith(decode_after(tokenizer, head, ids[len(head) : cut]).rstrip("\ufffd"))
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char", "byte_bpe"])
+def test_a_vocabulary_of_no_more_than_the_special_tokens_is_refused(kind):
+    """train_tokenizer(texts, "bpe", 3) from Python ended in an OverflowError (a negative alphabet limit)."""
+    from lit_transformer.data.text import train_tokenizer
+    from lit_transformer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="vocab_size=3 leaves no token beside the 4 special ones"):
+        train_tokenizer(["some text"], kind, 3)

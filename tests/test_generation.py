@@ -625,3 +625,4 @@ def test_translate_and_batch_take_a_list_of_texts_not_one_string():
         translate(loaded, [5], gen)
     # no GenerationConfig: the task's decoding defaults, as the commands' unset flags (it was an AttributeError)
     assert translate(loaded, ["a b"], None) == translate(loaded, ["a b"], GenerationConfig.for_task(loaded.task))
+    assert len(translate(loaded, (text for text in ["a b", "c"]), gen)) == 2  # a generator is read once, not used up

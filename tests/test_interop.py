@@ -616,3 +616,20 @@ def test_a_classifier_exported_as_safetensors_keeps_its_task_and_labels(tmp_path
     assert folder.task.spec() == trained.task.spec() and handler_kind(folder.task) is handler_kind(trained.task)
     (tmp_path / "st" / "task.json").unlink()  # an export of an earlier version: the architecture's task, labels as ids
     assert load_model(tmp_path / "st").task.names() == ["0", "1", "2"]
+
+
+def test_a_checkpoint_path_without_its_suffix_is_not_taken_for_a_hub_name(tmp_path, tokenizer, monkeypatch) -> None:
+    """`generate --checkpoint checkpoints/last` (the .ckpt left out) was read as the hub name `checkpoints/last` and
+    answered with `hf download checkpoints/last`; a name whose folder is here is a local path, refused with that
+    folder's checkpoints, as before hub names were taken. `owner/name` with no folder `owner` here is still a hub name."""
+    from lit_transformer.cli.model_commands import generate_main
+    from lit_transformer.inference import hub_name
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    model = build(GPT2, vocab_size=tokenizer.get_vocab_size(), pad_token_id=None)
+    (tmp_path / "checkpoints").mkdir()
+    _checkpoint(tmp_path / "checkpoints" / "last.ckpt", model, tokenizer)
+    assert not hub_name("checkpoints/last") and hub_name("acme/tiny-gpt2") and hub_name("gpt2")
+    with pytest.raises(UserError, match=r"checkpoints/last does not exist .*last\.ckpt"):
+        generate_main(["--checkpoint", "checkpoints/last", "--prompt", "hello"])

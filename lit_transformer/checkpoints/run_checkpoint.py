@@ -89,7 +89,10 @@ class RunCheckpoint(ModelCheckpoint):
         in, it recorded that epoch as done: a run resumed from it to train longer counted one epoch more than a run
         never stopped (max_epochs ended it an epoch early; the dropout of every later step, seeded by epoch, differed).
         """
-        stops = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+        # should_stop alone is no stop: before min_steps/min_epochs Lightning trains on (and the flag stays set, so
+        # every later step would write last.ckpt again)
+        can_stop = getattr(trainer.fit_loop, "_can_stop_early", True)
+        stops = (trainer.should_stop and can_stop) or 0 < trainer.max_steps <= trainer.global_step
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and not trainer.fast_dev_run
         return (
             stops

@@ -1233,8 +1233,8 @@ PACKAGE_HELP = {
     "logging (and the callbacks that log) off.",
     "weights_only": "Checkpoints are always read with torch.load(weights_only=True), so a file never runs code; the "
     "package's own plain types are allowed by name (false is not honoured).",
-    "ckpt_path": "The checkpoint: a .ckpt file, or last (the run folder's checkpoints/last.ckpt, i.e. "
-    "checkpoint.dirpath's) or best (the best checkpoint by best_checkpoint.monitor that that last.ckpt records). fit "
+    "ckpt_path": "The checkpoint: a .ckpt file, or last (the newest last*.ckpt of the run folder's checkpoints/, "
+    "i.e. checkpoint.dirpath's: last.ckpt, or the last-v1.ckpt of a second run there) or best (the best checkpoint by best_checkpoint.monitor that that last.ckpt records). fit "
     "resumes it (last with no last.ckpt yet starts a new run there); validate, test and predict score it, and refuse "
     "to run without one (or --model.init_from): nothing untrained is scored.",
     "trainer.enable_checkpointing": "false turns the package's checkpoint callbacks (checkpoint, best_checkpoint, "

@@ -306,8 +306,12 @@ class DataModule(L.LightningDataModule):
         missing = unknown_characters(tokenizer, sample, unk_id)
         # The text's own "<unk>" markers (WikiText's non-raw sets mark rare words so): encoded as the unknown token
         # they mean, no character the tokenizer lacks. A larger vocab_size would not change them.
-        if missing.pop(tokenizer.id_to_token(unk_id), 0) and not missing:
-            return
+        # Nor do they count towards the share: a few missing characters beside them are no more than those few.
+        markers, lacking = missing.pop(tokenizer.id_to_token(unk_id), 0), sum(missing.values())
+        if markers:
+            unknown = round(unknown * lacking / (lacking + markers))  # the sample's mix, applied to the tokens
+            if unknown < UNKNOWN_SHARE * len(tokens):
+                return
         shown = " ".join(repr(piece) for piece, _ in missing.most_common(12))
         more = f" and {len(missing) - 12} more" if len(missing) > 12 else ""
         if self.tokenizer_spec in ("char", "bpe"):

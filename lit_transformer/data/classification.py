@@ -108,6 +108,7 @@ class ClassificationDataModule(DataModule):
         max_examples: int | None = None,
         held_out: float = 0.1,
         lines_per_passage: int = 8,
+        batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         """
@@ -126,12 +127,15 @@ class ClassificationDataModule(DataModule):
             held_out: The fraction of the training texts each missing validation/test split takes (by a hash of
                 the text).
             lines_per_passage: shakespeare-genre: non-blank lines per passage.
+            batch_size: Texts of similar length a batch; with max_tokens, at most this many besides the token budget
+                (None: 32 texts, or with max_tokens the budget alone).
             **kwargs: The arguments every DataModule shares (text_column, e.g. sentence for hub sst2; tokenizer, a
-                .ckpt's to fine-tune a pretrained encoder; vocab_size, before the added <mask>; batch_size, texts of
-                similar length grouped; max_tokens; seed; predict_file, each input's label and probability written;
-                ...: see DataModule).
+                .ckpt's to fine-tune a pretrained encoder; vocab_size, before the added <mask>; max_tokens; seed;
+                predict_file, each input's label and probability written; ...: see DataModule).
         """
-        super().__init__(dataset=dataset, held_out=held_out, **kwargs)
+        if batch_size is None and kwargs.get("max_tokens") is None:
+            batch_size = 32
+        super().__init__(dataset=dataset, held_out=held_out, batch_size=batch_size, **kwargs)
         if max_length < 1 or (self.max_tokens is not None and self.max_tokens < max_length):
             raise ConfigError(
                 f"Need max_length >= 1 and max_tokens >= max_length or None (got {max_length}, {self.max_tokens})",
@@ -411,7 +415,8 @@ class ClassificationDataModule(DataModule):
         dataset = self._datasets[split]
         lengths = dataset.lengths()
         if self.max_tokens is not None:
-            # batch_size, when given besides, caps the texts of a batch (as translation's pairs): it was ignored
+            # batch_size, when given besides, caps the texts of a batch (as translation's pairs): it was ignored; the
+            # default (None) leaves the budget alone
             batches = token_budget_batches(
                 lengths, lengths, self.max_tokens, seed=self.seed, max_sentences=self.batch_size
             )

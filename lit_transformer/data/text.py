@@ -134,6 +134,11 @@ def _trainer(kind: str, vocab_size: int):
 def train_tokenizer(texts: Sequence[str], kind: str = "byte_bpe", vocab_size: int = 8192) -> Tokenizer:
     """Train a fresh tokenizer on `texts`, of at most vocab_size tokens (char: the most frequent characters; bpe: the
     most frequent characters, then merges)."""
+    if vocab_size <= len(SPECIAL_TOKENS):  # bpe's alphabet limit would be negative (an OverflowError)
+        raise ConfigError(
+            f"vocab_size={vocab_size} leaves no token beside the {len(SPECIAL_TOKENS)} special ones: give more",
+            keys=["data.init_args.vocab_size"],
+        )
     if kind == "byte_bpe" and vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ConfigError(
             f"byte_bpe needs vocab_size >= {256 + len(SPECIAL_TOKENS)} (256 bytes + special tokens), not {vocab_size}",
