@@ -233,7 +233,7 @@ def test_ckpt_path_help_says_what_the_package_does_with_it(command, capsys):
     out = capsys.readouterr().out
     start = out.index("\n  --ckpt_path CKPT_PATH") + 1
     text = " ".join(out[start:].split("\n  --", 1)[0].split())
-    assert "checkpoints/last.ckpt" in text and "best_checkpoint.monitor" in text and "refuse" in text, text
+    assert "newest last*.ckpt" in text and "best_checkpoint.monitor" in text and "refuse" in text, text
     assert "hpc" not in text and "registry" not in text and "current weights" not in text, text
 
 
