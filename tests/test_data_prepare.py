@@ -515,3 +515,66 @@ def test_caches_prepared_by_earlier_versions_are_found_and_keep_their_layout(tmp
             assert names == files | (held_out_files if split != "train" else set())
     assert loaders.load_prepared(text, language_modeling.TokenShards)[1]["validation"].documents == 13
     assert len(loaders.load_prepared(pairs, PairShards)[1]["train"]) == 400
+
+
+_PARENT_OF_WORKERS = """
+import sys
+from lit_transformer.data import shards
+from lit_transformer.data.text import train_tokenizer
+import numpy as np
+
+if __name__ == "__main__":
+    tokenizer = train_tokenizer(["abc \\n"], "char", 16)
+    encoder = shards.Encoder((tokenizer,), None, np.dtype(np.uint16), workers=2)
+    chunk = shards.Chunk(1)
+    chunk.texts[0].append("abc")
+    chunk.ends[0].append(True)
+    list(encoder.submit("train", chunk)) + list(encoder.drain())  # the workers are up, their initializer ran
+    print(*encoder.pool._processes, flush=True)
+    sys.stdin.read()  # wait here until killed
+"""
+
+
+def test_tokenizing_workers_exit_when_their_parent_is_killed(tmp_path):
+    """A prepare (or fit) killed by SIGKILL or SIGTERM runs no cleanup: its pool's idle workers waited on their task
+    queue forever, hundreds of MB each. They now exit on their own once their parent is gone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT_OF_WORKERS)
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )  # fmt: skip
+    workers = [int(pid) for pid in parent.stdout.readline().split()]
+    assert workers, "the parent started no worker"
+    try:
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        alive = workers
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if _running(pid)]
+            time.sleep(0.1)
+        assert not alive, f"workers {alive} outlived their killed parent"
+    finally:
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True

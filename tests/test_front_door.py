@@ -504,6 +504,25 @@ def test_lightning_switches_turn_the_package_callbacks_off(tmp_path: Path, switc
 # ---- the run folder ------------------------------------------------------------------------------------------------
 
 
+def test_two_fits_started_together_in_one_folder_log_to_two_tensorboard_versions(tmp_path: Path, monkeypatch):
+    """Lightning picks the next version_N from a listing and creates the folder later: a fit that listed the folder
+    before another fit, started with it, created version_0 took version_0 too (curves merged, one config.yaml).
+    The listing is made stale here as it is in that race; the fit takes the next free version."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    monkeypatch.chdir(tmp_path)
+    other = Path("run/tensorboard/version_0")
+    other.mkdir(parents=True)
+    (other / "events.out.tfevents.other").write_bytes(b"")
+    (other / "config.yaml").write_text("seed_everything: 1\n")
+    monkeypatch.setattr(TensorBoardLogger, "_get_next_version", lambda self: 0)  # listed before the other's mkdir
+    main(_tiny("--trainer.default_root_dir", "run", "--trainer.limit_val_batches", "0", "--seed_everything", "2"))
+    assert sorted(p.name for p in other.iterdir()) == ["config.yaml", "events.out.tfevents.other"]
+    assert (other / "config.yaml").read_text() == "seed_everything: 1\n"
+    assert list(Path("run/tensorboard/version_1").glob("events.out.tfevents.*"))
+    assert "seed_everything: 2" in Path("run/tensorboard/version_1/config.yaml").read_text()
+
+
 def test_a_run_names_its_checkpoints_keeps_the_umask_and_evaluation_logs_beside_it(tmp_path: Path, capsys, monkeypatch):
     """fit's last line names the final and the best checkpoint; checkpoints and exported safetensors take the mode
     the umask gives; validate and test log beside the training run, which keeps version_0 (and its tokenizer)."""

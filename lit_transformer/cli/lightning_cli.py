@@ -325,6 +325,8 @@ class TransformerCLI(LightningCLIHooks):
     def run_subcommand(self, subcommand: str) -> None:
         """A collective that fails because a peer died or hung ends this process with one line (which rank was
         lost, how to resume) and exit status 1, not a traceback from inside gloo or NCCL."""
+        if subcommand == "fit":
+            claim_tensorboard_version(self.trainer)  # before the trainer first reads its log_dir
         try:
             with lightning_refusals():
                 super().run_subcommand(subcommand)
@@ -1096,6 +1098,28 @@ class RunConfigFile(SaveConfigCallback):
             if isinstance(parser, ValidatedOnceParser):  # the clone of a validated config is one too
                 parser.trust(config)
         super().__init__(parser, config, *args, **kwargs)
+
+
+def claim_tensorboard_version(trainer: L.Trainer) -> None:
+    """Take the TensorBoard logger's next version_N by creating its folder, which only one process can do. Lightning
+    picks the next number from a listing and creates the folder later: two fits started together in one run folder
+    (a job array of seeds) both took version_0, merging their curves into one run and leaving one config.yaml."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    if not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        if not isinstance(logger, TensorBoardLogger) or logger._version is not None or "://" in str(logger.root_dir):
+            continue
+        root, version = Path(logger.root_dir), logger._get_next_version()
+        root.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                (root / f"version_{version}").mkdir()
+                break
+            except FileExistsError:  # another process took it after the listing
+                version += 1
+        logger._version = version
 
 
 def _default(owner: Callable | type, name: str) -> object:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
+import time
 
 import numpy as np
 
@@ -20,10 +22,25 @@ def init(*tokenizer_jsons: str) -> None:
     """Load the tokenizers (one, or a translation's source and target) once per worker."""
     # Ctrl-C reaches the whole process group: the parent stops the run and says why; a worker's traceback says nothing.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(os.getppid())
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     from tokenizers import Tokenizer
 
     _tokenizers[:] = [Tokenizer.from_str(text) for text in tokenizer_jsons]
+
+
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
+    """Stop this worker once its parent is gone. A parent killed by SIGKILL or SIGTERM (`kill PID`, `timeout`, the
+    OOM killer) runs no cleanup, and a pool's idle worker waits on its task queue forever: each killed `prepare` or
+    `fit` left its workers behind, hundreds of MB each, for good. A dead parent's children are re-parented, so the
+    parent id changes."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def encode(
