@@ -28,7 +28,7 @@ FIXED = {
 REDECLARED = {
     LanguageModelingDataModule: {"dataset"},
     TranslationDataModule: {"dataset", "tokenizer", "vocab_size", "max_tokens", "batch_size"},
-    ClassificationDataModule: {"dataset", "held_out"},
+    ClassificationDataModule: {"dataset", "held_out", "batch_size"},  # None: 32 texts, or the token budget alone
     CaptioningDataModule: {
         "dataset",
         "text_column",
