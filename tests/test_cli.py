@@ -362,6 +362,16 @@ def test_with_a_checkpoint_the_command_lines_run_choices_apply(tiny_run: Path, t
     assert "model.config.positions rope (the checkpoint's: learned)" in notice and "init_from" not in notice
 
 
+def test_init_from_beside_a_full_checkpoint_is_named_as_unused(tiny_run: Path, caplog):
+    """--model.init_from with --ckpt_path of a full (not LoRA) checkpoint: the checkpoint's weights are the model, so
+    init_from is never read; it was dropped without a word, like the architecture settings the notice names."""
+    other = str(tiny_run / "checkpoints" / "last.ckpt")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        run_cli(["validate", *_tiny_common(tiny_run), "--model.init_from", other])
+    (notice,) = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
+    assert f"model.init_from {other} (the checkpoint's: None)" in notice
+
+
 def test_ckpt_path_best_scores_the_best_checkpoint_the_run_recorded(tiny_run: Path, tmp_path: Path):
     """In a new process no callback remembers a best: the run folder's last.ckpt records it. Without such a record
     the command ends in one line naming the folder (it was a traceback from inside Lightning)."""

@@ -387,6 +387,12 @@ MISTAKES = {
         ["fit", "--config", "presets/tiny", "--ckpt_path", "hpc", "--trainer.default_root_dir", "nowhere"], 1,
         ["--ckpt_path hpc: there is no hpc_ckpt_N.ckpt", "resume with --ckpt_path last"],
     ),  # Lightning's ValueError traceback, after the data was read
+    "another task's checkpoint to start from": (
+        ["fit", "--config", "presets/tiny", "--model.init_from",
+         str(ROOT / "tests/fixtures/old_checkpoints/translation.ckpt")], 2,
+        ["holds a translation model (encoder_decoder), and this run builds a decoder_only one: start this run from a "
+         "checkpoint of its own kind"],
+    ),  # "set it to encoder_decoder", which led to a second refusal: the data feeds no translation task
     "validate --ckpt_path last with no run": (
         ["validate", "--config", "presets/tiny", "--ckpt_path", "last", "--trainer.default_root_dir", "nowhere"], 1,
         ["--ckpt_path last: there is no last.ckpt in nowhere/checkpoints"],

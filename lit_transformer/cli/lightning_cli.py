@@ -627,6 +627,11 @@ def unused_settings(model, hparams: dict, training: bool) -> list[tuple[str, obj
         for name, value in vars(given.get("init_args") or {}).items():
             if name in init_args and value is not None and value != init_args[name]:
                 found.append((f"model.task.init_args.{name}", value, init_args[name]))
+    # A full checkpoint's weights are the model: --model.init_from beside --ckpt_path is never read (a LoRA
+    # checkpoint's is its base's new place, check_lora_base).
+    value = model.get("init_from")
+    if value and "init_from" in hparams and not hparams.get("lora") and value != hparams.get("init_from"):
+        found.append(("model.init_from", value, hparams.get("init_from")))
     value, kept = model.get("loss_normalization"), hparams.get("loss_normalization")
     if training and kept is not None and value not in (None, "tokens", kept):
         found.append(("model.loss_normalization", value, kept))
@@ -936,6 +941,15 @@ def check_before_data(config, subcommand: str | None) -> None:
                 f"{context}, or measure length extrapolation with sinusoidal, rope or alibi positions",
                 keys=["data.init_args.block_size"],
             )
+    init_from = model.get("init_from") if model is not None else None
+    if isinstance(init_from, str) and init_from.endswith(".ckpt") and Path(init_from).is_file():
+        # another task's checkpoint was refused only once the data had been prepared
+        from lit_transformer.interop.pretrained import topology_mismatch
+
+        topology = (architecture.get("topology") if architecture is not None else None) or "decoder_only"
+        mismatch = topology_mismatch(init_from, load_checkpoint(init_from, mmap=True), topology)
+        if mismatch is not None:
+            raise mismatch
     if model is not None and model.get("compile_mode"):  # a typo failed at the first compiled step
         from lit_transformer.transforms.compilation import check_compile_mode
 

@@ -88,6 +88,29 @@ def hf_model_type(folder: str) -> str | None:
 TRAINING_FIELDS = ("dropout", "attention_dropout", "classifier_dropout")
 
 
+def topology_mismatch(path: str, checkpoint: dict, topology: str) -> ConfigError | None:
+    """The refusal of an init_from checkpoint of another topology than the run's (judged before the data is read, and
+    again when the model is built): its task's model cannot start this run, and "set the topology to the
+    checkpoint's" led to a second refusal, of the data that feeds no such task."""
+    from lit_transformer.tasks import task_class_of
+
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    saved = hparams.get("config")
+    held_topology = (
+        saved.get("topology", "decoder_only") if isinstance(saved, dict) else getattr(saved, "topology", None)
+    )
+    if held_topology is None or held_topology == topology:
+        return None
+    task = task_class_of(hparams)
+    held = f"{task.name} model ({held_topology})" if task is not None else f"{held_topology} model"
+    return ConfigError(
+        f"init_from {path} holds a {held}, and this run builds a {topology} one: start this run from a checkpoint "
+        f"of its own kind, or continue that model with its task's config and data (model.config.topology "
+        f"{held_topology})",
+        keys=["model.init_from", "model.config.topology"],
+    )
+
+
 def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transformer, str | None]:
     """The whole model of one of our checkpoints (a LoRA checkpoint's merged), to continue training it, with this
     run's dropout; and its tokenizer (JSON), which the data must use."""
@@ -97,12 +120,9 @@ def load_checkpoint_model(path: str, config: TransformerConfig) -> tuple[Transfo
     saved = _saved_config(checkpoint)
     if saved is None:
         raise CheckpointError(f"init_from {path}: the checkpoint has no hyper_parameters.config (not written by `fit`)")
-    if saved.topology != config.topology:
-        raise ConfigError(
-            f"init_from {path} holds {'an' if saved.topology.startswith('e') else 'a'} {saved.topology} model; this "
-            f"run's model.config.topology is "
-            f"{config.topology}: set it to {saved.topology}"
-        )
+    mismatch = topology_mismatch(path, checkpoint, config.topology)
+    if mismatch is not None:
+        raise mismatch
     resolved = saved.replace(**{name: getattr(config, name) for name in TRAINING_FIELDS})
     model = Transformer(resolved)
     model.load_state_dict(checkpoint_weights(checkpoint, saved, path, flag=None).state_dict())
