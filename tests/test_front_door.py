@@ -387,6 +387,11 @@ MISTAKES = {
         ["fit", "--config", "presets/tiny", "--ckpt_path", "hpc", "--trainer.default_root_dir", "nowhere"], 1,
         ["--ckpt_path hpc: there is no hpc_ckpt_N.ckpt", "resume with --ckpt_path last"],
     ),  # Lightning's ValueError traceback, after the data was read
+    "the presets of two tasks together": (
+        ["fit", "--config", "presets/tiny", "--config", "presets/tiny-translate"], 2,
+        ["presets/tiny.yaml (packaged) names the DataModule LanguageModelingDataModule and presets/tiny-translate.yaml "
+         "(packaged) TranslationDataModule: configs of two tasks mix"],
+    ),  # ran a translation model with tiny's batch_size 8 as its pair cap and tiny's sample settings, without a word
     "another task's checkpoint to start from": (
         ["fit", "--config", "presets/tiny", "--model.init_from",
          str(ROOT / "tests/fixtures/old_checkpoints/translation.ckpt")], 2,

@@ -700,6 +700,30 @@ def check_group_files(argv: Sequence[str], keys: Iterable[str]) -> None:
             ) from None
 
 
+def check_one_data_class(argv: Sequence[str]) -> None:
+    """Refuse configs that name two DataModules (`--config presets/tiny --config presets/tiny-translate`): a later
+    config wins per key, and jsonargparse carries the earlier DataModule's settings that the later class also takes
+    over to it (tiny's batch_size 8 became the translation run's cap on pairs a batch), so the run was neither
+    preset, without a word; in the other order the refusal came from a key that happened to disagree."""
+    named = []
+    items = list(argv)
+    for i, item in enumerate(items):
+        flag, eq, value = item.partition("=")
+        path = value if eq and flag in CONFIG_FLAGS else item if i and items[i - 1] in CONFIG_FLAGS else None
+        if path is None or _inline(path):
+            continue
+        class_path = _value_in(path, "data.class_path")
+        if isinstance(class_path, str) and class_path.rpartition(".")[2] not in [c for _, c in named]:
+            named.append((_shown(path), class_path.rpartition(".")[2]))
+    if len(named) > 1:
+        (first, one), (second, other) = named[:2]
+        raise ConfigError(
+            f"{first} names the DataModule {one} and {second} {other}: configs of two tasks mix (the later one wins "
+            "per key, and the earlier DataModule's settings the later one also takes carry over to it): give the "
+            "configs of one task (a preset, then variants and trainer configs, which name no DataModule)"
+        )
+
+
 def check_data_flags_after_its_class(argv: Sequence[str]) -> None:
     """Refuse a --data.* flag given before the argument that names the DataModule (a config's data.class_path, or
     --data CLASS): jsonargparse judged it against LightningDataModule, which takes no such key, and the refusal

@@ -43,6 +43,7 @@ from lit_transformer.cli.arguments import (
     check_data_flags_after_its_class,
     check_flag_order,
     check_group_files,
+    check_one_data_class,
     given_fields,
     help_by_import_path,
     known_keys,
@@ -146,6 +147,7 @@ class TransformerCLI(LightningCLIHooks):
         describe_package_defaults(subparser or parser)
         check_flag_order(argv[1:])  # before the parse: a flag a later config sets again is the mistake to name
         check_group_files(argv[1:], known_keys(subparser or parser))
+        check_one_data_class(argv[1:])
         self._given_argv = argv[1:] if argv and argv[0] in LightningCLI.subcommands() else argv
         if any(a.partition("=")[0] == "--print_config" for a in self._given_argv):
             (subparser or parser).__dict__["_lit_before_print"] = functools.partial(
