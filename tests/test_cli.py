@@ -96,6 +96,58 @@ def test_a_value_outside_the_choices_names_them():
     )
 
 
+def test_a_task_given_by_its_short_name_takes_its_options_from_a_later_flag_or_config(tmp_path: Path):
+    """`--model.task translation --model.task.init_args.label_smoothing 0.1` (docs/config.md's example) and a variant
+    that sets only the task's option (configs/variants/label_smoothing.yaml) over a config that names the task by its
+    short name were refused: "model.task: expected Task or a string or null"."""
+    import yaml
+
+    def task(*args: str) -> dict:
+        return yaml.safe_load(_print_config(*args))["model"]["task"]
+
+    translate = ["--config", str(CONFIGS / "presets" / "tiny-translate.yaml")]
+    given = task(*translate, "--model.task", "translation", "--model.task.init_args.label_smoothing", "0.3")
+    assert given["class_path"].endswith("Translation") and given["init_args"]["label_smoothing"] == 0.3
+    named = tmp_path / "task.yaml"
+    named.write_text("model:\n  task: language_modeling\n")
+    given = task("--config", str(CONFIGS / "presets" / "tiny.yaml"), "--config", str(named),
+                 "--config", str(CONFIGS / "variants" / "label_smoothing.yaml"))  # fmt: skip
+    assert given["class_path"].endswith("LanguageModeling") and given["init_args"]["label_smoothing"] == 0.1
+    assert task("--config", str(CONFIGS / "presets" / "tiny.yaml"), "--config", str(named)) == "language_modeling"
+
+
+def test_a_checkpoint_folder_that_follows_checkpoint_dirpath_is_refused_not_dropped(tmp_path: Path):
+    """best_checkpoint.dirpath and preemption.dirpath are linked to checkpoint.dirpath: a flag was refused in words
+    that did not say so ("str | pathlib.Path is not callable"), and a config's value was dropped in silence."""
+    message = _error_of("--preemption.dirpath", str(tmp_path))
+    assert "preemption.dirpath cannot be set" in message and "--checkpoint.dirpath DIR" in message
+    config = tmp_path / "folders.yaml"
+    config.write_text(f"best_checkpoint:\n  dirpath: {tmp_path / 'best'}\n")
+    message = _error_of("--config", str(config))
+    assert (
+        "best_checkpoint.dirpath cannot be set" in message and f"given: best_checkpoint.dirpath in {config}" in message
+    )
+
+
+def test_a_run_folder_with_a_variable_or_home_is_one_folder(tmp_path: Path, monkeypatch):
+    """`--trainer.default_root_dir '$RUNS/a'` (a YAML's value is never expanded by a shell) put the checkpoints in a
+    folder named `$RUNS` under the working folder and TensorBoard's logs in $RUNS/a; with `~/a`, the TensorBoard
+    version was claimed in a folder named `~` under the working folder."""
+    from lit_transformer.data.cache import resolve_cache_dir
+
+    monkeypatch.setenv("LIT_TRANSFORMER_CACHE", str(resolve_cache_dir()))  # the cache stays where it was
+    monkeypatch.setenv("LIT_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for root, expanded in (("$LIT_RUNS/a", tmp_path / "runs" / "a"), ("~/b", tmp_path / "home" / "b")):
+        _cli("fit", "--config", str(CONFIGS / "presets" / "tiny.yaml"), "--trainer.max_steps", "1",
+             "--trainer.default_root_dir", root, cwd=cwd)  # fmt: skip
+        assert (expanded / "checkpoints" / "last.ckpt").is_file()
+        assert (expanded / "tensorboard" / "version_0" / "config.yaml").is_file()
+    assert list(cwd.iterdir()) == []
+
+
 # ---- one real run, shared by the tests below --------------------------------------------------------------------
 
 
@@ -462,6 +514,19 @@ def test_predict_writes_one_json_line_per_input_line(tiny_run: Path):
     assert 'bad.jsonl:2 has no string field "text"' in failed.stderr
     failed = _cli("predict", *_tiny_common(tiny_run), cwd=tiny_run, ok=False)
     assert "predict needs inputs: --data.init_args.predict_file FILE" in failed.stderr
+
+
+def test_predict_output_in_the_run_folder_placeholder_is_written_there(tiny_run: Path, tmp_path: Path):
+    """`predictions.output: ${trainer.default_root_dir}/preds.jsonl`, written as config.yaml writes the checkpoints'
+    and TensorBoard's folders, made a folder named `${trainer.default_root_dir}` in the working folder."""
+    (tmp_path / "prompts.txt").write_text("ROMEO:\n")
+    config = tmp_path / "predict.yaml"
+    config.write_text("predictions:\n  output: ${trainer.default_root_dir}/preds.jsonl\n")
+    args = ["--data.init_args.predict_file", str(tmp_path / "prompts.txt"), "--config", str(config)]
+    args += ["--model.generation.max_new_tokens", "2", "--trainer.default_root_dir", str(tmp_path / "run")]
+    _cli("predict", *_tiny_common(tiny_run), *args, cwd=tmp_path)
+    assert (tmp_path / "run" / "preds.jsonl").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["predict.yaml", "prompts.txt", "run"]
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from typing import Any
 import docstring_parser
 import jsonargparse
 import lightning as L
+from jsonargparse import _typehints as jsonargparse_typehints
 from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
@@ -45,6 +46,7 @@ from lit_transformer.cli.arguments import (
     check_group_files,
     check_one_data_class,
     given_fields,
+    given_where,
     help_by_import_path,
     known_keys,
     parser_options,
@@ -107,6 +109,32 @@ if not hasattr(docstring_parser.parse_from_object, "__wrapped__"):
     docstring_parser.parse_from_object = _parse_once(docstring_parser.parse_from_object)
 index_action_lookups()  # jsonargparse finds each key's action in an index, not by walking 189 options (fast_parsing.py)
 
+
+def _task_names_merge(merge: Callable) -> Callable:
+    """jsonargparse's merge of a subclass spec with the value before it, where that value is a task's short name
+    (`model.task: translation` in one config, `model.task.init_args.label_smoothing` in a later one or a flag, as
+    configs/variants/label_smoothing.yaml gives it): the short name stands for its class, as a class name or import
+    path does. jsonargparse knows no short names, so the init_args were refused ("expected Task or a string")."""
+
+    @functools.wraps(merge)
+    def subclass_spec_as_namespace(val, prev_val=None):
+        if isinstance(prev_val, str) and isinstance(
+            val, dict | jsonargparse.Namespace | jsonargparse_typehints.NestedArg
+        ):
+            from lit_transformer.tasks import TASKS
+
+            cls = TASKS.get(prev_val)
+            if cls is not None:
+                prev_val = jsonargparse.Namespace(class_path=jsonargparse_typehints.get_import_path(cls))
+        return merge(val, prev_val)
+
+    return subclass_spec_as_namespace
+
+
+_merge = getattr(jsonargparse_typehints, "subclass_spec_as_namespace", None)  # private: absent, short names go unmerged
+if _merge is not None and not hasattr(_merge, "__wrapped__"):
+    jsonargparse_typehints.subclass_spec_as_namespace = _task_names_merge(_merge)
+
 # How long a collective (all-reduce, barrier) waits for a peer before the run fails: a hung or unreachable node ends
 # the others within this, not torch's 30 minutes. Data preparation waits without limit (Lightning's own barrier).
 COLLECTIVE_TIMEOUT_S = 600.0
@@ -148,6 +176,7 @@ class TransformerCLI(LightningCLIHooks):
         check_flag_order(argv[1:])  # before the parse: a flag a later config sets again is the mistake to name
         check_group_files(argv[1:], known_keys(subparser or parser))
         check_one_data_class(argv[1:])
+        check_linked_folders(argv[1:])
         self._given_argv = argv[1:] if argv and argv[0] in LightningCLI.subcommands() else argv
         if any(a.partition("=")[0] == "--print_config" for a in self._given_argv):
             (subparser or parser).__dict__["_lit_before_print"] = functools.partial(
@@ -1073,7 +1102,8 @@ def _relative(path: str) -> str:
 
 def _run_folder_fields(config) -> Iterator[tuple[Any, str]]:
     """The places RUN_FOLDER may stand, as (namespace, key), in one order: the loggers' save_dir, the checkpoint
-    folders."""
+    folders, predict's output file (`${trainer.default_root_dir}/preds.jsonl`, as config.yaml writes the others, was
+    a folder named `${trainer.default_root_dir}` in the working folder)."""
     logger = config.trainer.get("logger")
     for spec in logger if isinstance(logger, list) else [logger]:
         init_args = getattr(spec, "init_args", None)
@@ -1082,14 +1112,21 @@ def _run_folder_fields(config) -> Iterator[tuple[Any, str]]:
     for group in ("checkpoint", "best_checkpoint", "preemption"):
         if config.get(group) is not None and "dirpath" in config[group]:
             yield config[group], "dirpath"
+    if config.get("predictions") is not None and "output" in config.predictions:
+        yield config.predictions, "output"
 
 
 def resolve_run_folder(config) -> list[int]:
     """Put trainer.default_root_dir (the working directory when unset) wherever RUN_FOLDER stands: the logger's
     save_dir, the checkpoint folders. So `--trainer.default_root_dir DIR` alone moves logs, TensorBoard and
     checkpoints into DIR, while `--checkpoint.dirpath X` or `--trainer.logger.init_args.save_dir X` still win.
-    Returns the places it filled in (their positions in _run_folder_fields), for the run's config.yaml."""
+    Returns the places it filled in (their positions in _run_folder_fields), for the run's config.yaml.
+    A `~` or `$VAR` in the run folder is expanded here, once, for every part of the run: Lightning expanded `~` in
+    the checkpoints' folder and both in TensorBoard's, so `$HOME/runs/a` put the checkpoints in a folder named `$HOME`
+    under the working folder and the logs in the home folder."""
     root = str(config.trainer.get("default_root_dir") or ".")
+    if "://" not in root and root != (expanded := os.path.expanduser(os.path.expandvars(root))):
+        root = config.trainer.default_root_dir = expanded
     filled = []
     for position, (holder, key) in enumerate(_run_folder_fields(config)):
         value = holder[key]
@@ -1116,6 +1153,25 @@ class RunConfigFile(SaveConfigCallback):
         super().__init__(parser, config, *args, **kwargs)
 
 
+# The folders that follow checkpoint.dirpath (parser links): jsonargparse refuses a flag for one in words that do not
+# say so ("str | pathlib.Path is not callable") and drops a YAML's value in silence.
+LINKED_FOLDERS = ("best_checkpoint.dirpath", "preemption.dirpath")
+
+
+def check_linked_folders(argv: Sequence[str]) -> None:
+    """A folder of the run's checkpoints other than checkpoint.dirpath, given by a flag or a config, is refused: the
+    best and the preemption checkpoints are written beside last.ckpt, in checkpoint.dirpath, which `--ckpt_path last`
+    and `best` read."""
+    given = [key for key in LINKED_FOLDERS if given_where([key], argv) is not None]
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)} cannot be set: the best and the preemption checkpoints are written beside "
+            "last.ckpt, in checkpoint.dirpath (where --ckpt_path last and best find them). Drop "
+            f"{'it' if len(given) == 1 else 'them'}, and move all the checkpoints with --checkpoint.dirpath DIR",
+            keys=given,
+        )
+
+
 def claim_tensorboard_version(trainer: L.Trainer) -> None:
     """Take the TensorBoard logger's next version_N by creating its folder, which only one process can do. Lightning
     picks the next number from a listing and creates the folder later: two fits started together in one run folder
@@ -1127,7 +1183,7 @@ def claim_tensorboard_version(trainer: L.Trainer) -> None:
     for logger in trainer.loggers:
         if not isinstance(logger, TensorBoardLogger) or logger._version is not None or "://" in str(logger.root_dir):
             continue
-        root, version = Path(logger.root_dir), logger._get_next_version()
+        root, version = Path(os.path.expanduser(os.path.expandvars(logger.root_dir))), logger._get_next_version()
         root.mkdir(parents=True, exist_ok=True)
         while True:
             try:
@@ -1260,13 +1316,14 @@ PACKAGE_HELP = {
     "checkpoint.dirpath": "Folder of last.ckpt (written every checkpoint.every_n_train_steps steps) and the best "
     "checkpoint; by default <trainer.default_root_dir>/checkpoints.",
     "checkpoint.every_n_train_steps": "Write last.ckpt every N optimizer steps, whatever the metrics.",
-    "best_checkpoint.dirpath": "Folder of the best checkpoint: checkpoint.dirpath unless given.",
+    "best_checkpoint.dirpath": "Folder of the best checkpoint: always checkpoint.dirpath (set that one).",
     "best_checkpoint.monitor": "The metric that selects the best checkpoint: val/nll (the validation split's "
     "per-token negative log-likelihood), or val/bleu with best_checkpoint.mode max for translation.",
     "checkpoint.filename": "File name of the periodic checkpoint besides last.ckpt (with checkpoint.save_top_k > 0), "
     "a pattern such as step{step:06d}.",
     "best_checkpoint.filename": "File name of the best checkpoint, a pattern of the step and metrics.",
-    "preemption.dirpath": "Folder of the checkpoint written on SIGTERM/SIGINT: checkpoint.dirpath unless given.",
+    "preemption.dirpath": "Folder of the checkpoint written on SIGTERM/SIGINT: always checkpoint.dirpath (set that "
+    "one).",
     "trainer.default_root_dir": "The run folder: TensorBoard logs go to its tensorboard/, checkpoints to its "
     "checkpoints/, predictions to its predictions.jsonl (default: the working folder).",
     "trainer.logger": "The logger: by default TensorBoard in <trainer.default_root_dir>/tensorboard; false turns "
