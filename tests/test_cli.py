@@ -10,6 +10,7 @@ import sys
 import traceback
 from pathlib import Path
 
+import jsonargparse
 import numpy as np
 import pytest
 import torch
@@ -146,6 +147,31 @@ def test_a_run_folder_with_a_variable_or_home_is_one_folder(tmp_path: Path, monk
         assert (expanded / "checkpoints" / "last.ckpt").is_file()
         assert (expanded / "tensorboard" / "version_0" / "config.yaml").is_file()
     assert list(cwd.iterdir()) == []
+
+
+def test_a_data_file_and_init_from_with_a_variable_or_home_are_read_there(tmp_path: Path, monkeypatch):
+    """`dataset: ~/corpus.txt` or `$DATA/corpus.txt` in a user's YAML (no shell expands it) was "does not exist", as
+    was a `.ckpt` init_from so written, while cache_dir and a Hugging Face init_from folder were expanded."""
+    from lit_transformer.cli.lightning_cli import expand_user_paths
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LIT_DATA", str(tmp_path / "data"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 200)
+    args = ["--config", str(CONFIGS / "presets" / "tiny.yaml"), "--data.init_args.dataset", "~/corpus.txt",
+            "--trainer.default_root_dir", str(tmp_path / "run")]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli = run_cli(args, run=False)
+    assert cli.datamodule.dataset == str(tmp_path / "home" / "corpus.txt")
+    config = jsonargparse.Namespace(
+        data=jsonargparse.Namespace(init_args=jsonargparse.Namespace(tokenizer="byte_bpe",
+                                                                     predict_file="$LIT_DATA/prompts.txt")),
+        model=jsonargparse.Namespace(init_from="~/runs/a/last.ckpt"),
+    )  # fmt: skip
+    expand_user_paths(config)
+    assert config.data.init_args.predict_file == str(tmp_path / "data" / "prompts.txt")
+    assert config.model.init_from == str(tmp_path / "home" / "runs" / "a" / "last.ckpt")
+    assert config.data.init_args.tokenizer == "byte_bpe"  # a kind, a hub name: left as given
 
 
 # ---- one real run, shared by the tests below --------------------------------------------------------------------

@@ -245,6 +245,7 @@ class TransformerCLI(LightningCLIHooks):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         filled = set(getattr(self, "_run_folder_filled", ())) | set(resolve_run_folder(config))
+        expand_user_paths(config)
         if isinstance(self.save_config_callback, type) and issubclass(self.save_config_callback, RunConfigFile):
             self.save_config_kwargs = {**self.save_config_kwargs, "run_folder_fields": tuple(sorted(filled))}
         link_context_length(config, self.subcommand)
@@ -1114,6 +1115,20 @@ def _run_folder_fields(config) -> Iterator[tuple[Any, str]]:
             yield config[group], "dirpath"
     if config.get("predictions") is not None and "output" in config.predictions:
         yield config.predictions, "output"
+
+
+# The path keys a user's YAML writes with `~` or `$VAR` (no shell expands a YAML's values): cache_dir and a Hugging
+# Face init_from folder were expanded where they are read, the dataset, a tokenizer file and a .ckpt init_from not.
+USER_PATHS = ("data.init_args.dataset", "data.init_args.tokenizer", "data.init_args.predict_file", "model.init_from")
+
+
+def expand_user_paths(config) -> None:
+    """Expand `~` and `$VAR` in the USER_PATHS keys of the parsed config, as trainer.default_root_dir is (a name of the
+    hub or of a tokenizer kind has neither, and is left as it is)."""
+    for key in USER_PATHS:
+        value = config.get(key) if key.partition(".")[0] in config else None
+        if isinstance(value, str) and "://" not in value and (value.startswith("~") or "$" in value):
+            config[key] = os.path.expanduser(os.path.expandvars(value))
 
 
 def resolve_run_folder(config) -> list[int]:
