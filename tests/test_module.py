@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -603,3 +604,13 @@ def test_a_checkpoint_of_a_module_built_in_python_validates_and_predicts_on_the_
     assert f"{expected['val/nll']:.6f}"[:7] in out, out
     _cli("predict", *common, "--data.init_args.predict_file", str(tmp_path / "prompts.txt"), cwd=tmp_path)
     assert (tmp_path / "run" / "predictions.jsonl").read_text().startswith('{"input": "ROMEO:"')
+
+
+def test_a_config_given_as_the_dict_a_checkpoint_holds_builds_the_same_module() -> None:
+    """A CLI checkpoint's hyperparameters hold the architecture as a dict (`LitTransformer(**hparams)` from Python):
+    it was an AttributeError ('dict' object has no attribute 'topology'); optim= already took a dict."""
+    config = TransformerConfig.preset("tiny", vocab_size=70)
+    from_dict = LitTransformer(dataclasses.asdict(config))
+    assert from_dict.config == config
+    shapes = {k: v.shape for k, v in LitTransformer(config).state_dict().items()}
+    assert {k: v.shape for k, v in from_dict.state_dict().items()} == shapes

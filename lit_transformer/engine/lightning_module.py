@@ -101,6 +101,7 @@ class LitTransformer(L.LightningModule):
                 passed on with a warning naming the new key (see lit_transformer.engine.deprecated_options).
         """
         source, pretrained, self._init_tokenizer = init_from, None, None
+        config = TransformerConfig(**config) if isinstance(config, dict) else config  # a checkpoint's hparams: a dict
         # Applied to the model from outside, each with its own hooks (see ModelTransform).
         transforms = build_transforms(lora, quantize, init_from)
         if init_from:
