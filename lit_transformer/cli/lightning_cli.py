@@ -364,13 +364,11 @@ class TransformerCLI(LightningCLIHooks):
                 super().run_subcommand(subcommand)
         except ValueError as error:
             # Judged once the data is ready (the epoch's batches): an interval longer than the epoch, with
-            # check_val_every_n_epoch set. Lightning's message names both fixes.
+            # check_val_every_n_epoch set. Lightning's message names both keys: refused as its other refusals are.
             if "`val_check_interval`" not in str(error):
                 raise
-            keys = ["trainer.val_check_interval", "trainer.check_val_every_n_epoch"]
-            raise ConfigError(
-                f"Lightning refuses the trainer options: {' '.join(str(error).split())}", keys=keys
-            ) from None
+            with lightning_refusals(also=(ValueError,)):
+                raise
         except RuntimeError as error:
             message = lost_peer_message(error, self.trainer)
             if message is None:
@@ -1122,13 +1120,18 @@ def _run_folder_fields(config) -> Iterator[tuple[Any, str]]:
 USER_PATHS = ("data.init_args.dataset", "data.init_args.tokenizer", "data.init_args.predict_file", "model.init_from")
 
 
+def expanded(path: str) -> str:
+    """A path with `~` and `$VAR` expanded, as a shell does on the command line (a YAML's values reach no shell)."""
+    return os.path.expanduser(os.path.expandvars(path))
+
+
 def expand_user_paths(config) -> None:
     """Expand `~` and `$VAR` in the USER_PATHS keys of the parsed config, as trainer.default_root_dir is (a name of the
     hub or of a tokenizer kind has neither, and is left as it is)."""
     for key in USER_PATHS:
         value = config.get(key) if key.partition(".")[0] in config else None
-        if isinstance(value, str) and "://" not in value and (value.startswith("~") or "$" in value):
-            config[key] = os.path.expanduser(os.path.expandvars(value))
+        if isinstance(value, str) and "://" not in value:
+            config[key] = expanded(value)
 
 
 def resolve_run_folder(config) -> list[int]:
@@ -1140,8 +1143,8 @@ def resolve_run_folder(config) -> list[int]:
     the checkpoints' folder and both in TensorBoard's, so `$HOME/runs/a` put the checkpoints in a folder named `$HOME`
     under the working folder and the logs in the home folder."""
     root = str(config.trainer.get("default_root_dir") or ".")
-    if "://" not in root and root != (expanded := os.path.expanduser(os.path.expandvars(root))):
-        root = config.trainer.default_root_dir = expanded
+    if "://" not in root and root != expanded(root):
+        root = config.trainer.default_root_dir = expanded(root)
     filled = []
     for position, (holder, key) in enumerate(_run_folder_fields(config)):
         value = holder[key]
@@ -1198,7 +1201,7 @@ def claim_tensorboard_version(trainer: L.Trainer) -> None:
     for logger in trainer.loggers:
         if not isinstance(logger, TensorBoardLogger) or logger._version is not None or "://" in str(logger.root_dir):
             continue
-        root, version = Path(os.path.expanduser(os.path.expandvars(logger.root_dir))), logger._get_next_version()
+        root, version = Path(expanded(logger.root_dir)), logger._get_next_version()
         root.mkdir(parents=True, exist_ok=True)
         while True:
             try:

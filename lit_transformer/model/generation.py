@@ -335,9 +335,10 @@ def check_inputs(cfg: TransformerConfig, input_ids: Tensor, attention_mask: Tens
         )
     if input_ids.shape[1] == 0:
         raise ConfigError("input_ids holds no token (shape (B, 0)): give each row at least one token id")
-    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size):
+    low, high = torch.stack(torch.aminmax(input_ids)).tolist() if input_ids.numel() else (0, 0)  # one device read
+    if low < 0 or high >= cfg.vocab_size:
         raise ConfigError(
-            f"input_ids holds ids from {int(input_ids.min())} to {int(input_ids.max())}, but this model's vocabulary "
+            f"input_ids holds ids from {low} to {high}, but this model's vocabulary "
             f"has ids 0 to {cfg.vocab_size - 1} (padding positions too are looked up: fill them with a real id, "
             "e.g. pad_token_id, and say they are padding with attention_mask)"
         )
