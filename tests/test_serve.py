@@ -323,6 +323,23 @@ class TestLanguageModel:
         compiled = TextGeneration(handler.loaded, ModelOptions(str(checkpoint), compile=True))
         assert compiled.prepare(request).gen.compile and not handler.prepare(request).gen.compile
 
+    def test_a_worker_imports_no_lightning_nor_torchmetrics(self, lm):
+        """What a worker does (a fresh interpreter, as LitServe spawns it): import the APIs, load the checkpoint and
+        answer a request. Serving does not train, so Lightning and torchmetrics stay out (the tasks imported them at
+        the top of captioning.py and translation.py: about 5 s of CPU per worker and per server start)."""
+        checkpoint, _ = lm
+        code = (
+            "import sys\nfrom lit_transformer.serving.apis import PredictAPI\n"
+            "from lit_transformer.serving.handlers import ModelOptions, build_handler\n"
+            "from lit_transformer.serving.requests import TextRequest\n"
+            f"handler = build_handler(ModelOptions({str(checkpoint)!r}), 'cpu')\n"
+            "print(handler.answer([handler.prepare(TextRequest(text='ROMEO:', max_new_tokens=2))])[0]['input'])\n"
+            "print('LOADED', sorted(m for m in ('lightning', 'pytorch_lightning', 'torchmetrics') if m in sys.modules))"
+        )
+        result = subprocess.run([sys.executable, "-c", code], env=HARNESS_ENV, capture_output=True, text=True,
+                                timeout=REQUEST_SECONDS, check=False)  # fmt: skip
+        assert result.stdout.splitlines()[-2:] == ["ROMEO:", "LOADED []"], result.stdout + result.stderr[-3000:]
+
     def test_a_request_that_breaks_a_batch_fails_alone(self, lm, monkeypatch):
         from lit_transformer.serving.handlers import ModelOptions, Refusal, TextGeneration, load_for_serving
         from lit_transformer.serving.requests import TextRequest

@@ -11,11 +11,18 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 
 from lit_transformer.errors import ConfigError
 from lit_transformer.tasks.base import STAGES, token_labels
 from lit_transformer.tasks.translation import Translation
+
+
+def rank_zero_info(message: str) -> None:
+    """Lightning's rank_zero_info, imported when a note is said: a model that only decodes (serve's workers, generate)
+    never imports Lightning, nor pays its seconds of imports."""
+    from lightning.pytorch.utilities import rank_zero_info as info
+
+    info(message)
 
 
 class Captioning(Translation):

@@ -10,7 +10,6 @@ import torch
 from lit_transformer.config import TRANSLATION_DECODING
 from lit_transformer.data.text import encode_input
 from lit_transformer.tasks.base import STAGES, Task, generated_rows, log_reduced, token_labels
-from lit_transformer.tasks.corpus_bleu import CorpusBLEU
 
 
 def check_right_padded(mask: torch.Tensor) -> None:
@@ -55,6 +54,8 @@ class Translation(Task):
         self._bleu_samples = data.get("bleu_samples")
 
     def build_metrics(self, config) -> None:
+        from lit_transformer.tasks.corpus_bleu import CorpusBLEU  # torchmetrics: seconds of imports a model's use lacks
+
         super().build_metrics(config)
         for stage in STAGES:
             setattr(self, f"{stage}_bleu", CorpusBLEU(tokenize="13a"))
