@@ -361,3 +361,15 @@ def test_the_text_s_own_unk_markers_do_not_count_towards_the_unknown_share(tmp_p
     make(tmp_path, path, tokenizer="char", vocab_size=vocab).prepare_data()
     (message,) = [str(w.message) for w in recwarn if "are <unk>" in str(w.message)]
     assert "no token for '9'" in message and ": 0.3% of the training tokens are <unk>" in message  # not 3.6%
+
+
+def test_a_run_from_a_checkpoint_of_a_masked_corpus_reads_what_its_fit_prepared(tmp_path) -> None:
+    """mask_token adds <mask> to the trained tokenizer; a run from that fit's checkpoint (its tokenizer, <mask>
+    included) reads the corpus the fit prepared: both key the shards by the tokenizer that encodes them. Keyed
+    "<the tokenizer before the mask>+mask" by the fit, the run prepared the whole corpus again under another key."""
+    common = {"mask_token": True, "cache_dir": str(tmp_path / "cache"), "max_chars": 20_000}
+    fit = LanguageModelingDataModule(tokenizer="char", **common)
+    prepared = fit.prepare()
+    torch.save({"tokenizer": fit.tokenizer.to_str()}, tmp_path / "fit.ckpt")
+    again = LanguageModelingDataModule(tokenizer=str(tmp_path / "fit.ckpt"), **common)
+    assert again.prepare() == prepared

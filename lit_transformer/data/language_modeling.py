@@ -24,7 +24,7 @@ from ..config import TransformerConfig
 from ..errors import ConfigError
 from . import corpora
 from .base import COVERAGE_CHARS, COVERAGE_TOKENS, DataModule
-from .cache import hash_file
+from .cache import fingerprint, hash_file
 from .loaders import BlockStreamLoader, ResumableLoader, fixed_size_batches, load_prepared
 from .shards import SHARD_TOKENS, RecordKind, prepare
 from .sources import (
@@ -141,7 +141,9 @@ class LanguageModelingDataModule(DataModule):
         (tokenizer, _), (key, _) = super().build_tokenizers()
         if self.mask_token and special_token_id(tokenizer, "mask") is None:
             tokenizer.add_special_tokens([MASK])
-            key += "+mask"  # a literal "<mask>" in the text now encodes otherwise
+            # Keyed by the tokenizer that encodes (a literal "<mask>" in the text now encodes otherwise), as a run
+            # from this fit's checkpoint keys it: keyed "+mask" on the tokenizer before, the run prepared it again.
+            key = fingerprint("tokenizer", tokenizer.to_str())
         return (tokenizer, tokenizer), (key, key)
 
     def characters_per_token(self, split: str = "validation") -> float:
