@@ -568,11 +568,10 @@ def test_a_finished_run_trained_longer_goes_on_as_a_run_never_stopped(
     on_train_end, after Lightning had closed the epoch the run stopped in: resumed with a larger max_steps, the run
     counted one epoch more than a run never stopped (a max_epochs ended it an epoch early) and, with dropout seeded by
     the epoch, trained on other masks. Resumed from it, the run ends on the weights of a run never stopped."""
-    same = LONGER
-    _tiny_fit(tmp_path / "run", cache, *same, *stop)
+    _tiny_fit(tmp_path / "run", cache, *LONGER, *stop)
     final = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert (final["global_step"], final["epoch"]) == (int(stop[1]), 0)
-    _tiny_fit(tmp_path / "run", cache, *same, "--trainer.max_steps", "12", "--ckpt_path", "last")
+    _tiny_fit(tmp_path / "run", cache, *LONGER, "--trainer.max_steps", "12", "--ckpt_path", "last")
     expected = _weights(longer_reference / "checkpoints" / "last.ckpt")
     found = _weights(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert all(torch.equal(found[key], value) for key, value in expected.items())
