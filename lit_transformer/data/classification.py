@@ -26,7 +26,6 @@ from torch.utils.data import Dataset
 from ..errors import ConfigError
 from . import corpora
 from .base import COVERAGE_CHARS, COVERAGE_TOKENS, DataModule, check_least
-from .cache import fingerprint
 from .loaders import RecordShards, ResumableLoader, load_prepared, token_budget_batches
 from .shards import SHARD_TOKENS, TextsKind, prepare
 from .sources import (
@@ -40,7 +39,7 @@ from .sources import (
     records,
     table_rows,
 )
-from .text import MASK, special_token_id
+from .text import with_mask_token
 
 
 class TextClassDataset(Dataset):
@@ -359,13 +358,8 @@ class ClassificationDataModule(DataModule):
         (tokenizer, _), keys = super().build_tokenizers()
         if self._first is not None:  # the tokenizer's sample is not kept once it is built (the labels are)
             self._first = ([], self._first[1])
-        if special_token_id(tokenizer, "mask") is None:
-            tokenizer.add_special_tokens([MASK])
-            # The key of the tokenizer that encodes the texts, as its checkpoint's copy is keyed (load_state_dict,
-            # a .ckpt tokenizer): keyed before the <mask> was added, a run from a masked-LM checkpoint (a LoRA or
-            # classifier fine-tune, validate, test) tokenized the same corpus again under another key.
-            keys = (fingerprint("tokenizer", tokenizer.to_str()),) * 2
-        return (tokenizer, tokenizer), keys
+        key = with_mask_token(tokenizer, keys[0])
+        return (tokenizer, tokenizer), (key, key)
 
     # ------------------------------------------------------------------ Lightning hooks
 

@@ -24,7 +24,7 @@ from ..config import TransformerConfig
 from ..errors import ConfigError
 from . import corpora
 from .base import COVERAGE_CHARS, COVERAGE_TOKENS, DataModule
-from .cache import fingerprint, hash_file
+from .cache import hash_file
 from .loaders import BlockStreamLoader, ResumableLoader, fixed_size_batches, load_prepared
 from .shards import SHARD_TOKENS, RecordKind, prepare
 from .sources import (
@@ -49,7 +49,7 @@ from .sources import (
     records,
     table_rows,
 )
-from .text import MASK, special_token_id
+from .text import with_mask_token
 
 
 class LanguageModelingDataModule(DataModule):
@@ -139,11 +139,8 @@ class LanguageModelingDataModule(DataModule):
 
     def build_tokenizers(self) -> tuple[tuple[Tokenizer, Tokenizer], tuple[str, str]]:
         (tokenizer, _), (key, _) = super().build_tokenizers()
-        if self.mask_token and special_token_id(tokenizer, "mask") is None:
-            tokenizer.add_special_tokens([MASK])
-            # Keyed by the tokenizer that encodes (a literal "<mask>" in the text now encodes otherwise), as a run
-            # from this fit's checkpoint keys it: keyed "+mask" on the tokenizer before, the run prepared it again.
-            key = fingerprint("tokenizer", tokenizer.to_str())
+        if self.mask_token:
+            key = with_mask_token(tokenizer, key)  # a literal "<mask>" in the text now encodes otherwise
         return (tokenizer, tokenizer), (key, key)
 
     def characters_per_token(self, split: str = "validation") -> float:

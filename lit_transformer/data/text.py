@@ -255,6 +255,16 @@ def same_segmentation(tokenizer_json: str, other_json: str) -> bool:
     return a == b
 
 
+def with_mask_token(tokenizer: Tokenizer, key: str) -> str:
+    """Add <mask> after the vocabulary when the tokenizer has none; the cache key of the tokenizer that then encodes.
+    The key is the fingerprint of the tokenizer with its <mask>, as a run from its checkpoint keys the copy it holds
+    (load_or_train_tokenizer of a .ckpt): keyed otherwise, such a run prepared the same corpus again."""
+    if special_token_id(tokenizer, "mask") is not None:
+        return key
+    tokenizer.add_special_tokens([MASK])
+    return fingerprint("tokenizer", tokenizer.to_str())
+
+
 def special_token_id(tokenizer: Tokenizer, role: str) -> int | None:
     """The id of the pad/bos/eos token under its usual names, or None when the vocabulary has none."""
     for name in _ALIASES[role]:
