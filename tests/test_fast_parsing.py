@@ -25,6 +25,7 @@ from lit_transformer.cli.fast_parsing import (
     PRIVATE,
     ValidatedOnceParser,
     index_action_lookups,
+    split_keys_once,
     version_checked,
 )
 from lit_transformer.cli.lightning_cli import run_cli
@@ -40,13 +41,17 @@ def test_the_installed_jsonargparse_is_a_checked_release_and_its_private_names_a
     )
     for name, parameters in PRIVATE.items():
         module, _, attribute = name.partition(":")
-        value = getattr(importlib.import_module(module), attribute)
+        value = importlib.import_module(module)
+        for part in attribute.split("."):  # a method: Namespace._parse_key
+            value = getattr(value, part)
         if parameters:
-            assert tuple(inspect.signature(ORIGINAL.get(attribute) or value).parameters) == parameters, name
+            original = ORIGINAL.get(attribute.rpartition(".")[2]) or value
+            assert tuple(inspect.signature(original).parameters) == parameters, name
 
 
 def test_the_indexed_lookups_are_in_place_in_every_jsonargparse_module():
     assert index_action_lookups()
+    assert split_keys_once() and Namespace._parse_key is fast_parsing.parse_key
     for module_name, module in sys.modules.items():
         if module_name.startswith("jsonargparse"):
             for attribute, value in vars(module).items():
@@ -197,3 +202,139 @@ def test_an_untrusted_invalid_config_still_fails_its_dump_and_save(tmp_path: Pat
     assert yaml.safe_load((tmp_path / "trusted.yaml").read_text()) == {"width": "wide"}
     with pytest.raises(TypeError):
         parser.dump(bad, skip_validation=False)  # asked for: validated
+
+
+def _typed(value):
+    """A value with the type of each part spelled out: 1, 1.0 and True compare equal, their YAML is not the same."""
+    if isinstance(value, dict):
+        return ("dict", [(_typed(k), _typed(v)) for k, v in value.items()])
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [_typed(v) for v in value])
+    if isinstance(value, float) and value != value:  # nan: equal to itself here, as YAML's .nan is
+        return ("float", "nan")
+    return (type(value).__name__, value)
+
+
+PLAIN = [
+    {"a": 1, "b": 2.5, "c": True, "d": None, "e": "text", "f": [1, "2", [3.0]], "g": {"h": {}}, "i": []},
+    {"yes": "no", "on": "off", "null": "~", "1": "1e3", "<<": "=", "x": "0o17", "y": "0x1F", "z": ".inf"},
+    {"floats": [1e-05, 1e16, -0.0, float("inf"), float("-inf"), float("nan"), 3.0e-3, 0.1 + 0.2, 2**0.5]},
+    {"ints": [0, -1, 2**70, True, False], "empty": "", "spaces": "  a  b  ", "quotes": 'it\'s "quoted"'},
+    {"long": "word " * 40 + "end", "long2": "a  " * 50, "colon": "key: value", "hash": "a #b", "dash": "- x"},
+    {"unicode": "naïve — 東京 🚀", "path": "${trainer.default_root_dir}/checkpoints", "pattern": "{step:06d}"},
+]
+NOT_PLAIN = [  # YAML's own way: a string it escapes, a type it reads back as another
+    {"tab": "a\tb"},
+    {"newline": "a\nb"},
+    {"separator": "a\u2028b"},
+    {"tuple": (1, 2)},
+    {1: "an int key"},
+    {"subclass": type("Str", (str,), {})("x")},
+]
+
+
+@pytest.mark.parametrize("value", PLAIN + NOT_PLAIN)
+def test_the_hyperparameters_data_is_what_yaml_reads_back(value):
+    """lightning_compat.yaml_round_trip gives what Lightning's YAML dump of the hyperparameters loads back as (the
+    same values of the same types), or refuses the data (NotPlainData), which then takes Lightning's own way."""
+    from jsonargparse._loaders_dumpers import dumpers
+
+    from lit_transformer.engine.lightning_compat import NotPlainData, yaml_round_trip
+
+    if value in NOT_PLAIN:
+        with pytest.raises(NotPlainData):
+            yaml_round_trip(value)
+        return
+    assert _typed(yaml_round_trip(value)) == _typed(yaml.safe_load(dumpers["yaml"](value)))
+
+
+def test_a_shared_container_is_refused_as_yaml_would_alias_it():
+    from lit_transformer.engine.lightning_compat import NotPlainData, yaml_round_trip
+
+    shared = [1, 2]
+    with pytest.raises(NotPlainData):
+        yaml_round_trip({"a": shared, "b": shared})
+    assert yaml_round_trip({"a": [1, 2], "b": [1, 2]}) == {"a": [1, 2], "b": [1, 2]}
+
+
+@pytest.mark.parametrize("preset", ["tiny.yaml", "tiny-translate.yaml", "classify-genre.yaml"])
+def test_the_model_and_data_hyperparameters_are_lightning_s(preset, monkeypatch):
+    """The CLI's config_dump (the model's and the data's hyperparameters, written into every checkpoint) is the data
+    Lightning's own _dump_config gives, a YAML text loaded back, for a real command's config; and it was made
+    without that text."""
+    from lightning.pytorch.cli import LightningCLI
+
+    from lit_transformer.engine import lightning_compat
+
+    cli = run_cli(["--config", str(PRESETS / preset), "--trainer.logger", "false"], run=False)
+    del cli.config_dump
+    texts = []
+    safe_load = yaml.safe_load
+    monkeypatch.setattr(yaml, "safe_load", lambda text: texts.append(text) or safe_load(text))
+    lightning_compat.LightningCLIHooks._dump_config(cli)
+    ours = cli.config_dump
+    assert texts == []  # no YAML text: the plain data
+    del cli.config_dump
+    LightningCLI._dump_config(cli)
+    assert len(texts) == 1 and _typed(ours) == _typed(cli.config_dump)
+    assert set(ours) >= {"model", "data", "trainer"}
+
+
+@pytest.fixture
+def keys_compared(monkeypatch) -> list[int]:
+    """Every Namespace._parse_key made while the test runs is answered by jsonargparse's own too and compared: the
+    same leaf key, the very parent namespace, the same parent key; or the same refusal."""
+    calls = [0]
+
+    def answers(namespace, key):
+        calls[0] += 1
+        ours, theirs = (
+            _outcome(fast_parsing.parse_key, namespace, key),
+            _outcome(ORIGINAL["_parse_key"], namespace, key),
+        )
+        assert ours[0] == theirs[0], (key, ours, theirs)
+        if ours[0] == "raised":
+            assert type(ours[1]) is type(theirs[1]) and str(ours[1]) == str(theirs[1]), (key, ours, theirs)
+            raise ours[1]
+        (leaf, parent, parent_key), (leaf_, parent_, parent_key_) = ours[1], theirs[1]
+        assert leaf == leaf_ and parent is parent_ and parent_key == parent_key_, (key, ours, theirs)
+        return ours[1]
+
+    monkeypatch.setattr(Namespace, "_parse_key", answers)
+    return calls
+
+
+def test_every_key_of_a_fit_a_predict_and_refusals_is_split_as_jsonargparse_splits_it(tmp_path: Path, keys_compared):
+    run = tmp_path / "run"
+    common = ["--trainer.default_root_dir", str(run), "--data.init_args.cache_dir", str(tmp_path / "cache")]
+    _cli("fit", "--config", str(PRESETS / "tiny.yaml"), *common, "--trainer.max_steps", "2", cwd=tmp_path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("ROMEO:\n")
+    predict = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data.init_args.predict_file", str(prompts)]
+    _cli("predict", "--config", str(PRESETS / "tiny.yaml"), *common, *predict, cwd=tmp_path)
+    assert (run / "predictions.jsonl").read_text().count("ROMEO:") == 1
+    for mistake in (["--model.config.n_heads", "3"], ["--model.confg.n_layers", "2"], ["--trainer.max_step", "2"]):
+        refused = _cli("fit", "--config", str(PRESETS / "tiny-translate.yaml"), *mistake, cwd=tmp_path, ok=False)
+        assert "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert keys_compared[0] > 10_000, keys_compared
+
+
+def test_odd_keys_are_split_or_refused_as_jsonargparse_does(keys_compared):
+    namespace = Namespace(model=Namespace(config=Namespace(width=8), items={"a": 1}), plain=3, clone=4)
+    namespace["dict"] = {"inner": {"deep": 1}}
+    keys = ["model.config.width", "model.config", "model", "plain", "plain.x", "clone", "clone.x", "model.items.a",
+            "dict.inner.deep", "dict.inner.deep.x", "absent.x.y", "model..width", ".model", "model.", "", "a b", "items",
+            "model.clone", "update"]  # fmt: skip
+    for key in keys * 2:  # the second time from the cache
+        for use in (
+            namespace.__contains__,
+            namespace.get,
+            lambda k: namespace.__setitem__(k, 1) if k == "absent.x.y" else None,
+        ):
+            with contextlib.suppress(KeyError):
+                use(key)
+    for key in (1, None, type("Key", (str,), {})("model.config")):  # not a plain str: jsonargparse's own way
+        with contextlib.suppress(KeyError):
+            namespace.get(key)
+    assert "absent.x.y" in namespace and namespace["absent.x.y"] == 1
+    assert keys_compared[0] > 3 * len(keys)

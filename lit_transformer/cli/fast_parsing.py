@@ -14,6 +14,11 @@ jsonargparse finding actions, a fifth to validating the parsed config again each
   adjusted itself (the run folder, the context-length link): what the user wrote is checked once, at the parse,
   where its errors are reported.
 
+- jsonargparse's Namespace parses each key it is given (`fit.model.config.n_heads`: split at its dots, each part
+  checked and marked where it clashes with a Namespace method) at every get, set and `in`, millions of times a
+  command, for a few hundred distinct keys. `split_keys_once` keeps each key's parts (`_parse_key` walks the
+  namespace with them as before; a key jsonargparse refuses is refused by jsonargparse's own code, each time).
+
 The index relies on jsonargparse's private names (`PRIVATE`); on a jsonargparse release other than those in
 `CHECKED_VERSIONS` the lookups are left as they are (slower, never wrong) and tests/test_fast_parsing.py fails, to be
 read again and the version added.
@@ -25,7 +30,7 @@ import sys
 from typing import Any
 
 import jsonargparse
-from jsonargparse import _actions, _subcommands
+from jsonargparse import _actions, _namespace, _subcommands
 from lightning.pytorch.cli import LightningArgumentParser
 
 CHECKED_VERSIONS = ("4.53",)
@@ -39,10 +44,13 @@ PRIVATE: dict[str, tuple[str, ...]] = {
     "jsonargparse._actions:non_parsing_actions": (),
     "jsonargparse._actions:_ActionConfigLoad": (),
     "jsonargparse._actions:ActionFail": (),
+    "jsonargparse._namespace:Namespace._parse_key": ("self", "key"),
+    "jsonargparse._namespace:add_clash_mark": ("key",),
+    "jsonargparse._namespace:split_key": ("key",),
 }
 """Each private name relied on ("module:name") and, for a function, its parameters in order."""
 
-ORIGINAL = {"find_action_and_subcommand": None, "is_branch_key": None}
+ORIGINAL = {"find_action_and_subcommand": None, "is_branch_key": None, "_parse_key": None}
 """jsonargparse's own functions, kept (tests compare the indexed ones to them)."""
 
 
@@ -144,6 +152,47 @@ def index_action_lookups() -> bool:
                 for original, indexed in replacements:  # by identity: a module may hold unhashable callables
                     if value is original:
                         setattr(module, attribute, indexed)
+    return True
+
+
+_KEY_PARTS: dict[str, tuple[tuple[str, ...], str]] = {}
+"""A valid key -> (its parts, clash-marked, and the parent key they make), as Namespace._parse_key computes them."""
+
+
+def parse_key(self: Any, key: str) -> tuple[str, Any, str]:
+    """jsonargparse's `Namespace._parse_key`, with each key split and checked once per process (the walk through
+    the namespace is its own, step for step). A key that is not a plain str, or that it refuses, goes to it."""
+    found = _KEY_PARTS.get(key) if type(key) is str else None
+    if found is None:
+        if type(key) is not str or " " in key or "" in _namespace.split_key(key):
+            return ORIGINAL["_parse_key"](self, key)  # its own refusal (or a str subclass, as it handles one)
+        parts = tuple(_namespace.add_clash_mark(k) for k in _namespace.split_key(key))
+        found = (parts, ".".join(parts[:-1]))
+        if len(_KEY_PARTS) < 100_000:  # keys are a parser's, a few hundred; a bound all the same
+            _KEY_PARTS[key] = found
+    parts, parent_key = found
+    leaf_key = parts[-1]
+    parent_ns = self
+    if len(parts) > 1:
+        for subkey in parts[:-1]:
+            if hasattr(parent_ns, subkey) or (isinstance(parent_ns, dict) and subkey in parent_ns):
+                parent_ns = parent_ns[subkey]
+                if parent_ns is not None and not isinstance(parent_ns, _namespace.Namespace | dict):
+                    return leaf_key, None, parent_key
+            else:
+                return leaf_key, None, parent_key
+        return leaf_key, parent_ns, parent_key
+    return leaf_key, parent_ns, ""
+
+
+def split_keys_once() -> bool:
+    """Put `parse_key` in place of Namespace._parse_key; once. Whether it is in place (a checked release)."""
+    if ORIGINAL["_parse_key"] is not None:
+        return True
+    if not version_checked():
+        return False
+    ORIGINAL["_parse_key"] = _namespace.Namespace._parse_key
+    _namespace.Namespace._parse_key = parse_key
     return True
 
 

@@ -54,7 +54,7 @@ from lit_transformer.cli.arguments import (
     resolve_configs,
 )
 from lit_transformer.cli.console import ModelSummaryWithoutFlops, quiet_dependencies
-from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_lookups
+from lit_transformer.cli.fast_parsing import ValidatedOnceParser, index_action_lookups, split_keys_once
 from lit_transformer.cli.program import COMMANDS, main, program  # noqa: F401 - main: `lit_transformer.cli.main` as before
 from lit_transformer.config import SOURCE_FIELDS, GenerationConfig, TransformerConfig
 from lit_transformer.engine.devices import check_device_options, lost_peer_message, resume_after_restart
@@ -108,6 +108,7 @@ def _parse_once(parse: Callable) -> Callable:
 if not hasattr(docstring_parser.parse_from_object, "__wrapped__"):
     docstring_parser.parse_from_object = _parse_once(docstring_parser.parse_from_object)
 index_action_lookups()  # jsonargparse finds each key's action in an index, not by walking 189 options (fast_parsing.py)
+split_keys_once()  # and splits each key of a namespace once a process, not at each get and set (fast_parsing.py)
 
 
 def _task_names_merge(merge: Callable) -> Callable:
