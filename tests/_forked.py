@@ -9,11 +9,12 @@ output sees what a fresh process prints. It imports only what the commands would
 commands) and starts no thread, so forking it is safe. Environment variables read at start-up or import (PYTHON*,
 OMP_*, TORCH*, ...) cannot change per command: a command keeps the interpreter's own and may change only the others.
 
-A command that starts itself again (Lightning's DDP launcher starts each further rank as the same command, from the
-first rank) gets its first copy forked from the same warm state: each command forks a twin before it starts, which
-waits for it (fork_twin in SERVER). The copy gets Popen's ways: its pid is the command's child, its outputs, folder,
-environment and session are those the Popen asks for. A second copy, a copy whose start-up variables differ, and any
-other command the process starts are fresh processes, as Popen starts them.
+A command that starts Python commands of its own (Lightning's DDP launcher starts each further rank as the same
+command, from the first rank; torchrun starts each worker as `python -u -m MODULE`) gets them forked from the same
+warm state: each command forks a twin before it starts, which forks a copy of itself for each (fork_twin in SERVER).
+A copy gets Popen's ways: its pid is the command's child, its outputs, folder, environment and session are those the
+Popen asks for. A command whose start-up variables differ, with another interpreter option, or any other program the
+process starts is a fresh process, as Popen starts it.
 
 `WarmPython.run` stands for `subprocess.run` and `WarmPython.popen` for `subprocess.Popen`, with the same command
 (`[sys.executable, "-m", MODULE, *ARGS]`, `[sys.executable, SCRIPT, *ARGS]` or `[sys.executable, "-c", CODE, *ARGS]`),
@@ -48,14 +49,20 @@ PRELOAD = ("lit_transformer.cli.lightning_cli", "lit_transformer.cli.model_comma
 PRELOAD += tuple(f"lit_transformer.data.{task}" for task in ("language_modeling", "translation", "classification"))
 PRELOAD += ("lit_transformer.data.captioning",)
 # Variables an interpreter, torch, Hugging Face's libraries (imported with Lightning's torchmetrics) or a native
-# library read once, at start or import. (Not the inductor cache's folder: read when a compile starts, and set in
-# os.environ by torch itself the first time it is computed.)
+# library read once, at start or import. Not those torch reads only when it runs: the inductor cache's folder (read
+# when a compile starts, and set in os.environ by torch itself the first time it is computed), torchrun's (its agent
+# reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE and sets TORCHELASTIC_* for its workers, which torch.distributed,
+# Lightning and the CLI read in functions at run time), TORCH_NCCL_ASYNC_ERROR_HANDLING (read when an NCCL process
+# group is made).
+RUN_TIME = (
+    r"TORCHINDUCTOR_CACHE_DIR$|TORCHELASTIC_|TORCH_DISABLE_SHARE_RDZV_TCP_STORE$|TORCH_NCCL_ASYNC_ERROR_HANDLING$"
+)
 READ_AT_IMPORT = re.compile(
-    r"(?!TORCHINDUCTOR_CACHE_DIR$)(PYTHON|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|TORCH|CUDA|LD_|MALLOC_|HF_|TRANSFORMERS_)"
+    rf"(?!{RUN_TIME})(PYTHON|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|TORCH|CUDA|LD_|MALLOC_|HF_|TRANSFORMERS_)"
 )
 
 SERVER = r"""
-import atexit, gc, importlib, inspect, json, os, re, runpy, select, signal, socket, subprocess, sys
+import atexit, gc, importlib, inspect, json, os, re, runpy, select, signal, socket, subprocess, sys, threading
 
 def serve(requests: int, replies: int) -> dict:
     '''Fork a child per request line, reply `started PID`, and `exited PID CODE` when it ends; the child returns.'''
@@ -96,10 +103,14 @@ def start(request: dict, preloaded: dict) -> None:
 
 
 def fork_twin(preloaded: dict) -> tuple | dict:
-    '''A fork of this process before its command starts, which waits for one command from it: the command's own,
-    started again (Lightning's DDP launcher starts each further rank as `python -m MODULE ARGS`, the same command, from
-    the first rank). The rank then forks ready instead of importing torch and Lightning in a fresh interpreter.
-    (socket, pid) in this process; in the twin, once its command arrives, that command's request.'''
+    '''A fork of this process before its command starts, which forks a copy of itself for each Python command the
+    command starts (Lightning's DDP launcher starts each further rank as `python -m MODULE ARGS`, the same command;
+    torchrun starts each worker as `python -u -m MODULE ARGS`). The copy then starts ready instead of importing torch
+    and Lightning in a fresh interpreter. It is forked through a middle process that ends at once, so that it becomes
+    the command's own child (the command is made a child subreaper first, in relaunch): the command waits for it, reads
+    its exit status and signals it as a child Popen started. (A subreaper also adopts the orphans of its children:
+    one that ends stays a zombie until the command ends.)
+    (socket, pid) in this process; in a copy, its request.'''
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid:
@@ -110,9 +121,31 @@ def fork_twin(preloaded: dict) -> tuple | dict:
     for fd in (0, 1, 2):
         os.dup2(null, fd)  # the command's outputs stay open only as long as the command holds them
     os.close(null)
-    message, fds, _, _ = socket.recv_fds(theirs, 1 << 22, 3)
-    if not message:  # the command ended without starting itself again
-        os._exit(0)
+    while True:
+        message, fds, _, _ = socket.recv_fds(theirs, 1 << 22, 3)
+        if not message:  # the command ended
+            os._exit(0)
+        pid_read, pid_write = os.pipe()
+        go_read, go_write = os.pipe()
+        middle = os.fork()
+        if middle == 0:
+            if child := os.fork():
+                os.write(pid_write, str(child).encode())
+                os._exit(0)
+            break
+        os.close(pid_write)
+        os.close(go_read)
+        child = int(os.read(pid_read, 64))
+        os.close(pid_read)
+        os.waitpid(middle, 0)  # ended: its child is the command's now
+        os.close(go_write)  # the copy goes on once it is
+        for fd in fds:
+            os.close(fd)
+        theirs.send(str(child).encode())
+    for fd in (pid_read, pid_write, go_write):
+        os.close(fd)
+    os.read(go_read, 1)  # until the middle process has ended and been reaped
+    os.close(go_read)
     theirs.close()
     request = json.loads(message)
     for fd, target in zip(fds, (0, 1, 2)):
@@ -125,12 +158,17 @@ def fork_twin(preloaded: dict) -> tuple | dict:
 
 
 def relaunch(command: dict, twin: list, execute_child):
-    '''subprocess.Popen's _execute_child for this command: a Popen of the command itself, as a DDP launcher makes it
-    (`[sys.executable, "-m", MODULE, ...]` or `[sys.executable, SCRIPT, ...]`, no other option, the interpreter's own
-    start-up variables) is handed to the twin; any other Popen, and a second one, starts as Popen starts it.'''
+    '''subprocess.Popen's _execute_child for this command: a Popen of a rank or a worker as a launcher starts it (the
+    command itself, `[sys.executable, "-m", MODULE, ...]` or `[sys.executable, SCRIPT, ...]`, as Lightning's DDP
+    launcher does; any `-m MODULE` where the command is torchrun; either with -u where this interpreter's output is
+    unbuffered already; no other option, the interpreter's own start-up variables) is handed to the twin, which forks
+    it; any other Popen starts as Popen starts it.'''
     same = {command["module"], command["module"] + ".__main__"} if command["module"] else set()
+    launcher = command["module"] in TORCHRUN  # its workers: the module it is given
     own_script = command["script"] and os.path.join(command["cwd"], command["script"])
     owner = os.getpid()
+    unbuffered = bool(STARTUP.get("PYTHONUNBUFFERED"))  # -u: what PYTHONUNBUFFERED set in this interpreter
+    subreaper = []
 
     signature = inspect.signature(execute_child)  # the running Python's (3.11 added process_group)
 
@@ -141,7 +179,9 @@ def relaunch(command: dict, twin: list, execute_child):
         variables = {os.fsdecode(k): os.fsdecode(v) for k, v in (os.environ if env is None else env).items()}
         folder = os.path.abspath(os.getcwd() if cwd is None else os.fsdecode(cwd))
         module = script = None
-        if given[:1] == [sys.executable] and given[1:2] == ["-m"] and given[2:3] and given[2] in same:
+        if given[:1] == [sys.executable] and given[1:2] == ["-u"] and unbuffered:
+            given = given[:1] + given[2:]
+        if given[:1] == [sys.executable] and given[1:2] == ["-m"] and given[2:3] and (launcher or given[2] in same):
             module = given[2]
         elif given[:1] == [sys.executable] and given[1:2] and command["script"]:
             if os.path.abspath(given[1]) == own_script:
@@ -155,20 +195,34 @@ def relaunch(command: dict, twin: list, execute_child):
             return execute_child(self, *given_args, **given_kwargs)
         if not os.path.isdir(folder):
             raise FileNotFoundError(2, os.strerror(2), folder)
-        channel, pid = twin.pop()
+        if not subreaper:  # the copy's middle process ends: the copy is then this process's child, not init's
+            import ctypes
+
+            if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+                return execute_child(self, *given_args, **given_kwargs)
+            subreaper.append(True)
+        channel = twin[0][0]
         request = {"module": module, "script": script, "args": given[3 if module else 2 :], "cwd": folder}
         request["env"] = variables
         request["session"] = call["start_new_session"]
         streams = [call[name] for name in ("p2cread", "c2pwrite", "errwrite")]
         streams = [fd if fd != -1 else default for fd, default in zip(streams, (0, 1, 2))]
-        socket.send_fds(channel, [json.dumps(request).encode()], streams)
-        channel.close()
+        with LOCK:  # one request and its answer at a time (Popen may be called from several threads)
+            try:
+                socket.send_fds(channel, [json.dumps(request).encode()], streams)
+                pid = int(channel.recv(64) or 0)
+            except OSError:
+                pid = 0
+        if not pid:  # the twin is gone (killed with the command's session, say): as Popen starts it
+            return execute_child(self, *given_args, **given_kwargs)
         self.pid, self._child_created = pid, True
         self._close_pipe_fds(*(call[name] for name in PIPE_ENDS))
 
     return _execute_child
 
 
+TORCHRUN = ("torch.distributed.run", "torch.distributed.launch")
+LOCK = threading.Lock()  # relaunch's: one request to the twin at a time
 PIPE_ENDS = ("p2cread", "p2cwrite", "c2pread", "c2pwrite", "errread", "errwrite")  # Popen's names of its pipes' ends
 READ_AT_IMPORT = re.compile(sys.argv[1])
 STARTUP = {k: v for k, v in os.environ.items() if READ_AT_IMPORT.match(k)}
@@ -198,8 +252,8 @@ subprocess.Popen._execute_child = relaunch(request, twin, subprocess.Popen._exec
 
 @atexit.register
 def end_twin(twin=twin, owner=os.getpid()) -> None:
-    '''A twin never handed a command ends with the command (at once: a process the command forked may hold its
-    channel open), reaped here rather than left to init.'''
+    '''The twin ends with the command (at once: a process the command forked may hold its channel open), reaped here
+    rather than left to init; the copies it forked are the command's own children, and go on.'''
     if twin and os.getpid() == owner:
         channel, pid = twin.pop()
         channel.close()
@@ -219,7 +273,12 @@ else:
     sys.path[0] = os.getcwd() if request["module"] else ""
 if "numpy" in sys.modules:  # a fresh process seeds numpy from the system's entropy (random reseeds after a fork)
     sys.modules["numpy"].random.seed()
-del atexit, gc, importlib, select, serve, requests, replies, out, err, out_file, err_file, preload, preloaded, twin
+# Lightning reads the process's rank (RANK, LOCAL_RANK, SLURM_PROCID: a rank torchrun, srun or its DDP launcher
+# starts) when it is imported, for what it says before a Trainer sets it: read again from this command's environment
+if (rank_zero := sys.modules.get("lightning.fabric.utilities.rank_zero")) is not None:
+    rank_zero.rank_zero_only.rank = rank_zero._get_rank() or 0
+del atexit, gc, importlib, rank_zero, select, serve, requests, replies, out, err, out_file, err_file, preload
+del preloaded, twin
 if request["module"]:
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 elif request["script"]:

@@ -52,7 +52,7 @@ if role in ("launcher", "hashseed"):
         sys.exit(0)
     first = subprocess.Popen([sys.executable, *own, "rank"], env=env, cwd=sys.argv[2], stdout=subprocess.PIPE, text=True)
     piped = first.stdout.read()
-    second = subprocess.Popen([sys.executable, *own, "rank"], env=env)
+    second = subprocess.Popen([sys.executable, "-u", *own, "rank"], env=env)  # -u: as torchrun starts its workers
     second.wait()
     other = subprocess.run([sys.executable, "-m", "tool", "x"], capture_output=True, text=True).stdout
     print("piped", piped.strip(), flush=True)
@@ -69,7 +69,8 @@ def python(tmp_path_factory) -> WarmPython:
     (folder / "script.py").write_text(SCRIPT)
     (folder / "tool.py").write_text("import sys\nprint('tool', sys.argv[1:])\n")
     (folder / "ranks.py").write_text(RANKS)
-    with WarmPython({**os.environ, "PYTHONPATH": str(folder)}, preload=("noisy",)) as warm:
+    env = {**os.environ, "PYTHONPATH": str(folder), "PYTHONUNBUFFERED": "1"}  # unbuffered, as the suite's (-u)
+    with WarmPython(env, preload=("noisy",)) as warm:
         warm.test_folder = folder
         yield warm
 
@@ -167,9 +168,9 @@ def test_a_start_up_variable_cannot_change(python: WarmPython, tmp_path: Path) -
 def test_a_command_that_starts_itself_again_forks_its_first_copy_ready(
     python: WarmPython, tmp_path: Path, how: str
 ) -> None:
-    """A DDP launcher's second rank (the same command, started by the first with another RANK, folder and pipe) is
-    forked from the interpreter ready, with Popen's ways (pid, parent, pipe, exit status); a third copy, a copy with a
-    start-up variable changed and another command start fresh."""
+    """A DDP launcher's further ranks (the same command, started by the first with another RANK, folder and pipe;
+    with -u, as torchrun starts its workers) are forked from the interpreter ready, with Popen's ways (pid, parent,
+    pipe, exit status); a copy with a start-up variable changed and another command start fresh."""
     own = ["-m", "ranks"] if how == "module" else [str(python.test_folder / "ranks.py")]
     folder = python.test_folder if how == "module" else tmp_path / "launcher"
     folder.mkdir(exist_ok=True)
@@ -177,10 +178,11 @@ def test_a_command_that_starts_itself_again_forks_its_first_copy_ready(
     assert result.returncode == 0, result.stderr
     (role, kind, pid, *_), *ranks = (line.split() for line in result.stdout.splitlines())
     assert (role, kind) == ("launcher", "warm")
-    # the second copy (fresh) writes to the launcher's stdout; the first to its pipe, which the launcher reads
-    fresh, (piped, *twin), codes = ranks
-    assert fresh[:2] + fresh[3:] == ["rank", "fresh", pid, str(folder), "1"]
-    assert [piped, *twin[:2], *twin[3:]] == ["piped", "rank", "warm", pid, str(tmp_path), "1"]
+    # the second copy writes to the launcher's stdout; the first to its pipe, which the launcher reads. Both are the
+    # launcher's own children (their parent's pid is the launcher's), whose exit status it reads.
+    second, (piped, *first), codes = ranks
+    assert second[:2] + second[3:] == ["rank", "warm", pid, str(folder), "1"]
+    assert [piped, *first[:2], *first[3:]] == ["piped", "rank", "warm", pid, str(tmp_path), "1"]
     assert codes == ["codes", "5", "5", "tool", "['x']"]
     assert result.stderr == "printed at import\n" * 3  # each copy prints what a fresh interpreter prints at import
 

@@ -119,13 +119,15 @@ def torchrun_nodes(args: list[str], restarts: int = 0) -> list[tuple[list[str], 
 @contextlib.contextmanager
 def launched(launches: list[tuple[list[str], dict]], logs: Path) -> Iterator[list[subprocess.Popen | WarmProcess]]:
     """Start every launch at once (their output to logs/node<N>.log); whatever is left is killed on the way out,
-    torchrun's workers (in sessions of their own) included. A node of the CLI's own (`python -m lit_transformer`) is
-    a process forked from a warm interpreter (tests/_forked.py), torchrun a fresh one (its workers are fresh anyway)."""
+    torchrun's workers (in sessions of their own) included. Each launch, the CLI's own (`python -m lit_transformer`)
+    or torchrun, is a process forked from a warm interpreter (tests/_forked.py), and so is each worker torchrun starts
+    (`python -u -m lit_transformer`, each attempt's): still a process of its own, torchrun's child, which it watches,
+    kills and restarts as it would a fresh one; only the seconds of importing torch and Lightning go."""
     logs.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen | WarmProcess] = []
     try:
         for n, (command, env) in enumerate(launches):
-            start = warm_python(ENV).popen if command[1:3] == ["-m", "lit_transformer"] else subprocess.Popen
+            start = warm_python(ENV).popen
             with open(logs / f"node{n}.log", "w") as log:
                 procs.append(
                     start(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
