@@ -107,7 +107,8 @@ def compared(monkeypatch) -> list[int]:
     return calls
 
 
-def test_every_lookup_of_a_fit_a_predict_and_refusals_gets_jsonargparse_s_own_answer(tmp_path: Path, compared):
+def _fit_predict_and_refusals(tmp_path: Path) -> None:
+    """A fit and a predict of the tiny preset, and three refusals: the commands whose every lookup is compared."""
     run = tmp_path / "run"
     common = ["--trainer.default_root_dir", str(run), "--data.init_args.cache_dir", str(tmp_path / "cache")]
     _cli("fit", "--config", str(PRESETS / "tiny.yaml"), *common, "--trainer.max_steps", "2", cwd=tmp_path)
@@ -120,6 +121,10 @@ def test_every_lookup_of_a_fit_a_predict_and_refusals_gets_jsonargparse_s_own_an
     for mistake in (["--model.config.n_heads", "3"], ["--model.confg.n_layers", "2"], ["--trainer.max_step", "2"]):
         refused = _cli("fit", "--config", str(PRESETS / "tiny-translate.yaml"), *mistake, cwd=tmp_path, ok=False)
         assert "Traceback" not in refused.stderr, refused.stderr[-2000:]
+
+
+def test_every_lookup_of_a_fit_a_predict_and_refusals_gets_jsonargparse_s_own_answer(tmp_path: Path, compared):
+    _fit_predict_and_refusals(tmp_path)
     assert compared[0] > 1000 and compared[1] > 0, compared
 
 
@@ -305,17 +310,7 @@ def keys_compared(monkeypatch) -> list[int]:
 
 
 def test_every_key_of_a_fit_a_predict_and_refusals_is_split_as_jsonargparse_splits_it(tmp_path: Path, keys_compared):
-    run = tmp_path / "run"
-    common = ["--trainer.default_root_dir", str(run), "--data.init_args.cache_dir", str(tmp_path / "cache")]
-    _cli("fit", "--config", str(PRESETS / "tiny.yaml"), *common, "--trainer.max_steps", "2", cwd=tmp_path)
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("ROMEO:\n")
-    predict = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data.init_args.predict_file", str(prompts)]
-    _cli("predict", "--config", str(PRESETS / "tiny.yaml"), *common, *predict, cwd=tmp_path)
-    assert (run / "predictions.jsonl").read_text().count("ROMEO:") == 1
-    for mistake in (["--model.config.n_heads", "3"], ["--model.confg.n_layers", "2"], ["--trainer.max_step", "2"]):
-        refused = _cli("fit", "--config", str(PRESETS / "tiny-translate.yaml"), *mistake, cwd=tmp_path, ok=False)
-        assert "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    _fit_predict_and_refusals(tmp_path)
     assert keys_compared[0] > 10_000, keys_compared
 
 
