@@ -320,6 +320,33 @@ def test_suite_time_sums_each_files_seconds_and_the_suite_hands_out_the_longest_
     assert "test_readme.py" in timed and all(name.startswith("test_") for name in timed)
 
 
+def test_suite_time_records_the_hosts_speed_before_and_after_the_suite(tmp_path: Path, monkeypatch, capsys):
+    """Each run carries the CPU seconds of a fixed Python loop taken just before and just after the suite: the same
+    tests took 12.45 and 8.5 minutes an hour apart on one Xeon, the host's speed having moved. (The suite itself is a
+    stand-in here: the run's record is what is checked.)"""
+    from lit_transformer.bench import suite_time
+    from lit_transformer.records import ChildRun
+
+    loops: list[float] = []
+
+    def loop() -> float:
+        loops.append(len(loops) + 0.5)
+        return loops[-1]
+
+    def suite(command, *, stdout, **kwargs) -> ChildRun:
+        assert loops == [0.5], "the yardstick is taken before the suite"
+        stdout.write("3 passed in 1.00s\n")
+        return ChildRun(returncode=0, wall_s=1.0, cpu_s=1.5, peak_rss_mb=0.0, peak_tree_mb=None)
+
+    monkeypatch.setattr(suite_time, "python_loop_seconds", loop)
+    monkeypatch.setattr(suite_time, "run_child", suite)
+    suite_time.main(["--json", str(tmp_path / "suite.json"), "--", "tests/test_model.py"])
+    (run,) = json.loads((tmp_path / "suite.json").read_text())["runs"]
+    assert run["python_loop_s"] == {"before": 0.5, "after": 1.5} and run["counts"] == {"passed": 3}
+    monkeypatch.setattr(suite_time, "LOOP_ADDITIONS", 100_000)
+    assert 0 < suite_time.python_loop_seconds() < 5
+
+
 def test_suite_time_refuses_outside_a_source_checkout_in_one_line(tmp_path: Path):
     """The package alone (as a wheel installs it): `bench suite-time` says it needs a checkout, exit 2, no traceback."""
     import shutil

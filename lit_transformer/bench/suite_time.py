@@ -9,6 +9,10 @@ A newcomer's first run (and CI's, on a clean machine) starts with empty caches: 
 start empty here too unless `--warm-caches` keeps this machine's. A whole-suite run that passes also rewrites
 tests/file_seconds.json, each test file's seconds, from which tests/conftest.py hands out the longest files first.
 
+A cloud machine's speed moves with its host: the same tests on one 2-core Xeon took 12.45 minutes, then 8.5 an hour
+later. Each run records a yardstick beside its time, the CPU seconds of 10 million Python additions just before and
+just after the suite, so that two runs are compared knowing whether the machine itself was faster.
+
     python -m lit_transformer bench suite-time --json docs/suite_time.json
     python -m lit_transformer bench suite-time --json /tmp/suite.json -- tests/test_model.py -n 0   # pytest's own arguments after --
 """
@@ -20,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
@@ -50,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     runs_file(args.json)  # before the suite's minutes, not after them
     root = require_source_checkout("bench suite-time", "it runs the repository's tests/")
     facts = machine()
+    loop_before = python_loop_seconds()
     with tempfile.TemporaryDirectory(prefix="suite_time_") as scratch, tempfile.TemporaryFile("w+") as out:
         env = child_env()
         if not args.warm_caches:
@@ -63,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         if not pytest_args and done.returncode == 0:  # the whole suite: every file's seconds
             seconds = file_seconds(report)
             (root / "tests" / "file_seconds.json").write_text(json.dumps(seconds, indent=1) + "\n")
+    loop_after = python_loop_seconds()
     summary = lines[-1] if lines else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|xfailed|skipped|errors?)", summary)}
     figures = {
@@ -77,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         "wall_min": round(done.wall_s / 60, 2),
         "cpu_min": round(done.cpu_s / 60, 1),  # pytest and its xdist workers, user + system
         "load_average_before": round(facts["load_average_before"][0], 2),  # the machine's other work at the start
+        "python_loop_s": {"before": loop_before, "after": loop_after},  # the host's speed: python_loop_seconds
     }
     run = write_run(args.json, figures, command=command_line("bench suite-time", argv), machine=facts)
     print(json.dumps(run, indent=2))
@@ -84,6 +92,20 @@ def main(argv: list[str] | None = None) -> None:
         failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
         print("\n".join(failed or lines[-40:]), file=sys.stderr)
         raise SystemExit(done.returncode)
+
+
+LOOP_ADDITIONS = 10_000_000
+"""The yardstick's size: about 1-2 CPU-seconds on the 2-core machines seen."""
+
+
+def python_loop_seconds() -> float:
+    """CPU seconds of LOOP_ADDITIONS Python integer additions in this process: how fast the machine runs Python (most
+    of the suite) at this moment, independent of the tests."""
+    start = time.process_time()
+    total = 0
+    for number in range(LOOP_ADDITIONS):
+        total += number
+    return round(time.process_time() - start, 3)
 
 
 def file_seconds(junit_xml: Path) -> dict[str, float]:
