@@ -234,6 +234,7 @@ NOT_PLAIN = [  # YAML's own way: a string it escapes, a type it reads back as an
     {"separator": "a\u2028b"},
     {"tuple": (1, 2)},
     {1: "an int key"},
+    {"a\tkey": "a tab in a key"},
     {"subclass": type("Str", (str,), {})("x")},
 ]
 

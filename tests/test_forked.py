@@ -165,7 +165,7 @@ def test_a_start_up_variable_cannot_change(python: WarmPython, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("how", ["module", "script"])
-def test_a_command_that_starts_itself_again_forks_its_first_copy_ready(
+def test_a_command_that_starts_itself_again_forks_its_copies_ready(
     python: WarmPython, tmp_path: Path, how: str
 ) -> None:
     """A DDP launcher's further ranks (the same command, started by the first with another RANK, folder and pipe;
